@@ -1,0 +1,142 @@
+// The kiln IR graph: a Module owns Functions, a Function owns Nodes. A Node is one SSA
+// value: it knows its operands and its users, and has an id that is stable for the life of
+// the function (never reused). Nodes are kept in definition order: every operand of a node
+// comes before it (the verifier checks this).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "ir/attributes.h"
+#include "ir/op_table.h"
+#include "ir/types.h"
+
+namespace kiln {
+
+class Function;
+
+class Node {
+ public:
+  int64_t id() const { return id_; }
+  Opcode opcode() const { return opcode_; }
+  absl::string_view op_name() const { return OpName(opcode_); }
+  const TensorType& type() const { return type_; }
+  const std::vector<Node*>& operands() const { return operands_; }
+  Node* operand(int i) const { return operands_[i]; }
+  int num_operands() const { return static_cast<int>(operands_.size()); }
+  // One entry per use: a node that uses this one twice appears twice.
+  const std::vector<Node*>& users() const { return users_; }
+  const AttrMap& attrs() const { return attrs_; }
+  AttrMap& mutable_attrs() { return attrs_; }
+  // Unique within the function; the text form prints it as %name.
+  const std::string& name() const { return name_; }
+  // Where the node belongs in the model, e.g. "layers.3.attn"; empty at top level.
+  const std::string& scope() const { return scope_; }
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
+  Function* parent() const { return parent_; }
+
+  // Points use `i` at `value` and keeps both user lists right.
+  void ReplaceOperand(int i, Node* value);
+  // Makes every user of this node use `value` instead (outputs included).
+  void ReplaceAllUsesWith(Node* value);
+  // For passes that retype a value in place (e.g. narrowing); the verifier re-checks.
+  void set_type(TensorType t) { type_ = std::move(t); }
+
+ private:
+  friend class Function;
+  Node() = default;
+
+  int64_t id_ = 0;
+  Opcode opcode_ = Opcode::kParameter;
+  TensorType type_;
+  std::vector<Node*> operands_;
+  std::vector<Node*> users_;
+  AttrMap attrs_;
+  std::string name_;
+  std::string scope_;
+  Function* parent_ = nullptr;
+};
+
+class Function {
+ public:
+  explicit Function(std::string name) : name_(std::move(name)) {}
+  Function(const Function&) = delete;
+  Function& operator=(const Function&) = delete;
+
+  const std::string& name() const { return name_; }
+  // Nodes in definition order.
+  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  // Parameter nodes sorted by their `index` attribute.
+  std::vector<Node*> parameters() const;
+  const std::vector<Node*>& outputs() const { return outputs_; }
+  // For each output, the parameter index whose buffer it reuses (donation), or -1.
+  // Empty means no output aliases anything.
+  const std::vector<int64_t>& output_aliases() const { return output_aliases_; }
+
+  // Appends a node without checking it: the Builder and the parser check types first, and
+  // the verifier checks whole functions. `name` empty means "use the id". Fails (returns
+  // nullptr) only if the name is taken.
+  Node* AppendNode(Opcode op, std::vector<Node*> operands, AttrMap attrs, TensorType type,
+                   std::string name = "", std::string scope = "");
+  // As AppendNode, but with a given id (the protobuf reader and CloneModule keep ids).
+  // Returns nullptr if the id or the name is taken, or the id is negative.
+  Node* AppendNodeWithId(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                         TensorType type, std::string name, std::string scope);
+  // Inserts a node just before `before` (same checks as AppendNode).
+  Node* InsertNodeBefore(Node* before, Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                         TensorType type, std::string name = "", std::string scope = "");
+  // Removes a node that has no users and is not an output.
+  void RemoveNode(Node* node);
+  // Removes every node in `dead` (none may be used by a node outside the set).
+  void RemoveNodes(const std::vector<Node*>& dead);
+
+  void SetOutputs(std::vector<Node*> outputs, std::vector<int64_t> aliases = {});
+  void ReplaceOutput(int i, Node* value);
+
+  Node* FindNode(absl::string_view name) const;
+  // A name not yet used in this function, derived from `base`.
+  std::string UniqueName(absl::string_view base) const;
+  int64_t next_id() const { return next_id_; }
+
+ private:
+  friend class Node;
+  std::unique_ptr<Node> MakeNode(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                 TensorType type, std::string name, std::string scope);
+  std::string name_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<Node*> outputs_;
+  std::vector<int64_t> output_aliases_;
+  int64_t next_id_ = 0;
+  absl::flat_hash_map<std::string, Node*> names_;  // for uniqueness and lookups
+  absl::flat_hash_set<int64_t> ids_;  // for uniqueness and lookups
+};
+
+class Module {
+ public:
+  explicit Module(std::string name = "module") : name_(std::move(name)) {}
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+  const std::vector<std::unique_ptr<Function>>& functions() const { return functions_; }
+  // Returns nullptr if a function of that name exists already.
+  Function* AddFunction(std::string name);
+  Function* FindFunction(absl::string_view name) const;
+  void RemoveFunction(absl::string_view name);
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Function>> functions_;
+};
+
+// A deep copy (same names, ids, order and scopes).
+std::unique_ptr<Module> CloneModule(const Module& module);
+
+}  // namespace kiln

@@ -1,0 +1,131 @@
+// The one table of kiln ops (DESIGN.md principle 1). Adding an op means adding a row here;
+// the enum, the printed names, the arity and the category all come from this list, and
+// tests/op_table_test.cc fails until the op has shape inference, reference semantics, a VJP
+// rule and a lowering.
+//
+// Columns: X(Enum, "text_name", arity, category, result)
+//   arity     number of operands; kVariadic for one or more
+//   category  what kind of computation (drives generic passes and codegen)
+//   result    kInferred: type follows from operands and attributes;
+//             kDeclared: the node's written type is part of its meaning (a parameter's
+//             shape, a reshape's target) and inference checks it against the operands.
+//
+// Semantics and attributes (all shapes static; "x" is operand 0):
+//   parameter()            {index}                     function input number `index`
+//   constant()             {value} or {values=[...]}   splat, or dense row-major values
+//   iota()                 {dim}                       element = its index along `dim`
+//   neg/abs/exp/log/sqrt/rsqrt/tanh/sigmoid(x)         float elementwise
+//   add/sub/mul/div/max/min(a, b)                      same types on both sides
+//   compare(a, b)          {direction=eq|ne|lt|le|gt|ge}  -> pred
+//   select(p, a, b)                                    p ? a : b; p is pred of the same shape
+//   convert(x)             result dtype declared; float->narrow rounds to nearest even
+//   broadcast(x)           {dims}   operand dim i maps to result dim dims[i] (size equal or 1)
+//   reshape(x)             result shape declared, same element count
+//   transpose(x)           {perm}   result dim i is operand dim perm[i]
+//   slice(x)               {start, limit, stride}
+//   concatenate(x, ...)    {dim}
+//   reduce_sum/reduce_max(x) {dims}  the listed dims are removed
+//   dot_general(a, b)      {lhs_batch, rhs_batch, lhs_contract, rhs_contract, [out_dtype]}
+//                          result dims: batch, a's free dims, b's free dims (in order);
+//                          out_dtype (default a's dtype) is the accumulate/result type
+//   gather(table, idx)     rows of table along dim 0: idx.dims ++ table.dims[1:]
+//   scatter_add(idx, upd)  declared result [V, ...]: sums upd rows into row idx; the
+//                          gradient of gather (indices out of range are dropped)
+//   rms_norm(x, w)         {eps}  y = x * rsqrt(mean(x^2, last) + eps) * w, computed in f32
+//   rms_norm_grad_input(x, w, dy)  {eps}  dL/dx
+//   rms_norm_grad_weight(x, w, dy) {eps}  dL/dw, summed over all leading dims
+//   softmax(x)             over the last dim, computed in f32
+//   softmax_grad(y, dy)    dL/dx given y = softmax(x)
+//   cross_entropy(logits, labels)           per-row loss -log softmax(logits)[label], f32
+//   cross_entropy_grad(logits, labels, dloss)  dL/dlogits
+//   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
+//                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+namespace kiln {
+
+inline constexpr int kVariadic = -1;
+
+enum class OpCategory {
+  kLeaf,         // parameter, constant, iota
+  kUnary,        // float elementwise, one operand
+  kBinary,       // elementwise, two operands of one type
+  kCompare,      // elementwise, pred result
+  kSelect,       // elementwise, three operands
+  kConvert,      // elementwise dtype change
+  kDataMovement, // broadcast, reshape, transpose, slice, concatenate
+  kReduction,    // reduce_*
+  kContraction,  // dot_general
+  kIndexing,     // gather, scatter_add
+  kComposite,    // one kernel is the natural unit: norms, softmax, cross-entropy, RoPE
+};
+
+enum class ResultRule { kInferred, kDeclared };
+
+#define KILN_OPS(X)                                                       \
+  X(kParameter, "parameter", 0, kLeaf, kDeclared)                         \
+  X(kConstant, "constant", 0, kLeaf, kDeclared)                           \
+  X(kIota, "iota", 0, kLeaf, kDeclared)                                   \
+  X(kNeg, "neg", 1, kUnary, kInferred)                                    \
+  X(kAbs, "abs", 1, kUnary, kInferred)                                    \
+  X(kExp, "exp", 1, kUnary, kInferred)                                    \
+  X(kLog, "log", 1, kUnary, kInferred)                                    \
+  X(kSqrt, "sqrt", 1, kUnary, kInferred)                                  \
+  X(kRsqrt, "rsqrt", 1, kUnary, kInferred)                                \
+  X(kTanh, "tanh", 1, kUnary, kInferred)                                  \
+  X(kSigmoid, "sigmoid", 1, kUnary, kInferred)                            \
+  X(kAdd, "add", 2, kBinary, kInferred)                                   \
+  X(kSub, "sub", 2, kBinary, kInferred)                                   \
+  X(kMul, "mul", 2, kBinary, kInferred)                                   \
+  X(kDiv, "div", 2, kBinary, kInferred)                                   \
+  X(kMax, "max", 2, kBinary, kInferred)                                   \
+  X(kMin, "min", 2, kBinary, kInferred)                                   \
+  X(kCompare, "compare", 2, kCompare, kInferred)                          \
+  X(kSelect, "select", 3, kSelect, kInferred)                             \
+  X(kConvert, "convert", 1, kConvert, kDeclared)                          \
+  X(kBroadcast, "broadcast", 1, kDataMovement, kDeclared)                 \
+  X(kReshape, "reshape", 1, kDataMovement, kDeclared)                     \
+  X(kTranspose, "transpose", 1, kDataMovement, kInferred)                 \
+  X(kSlice, "slice", 1, kDataMovement, kInferred)                         \
+  X(kConcatenate, "concatenate", kVariadic, kDataMovement, kInferred)     \
+  X(kReduceSum, "reduce_sum", 1, kReduction, kInferred)                   \
+  X(kReduceMax, "reduce_max", 1, kReduction, kInferred)                   \
+  X(kDotGeneral, "dot_general", 2, kContraction, kInferred)               \
+  X(kGather, "gather", 2, kIndexing, kInferred)                           \
+  X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared)                  \
+  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred)                       \
+  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred)   \
+  X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred) \
+  X(kSoftmax, "softmax", 1, kComposite, kInferred)                        \
+  X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred)               \
+  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred)             \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred)    \
+  X(kRope, "rope", 2, kComposite, kInferred)
+
+enum class Opcode {
+#define KILN_OP_ENUM(e, name, arity, cat, rule) e,
+  KILN_OPS(KILN_OP_ENUM)
+#undef KILN_OP_ENUM
+};
+
+#define KILN_OP_COUNT(e, name, arity, cat, rule) +1
+inline constexpr int kNumOpcodes = 0 KILN_OPS(KILN_OP_COUNT);
+#undef KILN_OP_COUNT
+
+struct OpInfo {
+  Opcode opcode;
+  absl::string_view name;
+  int arity;
+  OpCategory category;
+  ResultRule result;
+};
+
+const OpInfo& GetOpInfo(Opcode op);
+inline absl::string_view OpName(Opcode op) { return GetOpInfo(op).name; }
+// nullptr when `name` is not an op.
+const OpInfo* FindOpByName(absl::string_view name);
+bool IsElementwise(Opcode op);  // unary, binary, compare, select, convert
+
+}  // namespace kiln

@@ -1,0 +1,388 @@
+#include "ir/shape_inference.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+absl::Status Invalid(std::string msg) { return absl::InvalidArgumentError(std::move(msg)); }
+
+absl::Status RequireFloat(const TensorType& t, absl::string_view what) {
+  if (!IsFloat(t.dtype)) {
+    return Invalid(absl::StrCat(what, " must be a float type, got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireInteger(const TensorType& t, absl::string_view what) {
+  if (!IsInteger(t.dtype)) {
+    return Invalid(absl::StrCat(what, " must be i32 or i64, got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireSame(const TensorType& a, const TensorType& b, absl::string_view what) {
+  if (a != b) return Invalid(absl::StrCat(what, " differ: ", a.ToString(), " vs ", b.ToString()));
+  return absl::OkStatus();
+}
+
+absl::Status RequireRank(const TensorType& t, int rank, absl::string_view what) {
+  if (t.rank() != rank) {
+    return Invalid(absl::StrCat(what, " must have rank ", rank, ", got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireNonNegativeDims(const TensorType& t) {
+  for (int64_t d : t.dims) {
+    if (d < 0) return Invalid(absl::StrCat("negative dimension in ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that `dims` are distinct, in [0, rank), and returns them as a set.
+absl::StatusOr<std::set<int64_t>> DimSet(const std::vector<int64_t>& dims, int rank,
+                                         absl::string_view what) {
+  std::set<int64_t> s;
+  for (int64_t d : dims) {
+    if (d < 0 || d >= rank) {
+      return Invalid(absl::StrCat(what, " has dimension ", d, " out of range for rank ", rank));
+    }
+    if (!s.insert(d).second) return Invalid(absl::StrCat(what, " repeats dimension ", d));
+  }
+  return s;
+}
+
+absl::StatusOr<TensorType> InferConstant(const AttrMap& attrs, const TensorType& declared) {
+  if (attrs.Has("value") == attrs.Has("values")) {
+    return Invalid("constant needs exactly one of 'value' (a splat) or 'values' (dense)");
+  }
+  if (attrs.Has("values")) {
+    ASSIGN_OR_RETURN(std::vector<double> values, attrs.GetFloats("values"));
+    if (static_cast<int64_t>(values.size()) != declared.num_elements()) {
+      return Invalid(absl::StrCat("constant has ", values.size(), " values but type ",
+                                  declared.ToString(), " holds ", declared.num_elements()));
+    }
+  } else {
+    RETURN_IF_ERROR(attrs.GetFloat("value").status());
+  }
+  return declared;
+}
+
+absl::StatusOr<TensorType> InferBroadcast(const TensorType& x, const AttrMap& attrs,
+                                          const TensorType& declared) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> dims, attrs.GetInts("dims"));
+  if (static_cast<int>(dims.size()) != x.rank()) {
+    return Invalid(absl::StrCat("broadcast dims ", DimsToString(dims), " must name one result dim for each of the ",
+                                x.rank(), " operand dims"));
+  }
+  if (x.dtype != declared.dtype) {
+    return Invalid(absl::StrCat("broadcast cannot change dtype: ", x.ToString(), " to ", declared.ToString()));
+  }
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0 || dims[i] >= declared.rank()) {
+      return Invalid(absl::StrCat("broadcast dim ", dims[i], " out of range for result ", declared.ToString()));
+    }
+    if (i > 0 && dims[i] <= dims[i - 1]) {
+      return Invalid(absl::StrCat("broadcast dims ", DimsToString(dims), " must be strictly increasing"));
+    }
+    if (x.dims[i] != declared.dims[dims[i]] && x.dims[i] != 1) {
+      return Invalid(absl::StrCat("broadcast operand dim ", i, " has size ", x.dims[i], " but result dim ", dims[i],
+                                  " has size ", declared.dims[dims[i]]));
+    }
+  }
+  return declared;
+}
+
+absl::StatusOr<TensorType> InferSlice(const TensorType& x, const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> start, attrs.GetInts("start"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> limit, attrs.GetInts("limit"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> stride, attrs.GetInts("stride"));
+  if (static_cast<int>(start.size()) != x.rank() || static_cast<int>(limit.size()) != x.rank() ||
+      static_cast<int>(stride.size()) != x.rank()) {
+    return Invalid(absl::StrCat("slice start/limit/stride must each have ", x.rank(), " entries"));
+  }
+  TensorType out{x.dtype, {}};
+  for (int i = 0; i < x.rank(); ++i) {
+    if (stride[i] < 1) return Invalid(absl::StrCat("slice stride ", stride[i], " in dim ", i, " must be >= 1"));
+    if (start[i] < 0 || start[i] > limit[i] || limit[i] > x.dims[i]) {
+      return Invalid(absl::StrCat("slice [", start[i], ", ", limit[i], ") out of bounds in dim ", i, " of size ",
+                                  x.dims[i]));
+    }
+    out.dims.push_back((limit[i] - start[i] + stride[i] - 1) / stride[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<TensorType> InferConcatenate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  if (xs.empty()) return Invalid("concatenate needs at least one operand");
+  ASSIGN_OR_RETURN(int64_t dim, attrs.GetInt("dim"));
+  const TensorType& first = xs[0];
+  if (dim < 0 || dim >= first.rank()) {
+    return Invalid(absl::StrCat("concatenate dim ", dim, " out of range for ", first.ToString()));
+  }
+  TensorType out = first;
+  out.dims[dim] = 0;
+  for (const TensorType& x : xs) {
+    if (x.dtype != first.dtype || x.rank() != first.rank()) {
+      return Invalid(absl::StrCat("concatenate operands disagree: ", first.ToString(), " vs ", x.ToString()));
+    }
+    for (int i = 0; i < x.rank(); ++i) {
+      if (i != dim && x.dims[i] != first.dims[i]) {
+        return Invalid(absl::StrCat("concatenate operands differ in dim ", i, ": ", first.ToString(), " vs ",
+                                    x.ToString()));
+      }
+    }
+    out.dims[dim] += x.dims[dim];
+  }
+  return out;
+}
+
+absl::StatusOr<TensorType> InferDotGeneral(const TensorType& a, const TensorType& b, const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> lb, attrs.GetInts("lhs_batch"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> rb, attrs.GetInts("rhs_batch"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> lc, attrs.GetInts("lhs_contract"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> rc, attrs.GetInts("rhs_contract"));
+  if (a.dtype != b.dtype) {
+    return Invalid(absl::StrCat("dot_general operand dtypes differ: ", a.ToString(), " vs ", b.ToString()));
+  }
+  if (!IsFloat(a.dtype)) return Invalid(absl::StrCat("dot_general needs float operands, got ", a.ToString()));
+  if (lb.size() != rb.size()) return Invalid("dot_general lhs_batch and rhs_batch differ in length");
+  if (lc.size() != rc.size()) return Invalid("dot_general lhs_contract and rhs_contract differ in length");
+  std::vector<int64_t> lall = lb, rall = rb;
+  lall.insert(lall.end(), lc.begin(), lc.end());
+  rall.insert(rall.end(), rc.begin(), rc.end());
+  ASSIGN_OR_RETURN(std::set<int64_t> lused, DimSet(lall, a.rank(), "dot_general lhs batch+contract"));
+  ASSIGN_OR_RETURN(std::set<int64_t> rused, DimSet(rall, b.rank(), "dot_general rhs batch+contract"));
+  for (size_t i = 0; i < lb.size(); ++i) {
+    if (a.dims[lb[i]] != b.dims[rb[i]]) {
+      return Invalid(absl::StrCat("dot_general batch dims differ: lhs dim ", lb[i], " (", a.dims[lb[i]],
+                                  ") vs rhs dim ", rb[i], " (", b.dims[rb[i]], ")"));
+    }
+  }
+  for (size_t i = 0; i < lc.size(); ++i) {
+    if (a.dims[lc[i]] != b.dims[rc[i]]) {
+      return Invalid(absl::StrCat("dot_general contracting dims differ: lhs dim ", lc[i], " (", a.dims[lc[i]],
+                                  ") vs rhs dim ", rc[i], " (", b.dims[rc[i]], ")"));
+    }
+  }
+  TensorType out{a.dtype, {}};
+  if (attrs.Has("out_dtype")) {
+    ASSIGN_OR_RETURN(out.dtype, attrs.GetDType("out_dtype"));
+    if (!IsFloat(out.dtype)) return Invalid("dot_general out_dtype must be a float type");
+  }
+  for (int64_t d : lb) out.dims.push_back(a.dims[d]);
+  for (int i = 0; i < a.rank(); ++i) {
+    if (!lused.count(i)) out.dims.push_back(a.dims[i]);
+  }
+  for (int i = 0; i < b.rank(); ++i) {
+    if (!rused.count(i)) out.dims.push_back(b.dims[i]);
+  }
+  return out;
+}
+
+// Rows of a table: idx.dims ++ table.dims[1:].
+std::vector<int64_t> GatheredDims(const TensorType& table, const TensorType& idx) {
+  std::vector<int64_t> dims = idx.dims;
+  dims.insert(dims.end(), table.dims.begin() + 1, table.dims.end());
+  return dims;
+}
+
+absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
+  if (!(eps >= 0)) return Invalid("rms_norm eps must be >= 0");
+  const TensorType& x = xs[0];
+  const TensorType& w = xs[1];
+  RETURN_IF_ERROR(RequireFloat(x, "rms_norm input"));
+  RETURN_IF_ERROR(RequireFloat(w, "rms_norm weight"));
+  if (x.rank() < 1) return Invalid("rms_norm input must have rank >= 1");
+  if (w.rank() != 1 || w.dims[0] != x.dims.back()) {
+    return Invalid(absl::StrCat("rms_norm weight ", w.ToString(), " must be [", x.dims.back(),
+                                "], the input's last dim"));
+  }
+  if (op == Opcode::kRmsNorm) return x;
+  if (xs[2].dims != x.dims || !IsFloat(xs[2].dtype)) {
+    return Invalid(absl::StrCat("rms_norm gradient dy ", xs[2].ToString(), " must have the input's shape ",
+                                DimsToString(x.dims)));
+  }
+  return op == Opcode::kRmsNormGradInput ? x : w;
+}
+
+}  // namespace
+
+bool IsCompareDirection(absl::string_view d) {
+  return d == "eq" || d == "ne" || d == "lt" || d == "le" || d == "gt" || d == "ge";
+}
+
+absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs,
+                                           const TensorType* declared) {
+  const OpInfo& info = GetOpInfo(op);
+  if (info.arity != kVariadic && static_cast<int>(xs.size()) != info.arity) {
+    return Invalid(absl::StrCat("expects ", info.arity, " operand(s), got ", xs.size()));
+  }
+  if (info.result == ResultRule::kDeclared) {
+    if (declared == nullptr) return Invalid("needs a declared result type");
+    RETURN_IF_ERROR(RequireNonNegativeDims(*declared));
+  }
+  for (const TensorType& x : xs) RETURN_IF_ERROR(RequireNonNegativeDims(x));
+
+  switch (op) {
+    case Opcode::kParameter: {
+      ASSIGN_OR_RETURN(int64_t index, attrs.GetInt("index"));
+      if (index < 0) return Invalid(absl::StrCat("parameter index ", index, " must be >= 0"));
+      return *declared;
+    }
+    case Opcode::kConstant:
+      return InferConstant(attrs, *declared);
+    case Opcode::kIota: {
+      ASSIGN_OR_RETURN(int64_t dim, attrs.GetInt("dim"));
+      if (dim < 0 || dim >= declared->rank()) {
+        return Invalid(absl::StrCat("iota dim ", dim, " out of range for ", declared->ToString()));
+      }
+      if (declared->dtype == DType::kPred) return Invalid("iota cannot produce pred");
+      return *declared;
+    }
+    case Opcode::kNeg:
+    case Opcode::kAbs:
+    case Opcode::kExp:
+    case Opcode::kLog:
+    case Opcode::kSqrt:
+    case Opcode::kRsqrt:
+    case Opcode::kTanh:
+    case Opcode::kSigmoid:
+      if (op == Opcode::kNeg || op == Opcode::kAbs) {
+        if (xs[0].dtype == DType::kPred) return Invalid("operand must be numeric, got pred");
+      } else {
+        RETURN_IF_ERROR(RequireFloat(xs[0], "operand"));
+      }
+      return xs[0];
+    case Opcode::kAdd:
+    case Opcode::kSub:
+    case Opcode::kMul:
+    case Opcode::kDiv:
+    case Opcode::kMax:
+    case Opcode::kMin:
+      RETURN_IF_ERROR(RequireSame(xs[0], xs[1], "operand types"));
+      if (xs[0].dtype == DType::kPred) return Invalid("operands must be numeric, got pred");
+      return xs[0];
+    case Opcode::kCompare: {
+      RETURN_IF_ERROR(RequireSame(xs[0], xs[1], "operand types"));
+      ASSIGN_OR_RETURN(std::string dir, attrs.GetSymbol("direction"));
+      if (!IsCompareDirection(dir)) {
+        return Invalid(absl::StrCat("compare direction '", dir, "' is not one of eq, ne, lt, le, gt, ge"));
+      }
+      return TensorType{DType::kPred, xs[0].dims};
+    }
+    case Opcode::kSelect:
+      if (xs[0].dtype != DType::kPred || xs[0].dims != xs[1].dims) {
+        return Invalid(absl::StrCat("select predicate ", xs[0].ToString(), " must be pred with the shape of ",
+                                    xs[1].ToString()));
+      }
+      RETURN_IF_ERROR(RequireSame(xs[1], xs[2], "select branch types"));
+      return xs[1];
+    case Opcode::kConvert:
+      if (xs[0].dims != declared->dims) {
+        return Invalid(absl::StrCat("convert cannot change shape: ", xs[0].ToString(), " to ", declared->ToString()));
+      }
+      return *declared;
+    case Opcode::kBroadcast:
+      return InferBroadcast(xs[0], attrs, *declared);
+    case Opcode::kReshape:
+      if (xs[0].dtype != declared->dtype || xs[0].num_elements() != declared->num_elements()) {
+        return Invalid(absl::StrCat("reshape must keep dtype and element count: ", xs[0].ToString(), " to ",
+                                    declared->ToString()));
+      }
+      return *declared;
+    case Opcode::kTranspose: {
+      ASSIGN_OR_RETURN(std::vector<int64_t> perm, attrs.GetInts("perm"));
+      if (static_cast<int>(perm.size()) != xs[0].rank()) {
+        return Invalid(absl::StrCat("transpose perm ", DimsToString(perm), " must have ", xs[0].rank(), " entries"));
+      }
+      RETURN_IF_ERROR(DimSet(perm, xs[0].rank(), "transpose perm").status());
+      TensorType out{xs[0].dtype, {}};
+      for (int64_t p : perm) out.dims.push_back(xs[0].dims[p]);
+      return out;
+    }
+    case Opcode::kSlice:
+      return InferSlice(xs[0], attrs);
+    case Opcode::kConcatenate:
+      return InferConcatenate(xs, attrs);
+    case Opcode::kReduceSum:
+    case Opcode::kReduceMax: {
+      ASSIGN_OR_RETURN(std::vector<int64_t> dims, attrs.GetInts("dims"));
+      ASSIGN_OR_RETURN(std::set<int64_t> s, DimSet(dims, xs[0].rank(), "reduce dims"));
+      if (xs[0].dtype == DType::kPred) return Invalid("cannot reduce pred");
+      TensorType out{xs[0].dtype, {}};
+      for (int i = 0; i < xs[0].rank(); ++i) {
+        if (!s.count(i)) out.dims.push_back(xs[0].dims[i]);
+      }
+      return out;
+    }
+    case Opcode::kDotGeneral:
+      return InferDotGeneral(xs[0], xs[1], attrs);
+    case Opcode::kGather:
+      if (xs[0].rank() < 1) return Invalid("gather table must have rank >= 1");
+      RETURN_IF_ERROR(RequireInteger(xs[1], "gather indices"));
+      return TensorType{xs[0].dtype, GatheredDims(xs[0], xs[1])};
+    case Opcode::kScatterAdd:
+      RETURN_IF_ERROR(RequireInteger(xs[0], "scatter_add indices"));
+      if (declared->rank() < 1) return Invalid("scatter_add result must have rank >= 1");
+      if (xs[1].dtype != declared->dtype || xs[1].dims != GatheredDims(*declared, xs[0])) {
+        return Invalid(absl::StrCat("scatter_add updates ", xs[1].ToString(), " must be ",
+                                    TensorType{declared->dtype, GatheredDims(*declared, xs[0])}.ToString(),
+                                    " for indices ", xs[0].ToString(), " and result ", declared->ToString()));
+      }
+      return *declared;
+    case Opcode::kRmsNorm:
+    case Opcode::kRmsNormGradInput:
+    case Opcode::kRmsNormGradWeight:
+      return InferRmsNormFamily(op, xs, attrs);
+    case Opcode::kSoftmax:
+      RETURN_IF_ERROR(RequireFloat(xs[0], "softmax input"));
+      if (xs[0].rank() < 1) return Invalid("softmax input must have rank >= 1");
+      return xs[0];
+    case Opcode::kSoftmaxGrad:
+      RETURN_IF_ERROR(RequireFloat(xs[0], "softmax output"));
+      if (xs[0].rank() < 1) return Invalid("softmax output must have rank >= 1");
+      RETURN_IF_ERROR(RequireSame(xs[0], xs[1], "softmax y and dy types"));
+      return xs[0];
+    case Opcode::kCrossEntropy:
+    case Opcode::kCrossEntropyGrad: {
+      const TensorType& logits = xs[0];
+      const TensorType& labels = xs[1];
+      RETURN_IF_ERROR(RequireFloat(logits, "logits"));
+      RETURN_IF_ERROR(RequireRank(logits, 2, "logits"));
+      RETURN_IF_ERROR(RequireInteger(labels, "labels"));
+      if (labels.dims != std::vector<int64_t>{logits.dims[0]}) {
+        return Invalid(absl::StrCat("labels ", labels.ToString(), " must be [", logits.dims[0], "] for logits ",
+                                    logits.ToString()));
+      }
+      TensorType loss{DType::kF32, {logits.dims[0]}};
+      if (op == Opcode::kCrossEntropy) return loss;
+      RETURN_IF_ERROR(RequireSame(xs[2], loss, "dloss and per-row loss types"));
+      return logits;
+    }
+    case Opcode::kRope: {
+      ASSIGN_OR_RETURN(double theta, attrs.GetFloat("theta"));
+      ASSIGN_OR_RETURN(int64_t inverse, attrs.GetInt("inverse"));
+      if (!(theta > 0)) return Invalid("rope theta must be > 0");
+      if (inverse != 0 && inverse != 1) return Invalid("rope inverse must be 0 or 1");
+      const TensorType& x = xs[0];
+      RETURN_IF_ERROR(RequireFloat(x, "rope input"));
+      RETURN_IF_ERROR(RequireRank(x, 4, "rope input [B,T,H,D]"));
+      if (x.dims[3] % 2 != 0) return Invalid(absl::StrCat("rope head dim ", x.dims[3], " must be even"));
+      if (xs[1].dtype != DType::kI32 || xs[1].dims != std::vector<int64_t>{x.dims[1]}) {
+        return Invalid(absl::StrCat("rope positions ", xs[1].ToString(), " must be i32[", x.dims[1], "]"));
+      }
+      return x;
+    }
+  }
+  return Invalid("unknown opcode");
+}
+
+}  // namespace kiln

@@ -1,0 +1,132 @@
+#include "ir/verifier.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/shape_inference.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+
+bool IsValidName(absl::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+              c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+namespace {
+
+absl::Status NodeError(const Function& f, const Node& n, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("verifier: @", f.name(), " %", n.name(), " = ", n.op_name(), ": ", why));
+}
+
+}  // namespace
+
+absl::Status VerifyFunction(const Function& f) {
+  if (!IsValidName(f.name())) {
+    return absl::InvalidArgumentError(absl::StrCat("verifier: function name '", f.name(), "' is not a valid name"));
+  }
+  absl::flat_hash_set<const Node*> defined;
+  absl::flat_hash_set<absl::string_view> names;
+  absl::flat_hash_set<int64_t> ids;
+  absl::flat_hash_map<int64_t, const Node*> params;
+  for (const auto& node : f.nodes()) {
+    const Node& n = *node;
+    if (!IsValidName(n.name())) return NodeError(f, n, "name must match [A-Za-z0-9_.-]+");
+    if (!n.scope().empty() && !IsValidName(n.scope())) return NodeError(f, n, "scope must match [A-Za-z0-9_.-]+");
+    if (!names.insert(n.name()).second) return NodeError(f, n, "duplicate name");
+    if (!ids.insert(n.id()).second) return NodeError(f, n, absl::StrCat("duplicate id ", n.id()));
+    if (n.parent() != &f) return NodeError(f, n, "node belongs to another function");
+    std::vector<TensorType> types;
+    for (int i = 0; i < n.num_operands(); ++i) {
+      const Node* o = n.operand(i);
+      if (o == nullptr || !defined.contains(o)) {
+        return NodeError(f, n,
+                         absl::StrCat("operand ", i, o ? absl::StrCat(" %", o->name()) : "",
+                                      " is not defined before its use"));
+      }
+      types.push_back(o->type());
+    }
+    absl::StatusOr<TensorType> inferred = InferResultType(n.opcode(), types, n.attrs(), &n.type());
+    if (!inferred.ok()) {
+      std::vector<std::string> shown;
+      for (const TensorType& t : types) shown.push_back(t.ToString());
+      return NodeError(f, n, absl::StrCat("operands (", absl::StrJoin(shown, ", "), "): ", inferred.status().message()));
+    }
+    if (*inferred != n.type()) {
+      return NodeError(f, n, absl::StrCat("written type ", n.type().ToString(), " but operands give ",
+                                          inferred->ToString()));
+    }
+    if (n.opcode() == Opcode::kParameter) {
+      int64_t index = *n.attrs().GetInt("index");  // checked by inference
+      if (!params.emplace(index, &n).second) {
+        return NodeError(f, n, absl::StrCat("parameter index ", index, " is used twice"));
+      }
+    }
+    defined.insert(&n);
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(params.size()); ++i) {
+    if (!params.contains(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("verifier: @", f.name(), ": parameter indices must be 0..",
+                                                     params.size() - 1, " but index ", i, " is missing"));
+    }
+  }
+  if (f.outputs().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("verifier: @", f.name(), " returns nothing"));
+  }
+  for (size_t i = 0; i < f.outputs().size(); ++i) {
+    if (!defined.contains(f.outputs()[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verifier: @", f.name(), ": output ", i, " is not a node of this function"));
+    }
+  }
+  const auto& aliases = f.output_aliases();
+  if (!aliases.empty()) {
+    if (aliases.size() != f.outputs().size()) {
+      return absl::InvalidArgumentError(absl::StrCat("verifier: @", f.name(), ": ", aliases.size(),
+                                                     " output aliases for ", f.outputs().size(), " outputs"));
+    }
+    absl::flat_hash_set<int64_t> donated;
+    for (size_t i = 0; i < aliases.size(); ++i) {
+      int64_t p = aliases[i];
+      if (p == -1) continue;
+      auto it = params.find(p);
+      if (it == params.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("verifier: @", f.name(), ": output ", i, " aliases parameter ", p, ", which does not exist"));
+      }
+      if (it->second->type() != f.outputs()[i]->type()) {
+        return absl::InvalidArgumentError(absl::StrCat("verifier: @", f.name(), ": output ", i, " (",
+                                                       f.outputs()[i]->type().ToString(), ") aliases parameter ", p,
+                                                       " of another type (", it->second->type().ToString(), ")"));
+      }
+      if (!donated.insert(p).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("verifier: @", f.name(), ": parameter ", p, " is aliased by two outputs"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyModule(const Module& module) {
+  if (!IsValidName(module.name())) {
+    return absl::InvalidArgumentError(absl::StrCat("verifier: module name '", module.name(), "' is not a valid name"));
+  }
+  absl::flat_hash_set<absl::string_view> names;
+  for (const auto& f : module.functions()) {
+    if (!names.insert(f->name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("verifier: function @", f->name(), " is defined twice"));
+    }
+    RETURN_IF_ERROR(VerifyFunction(*f));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln
