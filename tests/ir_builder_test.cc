@@ -34,3 +34,33 @@ TEST(Builder, ErrorNamesOpShapesAndCaller) {
 
 }  // namespace
 }  // namespace kiln
+
+#include "tests/testing/all_ops.h"
+
+namespace kiln {
+namespace {
+
+TEST(AllOpsModule, CoversEveryOpAndVerifies) {
+  std::vector<Opcode> missing = testing::OpsMissingFromAllOpsModule();
+  for (Opcode op : missing) ADD_FAILURE() << "tests/testing/all_ops.cc does not use " << OpName(op);
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  absl::Status st = VerifyModule(*m);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(Verifier, RejectsWrongWrittenType) {
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  Function* f = m->functions()[0].get();
+  Node* add = nullptr;
+  for (const auto& n : f->nodes()) {
+    if (n->opcode() == Opcode::kAdd) add = n.get();
+  }
+  ASSERT_NE(add, nullptr);
+  add->set_type({DType::kF32, {2, 3, 5}});
+  absl::Status st = VerifyModule(*m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("written type f32[2,3,5] but operands give f32[2,3,4]"), absl::string_view::npos) << st;
+}
+
+}  // namespace
+}  // namespace kiln

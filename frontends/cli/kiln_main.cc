@@ -1,0 +1,2 @@
+// placeholder replaced by the CLI
+int main() { return 0; }

@@ -1,0 +1,96 @@
+#include "tests/testing/all_ops.h"
+
+#include <set>
+
+#include "ir/builder.h"
+#include "ir/status_macros.h"
+
+namespace kiln::testing {
+namespace {
+
+// Unwraps a builder result inside a test helper: a failure here is a bug in this file.
+Node* Must(absl::StatusOr<Node*> n) {
+  if (!n.ok()) {
+    std::fprintf(stderr, "all_ops: %s\n", std::string(n.status().message()).c_str());
+    std::abort();
+  }
+  return *n;
+}
+
+}  // namespace
+
+std::unique_ptr<Module> BuildAllOpsModule() {
+  auto m = std::make_unique<Module>("all_ops");
+  Builder b(m->AddFunction("main"));
+  const DType f32 = DType::kF32;
+  Node* x = Must(b.Parameter("x", {f32, {2, 3, 4}}));
+  Node* w = Must(b.Parameter("w", {f32, {4}}));
+  Node* ids = Must(b.Parameter("ids", {DType::kI32, {2, 3}}));
+  Node* table = Must(b.Parameter("table", {f32, {5, 4}}));
+  Node* labels = Must(b.Parameter("labels", {DType::kI32, {6}}));
+  Node* pos = Must(b.Parameter("pos", {DType::kI32, {3}}));
+
+  b.set_scope("layers.0.unary");
+  Node* u = x;
+  for (Opcode op : {Opcode::kNeg, Opcode::kAbs, Opcode::kExp, Opcode::kLog, Opcode::kSqrt, Opcode::kRsqrt,
+                    Opcode::kTanh, Opcode::kSigmoid}) {
+    u = Must(b.Unary(op, u));
+  }
+  b.set_scope("layers.0.binary");
+  Node* v = x;
+  for (Opcode op : {Opcode::kAdd, Opcode::kSub, Opcode::kMul, Opcode::kDiv, Opcode::kMax, Opcode::kMin}) {
+    v = Must(b.Binary(op, v, u));
+  }
+  Node* half = Must(b.Constant(0.5, {f32, {}}));
+  Node* halfb = Must(b.BroadcastScalar(half, {2, 3, 4}));
+  Node* pred = Must(b.Compare(v, halfb, "lt"));
+  Node* sel = Must(b.Select(pred, v, u));
+  Node* dense = Must(b.ConstantValues({1, -2.5, 3e-8, -0.0}, {f32, {4}}));
+  Node* dense_b = Must(b.Broadcast(dense, {2}, {2, 3, 4}));
+  Node* io = Must(b.Iota({DType::kI32, {2, 3, 4}}, 2));
+  Node* iof = Must(b.Convert(io, f32));
+  Node* sum0 = Must(b.Add(Must(b.Add(sel, dense_b)), iof));
+
+  b.set_scope("layers.1.shape");
+  Node* r = Must(b.Reshape(sum0, {6, 4}));
+  Node* t = Must(b.Transpose(r, {1, 0}));
+  Node* s = Must(b.Slice(t, {0, 1}, {4, 5}, {1, 2}));
+  Node* cat = Must(b.Concatenate({s, s}, 1));
+  Node* rs = Must(b.ReduceSum(cat, {1}));
+  Node* rm = Must(b.ReduceMax(x, {0, 2}));
+  Node* bf = Must(b.Convert(r, DType::kBF16));
+  Node* dot = Must(b.DotGeneral(bf, Must(b.Convert(t, DType::kBF16)), {{}, {}, {1}, {0}}, f32));
+  Node* bdot = Must(b.DotGeneral(x, x, {{0}, {0}, {2}, {2}}));
+
+  b.set_scope("layers.1.composite");
+  Node* g = Must(b.Gather(table, ids));
+  Node* sc = Must(b.ScatterAdd(ids, g, {f32, {5, 4}}));
+  Node* rn = Must(b.RmsNorm(x, w, 1e-5));
+  Node* gi = Must(b.Op(Opcode::kRmsNormGradInput, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
+  Node* gw = Must(b.Op(Opcode::kRmsNormGradWeight, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
+  Node* sm = Must(b.Softmax(r));
+  Node* smg = Must(b.Op(Opcode::kSoftmaxGrad, {sm, r}));
+  Node* ce = Must(b.CrossEntropy(smg, labels));
+  Node* ceg = Must(b.Op(Opcode::kCrossEntropyGrad, {smg, labels, ce}));
+  Node* x4 = Must(b.Reshape(x, {1, 3, 2, 4}));
+  Node* ro = Must(b.Rope(x4, Must(b.Convert(pos, DType::kI32)), 10000.0));
+  b.set_scope("");
+  absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro});
+  if (!st.ok()) std::abort();
+  return m;
+}
+
+std::vector<Opcode> OpsMissingFromAllOpsModule() {
+  std::unique_ptr<Module> m = BuildAllOpsModule();
+  std::set<Opcode> used;
+  for (const auto& f : m->functions()) {
+    for (const auto& n : f->nodes()) used.insert(n->opcode());
+  }
+  std::vector<Opcode> missing;
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    if (!used.count(static_cast<Opcode>(i))) missing.push_back(static_cast<Opcode>(i));
+  }
+  return missing;
+}
+
+}  // namespace kiln::testing
