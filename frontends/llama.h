@@ -1,0 +1,45 @@
+// The Llama-style decoder, built from frontends/nn.h layers into kiln IR.
+//
+// Function @forward:
+//   parameters: tokens i32[B,T], targets i32[B,T], then every weight, named as Hugging Face
+//   names them (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
+//   model.norm.weight, lm_head.weight) with Hugging Face's layouts (Linear is [out, in]).
+//   outputs: the mean cross-entropy loss f32[] (and logits when asked).
+// Node scopes follow the layers ("layers.3.attn"), so dumps and graphs group by layer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontends/model_config.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+enum class Precision { kFp32, kBf16 };
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name);  // "fp32" | "bf16"
+absl::string_view PrecisionName(Precision p);
+
+struct LlamaBuildOptions {
+  int64_t batch = 0;    // 0: the config's batch
+  int64_t seq_len = 0;  // 0: the config's seq_len
+  // bf16: GEMM operands (linear layers, QK^T, PV, LM head) are converted to bf16 and
+  // accumulate in f32; norms, softmax, reductions and the loss stay f32. fp32: all f32.
+  Precision precision = Precision::kBf16;
+  bool return_logits = false;  // also return logits f32[B,T,V] as a second output
+};
+
+struct WeightSpec {
+  std::string name;             // Hugging Face name
+  std::vector<int64_t> shape;   // Hugging Face layout
+};
+
+// Every weight of the model, in the order @forward takes them (after tokens, targets).
+std::vector<WeightSpec> LlamaWeights(const ModelConfig& config);
+
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config,
+                                                         const LlamaBuildOptions& options = {});
+
+}  // namespace kiln

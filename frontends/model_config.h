@@ -1,0 +1,47 @@
+// One config struct for every Llama-style model kiln builds: the presets, and models read
+// from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kiln {
+
+struct ModelConfig {
+  std::string name;
+  int64_t vocab_size = 256;
+  int64_t d_model = 128;
+  int64_t n_layers = 2;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 2;  // grouped-query attention: n_heads % n_kv_heads == 0
+  int64_t head_dim = 32;
+  int64_t d_ff = 352;      // SwiGLU hidden size
+  double rms_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  // Default training shape (a preset's seq and batch; overridable by the CLI).
+  int64_t seq_len = 64;
+  int64_t batch = 8;
+
+  // A clear error for inconsistent sizes (heads not dividing, odd head_dim, ...).
+  absl::Status Validate() const;
+};
+
+// Presets: llama-tiny (trains on 2 CPU cores in a minute), llama-S and llama-M (DESIGN.md).
+std::vector<std::string> PresetNames();
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+// A Hugging Face Llama config.json, or a folder holding one.
+absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path);
+
+// MODEL on the command line: a preset name, an HF config.json, or a folder holding one.
+absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model);
+
+// Number of trainable parameters.
+int64_t ParameterCount(const ModelConfig& config);
+
+}  // namespace kiln
