@@ -1,0 +1,41 @@
+// The printing half of ir/text_format.h. Every choice here (separators, spacing, which
+// parts are omitted when empty) is mirrored by ir/text_parser.cc, so printed text parses
+// back to a module that prints identically.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/text_format.h"
+
+namespace kiln {
+
+std::string PrintNode(const Node& node) {
+  std::string line = absl::StrCat("%", node.name(), " = ", node.op_name(), "(");
+  for (int i = 0; i < node.num_operands(); ++i) {
+    absl::StrAppend(&line, i ? ", %" : "%", node.operand(i)->name());
+  }
+  line += ")";
+  if (!node.attrs().empty()) absl::StrAppend(&line, " ", node.attrs().ToString());
+  absl::StrAppend(&line, " : ", node.type().ToString());
+  if (!node.scope().empty()) absl::StrAppend(&line, " @", node.scope());
+  return line;
+}
+
+std::string PrintFunction(const Function& function) {
+  std::string out = absl::StrCat("func @", function.name(), " {\n");
+  for (const auto& node : function.nodes()) absl::StrAppend(&out, "  ", PrintNode(*node), "\n");
+  out += "  return";
+  for (size_t i = 0; i < function.outputs().size(); ++i) {
+    absl::StrAppend(&out, i ? ", %" : " %", function.outputs()[i]->name());
+  }
+  if (!function.output_aliases().empty()) {
+    absl::StrAppend(&out, " {aliases=[", absl::StrJoin(function.output_aliases(), ","), "]}");
+  }
+  return out + "\n}\n";
+}
+
+std::string PrintModule(const Module& module) {
+  std::string out = absl::StrCat("module @", module.name(), "\n");
+  for (const auto& function : module.functions()) absl::StrAppend(&out, "\n", PrintFunction(*function));
+  return out;
+}
+
+}  // namespace kiln
