@@ -1,0 +1,37 @@
+#include "passes/inline_function.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::vector<Node*>> InlineFunction(Function& dst, const Function& src, absl::Span<Node* const> args,
+                                                  absl::string_view name_prefix) {
+  std::vector<Node*> params = src.parameters();
+  if (params.size() != args.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("inlining @", src.name(), ": it takes ", params.size(),
+                                                   " parameters, got ", args.size(), " arguments"));
+  }
+  absl::flat_hash_map<const Node*, Node*> map;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (args[i] == nullptr || args[i]->parent() != &dst || args[i]->type() != params[i]->type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "inlining @", src.name(), ": argument ", i, " must be a node of @", dst.name(), " of type ",
+          params[i]->type().ToString(), args[i] ? absl::StrCat(", got ", args[i]->type().ToString()) : ""));
+    }
+    map[params[i]] = args[i];
+  }
+  for (const auto& n : src.nodes()) {
+    if (n->opcode() == Opcode::kParameter) continue;
+    std::vector<Node*> operands;
+    for (Node* o : n->operands()) operands.push_back(map.at(o));
+    std::string name = dst.UniqueName(absl::StrCat(name_prefix, n->name()));
+    map[n.get()] = dst.AppendNode(n->opcode(), std::move(operands), n->attrs(), n->type(), name, n->scope());
+  }
+  std::vector<Node*> outputs;
+  for (Node* o : src.outputs()) outputs.push_back(map.at(o));
+  return outputs;
+}
+
+}  // namespace kiln

@@ -1,0 +1,225 @@
+#include "passes/training_step.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "ir/builder.h"
+#include "ir/status_macros.h"
+#include "passes/autodiff.h"
+#include "passes/inline_function.h"
+
+namespace kiln {
+namespace {
+
+// Elementwise arithmetic on f32 tensors with scalar operands broadcast as needed.
+class Arith {
+ public:
+  explicit Arith(Builder& b) : b_(b) {}
+
+  absl::StatusOr<Node*> Scalar(double v) { return b_.Constant(v, {DType::kF32, {}}); }
+  // Broadcasts a scalar node to `like`'s shape (no-op for scalars).
+  absl::StatusOr<Node*> Splat(Node* scalar, Node* like) {
+    if (like->type().rank() == 0) return scalar;
+    return b_.BroadcastScalar(scalar, like->type().dims);
+  }
+  absl::StatusOr<Node*> MulScalar(Node* x, Node* scalar) {
+    ASSIGN_OR_RETURN(Node * s, Splat(scalar, x));
+    return b_.Mul(x, s);
+  }
+  absl::StatusOr<Node*> MulConst(Node* x, double v) {
+    ASSIGN_OR_RETURN(Node * s, Scalar(v));
+    return MulScalar(x, s);
+  }
+  absl::StatusOr<Node*> AddConst(Node* x, double v) {
+    ASSIGN_OR_RETURN(Node * s, Scalar(v));
+    ASSIGN_OR_RETURN(Node * sb, Splat(s, x));
+    return b_.Add(x, sb);
+  }
+  absl::StatusOr<Node*> SumAll(Node* x) {
+    std::vector<int64_t> dims;
+    for (int i = 0; i < x->type().rank(); ++i) dims.push_back(i);
+    if (dims.empty()) return x;
+    return b_.ReduceSum(x, dims);
+  }
+
+ private:
+  Builder& b_;
+};
+
+}  // namespace
+
+absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forward,
+                                            const TrainingStepOptions& options, TrainingStepLayout* layout_out) {
+  if (forward.outputs().empty() || forward.outputs()[0]->type() != TensorType{DType::kF32, {}}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training step: @", forward.name(), "'s output 0 must be the f32[] loss"));
+  }
+  if (options.accum_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("training step: accum_steps must be >= 1, got ", options.accum_steps));
+  }
+  std::vector<Node*> fwd_params = forward.parameters();
+  const int64_t nb = options.num_batch_inputs;
+  if (nb < 0 || nb > static_cast<int64_t>(fwd_params.size())) {
+    return absl::InvalidArgumentError("training step: num_batch_inputs exceeds the forward's parameters");
+  }
+  TrainingStepLayout layout{static_cast<int64_t>(fwd_params.size()) - nb, nb};
+  for (int64_t i = nb; i < static_cast<int64_t>(fwd_params.size()); ++i) {
+    if (fwd_params[i]->type().dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("training step: trainable parameter %", fwd_params[i]->name(),
+                                                     " must be f32 (master weights), got ",
+                                                     fwd_params[i]->type().ToString()));
+    }
+  }
+  Function* step = module.AddFunction(options.name);
+  if (step == nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("training step: @", options.name, " already exists"));
+  }
+  Builder b(step);
+  Arith a(b);
+  const AdamWConfig& h = options.adamw;
+  const int64_t k = options.accum_steps;
+
+  // Parameters, in TrainingStepLayout order.
+  std::vector<Node*> params, ms, vs, batch;
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    Node* p = fwd_params[nb + i];
+    ASSIGN_OR_RETURN(Node * param, b.Parameter(p->name(), p->type()));
+    params.push_back(param);
+  }
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    ASSIGN_OR_RETURN(Node * m, b.Parameter(absl::StrCat("adamw.m.", params[i]->name()), params[i]->type()));
+    ms.push_back(m);
+  }
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    ASSIGN_OR_RETURN(Node * v, b.Parameter(absl::StrCat("adamw.v.", params[i]->name()), params[i]->type()));
+    vs.push_back(v);
+  }
+  ASSIGN_OR_RETURN(Node * t, b.Parameter("adamw.t", {DType::kF32, {}}));
+  for (int64_t i = 0; i < nb; ++i) {
+    TensorType bt = fwd_params[i]->type();
+    bt.dims.insert(bt.dims.begin(), k);
+    ASSIGN_OR_RETURN(Node * in, b.Parameter(fwd_params[i]->name(), bt));
+    batch.push_back(in);
+  }
+  ASSIGN_OR_RETURN(Node * lr, b.Parameter("lr", {DType::kF32, {}}));
+
+  // Gradient accumulation, in the straightforward form: zero, then add each micro-batch.
+  b.set_scope("grad_accum");
+  std::vector<Node*> grads;
+  for (Node* p : params) {
+    ASSIGN_OR_RETURN(Node * zero, a.Scalar(0.0));
+    ASSIGN_OR_RETURN(Node * g, a.Splat(zero, p));
+    grads.push_back(g);
+  }
+  ASSIGN_OR_RETURN(Node * loss_sum, a.Scalar(0.0));
+  for (int64_t micro = 0; micro < k; ++micro) {
+    std::vector<Node*> args;
+    b.set_scope("");
+    for (int64_t i = 0; i < nb; ++i) {
+      std::vector<int64_t> start(batch[i]->type().rank(), 0), limit = batch[i]->type().dims;
+      start[0] = micro;
+      limit[0] = micro + 1;
+      ASSIGN_OR_RETURN(Node * s, b.Slice(batch[i], start, limit));
+      ASSIGN_OR_RETURN(Node * r, b.Reshape(s, fwd_params[i]->type().dims));
+      args.push_back(r);
+    }
+    args.insert(args.end(), params.begin(), params.end());
+    std::string prefix = k == 1 ? "" : absl::StrCat("micro", micro, ".");
+    ASSIGN_OR_RETURN(std::vector<Node*> outs, InlineFunction(*step, forward, args, prefix));
+    ASSIGN_OR_RETURN(std::vector<Node*> micro_grads, AppendBackward(*step, outs[0], params));
+    b.set_scope("grad_accum");
+    ASSIGN_OR_RETURN(loss_sum, b.Add(loss_sum, outs[0]));
+    for (int64_t i = 0; i < layout.num_params; ++i) {
+      Node* g = micro_grads[i];
+      if (k > 1) {
+        ASSIGN_OR_RETURN(g, a.MulConst(g, 1.0 / static_cast<double>(k)));
+      }
+      ASSIGN_OR_RETURN(grads[i], b.Add(grads[i], g));
+    }
+  }
+  ASSIGN_OR_RETURN(Node * loss, a.MulConst(loss_sum, 1.0 / static_cast<double>(k)));
+
+  // Global-norm clipping.
+  if (h.clip_norm > 0) {
+    b.set_scope("grad_clip");
+    ASSIGN_OR_RETURN(Node * sq_sum, a.Scalar(0.0));
+    for (Node* g : grads) {
+      ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
+      ASSIGN_OR_RETURN(Node * s, a.SumAll(g2));
+      ASSIGN_OR_RETURN(sq_sum, b.Add(sq_sum, s));
+    }
+    ASSIGN_OR_RETURN(Node * norm, b.Unary(Opcode::kSqrt, sq_sum));
+    ASSIGN_OR_RETURN(Node * denom, a.AddConst(norm, 1e-6));
+    ASSIGN_OR_RETURN(Node * clip, a.Scalar(h.clip_norm));
+    ASSIGN_OR_RETURN(Node * ratio, b.Div(clip, denom));
+    ASSIGN_OR_RETURN(Node * one, a.Scalar(1.0));
+    ASSIGN_OR_RETURN(Node * scale, b.Binary(Opcode::kMin, ratio, one));
+    for (Node*& g : grads) {
+      ASSIGN_OR_RETURN(g, a.MulScalar(g, scale));
+    }
+  }
+
+  // AdamW.
+  b.set_scope("adamw");
+  ASSIGN_OR_RETURN(Node * t_next, a.AddConst(t, 1.0));
+  // 1 - beta^t = 1 - exp(t ln beta): the IR has no pow, and t is a runtime value.
+  auto bias_correction = [&](double beta) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * e, a.MulConst(t_next, std::log(beta)));
+    ASSIGN_OR_RETURN(Node * p, b.Unary(Opcode::kExp, e));
+    ASSIGN_OR_RETURN(Node * neg, a.MulConst(p, -1.0));
+    return a.AddConst(neg, 1.0);
+  };
+  ASSIGN_OR_RETURN(Node * bc1, bias_correction(h.beta1));
+  ASSIGN_OR_RETURN(Node * bc2, bias_correction(h.beta2));
+  ASSIGN_OR_RETURN(Node * step_size, b.Div(lr, bc1));
+  ASSIGN_OR_RETURN(Node * sqrt_bc2, b.Unary(Opcode::kSqrt, bc2));
+  ASSIGN_OR_RETURN(Node * lr_wd, a.MulConst(lr, h.weight_decay));
+  ASSIGN_OR_RETURN(Node * neg_lr_wd, a.MulConst(lr_wd, -1.0));
+  ASSIGN_OR_RETURN(Node * decay, a.AddConst(neg_lr_wd, 1.0));
+
+  std::vector<Node*> new_params, new_ms, new_vs;
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    Node* p = params[i];
+    Node* g = grads[i];
+    ASSIGN_OR_RETURN(Node * m1, a.MulConst(ms[i], h.beta1));
+    ASSIGN_OR_RETURN(Node * m2, a.MulConst(g, 1.0 - h.beta1));
+    ASSIGN_OR_RETURN(Node * m, b.Add(m1, m2));
+    ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
+    ASSIGN_OR_RETURN(Node * v1, a.MulConst(vs[i], h.beta2));
+    ASSIGN_OR_RETURN(Node * v2, a.MulConst(g2, 1.0 - h.beta2));
+    ASSIGN_OR_RETURN(Node * v, b.Add(v1, v2));
+    ASSIGN_OR_RETURN(Node * sqrt_v, b.Unary(Opcode::kSqrt, v));
+    ASSIGN_OR_RETURN(Node * sqrt_bc2_b, a.Splat(sqrt_bc2, p));
+    ASSIGN_OR_RETURN(Node * denom0, b.Div(sqrt_v, sqrt_bc2_b));
+    ASSIGN_OR_RETURN(Node * denom, a.AddConst(denom0, h.eps));
+    ASSIGN_OR_RETURN(Node * update0, b.Div(m, denom));
+    ASSIGN_OR_RETURN(Node * update, a.MulScalar(update0, step_size));
+    Node* decayed = p;
+    if (p->type().rank() >= 2 && h.weight_decay != 0) {
+      ASSIGN_OR_RETURN(decayed, a.MulScalar(p, decay));
+    }
+    ASSIGN_OR_RETURN(Node * p_new, b.Sub(decayed, update));
+    new_params.push_back(p_new);
+    new_ms.push_back(m);
+    new_vs.push_back(v);
+  }
+  b.set_scope("");
+
+  std::vector<Node*> outputs{loss};
+  std::vector<int64_t> aliases{-1};
+  auto add_outputs = [&](const std::vector<Node*>& nodes, int64_t first) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      outputs.push_back(nodes[i]);
+      aliases.push_back(first + static_cast<int64_t>(i));
+    }
+  };
+  add_outputs(new_params, layout.first_param());
+  add_outputs(new_ms, layout.first_m());
+  add_outputs(new_vs, layout.first_v());
+  add_outputs({t_next}, layout.t_index());
+  RETURN_IF_ERROR(b.Return(outputs, aliases));
+  if (layout_out) *layout_out = layout;
+  return step;
+}
+
+}  // namespace kiln

@@ -1,0 +1,61 @@
+// Builds the training step from a forward function:
+//
+//   step(params..., m..., v..., t, batch..., lr) -> (loss, params'..., m'..., v'..., t')
+//
+// params', m', v' and t' are donated: each output aliases its input, so a backend updates
+// them in place. The step is written in the straightforward form on purpose:
+//   - k micro-batches (gradient accumulation): the batch inputs gain a leading dim k; one
+//     copy of the forward and backward runs per micro-batch, and each gradient buffer is
+//     zeroed, then accumulated (g = 0; g += grad_i / k). A later pass (elide-grad-zeroing)
+//     removes the zeroing;
+//   - global-norm clipping: g *= min(1, clip / (||g||_2 + 1e-6)) over all parameters;
+//   - AdamW as in torch.optim.AdamW: p <- p (1 - lr wd); m <- b1 m + (1 - b1) g;
+//     v <- b2 v + (1 - b2) g^2; p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps),
+//     with t counted in the step (t' = t + 1). Weight decay applies to parameters of rank
+//     >= 2 (matrices and embeddings), not to norm weights.
+// The learning rate is an input, so the schedule (warmup + cosine) is the caller's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_norm = 1.0;  // 0 disables clipping
+};
+
+struct TrainingStepOptions {
+  AdamWConfig adamw;
+  int64_t accum_steps = 1;      // micro-batches per update
+  int64_t num_batch_inputs = 2;  // the forward's first parameters that are per-step data
+  std::string name = "train_step";
+};
+
+// The layout of the step function's parameters and outputs, for the caller that feeds it.
+struct TrainingStepLayout {
+  int64_t num_params = 0;        // trainable tensors (the forward's parameters after the batch inputs)
+  int64_t num_batch_inputs = 0;
+  // Parameter indices of the step function.
+  int64_t first_param() const { return 0; }
+  int64_t first_m() const { return num_params; }
+  int64_t first_v() const { return 2 * num_params; }
+  int64_t t_index() const { return 3 * num_params; }
+  int64_t first_batch_input() const { return 3 * num_params + 1; }
+  int64_t lr_index() const { return first_batch_input() + num_batch_inputs; }
+  // Outputs: 0 is the loss, then params', m', v', t' in the order of the inputs.
+};
+
+// Adds the step function to `module`; `forward` must be a function of `module` whose
+// output 0 is a scalar f32 loss.
+absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forward,
+                                            const TrainingStepOptions& options, TrainingStepLayout* layout = nullptr);
+
+}  // namespace kiln
