@@ -11,6 +11,7 @@
 
 namespace kiln {
 
+// The defaults are llama-tiny's sizes.
 struct ModelConfig {
   std::string name;
   int64_t vocab_size = 256;
@@ -19,7 +20,7 @@ struct ModelConfig {
   int64_t n_heads = 4;
   int64_t n_kv_heads = 2;  // grouped-query attention: n_heads % n_kv_heads == 0
   int64_t head_dim = 32;
-  int64_t d_ff = 352;      // SwiGLU hidden size
+  int64_t d_ff = 384;      // SwiGLU hidden size
   double rms_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
@@ -43,5 +44,9 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model);
 
 // Number of trainable parameters.
 int64_t ParameterCount(const ModelConfig& config);
+
+// Parameters without the input embedding, LM head included (DESIGN.md's count: llama-S is
+// 125M, llama-M 821M). With tied embeddings the shared matrix counts once, as the head.
+int64_t NonEmbeddingParameterCount(const ModelConfig& config);
 
 }  // namespace kiln

@@ -1,0 +1,113 @@
+#include "frontends/llama.h"
+
+#include "absl/strings/str_cat.h"
+#include "frontends/nn.h"
+#include "frontends/tensor.h"
+#include "ir/status_macros.h"
+#include "ir/verifier.h"
+
+namespace kiln {
+namespace {
+
+std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
+
+// The weights of one decoder layer, as parameters of `graph`.
+struct LayerWeights {
+  Tensor input_norm;
+  AttentionWeights attention;
+  Tensor post_attention_norm;
+  MlpWeights mlp;
+};
+
+// Declares every weight as a parameter, in LlamaWeights order, and hands them out in that
+// order: the same list drives the names, the shapes and the parameter indices.
+class WeightParameters {
+ public:
+  WeightParameters(Graph& graph, const ModelConfig& config) {
+    for (const WeightSpec& spec : LlamaWeights(config)) {
+      params_.push_back(graph.Parameter(spec.name, TensorType{DType::kF32, spec.shape}));
+    }
+  }
+  Tensor Next() { return next_ < params_.size() ? params_[next_++] : Tensor(); }
+
+ private:
+  std::vector<Tensor> params_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown precision '", name, "'; expected fp32 or bf16"));
+}
+
+absl::string_view PrecisionName(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
+
+std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
+  const int64_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
+  std::vector<WeightSpec> weights = {{"model.embed_tokens.weight", {c.vocab_size, c.d_model}}};
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = LayerPrefix(i);
+    weights.push_back({p + "input_layernorm.weight", {c.d_model}});
+    weights.push_back({p + "self_attn.q_proj.weight", {q_width, c.d_model}});
+    weights.push_back({p + "self_attn.k_proj.weight", {kv_width, c.d_model}});
+    weights.push_back({p + "self_attn.v_proj.weight", {kv_width, c.d_model}});
+    weights.push_back({p + "self_attn.o_proj.weight", {c.d_model, q_width}});
+    weights.push_back({p + "post_attention_layernorm.weight", {c.d_model}});
+    weights.push_back({p + "mlp.gate_proj.weight", {c.d_ff, c.d_model}});
+    weights.push_back({p + "mlp.up_proj.weight", {c.d_ff, c.d_model}});
+    weights.push_back({p + "mlp.down_proj.weight", {c.d_model, c.d_ff}});
+  }
+  weights.push_back({"model.norm.weight", {c.d_model}});
+  if (!c.tie_embeddings) weights.push_back({"lm_head.weight", {c.vocab_size, c.d_model}});
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config, const LlamaBuildOptions& options) {
+  RETURN_IF_ERROR(config.Validate());
+  const int64_t batch = options.batch > 0 ? options.batch : config.batch;
+  const int64_t seq_len = options.seq_len > 0 ? options.seq_len : config.seq_len;
+  if (options.batch < 0 || options.seq_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("llama build options: batch (", options.batch, ") and seq_len (",
+                                                   options.seq_len, ") must be >= 0 (0 takes the config's)"));
+  }
+  const DType gemm_dtype = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
+
+  auto module = std::make_unique<Module>(IsValidName(config.name) ? config.name : "llama");
+  Graph g(module->AddFunction("forward"));
+  Tensor tokens = g.Parameter("tokens", TensorType{DType::kI32, {batch, seq_len}});
+  Tensor targets = g.Parameter("targets", TensorType{DType::kI32, {batch, seq_len}});
+  WeightParameters weights(g, config);
+  Tensor embed_table = weights.Next();
+
+  Tensor h = InScope(g, "embed", [&] { return Embedding(embed_table, tokens); });
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    ScopeGuard layer(g, absl::StrCat("layers.", i));
+    LayerWeights w;
+    w.input_norm = weights.Next();
+    // Braced lists evaluate left to right: q, k, v, o and gate, up, down, as declared.
+    w.attention = {weights.Next(), weights.Next(), weights.Next(), weights.Next()};
+    w.post_attention_norm = weights.Next();
+    w.mlp = {weights.Next(), weights.Next(), weights.Next()};
+    // Residual adds sit in the layer's own scope, between the branches they join.
+    Tensor x = InScope(g, "attn_norm", [&] { return RMSNorm(h, w.input_norm, config.rms_eps); });
+    h = h + InScope(g, "attn", [&] { return CausalSelfAttention(x, w.attention, attention_shape, gemm_dtype); });
+    x = InScope(g, "mlp_norm", [&] { return RMSNorm(h, w.post_attention_norm, config.rms_eps); });
+    h = h + InScope(g, "mlp", [&] { return SwiGLU(x, w.mlp, gemm_dtype); });
+  }
+  Tensor final_norm = weights.Next();
+  Tensor head = config.tie_embeddings ? embed_table : weights.Next();
+  h = InScope(g, "final_norm", [&] { return RMSNorm(h, final_norm, config.rms_eps); });
+  Tensor logits = InScope(g, "lm_head", [&] { return LmHead(h, head, gemm_dtype); });
+  Tensor loss = InScope(g, "loss", [&] { return CrossEntropyLoss(logits, targets); });
+  std::vector<Tensor> outputs = {loss};
+  if (options.return_logits) outputs.push_back(logits);
+  RETURN_IF_ERROR(g.Finish(outputs));
+  RETURN_IF_ERROR(VerifyModule(*module));
+  return module;
+}
+
+}  // namespace kiln

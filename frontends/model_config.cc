@@ -1,0 +1,271 @@
+#include "frontends/model_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+#include "ir/verifier.h"
+
+namespace kiln {
+namespace {
+
+ModelConfig Preset(std::string name, int64_t vocab, int64_t d_model, int64_t layers, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, int64_t d_ff, int64_t seq_len, int64_t batch) {
+  ModelConfig c;
+  c.name = std::move(name);
+  c.vocab_size = vocab;
+  c.d_model = d_model;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.d_ff = d_ff;
+  c.seq_len = seq_len;
+  c.batch = batch;
+  return c;  // untied, rms_eps 1e-5, rope_theta 1e4: the struct's defaults
+}
+
+// DESIGN.md's reference shapes, plus one small enough to train on 2 CPU cores in a minute.
+const std::vector<ModelConfig>& Presets() {
+  static const std::vector<ModelConfig> presets = {
+      //      name          vocab  d_model layers heads kv  head_dim d_ff  seq   batch
+      Preset("llama-tiny", 256, 128, 2, 4, 2, 32, 384, 64, 8),
+      Preset("llama-S", 32000, 768, 16, 12, 4, 64, 2048, 1024, 16),
+      Preset("llama-M", 32000, 2048, 16, 16, 8, 128, 5632, 2048, 4),
+  };
+  return presets;
+}
+
+// Hugging Face's LlamaConfig defaults for the optional fields.
+constexpr double kHfRmsEps = 1e-6;
+constexpr double kHfRopeTheta = 10000.0;
+constexpr int64_t kHfMaxPositions = 2048;
+// A config.json's context may be 128k; a default training shape should fit a GPU.
+constexpr int64_t kMaxDefaultSeqLen = 1024;
+
+// Typed access to a config.json's fields; errors name the file and the field. A field set
+// to null counts as absent (Hugging Face writes `"head_dim": null`).
+class ConfigFields {
+ public:
+  ConfigFields(const nlohmann::json& json, std::string file) : json_(json), file_(std::move(file)) {}
+
+  bool Has(const char* key) const { return json_.contains(key) && !json_[key].is_null(); }
+
+  absl::StatusOr<int64_t> Int(const char* key) const {
+    if (!Has(key)) return absl::InvalidArgumentError(absl::StrCat(file_, ": missing field \"", key, "\""));
+    const nlohmann::json& v = json_[key];
+    if (!v.is_number_integer()) return WrongType(key, "an integer");
+    return v.get<int64_t>();
+  }
+  absl::StatusOr<int64_t> Int(const char* key, int64_t fallback) const {
+    return Has(key) ? Int(key) : fallback;
+  }
+  absl::StatusOr<double> Number(const char* key, double fallback) const {
+    if (!Has(key)) return fallback;
+    if (!json_[key].is_number()) return WrongType(key, "a number");
+    return json_[key].get<double>();
+  }
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    if (!json_[key].is_boolean()) return WrongType(key, "true or false");
+    return json_[key].get<bool>();
+  }
+  absl::StatusOr<std::string> String(const char* key) const {
+    if (!Has(key)) return absl::InvalidArgumentError(absl::StrCat(file_, ": missing field \"", key, "\""));
+    if (!json_[key].is_string()) return WrongType(key, "a string");
+    return json_[key].get<std::string>();
+  }
+
+  absl::Status Error(absl::string_view why) const { return absl::InvalidArgumentError(absl::StrCat(file_, ": ", why)); }
+
+ private:
+  absl::Status WrongType(const char* key, absl::string_view expected) const {
+    return Error(absl::StrCat("field \"", key, "\" must be ", expected, ", got ", json_[key].type_name(), " ",
+                              json_[key].dump()));
+  }
+
+  const nlohmann::json& json_;
+  std::string file_;
+};
+
+// Only what kiln builds: a Llama decoder with SiLU, plain RoPE and bias-free projections.
+absl::Status CheckIsPlainLlama(const ConfigFields& fields, const nlohmann::json& json) {
+  ASSIGN_OR_RETURN(std::string model_type, fields.String("model_type"));
+  if (model_type != "llama") {
+    return fields.Error(absl::StrCat("model_type is \"", model_type, "\"; kiln imports only \"llama\" models"));
+  }
+  if (fields.Has("architectures")) {
+    const nlohmann::json& archs = json["architectures"];
+    if (!archs.is_array()) return fields.Error("field \"architectures\" must be a list of strings");
+    for (const nlohmann::json& arch : archs) {
+      if (!arch.is_string() || !absl::StartsWith(arch.get<std::string>(), "Llama")) {
+        return fields.Error(absl::StrCat("architecture ", arch.dump(), " is not a Llama architecture"));
+      }
+    }
+  }
+  if (fields.Has("hidden_act")) {
+    ASSIGN_OR_RETURN(std::string act, fields.String("hidden_act"));
+    if (act != "silu") return fields.Error(absl::StrCat("hidden_act \"", act, "\" is not supported (only silu)"));
+  }
+  if (fields.Has("rope_scaling")) {
+    return fields.Error(absl::StrCat("rope_scaling ", json["rope_scaling"].dump(),
+                                     " is not supported (kiln implements plain RoPE)"));
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    ASSIGN_OR_RETURN(bool has_bias, fields.Bool(bias, false));
+    if (has_bias) return fields.Error(absl::StrCat(bias, " = true is not supported (projections have no bias)"));
+  }
+  return absl::OkStatus();
+}
+
+// A model name the IR accepts ([A-Za-z0-9_.-]+), from the folder holding config.json.
+std::string NameFromFolder(const std::filesystem::path& config_file) {
+  std::string name = std::filesystem::absolute(config_file).parent_path().filename().string();
+  for (char& c : name) {
+    if (!IsValidName(std::string(1, c))) c = '_';
+  }
+  return name.empty() ? "hf-llama" : name;
+}
+
+int64_t LayerParameterCount(const ModelConfig& c) {
+  const int64_t attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads);  // q, o, k, v
+  const int64_t mlp = 3 * c.d_model * c.d_ff;                                               // gate, up, down
+  const int64_t norms = 2 * c.d_model;
+  return attention + mlp + norms;
+}
+
+}  // namespace
+
+absl::Status ModelConfig::Validate() const {
+  const std::string what = absl::StrCat("model config '", name.empty() ? "unnamed" : name, "'");
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", vocab_size}, {"d_model", d_model}, {"n_layers", n_layers}, {"n_heads", n_heads},
+      {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"d_ff", d_ff},       {"seq_len", seq_len},
+      {"batch", batch}};
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) return absl::InvalidArgumentError(absl::StrCat(what, ": ", field, " is ", value, ", must be > 0"));
+  }
+  if (n_heads % n_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": n_heads (", n_heads, ") must be a multiple of n_kv_heads (",
+                                                   n_kv_heads, ") for grouped-query attention"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": head_dim (", head_dim, ") must be even: RoPE rotates pairs of dimensions"));
+  }
+  if (!(rms_eps >= 0) || !std::isfinite(rms_eps)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rms_eps (", rms_eps, ") must be finite and >= 0"));
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rope_theta (", rope_theta, ") must be finite and > 0"));
+  }
+  // Sizes read from a file may be absurd; counting in double first keeps the int64
+  // arithmetic of ParameterCount and of the IR's shapes from overflowing.
+  const double params = static_cast<double>(d_model) * head_dim * (2.0 * n_heads + 2.0 * n_kv_heads) * n_layers +
+                        3.0 * d_model * d_ff * n_layers + 2.0 * vocab_size * d_model;
+  const double logits = static_cast<double>(batch) * seq_len * std::max(vocab_size, d_ff) +
+                        static_cast<double>(batch) * n_heads * seq_len * seq_len;
+  if (params > 1e15 || logits > 1e15) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": sizes are too large (", params,
+                                                   " parameters, activations of ", logits, " elements)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const ModelConfig& c : Presets()) names.push_back(c.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
+  for (const ModelConfig& c : Presets()) {
+    if (absl::EqualsIgnoreCase(c.name, name)) return c;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("unknown preset '", name, "'; presets are ", absl::StrJoin(PresetNames(), ", ")));
+}
+
+absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
+  std::filesystem::path file = path;
+  std::error_code ignored;  // a path that cannot be inspected fails to open below
+  if (std::filesystem::is_directory(file, ignored)) file /= "config.json";
+  std::ifstream in(file);
+  if (!in || std::filesystem::is_directory(file, ignored)) {
+    return absl::NotFoundError(absl::StrCat("cannot read Hugging Face config ", file.string(), ": no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.string(), ": malformed JSON at byte ", e.byte, ": ", e.what()));
+  }
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.string(), ": expected a JSON object at the top level, got ", json.type_name()));
+  }
+
+  ConfigFields fields(json, file.string());
+  RETURN_IF_ERROR(CheckIsPlainLlama(fields, json));
+  ModelConfig c;
+  c.name = NameFromFolder(file);
+  ASSIGN_OR_RETURN(c.d_model, fields.Int("hidden_size"));
+  ASSIGN_OR_RETURN(c.d_ff, fields.Int("intermediate_size"));
+  ASSIGN_OR_RETURN(c.n_layers, fields.Int("num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.n_heads, fields.Int("num_attention_heads"));
+  ASSIGN_OR_RETURN(c.vocab_size, fields.Int("vocab_size"));
+  ASSIGN_OR_RETURN(c.n_kv_heads, fields.Int("num_key_value_heads", c.n_heads));
+  if (c.n_heads <= 0) return fields.Error(absl::StrCat("num_attention_heads is ", c.n_heads, ", must be > 0"));
+  if (fields.Has("head_dim")) {
+    ASSIGN_OR_RETURN(c.head_dim, fields.Int("head_dim"));
+  } else if (c.d_model % c.n_heads != 0) {
+    return fields.Error(absl::StrCat("hidden_size (", c.d_model, ") is not a multiple of num_attention_heads (",
+                                     c.n_heads, ") and no head_dim is given"));
+  } else {
+    c.head_dim = c.d_model / c.n_heads;
+  }
+  ASSIGN_OR_RETURN(c.rms_eps, fields.Number("rms_norm_eps", kHfRmsEps));
+  ASSIGN_OR_RETURN(c.rope_theta, fields.Number("rope_theta", kHfRopeTheta));
+  ASSIGN_OR_RETURN(c.tie_embeddings, fields.Bool("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(int64_t max_positions, fields.Int("max_position_embeddings", kHfMaxPositions));
+  c.seq_len = std::min(max_positions, kMaxDefaultSeqLen);
+
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return fields.Error(valid.message());
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model) {
+  absl::StatusOr<ModelConfig> preset = PresetConfig(model);
+  if (preset.ok()) return preset;
+  std::error_code ignored;
+  if (std::filesystem::exists(model, ignored)) return ConfigFromHuggingFace(model);
+  return absl::NotFoundError(absl::StrCat("unknown model '", model, "': not a preset (",
+                                          absl::StrJoin(PresetNames(), ", "),
+                                          ") and no such file or folder (a Hugging Face config.json, or a "
+                                          "folder holding one)"));
+}
+
+int64_t ParameterCount(const ModelConfig& config) {
+  const int64_t embedding = config.vocab_size * config.d_model;
+  return embedding + NonEmbeddingParameterCount(config) - (config.tie_embeddings ? embedding : 0);
+}
+
+int64_t NonEmbeddingParameterCount(const ModelConfig& config) {
+  const int64_t lm_head = config.vocab_size * config.d_model;
+  const int64_t final_norm = config.d_model;
+  return config.n_layers * LayerParameterCount(config) + final_norm + lm_head;
+}
+
+}  // namespace kiln

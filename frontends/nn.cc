@@ -1,0 +1,96 @@
+#include "frontends/nn.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+namespace {
+
+// [B,T,H,Dh] <-> [B,H,T,Dh]; the permutation is its own inverse.
+const std::vector<int64_t> kSwapSeqAndHeads = {0, 2, 1, 3};
+
+// k or v [B,KV,T,Dh] -> [B,KV*G,T,Dh], query head h reading kv head h / G.
+Tensor RepeatKvHeads(Tensor kv, int64_t groups, Loc loc) {
+  if (groups == 1) return kv;
+  const int64_t b = kv.dim(0), n_kv = kv.dim(1), t = kv.dim(2), d = kv.dim(3);
+  Tensor repeated = Broadcast(kv, {0, 1, 3, 4}, {b, n_kv, groups, t, d}, loc);
+  return Reshape(repeated, {b, n_kv * groups, t, d}, loc);
+}
+
+}  // namespace
+
+Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
+  DotDims dims{.lhs_contract = {x.rank() - 1}, .rhs_contract = {1}};
+  return DotGeneral(Convert(x, gemm_dtype, loc), Convert(weight, gemm_dtype, loc), dims, DType::kF32, loc);
+}
+
+Tensor Embedding(Tensor table, Tensor ids, Loc loc) { return Gather(table, ids, loc); }
+
+Tensor RMSNorm(Tensor x, Tensor weight, double eps, Loc loc) { return RmsNorm(x, weight, eps, loc); }
+
+Tensor Positions(Graph& graph, int64_t seq_len, Loc loc) {
+  return graph.Iota(TensorType{DType::kI32, {seq_len}}, 0, loc);
+}
+
+Tensor RoPE(Tensor x, Tensor positions, double theta, Loc loc) { return Rope(x, positions, theta, loc); }
+
+Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape,
+                           DType gemm_dtype, Loc loc) {
+  if (!x.ok()) return x;  // failed: every op below would be a no-op
+  Graph& graph = *x.graph();
+  const int64_t b = x.dim(0), t = x.dim(1);
+  const int64_t h = shape.n_heads, n_kv = shape.n_kv_heads, d = shape.head_dim;
+  if (n_kv <= 0 || h % n_kv != 0) {
+    graph.Fail(absl::InvalidArgumentError(absl::StrCat("attention at ", FormatLocation(loc), ": ", h,
+                                                       " query heads are not a multiple of ", n_kv, " kv heads")));
+    return Tensor(&graph, nullptr);
+  }
+
+  Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, loc), {b, t, h, d}, loc);
+  Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  Tensor positions = Positions(graph, t, loc);
+  q = Transpose(RoPE(q, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
+  k = Transpose(RoPE(k, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
+  v = Transpose(v, kSwapSeqAndHeads, loc);
+  k = RepeatKvHeads(k, h / n_kv, loc);
+  v = RepeatKvHeads(v, h / n_kv, loc);
+
+  const DotDims qk{.lhs_batch = {0, 1}, .rhs_batch = {0, 1}, .lhs_contract = {3}, .rhs_contract = {3}};
+  Tensor scores = DotGeneral(Convert(q, gemm_dtype, loc), Convert(k, gemm_dtype, loc), qk, DType::kF32, loc);
+  scores = Mul(scores, 1.0 / std::sqrt(static_cast<double>(d)), loc);
+
+  const std::vector<int64_t> scores_shape = {b, h, t, t};
+  TensorType square{DType::kI32, {t, t}};
+  Tensor causal = Compare(graph.Iota(square, 0, loc), graph.Iota(square, 1, loc), "ge", loc);
+  Tensor minus_inf = BroadcastScalar(graph.Scalar(-std::numeric_limits<double>::infinity(), DType::kF32, loc),
+                                     scores_shape, loc);
+  scores = Select(Broadcast(causal, {2, 3}, scores_shape, loc), scores, minus_inf, loc);
+  Tensor probs = Softmax(scores, loc);
+
+  const DotDims pv{.lhs_batch = {0, 1}, .rhs_batch = {0, 1}, .lhs_contract = {3}, .rhs_contract = {2}};
+  Tensor out = DotGeneral(Convert(probs, gemm_dtype, loc), Convert(v, gemm_dtype, loc), pv, DType::kF32, loc);
+  out = Reshape(Transpose(out, kSwapSeqAndHeads, loc), {b, t, h * d}, loc);
+  return Linear(out, weights.o_proj, gemm_dtype, loc);
+}
+
+Tensor Silu(Tensor x, Loc loc) { return Mul(x, Sigmoid(x, loc), loc); }
+
+Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
+  Tensor gate = Silu(Linear(x, weights.gate_proj, gemm_dtype, loc), loc);
+  Tensor up = Linear(x, weights.up_proj, gemm_dtype, loc);
+  return Linear(Mul(gate, up, loc), weights.down_proj, gemm_dtype, loc);
+}
+
+Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) { return Linear(x, weight, gemm_dtype, loc); }
+
+Tensor CrossEntropyLoss(Tensor logits, Tensor labels, Loc loc) {
+  const int64_t rows = logits.dim(0) * logits.dim(1), vocab = logits.dim(2);
+  Tensor per_row = CrossEntropy(Reshape(logits, {rows, vocab}, loc), Reshape(labels, {rows}, loc), loc);
+  // A failed logits tensor has rows == 0; the op is a no-op then, so 1/0 never reaches IR.
+  return Mul(ReduceSum(per_row, {0}, loc), rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0, loc);
+}
+
+}  // namespace kiln

@@ -1,0 +1,98 @@
+// Transformer layers over frontends/tensor.h, built from primitive IR ops so that passes
+// see (and may rewrite) every step. Shapes: B batch, T sequence, D model width, H query
+// heads, KV key/value heads, G = H / KV, Dh head dim, V vocabulary, F MLP hidden size.
+//
+// GEMM precision: every layer that multiplies matrices takes `gemm_dtype`. Both operands of
+// each dot_general are converted to it (no convert node when they already have it) and the
+// dot_general accumulates into, and returns, f32. With kBF16 this is the autocast policy of
+// DESIGN.md; with kF32 the graph has no converts at all.
+//
+// The causal self-attention pattern, which select-flash-attention matches node by node
+// (one layer; `cvt` is convert to gemm_dtype, absent under f32):
+//
+//   q = reshape(Linear(x, Wq), [B,T,H,Dh])          Linear: see below
+//   k = reshape(Linear(x, Wk), [B,T,KV,Dh])
+//   v = reshape(Linear(x, Wv), [B,T,KV,Dh])
+//   pos = iota i32[T] {dim=0}                        one node, shared by both ropes
+//   q = transpose(rope(q, pos), [0,2,1,3])           [B,H,T,Dh]
+//   k = transpose(rope(k, pos), [0,2,1,3])           [B,KV,T,Dh]
+//   v = transpose(v, [0,2,1,3])                      [B,KV,T,Dh]
+//   if G > 1, for k and v (GQA; absent when G == 1):
+//     r = reshape(broadcast(k, dims=[0,1,3,4]) : [B,KV,G,T,Dh], [B,H,T,Dh])
+//                                                    query head h reads kv head h / G
+//   s = dot_general(cvt(q), cvt(k)) {lhs_batch=[0,1], rhs_batch=[0,1], lhs_contract=[3],
+//                                    rhs_contract=[3], out_dtype=f32}       [B,H,T,T]
+//   s = mul(s, broadcast(constant f32[] 1/sqrt(Dh), dims=[]))
+//   keep = compare(iota i32[T,T] {dim=0}, iota i32[T,T] {dim=1}) {direction=ge}
+//                                                    query row >= key column
+//   s = select(broadcast(keep, dims=[2,3]) : pred[B,H,T,T], s,
+//              broadcast(constant f32[] -inf, dims=[]))
+//   p = softmax(s)
+//   o = dot_general(cvt(p), cvt(v)) {lhs_batch=[0,1], rhs_batch=[0,1], lhs_contract=[3],
+//                                    rhs_contract=[2], out_dtype=f32}       [B,H,T,Dh]
+//   o = reshape(transpose(o, [0,2,1,3]), [B,T,H*Dh])
+//   out = Linear(o, Wo)
+#pragma once
+
+#include <cstdint>
+
+#include "frontends/tensor.h"
+
+namespace kiln {
+
+// y = x · Wᵀ for x [..., in] and weight [out, in] (Hugging Face's layout) -> f32 [..., out]:
+// dot_general(cvt(x), cvt(W)) contracting x's last dim with W's dim 1, no batch dims.
+Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
+
+// Rows of table [V, D] picked by integer ids [...] -> [..., D] (gather).
+Tensor Embedding(Tensor table, Tensor ids, Loc loc = Loc::current());
+
+// x * rsqrt(mean(x², last dim) + eps) * weight, one rms_norm op computed in f32.
+Tensor RMSNorm(Tensor x, Tensor weight, double eps, Loc loc = Loc::current());
+
+// Positions 0..T-1 as i32[T] (iota), for RoPE.
+Tensor Positions(Graph& graph, int64_t seq_len, Loc loc = Loc::current());
+
+// Rotary embedding of x [B,T,H,Dh] at `positions` i32[T], Hugging Face rotate-half
+// convention, frequencies theta^(-2i/Dh).
+Tensor RoPE(Tensor x, Tensor positions, double theta, Loc loc = Loc::current());
+
+struct AttentionWeights {
+  Tensor q_proj;  // [H*Dh, D]
+  Tensor k_proj;  // [KV*Dh, D]
+  Tensor v_proj;  // [KV*Dh, D]
+  Tensor o_proj;  // [D, H*Dh]
+};
+
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // divides n_heads
+  int64_t head_dim = 0;
+  double rope_theta = 10000.0;
+};
+
+// Causal grouped-query self-attention of x [B,T,D] -> f32 [B,T,D], built exactly as the
+// pattern at the top of this file.
+Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape,
+                           DType gemm_dtype, Loc loc = Loc::current());
+
+// silu(x) = x * sigmoid(x).
+Tensor Silu(Tensor x, Loc loc = Loc::current());
+
+struct MlpWeights {
+  Tensor gate_proj;  // [F, D]
+  Tensor up_proj;    // [F, D]
+  Tensor down_proj;  // [D, F]
+};
+
+// down(silu(gate(x)) * up(x)) for x [..., D] -> f32 [..., D].
+Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc = Loc::current());
+
+// Logits f32 [B,T,V] from hidden states [B,T,D] and the head weight [V, D] (a Linear).
+Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
+
+// Mean token cross-entropy f32[] of logits [B,T,V] against labels [B,T]:
+// cross_entropy on [B*T,V] and [B*T], then reduce_sum and mul by 1/(B*T).
+Tensor CrossEntropyLoss(Tensor logits, Tensor labels, Loc loc = Loc::current());
+
+}  // namespace kiln
