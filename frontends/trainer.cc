@@ -1,0 +1,117 @@
+#include "frontends/trainer.h"
+
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+absl::Status CheckTensors(const std::vector<Node*>& params, int64_t first, const std::vector<HostTensor>& tensors,
+                          absl::string_view what) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorType& want = params[first + i]->type();
+    if (tensors[i].type() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " %", params[first + i]->name(), " must be ",
+                                                     want.ToString(), ", got ", tensors[i].type().ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(std::unique_ptr<Module> module,
+                                                                          const Function* step_function,
+                                                                          TrainingStepLayout layout,
+                                                                          std::vector<HostTensor> initial_params,
+                                                                          ReferenceOptions options) {
+  if (static_cast<int64_t>(initial_params.size()) != layout.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: ", initial_params.size(), " initial parameters for a step over ",
+                                                   layout.num_params));
+  }
+  auto trainer = std::unique_ptr<ReferenceTrainer>(new ReferenceTrainer());
+  trainer->module_ = std::move(module);
+  trainer->step_ = step_function;
+  trainer->layout_ = layout;
+  trainer->options_ = options;
+  TrainingState state;
+  for (const HostTensor& p : initial_params) {
+    state.m.emplace_back(p.type());
+    state.v.emplace_back(p.type());
+  }
+  state.params = std::move(initial_params);
+  state.t = HostTensor(TensorType{DType::kF32, {}});
+  RETURN_IF_ERROR(trainer->SetState(std::move(state)));
+  return trainer;
+}
+
+absl::Status ReferenceTrainer::SetState(TrainingState state) {
+  std::vector<Node*> params = step_->parameters();
+  const int64_t n = layout_.num_params;
+  if (static_cast<int64_t>(state.params.size()) != n || static_cast<int64_t>(state.m.size()) != n ||
+      static_cast<int64_t>(state.v.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer state holds ", state.params.size(), " parameters, ",
+                                                   state.m.size(), " first and ", state.v.size(),
+                                                   " second moments; the model has ", n));
+  }
+  RETURN_IF_ERROR(CheckTensors(params, layout_.first_param(), state.params, "parameter"));
+  RETURN_IF_ERROR(CheckTensors(params, layout_.first_m(), state.m, "AdamW first moment"));
+  RETURN_IF_ERROR(CheckTensors(params, layout_.first_v(), state.v, "AdamW second moment"));
+  RETURN_IF_ERROR(CheckTensors(params, layout_.t_index(), {state.t}, "AdamW step count"));
+  state_ = std::move(state);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
+  std::vector<Node*> params = step_->parameters();
+  const TensorType& tokens_type = params[layout_.first_batch_input()]->type();  // i32[k, B, T]
+  if (layout_.num_batch_inputs != 2 || static_cast<int64_t>(micro_batches.size()) != tokens_type.dims[0]) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: the step takes ", tokens_type.dims[0],
+                                                   " micro-batches of (tokens, targets), got ", micro_batches.size()));
+  }
+  HostTensor tokens(tokens_type), targets(tokens_type);
+  int64_t offset = 0;
+  for (const TokenBatch& mb : micro_batches) {
+    if (mb.batch != tokens_type.dims[1] || mb.seq_len != tokens_type.dims[2]) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer: micro-batch is ", mb.batch, "x", mb.seq_len,
+                                                     ", the step expects ", tokens_type.dims[1], "x", tokens_type.dims[2]));
+    }
+    for (size_t i = 0; i < mb.inputs.size(); ++i) {
+      tokens.mutable_values()[offset + i] = mb.inputs[i];
+      targets.mutable_values()[offset + i] = mb.targets[i];
+    }
+    offset += static_cast<int64_t>(mb.inputs.size());
+  }
+  // Arguments in TrainingStepLayout order. The state moves in and the outputs move back:
+  // the host-side analogue of the step's donated buffers.
+  std::vector<HostTensor> args;
+  args.reserve(params.size());
+  for (auto* group : {&state_.params, &state_.m, &state_.v}) {
+    for (HostTensor& t : *group) args.push_back(std::move(t));
+  }
+  args.push_back(std::move(state_.t));
+  args.push_back(std::move(tokens));
+  args.push_back(std::move(targets));
+  args.push_back(HostTensor::FromValues({DType::kF32, {}}, {lr}));
+  absl::StatusOr<std::vector<HostTensor>> outs = EvaluateFunction(*step_, args, options_);
+  if (!outs.ok()) {
+    // Give the state back so the trainer stays usable (and checkpointable) after an error.
+    int64_t i = 0;
+    for (auto* group : {&state_.params, &state_.m, &state_.v}) {
+      for (HostTensor& t : *group) t = std::move(args[i++]);
+    }
+    state_.t = std::move(args[i]);
+    return outs.status();
+  }
+  const int64_t n = layout_.num_params;
+  for (int64_t i = 0; i < n; ++i) {
+    state_.params[i] = std::move((*outs)[1 + i]);
+    state_.m[i] = std::move((*outs)[1 + n + i]);
+    state_.v[i] = std::move((*outs)[1 + 2 * n + i]);
+  }
+  state_.t = std::move((*outs)[1 + 3 * n]);
+  ++state_.step;
+  return (*outs)[0][0];
+}
+
+}  // namespace kiln
