@@ -1,5 +1,5 @@
-// The tokenizer of the kiln IR text form (ir/text_format.h); private to the printer's
-// parser. One pass over the input, no backtracking, no recursion.
+// The tokenizer of the kiln IR text form (ir/text_format.h); private to ir/text_parser.cc.
+// One pass over the input, no backtracking, no recursion.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +30,26 @@ struct Token {
   int64_t column = 1;      // 1-based, in bytes
 };
 
-// Tokenizes `input` (which must outlive the tokens). The result always ends with a kEnd
-// token, or with a kError token at the first malformed string.
-std::vector<Token> Tokenize(absl::string_view input);
+// Produces tokens on demand, so a parser that stops at the first error never lexes (or
+// stores) the rest of the input. After a kEnd or kError token it keeps returning that token.
+class Lexer {
+ public:
+  explicit Lexer(absl::string_view input) : in_(input) {}  // `input` must outlive the tokens
+  Token Next();
+
+ private:
+  Token Start() const;
+  void SkipSpaceAndComments();
+  void LexString(Token& t);
+  void Fail(Token& t, const Token& where, absl::string_view message);
+
+  absl::string_view in_;
+  size_t pos_ = 0;
+  int64_t line_ = 1;
+  size_t line_start_ = 0;
+  bool done_ = false;  // a kEnd or kError token was returned
+  Token last_;
+};
 
 // How a token reads in an error message: 'text' quoted, shortened and with unprintable
 // bytes escaped, or "end of input".

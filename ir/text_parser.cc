@@ -1,4 +1,4 @@
-// The parsing half of ir/text_format.h: recursive descent over the tokens of
+// The parsing half of ir/text_format.h: recursive descent with one token of lookahead over
 // ir/text_lexer.h. The grammar has no nested productions (lists hold only numbers), so the
 // parser never recurses and its stack depth does not depend on the input.
 //
@@ -76,7 +76,7 @@ using Number = std::variant<int64_t, double>;
 
 class Parser {
  public:
-  explicit Parser(absl::string_view input) : tokens_(text::Tokenize(input)) {}
+  explicit Parser(absl::string_view input) : lexer_(input), current_(lexer_.Next()) {}
 
   absl::StatusOr<std::unique_ptr<Module>> ParseModule() {
     RETURN_IF_ERROR(ExpectKeyword("module"));
@@ -98,11 +98,12 @@ class Parser {
 
   // --- Tokens -------------------------------------------------------------------------
 
-  const Token& Peek() const { return tokens_[pos_]; }
-  // Consumes the current token; the final kEnd or kError token is never passed.
-  const Token& Next() {
-    const Token& t = tokens_[pos_];
-    if (t.kind != TokenKind::kEnd && t.kind != TokenKind::kError) ++pos_;
+  const Token& Peek() const { return current_; }
+  // Consumes the current token; a kEnd or kError token is never passed.
+  Token Next() {
+    if (current_.kind == TokenKind::kEnd || current_.kind == TokenKind::kError) return current_;
+    Token t = std::move(current_);
+    current_ = lexer_.Next();
     return t;
   }
   bool PeekPunct(char c) const {
@@ -169,7 +170,7 @@ class Parser {
   // An INT or FLOAT at the current token; `what` names it in the syntax error.
   absl::StatusOr<Number> ParseNumber(absl::string_view what) {
     if (Peek().kind != TokenKind::kWord || !LooksNumeric(Peek().text)) return Expected(what);
-    const Token& t = Next();
+    const Token t = Next();
     if (IsFloatSpelling(t.text)) return ToDouble(t);
     if (!IsIntegerSpelling(t.text)) return ErrorAt(t, absl::StrCat("bad number ", text::DescribeToken(t)));
     return ToInt(t);
@@ -229,7 +230,7 @@ class Parser {
     RETURN_IF_ERROR(ExpectPunct('{'));
     AttrMap attrs;
     while (true) {
-      const Token& name_token = Peek();
+      const Token name_token = Peek();
       ASSIGN_OR_RETURN(std::string name, ParseName("attribute name"));
       if (attrs.Has(name)) return ErrorAt(name_token, absl::StrCat("duplicate attribute '", name, "'"));
       RETURN_IF_ERROR(ExpectPunct('='));
@@ -247,7 +248,7 @@ class Parser {
   // DTYPE '[' [INT (',' INT)*] ']', with dims that are non-negative and whose product
   // (zeros left out, so no dim can hide a huge neighbour) stays within kMaxElements.
   absl::StatusOr<TensorType> ParseType() {
-    const Token& dtype_token = Peek();
+    const Token dtype_token = Peek();
     if (dtype_token.kind != TokenKind::kWord || !IsName(dtype_token.text)) return Expected("element type");
     absl::StatusOr<DType> dtype = ParseDType(dtype_token.text);
     if (!dtype.ok()) return ErrorAt(dtype_token, dtype.status().message());
@@ -257,7 +258,7 @@ class Parser {
     int64_t elements = 1;
     if (!PeekPunct(']')) {
       while (true) {
-        const Token& dim_token = Peek();
+        const Token dim_token = Peek();
         ASSIGN_OR_RETURN(int64_t dim, ParseInt("dimension"));
         if (dim < 0) return ErrorAt(dim_token, absl::StrCat("negative dimension ", dim));
         if (type.rank() == kMaxRank) {
@@ -280,7 +281,7 @@ class Parser {
 
   // '%' NAME, naming a node defined earlier in this function.
   absl::StatusOr<Node*> ParseOperand() {
-    const Token& sigil = Peek();
+    const Token sigil = Peek();
     RETURN_IF_ERROR(ExpectPunct('%'));
     ASSIGN_OR_RETURN(std::string name, ParseName("operand name"));
     auto it = defined_.find(name);
@@ -292,14 +293,14 @@ class Parser {
 
   // '%' NAME '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' type ['@' SCOPE]
   absl::Status ParseNode(Function& function) {
-    const Token& start = Peek();
+    const Token start = Peek();
     RETURN_IF_ERROR(ExpectPunct('%'));
     ASSIGN_OR_RETURN(std::string name, ParseName("node name"));
     if (auto it = defined_.find(name); it != defined_.end()) {
       return ErrorAt(start, absl::StrCat("duplicate name %", name, " (first defined on line ", it->second.line, ")"));
     }
     RETURN_IF_ERROR(ExpectPunct('='));
-    const Token& op_token = Peek();
+    const Token op_token = Peek();
     if (op_token.kind != TokenKind::kWord) return Expected("op name");
     const OpInfo* op = FindOpByName(op_token.text);
     if (op == nullptr) return ErrorAt(op_token, absl::StrCat("unknown op ", text::DescribeToken(op_token)));
@@ -398,7 +399,7 @@ class Parser {
   absl::Status ParseFunction(Module& module) {
     RETURN_IF_ERROR(ExpectKeyword("func"));
     RETURN_IF_ERROR(ExpectPunct('@'));
-    const Token& name_token = Peek();
+    const Token name_token = Peek();
     ASSIGN_OR_RETURN(std::string name, ParseName("function name"));
     // Module::FindFunction is a linear scan; this set keeps many functions linear too.
     if (!function_names_.insert(name).second) {
@@ -411,7 +412,7 @@ class Parser {
     parameter_lines_.clear();
     while (PeekPunct('%')) RETURN_IF_ERROR(ParseNode(*function));
     if (!PeekKeyword("return")) return Expected("'%' or 'return'");
-    const Token& return_token = Peek();
+    const Token return_token = Peek();
     RETURN_IF_ERROR(ParseReturn(*function));
     RETURN_IF_ERROR(ExpectPunct('}'));
     // Nodes are already checked; what is left concerns the function as a whole (parameter
@@ -421,8 +422,8 @@ class Parser {
     return absl::OkStatus();
   }
 
-  const std::vector<Token> tokens_;
-  size_t pos_ = 0;
+  text::Lexer lexer_;
+  Token current_;  // the one token of lookahead
   absl::flat_hash_set<std::string> function_names_;
   absl::flat_hash_map<std::string, Defined> defined_;
   absl::flat_hash_map<int64_t, int64_t> parameter_lines_;  // index -> line
