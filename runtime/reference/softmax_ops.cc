@@ -1,0 +1,101 @@
+// softmax, softmax_grad, cross_entropy and its gradient, row by row over the last dim, in
+// double. Softmax subtracts the row max and cross-entropy uses logsumexp, so large
+// logits neither overflow nor lose the small terms.
+//   softmax_grad:        dx = y * (dy - sum(dy * y))
+//   cross_entropy:       loss = logsumexp(row) - row[label]
+//   cross_entropy_grad:  dlogits = (softmax(row) - onehot(label)) * dloss
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+#include "runtime/reference/kernels.h"
+
+namespace kiln::reference {
+namespace {
+
+template <typename Fn>
+void ForEachRow(const EvalContext& ctx, Rows rows, Fn fn) {
+  ctx.pool.ParallelFor(rows.count, std::max<int64_t>(1, kElementsPerChunk / std::max<int64_t>(1, rows.length)),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t r = begin; r < end; ++r) fn(r);
+                       });
+}
+
+// Writes softmax(x) into y and returns the row's logsumexp.
+double SoftmaxRow(const double* x, int64_t length, double* y) {
+  double max = -INFINITY;
+  for (int64_t i = 0; i < length; ++i) max = std::max(max, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    y[i] = std::exp(x[i] - max);
+    sum += y[i];
+  }
+  for (int64_t i = 0; i < length; ++i) y[i] /= sum;
+  return max + std::log(sum);
+}
+
+absl::Status CheckLabels(const HostTensor& labels, int64_t num_classes) {
+  const std::vector<double>& l = labels.values();
+  for (int64_t r = 0; r < labels.num_elements(); ++r) {
+    if (l[r] < 0 || l[r] >= num_classes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", l[r], " of row ", r, " is out of range [0, ", num_classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HostTensor> EvalSoftmax(const Node& node, Operands xs, const EvalContext& ctx) {
+  const Rows rows = RowsOf(xs[0]->type());
+  HostTensor out(node.type());
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    SoftmaxRow(xs[0]->values().data() + r * rows.length, rows.length, out.mutable_values().data() + r * rows.length);
+  });
+  return out;
+}
+
+absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const EvalContext& ctx) {
+  const Rows rows = RowsOf(xs[0]->type());
+  HostTensor out(node.type());
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    const double* y = xs[0]->values().data() + r * rows.length;
+    const double* dy = xs[1]->values().data() + r * rows.length;
+    double* dx = out.mutable_values().data() + r * rows.length;
+    double dot = 0;
+    for (int64_t i = 0; i < rows.length; ++i) dot += dy[i] * y[i];
+    for (int64_t i = 0; i < rows.length; ++i) dx[i] = y[i] * (dy[i] - dot);
+  });
+  return out;
+}
+
+absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx) {
+  const Rows rows = RowsOf(xs[0]->type());
+  RETURN_IF_ERROR(CheckLabels(*xs[1], rows.length));
+  HostTensor out(node.type());
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    const double* logits = xs[0]->values().data() + r * rows.length;
+    std::vector<double> probs(rows.length);
+    const double logsumexp = SoftmaxRow(logits, rows.length, probs.data());
+    out.mutable_values()[r] = logsumexp - logits[static_cast<int64_t>((*xs[1])[r])];
+  });
+  return out;
+}
+
+absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx) {
+  const Rows rows = RowsOf(xs[0]->type());
+  RETURN_IF_ERROR(CheckLabels(*xs[1], rows.length));
+  HostTensor out(node.type());
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    double* dlogits = out.mutable_values().data() + r * rows.length;
+    SoftmaxRow(xs[0]->values().data() + r * rows.length, rows.length, dlogits);
+    dlogits[static_cast<int64_t>((*xs[1])[r])] -= 1.0;
+    const double dloss = (*xs[2])[r];
+    for (int64_t i = 0; i < rows.length; ++i) dlogits[i] *= dloss;
+  });
+  return out;
+}
+
+}  // namespace kiln::reference

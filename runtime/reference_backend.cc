@@ -1,0 +1,187 @@
+#include "runtime/reference_backend.h"
+
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/shape_inference.h"
+#include "ir/status_macros.h"
+#include "runtime/numerics.h"
+#include "runtime/reference/kernels.h"
+
+namespace kiln {
+namespace {
+
+using reference::OpKernel;
+
+// The one dispatch switch: no default, so -Wswitch flags an op added to the table without
+// semantics here, and ReferenceSupports (hence tests/op_table_test.cc) reports it.
+OpKernel KernelFor(Opcode op) {
+  using namespace reference;
+  switch (op) {
+    case Opcode::kParameter: return EvalParameter;
+    case Opcode::kConstant: return EvalConstant;
+    case Opcode::kIota: return EvalIota;
+    case Opcode::kNeg:
+    case Opcode::kAbs:
+    case Opcode::kExp:
+    case Opcode::kLog:
+    case Opcode::kSqrt:
+    case Opcode::kRsqrt:
+    case Opcode::kTanh:
+    case Opcode::kSigmoid: return EvalUnary;
+    case Opcode::kAdd:
+    case Opcode::kSub:
+    case Opcode::kMul:
+    case Opcode::kDiv:
+    case Opcode::kMax:
+    case Opcode::kMin: return EvalBinary;
+    case Opcode::kCompare: return EvalCompare;
+    case Opcode::kSelect: return EvalSelect;
+    case Opcode::kConvert: return EvalConvert;
+    case Opcode::kBroadcast: return EvalBroadcast;
+    case Opcode::kReshape: return EvalReshape;
+    case Opcode::kTranspose: return EvalTranspose;
+    case Opcode::kSlice: return EvalSlice;
+    case Opcode::kConcatenate: return EvalConcatenate;
+    case Opcode::kReduceSum: return EvalReduceSum;
+    case Opcode::kReduceMax: return EvalReduceMax;
+    case Opcode::kDotGeneral: return EvalDotGeneral;
+    case Opcode::kGather: return EvalGather;
+    case Opcode::kScatterAdd: return EvalScatterAdd;
+    case Opcode::kRmsNorm: return EvalRmsNorm;
+    case Opcode::kRmsNormGradInput: return EvalRmsNormGradInput;
+    case Opcode::kRmsNormGradWeight: return EvalRmsNormGradWeight;
+    case Opcode::kSoftmax: return EvalSoftmax;
+    case Opcode::kSoftmaxGrad: return EvalSoftmaxGrad;
+    case Opcode::kCrossEntropy: return EvalCrossEntropy;
+    case Opcode::kCrossEntropyGrad: return EvalCrossEntropyGrad;
+    case Opcode::kRope: return EvalRope;
+  }
+  return nullptr;
+}
+
+// Ops that only move or pick existing values already hold representable results (and
+// parameters must keep the caller's f32 values under f32_as_f64); the rest are rounded.
+bool ResultNeedsRounding(Opcode op) {
+  return op != Opcode::kParameter && op != Opcode::kSelect && op != Opcode::kGather &&
+         GetOpInfo(op).category != OpCategory::kDataMovement;
+}
+
+std::string NodeLabel(const Function& f, const Node& node) {
+  return absl::StrCat("function ", f.name(), ", node %", node.name(), " (", node.op_name(), ")");
+}
+
+absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor> args) {
+  const std::vector<Node*> params = f.parameters();
+  if (args.size() != params.size()) {
+    std::vector<std::string> names;
+    for (const Node* p : params) names.push_back(absl::StrCat("%", p->name(), ": ", p->type().ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("function ", f.name(), " takes ", params.size(),
+                                                   " argument(s) (", absl::StrJoin(names, ", "), "), got ",
+                                                   args.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (args[i].type() != params[i]->type() || args[i].num_elements() != params[i]->type().num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", i, " for parameter %", params[i]->name(),
+                                                     " of function ", f.name(), " must be ",
+                                                     params[i]->type().ToString(), ", got ",
+                                                     args[i].type().ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ReferenceSupports(Opcode op) { return KernelFor(op) != nullptr; }
+
+absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl::Span<const HostTensor> args,
+                                                         const ReferenceOptions& options) {
+  RETURN_IF_ERROR(CheckArguments(f, args));
+  const auto& nodes = f.nodes();
+  const int64_t num_nodes = static_cast<int64_t>(nodes.size());
+  absl::flat_hash_map<const Node*, int64_t> position;
+  for (int64_t i = 0; i < num_nodes; ++i) position[nodes[i].get()] = i;
+
+  // Liveness: only nodes that an output depends on run. remaining_uses counts the uses
+  // by live nodes, so a value is freed right after its last user.
+  std::vector<bool> live(num_nodes, false);
+  std::vector<bool> is_output(num_nodes, false);
+  for (const Node* out : f.outputs()) {
+    auto it = position.find(out);
+    if (it == position.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("function ", f.name(), ": an output is not one of its nodes"));
+    }
+    live[it->second] = is_output[it->second] = true;
+  }
+  std::vector<int64_t> remaining_uses(num_nodes, 0);
+  for (int64_t i = num_nodes - 1; i >= 0; --i) {
+    if (!live[i]) continue;
+    for (const Node* operand : nodes[i]->operands()) {
+      auto it = position.find(operand);
+      if (it == position.end() || it->second >= i) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(NodeLabel(f, *nodes[i]), ": an operand is not defined before it in the function"));
+      }
+      live[it->second] = true;
+      ++remaining_uses[it->second];
+    }
+  }
+
+  ThreadPool& pool = ThreadPool::Shared(options.num_threads);
+  const reference::EvalContext ctx{options, pool, args};
+  std::vector<std::optional<HostTensor>> values(num_nodes);
+  std::vector<const HostTensor*> operands;
+  std::vector<TensorType> operand_types;
+  for (int64_t i = 0; i < num_nodes; ++i) {
+    if (!live[i]) continue;
+    const Node& node = *nodes[i];
+    operands.clear();
+    operand_types.clear();
+    for (const Node* operand : node.operands()) {
+      operands.push_back(&*values[position[operand]]);
+      operand_types.push_back(operand->type());
+    }
+    // Kernels trust shapes and attributes, so re-check them (the graph may be unverified).
+    absl::StatusOr<TensorType> inferred = InferResultType(node.opcode(), operand_types, node.attrs(), &node.type());
+    if (!inferred.ok() || *inferred != node.type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          NodeLabel(f, node), ": ill-typed node: ",
+          inferred.ok() ? absl::StrCat("inferred ", inferred->ToString(), " but typed ", node.type().ToString())
+                        : std::string(inferred.status().message())));
+    }
+    const OpKernel kernel = KernelFor(node.opcode());
+    if (kernel == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(NodeLabel(f, node), ": no reference semantics"));
+    }
+    absl::StatusOr<HostTensor> result = kernel(node, operands, ctx);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(), absl::StrCat(NodeLabel(f, node), ": ", result.status().message()));
+    }
+    KILN_CHECK(result->type() == node.type() && result->num_elements() == node.type().num_elements());
+    if (ResultNeedsRounding(node.opcode())) {
+      std::vector<double>& v = result->mutable_values();
+      pool.ParallelFor(static_cast<int64_t>(v.size()), reference::kElementsPerChunk, [&](int64_t begin, int64_t end) {
+        RoundValuesToDType(v.data() + begin, end - begin, node.type().dtype, options.f32_as_f64);
+      });
+    }
+    values[i] = *std::move(result);
+    for (const Node* operand : node.operands()) {
+      const int64_t p = position[operand];
+      if (--remaining_uses[p] == 0 && !is_output[p]) values[p].reset();
+    }
+  }
+
+  std::vector<HostTensor> results;
+  const std::vector<Node*>& outs = f.outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int64_t p = position[outs[i]];
+    const bool used_again = std::find(outs.begin() + i + 1, outs.end(), outs[i]) != outs.end();
+    results.push_back(used_again ? *values[p] : std::move(*values[p]));
+  }
+  return results;
+}
+
+}  // namespace kiln
