@@ -1,17 +1,19 @@
 // Reverse-mode automatic differentiation: appends a backward pass to a function, using the
 // VJP rule of each op (passes/vjp_rules.h).
 //
-// Before (the loss is %l; differentiate with respect to %x and %w):
+// Before (differentiating the loss %l with respect to %x and %w):
 //   %x = parameter() {index=0} : f32[4]
 //   %w = parameter() {index=1} : f32[4]
 //   %y = mul(%x, %w) : f32[4] @layers.0
-//   %l = reduce_sum(%y) {dims=[0]} : f32[]
+//   %l = reduce_sum(%y) {dims=[0]} : f32[] @head
 //   return %l
-// After AppendBackward(f, %l, {%x, %w}) the function also holds (returned: %4, %5):
-//   %2 = constant() {value=1.0} : f32[]
-//   %3 = broadcast(%2) {dims=[]} : f32[4]
-//   %4 = mul(%3, %w) : f32[4] @layers.0
-//   %5 = mul(%3, %x) : f32[4] @layers.0
+// After AppendBackward(f, %l, {%x, %w}), which returns {%6, %7} (tests/autodiff_test.cc):
+//   ...
+//   %l.grad = constant() {value=1.0} : f32[] @head
+//   %5 = broadcast(%l.grad) {dims=[]} : f32[4] @head
+//   %6 = mul(%5, %w) : f32[4] @layers.0
+//   %7 = mul(%5, %x) : f32[4] @layers.0
+//   return %l
 //
 // Only nodes on a path from some wrt node to the loss are differentiated. A node used more
 // than once accumulates its cotangent contributions by adding, in the widest float type

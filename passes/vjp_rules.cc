@@ -352,7 +352,7 @@ DotSide MakeDotSide(Node* node, std::vector<int64_t> batch, std::vector<int64_t>
 // d(self) = dy contracted with `other` over other's free dims (batch dims stay batch). The
 // contraction leaves self's free dims (from dy) and other's contracting dims (which pair with
 // self's); of the two operand orders, the one that lands in self's layout avoids a transpose.
-// Autocast: dy is rounded to the operands' dtype and accumulates in the forward's out dtype.
+// `dy` comes rounded to the operands' dtype; the product accumulates in `out_dtype`.
 absl::StatusOr<Node*> DotOperandCotangent(Builder& b, Node* dy, const DotSide& self, const DotSide& other,
                                           DType out_dtype) {
   const int64_t num_batch = static_cast<int64_t>(self.batch.size());
@@ -373,14 +373,13 @@ absl::StatusOr<Node*> DotOperandCotangent(Builder& b, Node* dy, const DotSide& s
   const std::vector<int64_t> identity = Iota(static_cast<int64_t>(dy_first.size()));
   const bool use_other_first = other_first == identity && dy_first != identity;
 
-  ASSIGN_OR_RETURN(Node * dy_rounded, b.Convert(dy, other.node->type().dtype));
   const std::vector<int64_t> dy_batch = Iota(num_batch);
   Node* result;
   if (use_other_first) {
-    ASSIGN_OR_RETURN(result, b.DotGeneral(other.node, dy_rounded,
+    ASSIGN_OR_RETURN(result, b.DotGeneral(other.node, dy,
                                           {other.batch, dy_batch, other.free, other.free_in_result}, out_dtype));
   } else {
-    ASSIGN_OR_RETURN(result, b.DotGeneral(dy_rounded, other.node,
+    ASSIGN_OR_RETURN(result, b.DotGeneral(dy, other.node,
                                           {dy_batch, other.batch, other.free_in_result, other.free}, out_dtype));
   }
   const std::vector<int64_t>& source = use_other_first ? other_first : dy_first;
@@ -400,13 +399,16 @@ absl::StatusOr<Grads> DotGeneralVjp(const VjpArgs& a) {
   DotSide lhs = MakeDotSide(a.node->operand(0), lhs_batch, lhs_contract, num_batch);
   DotSide rhs = MakeDotSide(a.node->operand(1), rhs_batch, rhs_contract,
                             num_batch + static_cast<int64_t>(lhs.free.size()));
+  // Autocast: the cotangent is rounded once to the operands' dtype (bf16), and both backward
+  // products accumulate in the forward's out dtype (f32), like the forward product.
   const DType out_dtype = a.node->type().dtype;
+  ASSIGN_OR_RETURN(Node * dy, a.builder->Convert(a.cotangent, lhs.node->type().dtype));
   Grads g(2, nullptr);
   if (a.wanted[0]) {
-    ASSIGN_OR_RETURN(g[0], DotOperandCotangent(*a.builder, a.cotangent, lhs, rhs, out_dtype));
+    ASSIGN_OR_RETURN(g[0], DotOperandCotangent(*a.builder, dy, lhs, rhs, out_dtype));
   }
   if (a.wanted[1]) {
-    ASSIGN_OR_RETURN(g[1], DotOperandCotangent(*a.builder, a.cotangent, rhs, lhs, out_dtype));
+    ASSIGN_OR_RETURN(g[1], DotOperandCotangent(*a.builder, dy, rhs, lhs, out_dtype));
   }
   return g;
 }
