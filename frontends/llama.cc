@@ -67,12 +67,12 @@ std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
 
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config, const LlamaBuildOptions& options) {
   RETURN_IF_ERROR(config.Validate());
-  const int64_t batch = options.batch > 0 ? options.batch : config.batch;
-  const int64_t seq_len = options.seq_len > 0 ? options.seq_len : config.seq_len;
   if (options.batch < 0 || options.seq_len < 0) {
     return absl::InvalidArgumentError(absl::StrCat("llama build options: batch (", options.batch, ") and seq_len (",
                                                    options.seq_len, ") must be >= 0 (0 takes the config's)"));
   }
+  const int64_t batch = options.batch > 0 ? options.batch : config.batch;
+  const int64_t seq_len = options.seq_len > 0 ? options.seq_len : config.seq_len;
   const DType gemm_dtype = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
 

@@ -48,6 +48,7 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
     return Tensor(&graph, nullptr);
   }
 
+  x = Convert(x, gemm_dtype, loc);  // once for q, k and v (Linear adds none for it then)
   Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, loc), {b, t, h, d}, loc);
   Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
   Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
@@ -79,6 +80,7 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
 Tensor Silu(Tensor x, Loc loc) { return Mul(x, Sigmoid(x, loc), loc); }
 
 Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
+  x = Convert(x, gemm_dtype, loc);  // once for gate and up
   Tensor gate = Silu(Linear(x, weights.gate_proj, gemm_dtype, loc), loc);
   Tensor up = Linear(x, weights.up_proj, gemm_dtype, loc);
   return Linear(Mul(gate, up, loc), weights.down_proj, gemm_dtype, loc);

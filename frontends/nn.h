@@ -10,6 +10,7 @@
 // The causal self-attention pattern, which select-flash-attention matches node by node
 // (one layer; `cvt` is convert to gemm_dtype, absent under f32):
 //
+//   x = cvt(x)                                       shared by the q, k, v Linears
 //   q = reshape(Linear(x, Wq), [B,T,H,Dh])          Linear: see below
 //   k = reshape(Linear(x, Wk), [B,T,KV,Dh])
 //   v = reshape(Linear(x, Wv), [B,T,KV,Dh])
@@ -17,9 +18,8 @@
 //   q = transpose(rope(q, pos), [0,2,1,3])           [B,H,T,Dh]
 //   k = transpose(rope(k, pos), [0,2,1,3])           [B,KV,T,Dh]
 //   v = transpose(v, [0,2,1,3])                      [B,KV,T,Dh]
-//   if G > 1, for k and v (GQA; absent when G == 1):
-//     r = reshape(broadcast(k, dims=[0,1,3,4]) : [B,KV,G,T,Dh], [B,H,T,Dh])
-//                                                    query head h reads kv head h / G
+//   if G > 1 (GQA; absent when G == 1), query head h reads kv head h / G:
+//     k = reshape(broadcast(k, dims=[0,1,3,4]) : [B,KV,G,T,Dh], [B,H,T,Dh]), v likewise
 //   s = dot_general(cvt(q), cvt(k)) {lhs_batch=[0,1], rhs_batch=[0,1], lhs_contract=[3],
 //                                    rhs_contract=[3], out_dtype=f32}       [B,H,T,T]
 //   s = mul(s, broadcast(constant f32[] 1/sqrt(Dh), dims=[]))
