@@ -135,7 +135,8 @@ TEST(ProtoIo, JsonKeepsDoublesAndInt64sBitExact) {
   int64_t big_id = (int64_t{1} << 53) + 1;  // not representable as a JSON number read as double
   Node* values = f->AppendNodeWithId(big_id, Opcode::kConstant, {}, AttrMap{{"values", specials}},
                                      {DType::kF32, {static_cast<int64_t>(specials.size())}}, "values", "");
-  Node* splat = f->AppendNode(Opcode::kConstant, {}, AttrMap{{"value", -0.0}}, {DType::kF32, {}}, "splat");
+  // "-0" inside strings must survive the reader's handling of the number -0.
+  Node* splat = f->AppendNode(Opcode::kConstant, {}, AttrMap{{"value", -0.0}}, {DType::kF32, {}}, "minus-0", "s-0");
   ASSERT_NE(values, nullptr);
   ASSERT_NE(splat, nullptr);
   f->SetOutputs({values, splat});

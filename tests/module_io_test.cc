@@ -61,7 +61,9 @@ TEST(ModuleIo, RoundTripsEveryReadableFormat) {
     absl::StatusOr<std::unique_ptr<Module>> back = ReadModule(*written);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(PrintModule(**back), PrintModule(*m));
-    if (format != ModuleFormat::kText) EXPECT_EQ(*ModuleToProtoBinary(**back), want_binary);
+    if (format != ModuleFormat::kText) {  // the text form names nodes but does not keep ids
+      EXPECT_EQ(*ModuleToProtoBinary(**back), want_binary);
+    }
   }
 }
 
