@@ -1,0 +1,309 @@
+// The numbers autodiff produces (passes/autodiff.h): for every differentiable op, a small
+// function using it is differentiated, and the gradient (run by the CPU reference backend
+// in double precision) is compared with float64 central finite differences of the same
+// function. Then the whole llama-tiny loss, for sampled entries of every weight.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "frontends/llama.h"
+#include "ir/builder.h"
+#include "ir/status_macros.h"
+#include "ir/text_format.h"
+#include "ir/verifier.h"
+#include "passes/autodiff.h"
+#include "runtime/reference_backend.h"
+
+namespace kiln {
+namespace {
+
+// A power of two, so that x +- h is exact for the inputs below (multiples of h, |x| < 4):
+// the finite difference then sees exactly the step it divides by.
+constexpr double kStep = 1.0 / (1 << 20);
+constexpr double kRelativeTolerance = 1e-6;
+// Gradients smaller than this are compared absolutely (to 1e-8): below it, the rounding of a
+// loss of order 1 in double, divided by the step, is a visible part of the difference.
+constexpr double kGradientFloor = 1e-2;
+const ReferenceOptions kFloat64{.f32_as_f64 = true};
+
+struct ParamSpec {
+  TensorType type;
+  double lo = -1.0, hi = 1.0;     // uniform range (integers: [ceil(lo), ceil(hi) - 1])
+  bool away_from_zero = false;    // floats: magnitude in [0.25, 1.25), random sign
+};
+
+struct FdCase {
+  std::string name;
+  std::vector<ParamSpec> params;
+  // Builds the output from the parameters; the loss is sum(output * fixed random weights).
+  std::function<absl::StatusOr<Node*>(Builder&, const std::vector<Node*>&)> body;
+};
+
+// Names the case in gtest's failure messages (instead of a byte dump).
+void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }
+
+double Quantize(double x) { return std::round(x / kStep) * kStep; }
+
+HostTensor RandomArgument(const ParamSpec& spec, uint64_t seed) {
+  HostTensor t = HostTensor::Random(spec.type, seed, spec.lo, spec.hi);
+  if (!IsFloat(spec.type.dtype)) return t;
+  for (double& v : t.mutable_values()) {
+    if (spec.away_from_zero) v = (v < 0 ? -1 : 1) * (0.25 + std::fabs(v));
+    v = Quantize(v);
+  }
+  return t;
+}
+
+// @forward(params) -> sum(body(params) * weights), in a module of its own.
+absl::StatusOr<std::unique_ptr<Module>> BuildForward(const FdCase& c) {
+  auto m = std::make_unique<Module>(c.name);
+  Builder b(m->AddFunction("forward"));
+  std::vector<Node*> params;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    absl::StatusOr<Node*> p = b.Parameter(absl::StrCat("p", i), c.params[i].type);
+    if (!p.ok()) return p.status();
+    params.push_back(*p);
+  }
+  absl::StatusOr<Node*> out = c.body(b, params);
+  if (!out.ok()) return out.status();
+  const HostTensor weights = HostTensor::Random((*out)->type(), /*seed=*/99);
+  absl::StatusOr<Node*> w = b.ConstantValues(weights.values(), (*out)->type());
+  if (!w.ok()) return w.status();
+  absl::StatusOr<Node*> weighted = b.Mul(*out, *w);
+  if (!weighted.ok()) return weighted.status();
+  std::vector<int64_t> all_dims((*out)->type().rank());
+  for (size_t d = 0; d < all_dims.size(); ++d) all_dims[d] = static_cast<int64_t>(d);
+  absl::StatusOr<Node*> loss = b.ReduceSum(*weighted, all_dims);
+  if (!loss.ok()) return loss.status();
+  absl::Status st = b.Return({*loss});
+  if (!st.ok()) return st;
+  return m;
+}
+
+absl::StatusOr<double> Loss(const Function& forward, const std::vector<HostTensor>& args) {
+  absl::StatusOr<std::vector<HostTensor>> out = EvaluateFunction(forward, args, kFloat64);
+  if (!out.ok()) return out.status();
+  return (*out)[0][0];
+}
+
+// Checks the gradient of output `loss_output` of `forward` with respect to the parameters in
+// `wrt` at `args`, at the flat element indices `sample(p)` of each (all when empty).
+void ExpectGradientsMatchFiniteDifferences(Module& m, const Function& forward, const std::vector<int64_t>& wrt,
+                                           std::vector<HostTensor> args,
+                                           const std::function<std::vector<int64_t>(int64_t)>& sample) {
+  absl::StatusOr<Function*> grad_fn = BuildGradientFunction(m, forward, 0, wrt, "gradient");
+  ASSERT_TRUE(grad_fn.ok()) << grad_fn.status();
+  ASSERT_TRUE(VerifyModule(m).ok()) << VerifyModule(m) << "\n" << PrintModule(m);
+  absl::StatusOr<std::vector<HostTensor>> grads = EvaluateFunction(**grad_fn, args, kFloat64);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    const int64_t p = wrt[k];
+    const HostTensor& grad = (*grads)[1 + k];
+    ASSERT_EQ(grad.type(), args[p].type());
+    for (int64_t i : sample(p)) {
+      const double x = args[p][i];
+      args[p].mutable_values()[i] = x + kStep;
+      absl::StatusOr<double> up = Loss(forward, args);
+      args[p].mutable_values()[i] = x - kStep;
+      absl::StatusOr<double> down = Loss(forward, args);
+      args[p].mutable_values()[i] = x;
+      ASSERT_TRUE(up.ok() && down.ok()) << up.status() << down.status();
+      const double finite_difference = (*up - *down) / (2 * kStep);
+      EXPECT_NEAR(grad[i], finite_difference, kRelativeTolerance * std::max(kGradientFloor, std::fabs(finite_difference)))
+          << "parameter " << p << " (" << forward.parameters()[p]->name() << ") element " << i;
+    }
+  }
+}
+
+TensorType F32(std::vector<int64_t> dims) { return {DType::kF32, std::move(dims)}; }
+TensorType I32(std::vector<int64_t> dims) { return {DType::kI32, std::move(dims)}; }
+
+const std::vector<int64_t> kShape = {2, 3, 4};
+
+FdCase Unary(Opcode op, double lo = -1, double hi = 1, bool away_from_zero = false) {
+  return {std::string(OpName(op)), {{F32(kShape), lo, hi, away_from_zero}},
+          [op](Builder& b, const std::vector<Node*>& p) { return b.Unary(op, p[0]); }};
+}
+
+FdCase Binary(Opcode op, double b_lo = -1, double b_hi = 1) {
+  return {std::string(OpName(op)), {{F32(kShape)}, {F32(kShape), b_lo, b_hi}},
+          [op](Builder& b, const std::vector<Node*>& p) { return b.Binary(op, p[0], p[1]); }};
+}
+
+// One function per op family; the op table test below checks that together they use
+// every op of the table.
+std::vector<FdCase> AllCases() {
+  using P = const std::vector<Node*>&;
+  return {
+      Unary(Opcode::kNeg),
+      Unary(Opcode::kAbs, -1, 1, /*away_from_zero=*/true),
+      Unary(Opcode::kExp),
+      Unary(Opcode::kLog, 0.5, 2),
+      Unary(Opcode::kSqrt, 0.5, 2),
+      Unary(Opcode::kRsqrt, 0.5, 2),
+      Unary(Opcode::kTanh),
+      Unary(Opcode::kSigmoid),
+      Binary(Opcode::kAdd),
+      Binary(Opcode::kSub),
+      Binary(Opcode::kMul),
+      Binary(Opcode::kDiv, 0.5, 2),
+      Binary(Opcode::kMax),
+      Binary(Opcode::kMin),
+      {"select_compare_iota",
+       {{F32(kShape)}, {F32(kShape)}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // Where x < iota/4 take x * iota/4, else y: iota and compare carry no gradient.
+         ASSIGN_OR_RETURN(Node * ramp, b.Iota(F32(kShape), 2));
+         ASSIGN_OR_RETURN(Node * quarter, b.Constant(0.25, F32(kShape)));
+         ASSIGN_OR_RETURN(Node * threshold, b.Mul(ramp, quarter));
+         ASSIGN_OR_RETURN(Node * below, b.Compare(p[0], threshold, "lt"));
+         ASSIGN_OR_RETURN(Node * scaled, b.Mul(p[0], threshold));
+         return b.Select(below, scaled, p[1]);
+       }},
+      {"convert_f32_to_f32",  // the only float convert that does not round; structure in autodiff_test
+       {{F32(kShape)}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         const TensorType t = F32(kShape);
+         ASSIGN_OR_RETURN(Node * e, b.Unary(Opcode::kExp, p[0]));
+         return b.Op(Opcode::kConvert, {e}, {}, &t);
+       }},
+      {"broadcast_expands_size_one_and_adds_dims",
+       {{F32({3, 1})}},
+       [](Builder& b, P p) { return b.Broadcast(p[0], {1, 2}, kShape); }},
+      {"reshape", {{F32(kShape)}}, [](Builder& b, P p) { return b.Reshape(p[0], {6, 4}); }},
+      {"transpose", {{F32(kShape)}}, [](Builder& b, P p) { return b.Transpose(p[0], {2, 0, 1}); }},
+      {"slice_with_stride_that_ends_inside",
+       {{F32({2, 3, 7})}},
+       [](Builder& b, P p) { return b.Slice(p[0], {0, 1, 1}, {2, 3, 7}, {1, 1, 3}); }},
+      {"slice_with_stride_that_runs_past_the_end",
+       {{F32({3, 5})}},
+       [](Builder& b, P p) { return b.Slice(p[0], {1, 0}, {3, 5}, {1, 2}); }},
+      {"concatenate",
+       {{F32(kShape)}, {F32({2, 2, 4})}},
+       [](Builder& b, P p) { return b.Concatenate({p[0], p[1], p[0]}, 1); }},
+      {"reduce_sum", {{F32(kShape)}}, [](Builder& b, P p) { return b.ReduceSum(p[0], {0, 2}); }},
+      {"reduce_max", {{F32(kShape)}}, [](Builder& b, P p) { return b.ReduceMax(p[0], {1}); }},
+      {"dot_general_matmul",
+       {{F32({3, 4})}, {F32({4, 5})}},
+       [](Builder& b, P p) { return b.DotGeneral(p[0], p[1], {{}, {}, {1}, {0}}); }},
+      {"dot_general_batched_transposed_rhs",
+       {{F32(kShape)}, {F32({2, 5, 4})}},
+       [](Builder& b, P p) { return b.DotGeneral(p[0], p[1], {{0}, {0}, {2}, {2}}); }},
+      {"dot_general_scattered_dims",  // batch and contracting dims in odd places on both sides
+       {{F32({4, 2, 3, 2})}, {F32({3, 5, 2, 2})}},
+       [](Builder& b, P p) { return b.DotGeneral(p[0], p[1], {{1}, {2}, {2, 3}, {0, 3}}); }},
+      {"gather",
+       {{F32({5, 4})}, {I32({2, 3}), 0, 5}},
+       [](Builder& b, P p) { return b.Gather(p[0], p[1]); }},
+      {"scatter_add",
+       {{I32({2, 3}), 0, 5}, {F32(kShape)}},
+       [](Builder& b, P p) { return b.ScatterAdd(p[0], p[1], F32({5, 4})); }},
+      {"rms_norm", {{F32(kShape)}, {F32({4})}}, [](Builder& b, P p) { return b.RmsNorm(p[0], p[1], 1e-5); }},
+      {"rms_norm_grad_input",
+       {{F32(kShape)}, {F32({4})}, {F32(kShape)}},
+       [](Builder& b, P p) { return b.Op(Opcode::kRmsNormGradInput, {p[0], p[1], p[2]}, AttrMap{{"eps", 1e-5}}); }},
+      {"rms_norm_grad_weight",
+       {{F32(kShape)}, {F32({4})}, {F32(kShape)}},
+       [](Builder& b, P p) { return b.Op(Opcode::kRmsNormGradWeight, {p[0], p[1], p[2]}, AttrMap{{"eps", 1e-5}}); }},
+      {"softmax", {{F32(kShape)}}, [](Builder& b, P p) { return b.Softmax(p[0]); }},
+      {"softmax_grad",
+       {{F32(kShape)}, {F32(kShape)}},
+       [](Builder& b, P p) { return b.Op(Opcode::kSoftmaxGrad, {p[0], p[1]}); }},
+      {"cross_entropy",
+       {{F32({6, 5})}, {I32({6}), 0, 5}},
+       [](Builder& b, P p) { return b.CrossEntropy(p[0], p[1]); }},
+      {"cross_entropy_grad",
+       {{F32({6, 5})}, {I32({6}), 0, 5}, {F32({6})}},
+       [](Builder& b, P p) { return b.Op(Opcode::kCrossEntropyGrad, {p[0], p[1], p[2]}); }},
+      {"rope",
+       {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
+       [](Builder& b, P p) { return b.Rope(p[0], p[1], 10000.0); }},
+      {"rope_inverse",
+       {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
+       [](Builder& b, P p) { return b.Rope(p[0], p[1], 10000.0, /*inverse=*/true); }},
+  };
+}
+
+class AutodiffFdTest : public ::testing::TestWithParam<FdCase> {};
+
+TEST_P(AutodiffFdTest, GradientMatchesFiniteDifferences) {
+  const FdCase& c = GetParam();
+  absl::StatusOr<std::unique_ptr<Module>> m = BuildForward(c);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& forward = *(*m)->FindFunction("forward");
+  std::vector<HostTensor> args;
+  std::vector<int64_t> wrt;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    args.push_back(RandomArgument(c.params[i], /*seed=*/17 + i));
+    if (IsFloat(c.params[i].type.dtype)) wrt.push_back(static_cast<int64_t>(i));
+  }
+  ExpectGradientsMatchFiniteDifferences(**m, forward, wrt, std::move(args), [&](int64_t p) {
+    std::vector<int64_t> all(c.params[p].type.num_elements());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    return all;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOp, AutodiffFdTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<FdCase>& info) { return info.param.name; });
+
+// DESIGN.md principle 1: every op of the table has a VJP rule (or is declared
+// non-differentiable), and the cases above exercise every op.
+TEST(AutodiffOpTableTest, EveryOpHasAVjpRuleAndAFiniteDifferenceCase) {
+  std::set<Opcode> exercised;
+  for (const FdCase& c : AllCases()) {
+    absl::StatusOr<std::unique_ptr<Module>> m = BuildForward(c);
+    ASSERT_TRUE(m.ok()) << c.name << ": " << m.status();
+    for (const auto& n : (*m)->functions()[0]->nodes()) exercised.insert(n->opcode());
+  }
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    const Opcode op = static_cast<Opcode>(i);
+    EXPECT_TRUE(HasVjpRule(op)) << OpName(op) << " has no VJP rule";
+    EXPECT_TRUE(exercised.count(op)) << OpName(op) << " has no finite-difference case";
+  }
+}
+
+// The whole llama-tiny training loss (embedding, RMSNorm, RoPE, GQA attention, SwiGLU, LM
+// head, cross-entropy), for a few sampled entries of every weight tensor.
+TEST(AutodiffLlamaTest, TinyLossGradientMatchesFiniteDifferences) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("llama-tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Module>> m =
+      BuildLlamaModule(*config, {.batch = 2, .seq_len = 8, .precision = Precision::kFp32});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& forward = *(*m)->FindFunction("forward");
+  const std::vector<Node*> params = forward.parameters();
+  std::vector<HostTensor> args;
+  std::vector<int64_t> weights;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TensorType& t = params[i]->type();
+    if (IsFloat(t.dtype)) {
+      // Small weights, like an initialized model, keep activations in a smooth regime.
+      args.push_back(RandomArgument({t, -0.5, 0.5}, /*seed=*/1000 + i));
+      weights.push_back(static_cast<int64_t>(i));
+    } else {
+      args.push_back(RandomArgument({t, 0, static_cast<double>(config->vocab_size)}, /*seed=*/1000 + i));
+    }
+  }
+  const HostTensor tokens = args[0];
+  ASSERT_EQ(params[0]->name(), "tokens");
+  ExpectGradientsMatchFiniteDifferences(**m, forward, weights, std::move(args), [&](int64_t p) {
+    const std::vector<int64_t>& dims = params[p]->type().dims;
+    const int64_t n = params[p]->type().num_elements();
+    if (params[p]->name() == "model.embed_tokens.weight") {
+      // Only the rows of tokens in the batch have a gradient: sample those.
+      const int64_t row = dims[1];
+      return std::vector<int64_t>{static_cast<int64_t>(tokens[0]) * row,
+                                  static_cast<int64_t>(tokens[5]) * row + row / 2,
+                                  static_cast<int64_t>(tokens[tokens.num_elements() - 1]) * row + row - 1};
+    }
+    // Three entries spread over the tensor: first, middle, a pseudo-random one.
+    return std::vector<int64_t>{0, n / 2, (p * 7919) % n};
+  });
+}
+
+}  // namespace
+}  // namespace kiln
