@@ -1,0 +1,58 @@
+// CompileOptions: the one options struct of a compile (DESIGN.md principle 7). It is passed
+// explicitly to everything that needs it; nothing reads flags or environment variables. The
+// `kiln` CLI maps its flags into it, one field per flag.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace kiln {
+
+// The precision policy narrowing passes implement (and are checked against, DESIGN.md
+// principle 3). bf16: autocast, GEMM operands rounded to bf16 with f32 accumulation;
+// fp32: nothing narrowed.
+enum class PrecisionPolicy { kFp32, kBf16 };
+
+inline absl::string_view PrecisionPolicyName(PrecisionPolicy p) {
+  return p == PrecisionPolicy::kFp32 ? "fp32" : "bf16";
+}
+
+inline absl::StatusOr<PrecisionPolicy> ParsePrecisionPolicy(absl::string_view name) {
+  if (name == "fp32") return PrecisionPolicy::kFp32;
+  if (name == "bf16") return PrecisionPolicy::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown precision '", name, "' (expected fp32 or bf16)"));
+}
+
+struct CompileOptions {
+  // CUDA architecture to generate code for, e.g. "sm_90"; empty: the device's.
+  std::string target_arch;
+  PrecisionPolicy precision = PrecisionPolicy::kBf16;
+
+  // Pass names to skip (a group's name skips the whole group). An unknown name is an error
+  // that lists the known ones.
+  std::vector<std::string> disabled_passes;
+
+  // When non-empty, the module is printed into this folder before the first pass
+  // ("000-input.kir") and after each pass whose name matches `dump_regex` (partial match,
+  // std::regex ECMAScript), numbered in execution order: "003-after-cse.kir".
+  std::string dump_dir;
+  std::string dump_regex = ".*";
+
+  // Run VerifyModule after every pass that reports a change; errors read "after <pass>: ...".
+  bool verify_each = true;
+  // Print the module before and after every pass and fail when a pass changed it but
+  // returned false. Costs two prints per pass: on in tests, off by default.
+  bool check_change_reporting = false;
+
+  // The most rounds a fixpoint group runs. Hitting the cap is an error when
+  // `fixpoint_cap_is_error`, otherwise the group stops and the report carries a note.
+  int fixpoint_max_rounds = 16;
+  bool fixpoint_cap_is_error = false;
+};
+
+}  // namespace kiln

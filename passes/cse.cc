@@ -1,0 +1,68 @@
+#include "passes/cse.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+namespace {
+
+// Whether swapping the two operands keeps the value, bit for bit. The reference semantics
+// compute a+b, a*b exactly in double then round once, and max/min propagate NaN from either
+// side, so these hold for every dtype.
+bool IsCommutative(const Node& node) {
+  switch (node.opcode()) {
+    case Opcode::kAdd:
+    case Opcode::kMul:
+    case Opcode::kMax:
+    case Opcode::kMin: return true;
+    case Opcode::kCompare: {
+      absl::StatusOr<std::string> dir = node.attrs().GetSymbol("direction");
+      return dir.ok() && (*dir == "eq" || *dir == "ne");
+    }
+    default: return false;
+  }
+}
+
+// Two nodes compute the same value iff their keys are equal. Attributes print doubles in a
+// form that reads back to the same bits (so -0.0 and 0.0 differ), hence the printed form is
+// an exact key.
+std::string ValueKey(const Node& node) {
+  std::vector<int64_t> operand_ids;
+  for (const Node* operand : node.operands()) operand_ids.push_back(operand->id());
+  if (IsCommutative(node)) std::sort(operand_ids.begin(), operand_ids.end());
+  std::string key = absl::StrCat(static_cast<int>(node.opcode()), "(");
+  for (int64_t id : operand_ids) absl::StrAppend(&key, id, ",");
+  absl::StrAppend(&key, ")", node.attrs().ToString(), ":", node.type().ToString());
+  return key;
+}
+
+}  // namespace
+
+bool EliminateCommonSubexpressions(Function& function) {
+  absl::flat_hash_map<std::string, Node*> first_with_key;
+  std::vector<Node*> duplicates;
+  // Operands of a node are replaced by their survivors before the node is keyed (they come
+  // earlier), so chains of duplicates collapse in this one sweep.
+  for (const auto& owned : function.nodes()) {
+    Node* node = owned.get();
+    if (node->opcode() == Opcode::kParameter) continue;
+    auto [it, inserted] = first_with_key.try_emplace(ValueKey(*node), node);
+    if (inserted) continue;
+    node->ReplaceAllUsesWith(it->second);
+    duplicates.push_back(node);
+  }
+  if (duplicates.empty()) return false;
+  function.RemoveNodes(duplicates);
+  return true;
+}
+
+absl::StatusOr<bool> CsePass::Run(Module& module) {
+  bool changed = false;
+  for (const auto& function : module.functions()) changed |= EliminateCommonSubexpressions(*function);
+  return changed;
+}
+
+}  // namespace kiln

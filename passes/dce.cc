@@ -1,0 +1,33 @@
+#include "passes/dce.h"
+
+#include "absl/container/flat_hash_set.h"
+
+namespace kiln {
+
+bool RemoveDeadNodes(Function& function) {
+  // Nodes come in definition order, so one backward sweep sees every user of a node before
+  // the node itself: a node is live iff it is an output or a live node uses it.
+  absl::flat_hash_set<const Node*> live(function.outputs().begin(), function.outputs().end());
+  std::vector<Node*> dead;
+  const auto& nodes = function.nodes();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    Node* node = it->get();
+    if (live.contains(node) || node->opcode() == Opcode::kParameter) {
+      live.insert(node);
+      for (const Node* operand : node->operands()) live.insert(operand);
+    } else {
+      dead.push_back(node);
+    }
+  }
+  if (dead.empty()) return false;
+  function.RemoveNodes(dead);
+  return true;
+}
+
+absl::StatusOr<bool> DcePass::Run(Module& module) {
+  bool changed = false;
+  for (const auto& function : module.functions()) changed |= RemoveDeadNodes(*function);
+  return changed;
+}
+
+}  // namespace kiln

@@ -1,0 +1,215 @@
+#include "passes/pipeline.h"
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "ir/file_util.h"
+#include "ir/status_macros.h"
+#include "ir/text_format.h"
+#include "ir/verifier.h"
+
+namespace kiln {
+namespace {
+
+void CollectNames(const Pass& pass, std::vector<std::string>& names) {
+  names.emplace_back(pass.name());
+  for (const Pass* member : pass.members()) CollectNames(*member, names);
+}
+
+// A pass's error keeps its code and gains the pass's name, so a failure deep in a pipeline
+// still says which pass it came from.
+absl::Status InPass(const Pass& pass, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(pass.name(), ": ", status.message()));
+}
+
+size_t HashPrinted(const Module& module) { return std::hash<std::string>()(PrintModule(module)); }
+
+}  // namespace
+
+absl::string_view OutcomeName(PassRecord::Outcome outcome) {
+  switch (outcome) {
+    case PassRecord::Outcome::kChanged: return "changed";
+    case PassRecord::Outcome::kUnchanged: return "unchanged";
+    case PassRecord::Outcome::kDisabled: return "disabled";
+  }
+  return "?";
+}
+
+int64_t CountNodes(const Module& module) {
+  int64_t n = 0;
+  for (const auto& f : module.functions()) n += f->num_nodes();
+  return n;
+}
+
+std::string PipelineReport::ToString() const {
+  std::string out = absl::StrFormat("pipeline %s: %.2f ms\n", pipeline, total_ms);
+  absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9s  %s\n", "pass", "round", "result", "ms", "nodes");
+  for (const PassRecord& r : passes) {
+    const std::string name = absl::StrCat(std::string(2 * r.depth, ' '), r.name);
+    const std::string round = r.round > 0 ? absl::StrCat(r.round) : "";
+    if (r.outcome == PassRecord::Outcome::kDisabled) {
+      absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9s  %d\n", name, round, "disabled", "-", r.nodes_before);
+      continue;
+    }
+    absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9.2f  %d -> %d\n", name, round, OutcomeName(r.outcome),
+                          r.wall_ms, r.nodes_before, r.nodes_after);
+  }
+  for (const std::string& note : notes) absl::StrAppend(&out, "note: ", note, "\n");
+  return out;
+}
+
+PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
+  disabled_.insert(options.disabled_passes.begin(), options.disabled_passes.end());
+}
+
+absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOptions& options) {
+  std::unique_ptr<PassRunner> runner(new PassRunner(options));
+  if (options.dump_dir.empty()) return runner;
+  try {
+    runner->dump_regex_.emplace(options.dump_regex, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dump regex '", options.dump_regex, "' is not a valid regular expression: ", e.what()));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.dump_dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create dump folder '", options.dump_dir, "': ", ec.message()));
+  }
+  return runner;
+}
+
+absl::Status PassRunner::Dump(const Module& module, absl::string_view label) {
+  const std::string path =
+      (std::filesystem::path(options_.dump_dir) / absl::StrFormat("%03d-%s.kir", passes_finished_, label)).string();
+  return WriteFileAtomically(path, PrintModule(module));
+}
+
+absl::Status PassRunner::DumpInput(const Module& module) {
+  if (!dump_regex_) return absl::OkStatus();
+  return Dump(module, "input");
+}
+
+absl::StatusOr<bool> PassRunner::RunPass(Pass& pass, Module& module, int round) {
+  PassRecord record;
+  record.name = std::string(pass.name());
+  record.depth = depth_;
+  record.round = round;
+  record.nodes_before = CountNodes(module);
+  // A group's row goes before its members' rows, so reserve it now and fill it in after.
+  const size_t row = report_.passes.size();
+  report_.passes.push_back(record);
+
+  if (disabled_.contains(pass.name())) {
+    report_.passes[row].outcome = PassRecord::Outcome::kDisabled;
+    report_.passes[row].nodes_after = record.nodes_before;
+    return false;
+  }
+
+  const bool check_reporting = options_.check_change_reporting;
+  const size_t hash_before = check_reporting ? HashPrinted(module) : 0;
+  const auto start = std::chrono::steady_clock::now();
+  ++depth_;
+  absl::StatusOr<bool> changed = pass.RunWith(*this, module);
+  --depth_;
+  const auto stop = std::chrono::steady_clock::now();
+  if (!changed.ok()) {
+    // A group's error already names the member that failed.
+    return pass.members().empty() ? InPass(pass, changed.status()) : changed.status();
+  }
+
+  record.wall_ms = std::chrono::duration<double, std::milli>(stop - start).count();
+  record.nodes_after = CountNodes(module);
+  record.outcome = *changed ? PassRecord::Outcome::kChanged : PassRecord::Outcome::kUnchanged;
+  report_.passes[row] = record;
+  ++passes_finished_;
+
+  if (check_reporting && !*changed && HashPrinted(module) != hash_before) {
+    return absl::InternalError(absl::StrCat(pass.name(), " changed the module but reported no change"));
+  }
+  if (*changed && options_.verify_each) {
+    absl::Status verified = VerifyModule(module);
+    if (!verified.ok()) {
+      return absl::Status(verified.code(), absl::StrCat("after ", pass.name(), ": ", verified.message()));
+    }
+  }
+  if (dump_regex_ && std::regex_search(record.name, *dump_regex_)) {
+    RETURN_IF_ERROR(Dump(module, absl::StrCat("after-", pass.name())));
+  }
+  return *changed;
+}
+
+FixpointPass::FixpointPass(std::string name, std::vector<std::unique_ptr<Pass>> members)
+    : name_(std::move(name)), members_(std::move(members)) {}
+
+std::vector<Pass*> FixpointPass::members() const {
+  std::vector<Pass*> out;
+  for (const auto& m : members_) out.push_back(m.get());
+  return out;
+}
+
+absl::StatusOr<bool> FixpointPass::Run(Module& module) {
+  const CompileOptions defaults;
+  ASSIGN_OR_RETURN(std::unique_ptr<PassRunner> runner, PassRunner::Create(defaults));
+  return RunWith(*runner, module);
+}
+
+absl::StatusOr<bool> FixpointPass::RunWith(PassRunner& runner, Module& module) {
+  const int cap = runner.options().fixpoint_max_rounds;
+  bool changed = false;
+  for (int round = 1; round <= cap; ++round) {
+    bool round_changed = false;
+    for (const auto& member : members_) {
+      ASSIGN_OR_RETURN(bool member_changed, runner.RunPass(*member, module, round));
+      round_changed |= member_changed;
+    }
+    if (!round_changed) return changed;
+    changed = true;
+  }
+  const std::string what =
+      absl::StrCat(name_, " still changed the module after ", cap, " rounds (fixpoint_max_rounds)");
+  if (runner.options().fixpoint_cap_is_error) return absl::ResourceExhaustedError(what);
+  runner.report().notes.push_back(absl::StrCat(what, "; stopped there"));
+  return changed;
+}
+
+Pipeline& Pipeline::Add(std::unique_ptr<Pass> pass) {
+  passes_.push_back(std::move(pass));
+  return *this;
+}
+
+std::vector<std::string> Pipeline::PassNames() const {
+  std::vector<std::string> names;
+  for (const auto& pass : passes_) CollectNames(*pass, names);
+  return names;
+}
+
+absl::StatusOr<PipelineReport> Pipeline::Run(Module& module, const CompileOptions& options) const {
+  const std::vector<std::string> known = PassNames();
+  for (const std::string& name : options.disabled_passes) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot disable unknown pass '", name, "'; pipeline ", name_,
+                                                     " has: ", absl::StrJoin(known, ", ")));
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<PassRunner> runner, PassRunner::Create(options));
+  runner->report().pipeline = name_;
+  if (options.verify_each) {
+    absl::Status verified = VerifyModule(module);
+    if (!verified.ok()) return absl::Status(verified.code(), absl::StrCat("input: ", verified.message()));
+  }
+  RETURN_IF_ERROR(runner->DumpInput(module));
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& pass : passes_) RETURN_IF_ERROR(runner->RunPass(*pass, module).status());
+  runner->report().total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::move(runner->report());
+}
+
+}  // namespace kiln

@@ -1,0 +1,133 @@
+// Pipeline: runs passes in order, and is where debugging lives (after XLA's
+// HloPassPipeline). Around every pass it
+//   - skips it if CompileOptions::disabled_passes names it (shown as disabled in the report);
+//   - times it and counts nodes before and after;
+//   - verifies the module if the pass reported a change: "after cse: <verifier error>";
+//   - with check_change_reporting, compares a hash of the printed module before and after
+//     and fails with "cse changed the module but reported no change";
+//   - dumps the printed module to <dump_dir>/NNN-after-<pass>.kir when the name matches
+//     dump_regex (plus 000-input.kir), each file readable by `kiln verify`.
+// FixpointPass reruns a group until a round changes nothing; its members go through the
+// same checks, one report row per member per round.
+//
+// Usage:
+//   Pipeline p("simplify");
+//   p.Add(std::make_unique<CsePass>()).Add(std::make_unique<DcePass>());
+//   ASSIGN_OR_RETURN(PipelineReport report, p.Run(module, options));
+//   std::cout << report.ToString();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "passes/compile_options.h"
+#include "passes/pass.h"
+
+namespace kiln {
+
+struct PassRecord {
+  enum class Outcome { kChanged, kUnchanged, kDisabled };
+  std::string name;
+  Outcome outcome = Outcome::kUnchanged;
+  int depth = 0;  // 0 for a top-level pass, 1 for a member of a group, ...
+  int round = 0;  // which round of its fixpoint group (from 1); 0 outside a group
+  double wall_ms = 0;
+  int64_t nodes_before = 0;  // over all functions; equal to nodes_after when disabled
+  int64_t nodes_after = 0;
+};
+
+absl::string_view OutcomeName(PassRecord::Outcome outcome);  // "changed", "unchanged", "disabled"
+
+struct PipelineReport {
+  std::string pipeline;
+  // In execution order; a group's row comes before its members' rows.
+  std::vector<PassRecord> passes;
+  // Things worth knowing that are not errors, e.g. a fixpoint group stopped at its cap.
+  std::vector<std::string> notes;
+  double total_ms = 0;
+
+  // A table, one row per record, members indented under their group:
+  //   pass                     round  result      ms     nodes
+  //   simplify                        changed     1.21   40 -> 22
+  //     canonicalize           1      changed     0.50   40 -> 31
+  std::string ToString() const;
+};
+
+// The state of one pipeline run, handed to grouping passes so their members are run with
+// the same checks (see Pass::RunWith). Not used directly by callers of Pipeline.
+class PassRunner {
+ public:
+  // `options` must outlive the runner. Fails on a dump_regex that does not compile or a
+  // dump_dir that cannot be created.
+  static absl::StatusOr<std::unique_ptr<PassRunner>> Create(const CompileOptions& options);
+
+  const CompileOptions& options() const { return options_; }
+  PipelineReport& report() { return report_; }
+
+  // Runs `pass` on `module` with the checks listed at the top of this file. `round` is the
+  // fixpoint round when called by a group (0 otherwise).
+  absl::StatusOr<bool> RunPass(Pass& pass, Module& module, int round = 0);
+
+  // Writes 000-input.kir when dumping is on.
+  absl::Status DumpInput(const Module& module);
+
+ private:
+  explicit PassRunner(const CompileOptions& options);
+  absl::Status Dump(const Module& module, absl::string_view label);
+
+  const CompileOptions& options_;
+  absl::flat_hash_set<std::string> disabled_;
+  std::optional<std::regex> dump_regex_;
+  PipelineReport report_;
+  int depth_ = 0;
+  int passes_finished_ = 0;  // numbers the dump files
+};
+
+// Reruns `members` in order until a whole round changes nothing, at most
+// CompileOptions::fixpoint_max_rounds rounds. Reports a change if any round changed.
+class FixpointPass : public Pass {
+ public:
+  FixpointPass(std::string name, std::vector<std::unique_ptr<Pass>> members);
+
+  absl::string_view name() const override { return name_; }
+  // Runs with default CompileOptions (verification on, no dumps).
+  absl::StatusOr<bool> Run(Module& module) override;
+  std::vector<Pass*> members() const override;
+  absl::StatusOr<bool> RunWith(PassRunner& runner, Module& module) override;
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Pass>> members_;
+};
+
+class Pipeline {
+ public:
+  explicit Pipeline(std::string name = "pipeline") : name_(std::move(name)) {}
+  Pipeline(Pipeline&&) = default;
+  Pipeline& operator=(Pipeline&&) = default;
+
+  const std::string& name() const { return name_; }
+  Pipeline& Add(std::unique_ptr<Pass> pass);
+
+  // Every pass name in execution order, members of groups included (after their group).
+  std::vector<std::string> PassNames() const;
+
+  // Runs every pass on `module` (see the top of this file). The first error stops the run;
+  // with verify_each the input is verified first ("input: ...").
+  absl::StatusOr<PipelineReport> Run(Module& module, const CompileOptions& options) const;
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Pass>> passes_;
+};
+
+// Nodes over every function of `module`.
+int64_t CountNodes(const Module& module);
+
+}  // namespace kiln
