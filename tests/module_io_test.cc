@@ -61,7 +61,7 @@ TEST(ModuleIo, RoundTripsEveryReadableFormat) {
     absl::StatusOr<std::unique_ptr<Module>> back = ReadModule(*written);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(PrintModule(**back), PrintModule(*m));
-    if (format != ModuleFormat::kText) {  // the text form names nodes but does not keep ids
+    if (format != ModuleFormat::kText) {  // the text form identifies nodes by name, not id
       EXPECT_EQ(*ModuleToProtoBinary(**back), want_binary);
     }
   }
