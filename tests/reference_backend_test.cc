@@ -1,0 +1,486 @@
+// The CPU reference backend op by op, against hand-written expectations, naive loops and
+// finite differences.
+#include "runtime/reference_backend.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "ir/builder.h"
+#include "runtime/numerics.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr DType kF32 = DType::kF32;
+constexpr DType kI32 = DType::kI32;
+
+HostTensor F32(std::vector<int64_t> dims, std::vector<double> values) {
+  return HostTensor::FromValues({kF32, std::move(dims)}, std::move(values));
+}
+HostTensor I32(std::vector<int64_t> dims, std::vector<double> values) {
+  return HostTensor::FromValues({kI32, std::move(dims)}, std::move(values));
+}
+
+// One function under construction, evaluated on demand.
+class Fn {
+ public:
+  Fn() : b(module.AddFunction("f")) {}
+  Node* Param(const std::string& name, TensorType type) { return Ok(b.Parameter(name, std::move(type))); }
+  static Node* Ok(absl::StatusOr<Node*> n) {
+    EXPECT_TRUE(n.ok()) << n.status();
+    return n.ok() ? *n : nullptr;
+  }
+  absl::StatusOr<std::vector<HostTensor>> Eval(std::vector<Node*> outputs, std::vector<HostTensor> args,
+                                               ReferenceOptions options = {}) {
+    absl::Status st = b.Return(std::move(outputs));
+    if (!st.ok()) return st;
+    return EvaluateFunction(*module.functions()[0], args, options);
+  }
+  // Evaluates and expects success; returns the first output's values.
+  std::vector<double> Values(Node* out, std::vector<HostTensor> args, ReferenceOptions options = {}) {
+    auto r = Eval({out}, std::move(args), options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? (*r)[0].values() : std::vector<double>{};
+  }
+
+  Module module{"m"};
+  Builder b;
+};
+
+void ExpectNear(const std::vector<double>& got, const std::vector<double>& expected, double tol) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], tol * (1 + std::fabs(expected[i]))) << "element " << i;
+  }
+}
+
+TEST(ReferenceBackend, ConstantsAndIota) {
+  Fn f;
+  Node* splat = Fn::Ok(f.b.Constant(0.1, {DType::kBF16, {2}}));
+  Node* dense = Fn::Ok(f.b.ConstantValues({1.5, -2.7, 3.2}, {kI32, {3}}));
+  Node* iota = Fn::Ok(f.b.Iota({kF32, {2, 3}}, 1));
+  auto r = f.Eval({splat, dense, iota}, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(RoundToDType(0.1, DType::kBF16), RoundToDType(0.1, DType::kBF16)));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(1, -2, 3));
+  EXPECT_THAT((*r)[2].values(), ElementsAre(0, 1, 2, 0, 1, 2));
+}
+
+TEST(ReferenceBackend, UnaryOps) {
+  const std::vector<double> in = {0.25, 1.0, 4.0};
+  for (auto [op, fn] : std::vector<std::pair<Opcode, std::function<double(double)>>>{
+           {Opcode::kNeg, [](double v) { return -v; }},
+           {Opcode::kAbs, [](double v) { return std::fabs(v); }},
+           {Opcode::kExp, [](double v) { return std::exp(v); }},
+           {Opcode::kLog, [](double v) { return std::log(v); }},
+           {Opcode::kSqrt, [](double v) { return std::sqrt(v); }},
+           {Opcode::kRsqrt, [](double v) { return 1 / std::sqrt(v); }},
+           {Opcode::kTanh, [](double v) { return std::tanh(v); }},
+           {Opcode::kSigmoid, [](double v) { return 1 / (1 + std::exp(-v)); }}}) {
+    Fn f;
+    Node* x = f.Param("x", {kF32, {3}});
+    std::vector<double> expected;
+    for (double v : in) expected.push_back(RoundToDType(fn(v), kF32));
+    EXPECT_EQ(f.Values(Fn::Ok(f.b.Unary(op, x)), {F32({3}, in)}), expected) << OpName(op);
+  }
+}
+
+TEST(ReferenceBackend, BinaryOpsIncludingIntegerDivisionAndNaN) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Fn f;
+  Node* a = f.Param("a", {kF32, {3}});
+  Node* c = f.Param("c", {kF32, {3}});
+  Node* max = Fn::Ok(f.b.Binary(Opcode::kMax, a, c));
+  Node* min = Fn::Ok(f.b.Binary(Opcode::kMin, a, c));
+  Node* sub = Fn::Ok(f.b.Sub(a, c));
+  Node* i = f.Param("i", {kI32, {4}});
+  Node* j = f.Param("j", {kI32, {4}});
+  Node* idiv = Fn::Ok(f.b.Div(i, j));
+  Node* iadd = Fn::Ok(f.b.Add(i, i));
+  auto r = f.Eval({max, min, sub, idiv, iadd},
+                  {F32({3}, {1, nan, -2}), F32({3}, {2, 5, -3}), I32({4}, {7, -7, 2147483647, 9}),
+                   I32({4}, {2, 2, 1, -4})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0][0], 2);
+  EXPECT_TRUE(std::isnan((*r)[0][1])) << "max propagates NaN";
+  EXPECT_EQ((*r)[0][2], -2);
+  EXPECT_EQ((*r)[1][0], 1);
+  EXPECT_TRUE(std::isnan((*r)[1][1])) << "min propagates NaN";
+  EXPECT_EQ((*r)[2][0], -1);
+  EXPECT_THAT((*r)[3].values(), ElementsAre(3, -3, 2147483647, -2)) << "truncates toward zero";
+  EXPECT_THAT((*r)[4].values(), ElementsAre(14, -14, 2147483647, 18)) << "i32 overflow saturates";
+}
+
+TEST(ReferenceBackend, IntegerDivisionByZeroNamesTheNode) {
+  Fn f;
+  Node* i = f.Param("i", {kI32, {2}});
+  Node* q = Fn::Ok(f.b.Named("quotient").Div(i, i));
+  auto r = f.Eval({q}, {I32({2}, {3, 0})});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("%quotient"));
+  EXPECT_THAT(r.status().message(), HasSubstr("division by zero at [1]"));
+}
+
+TEST(ReferenceBackend, CompareSelectConvert) {
+  Fn f;
+  Node* a = f.Param("a", {kF32, {4}});
+  Node* c = f.Param("c", {kF32, {4}});
+  Node* lt = Fn::Ok(f.b.Compare(a, c, "lt"));
+  Node* ne = Fn::Ok(f.b.Compare(a, c, "ne"));
+  Node* sel = Fn::Ok(f.b.Select(lt, a, c));
+  Node* to_bf16 = Fn::Ok(f.b.Convert(a, DType::kBF16));
+  Node* to_i32 = Fn::Ok(f.b.Convert(a, kI32));
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto r = f.Eval({lt, ne, sel, to_bf16, to_i32},
+                  {F32({4}, {1 + 0x1p-8, -2.5, nan, 3}), F32({4}, {2, -3, 0, 3})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(1, 0, 0, 0));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(1, 1, 1, 0));
+  EXPECT_EQ((*r)[2][0], 1 + 0x1p-8);
+  EXPECT_EQ((*r)[2][1], -3);
+  EXPECT_EQ((*r)[3][0], 1.0) << "bf16 tie rounds to even";
+  EXPECT_THAT((*r)[4].values(), ElementsAre(1, -2, 0, 3));
+}
+
+TEST(ReferenceBackend, BroadcastMapsSizeOneDims) {
+  Fn f;
+  Node* col = f.Param("col", {kF32, {2, 1}});
+  Node* row = f.Param("row", {kF32, {3}});
+  // col's dim 0 -> result dim 0, its size-1 dim 1 -> result dim 2 (size 2): repeats.
+  Node* a = Fn::Ok(f.b.Broadcast(col, {0, 2}, {2, 3, 2}));
+  Node* c = Fn::Ok(f.b.Broadcast(row, {1}, {2, 3}));
+  auto r = f.Eval({a, c}, {F32({2, 1}, {10, 20}), F32({3}, {1, 2, 3})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(10, 10, 10, 10, 10, 10, 20, 20, 20, 20, 20, 20));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(1, 2, 3, 1, 2, 3));
+}
+
+TEST(ReferenceBackend, ReshapeAndTranspose) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2, 3}});
+  Node* t = Fn::Ok(f.b.Transpose(x, {1, 0}));
+  Node* r3 = Fn::Ok(f.b.Reshape(x, {1, 2, 3}));
+  Node* t3 = Fn::Ok(f.b.Transpose(r3, {2, 0, 1}));  // result dim i is operand dim perm[i]
+  auto r = f.Eval({t, t3}, {F32({2, 3}, {0, 1, 2, 3, 4, 5})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(0, 3, 1, 4, 2, 5));
+  EXPECT_EQ((*r)[1].type().ToString(), "f32[3,1,2]");
+  EXPECT_THAT((*r)[1].values(), ElementsAre(0, 3, 1, 4, 2, 5));
+}
+
+TEST(ReferenceBackend, StridedSliceAndConcatenate) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {4, 5}});
+  Node* s = Fn::Ok(f.b.Slice(x, {1, 0}, {4, 5}, {2, 2}));  // rows 1,3; cols 0,2,4
+  Node* head = Fn::Ok(f.b.Slice(x, {0, 0}, {2, 1}));
+  Node* tail = Fn::Ok(f.b.Slice(x, {0, 3}, {2, 5}));
+  Node* cat = Fn::Ok(f.b.Concatenate({head, tail}, 1));
+  std::vector<double> in(20);
+  for (int i = 0; i < 20; ++i) in[i] = i;
+  auto r = f.Eval({s, cat}, {F32({4, 5}, in)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(5, 7, 9, 15, 17, 19));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(0, 3, 4, 5, 8, 9));
+}
+
+TEST(ReferenceBackend, ReduceOverAnyDims) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2, 3, 2}});
+  Node* middle = Fn::Ok(f.b.ReduceSum(x, {1}));
+  Node* outer = Fn::Ok(f.b.ReduceSum(x, {2, 0}));
+  Node* all = Fn::Ok(f.b.ReduceSum(x, {0, 1, 2}));
+  Node* last_max = Fn::Ok(f.b.ReduceMax(x, {2}));
+  std::vector<double> in(12);
+  for (int i = 0; i < 12; ++i) in[i] = i;
+  auto r = f.Eval({middle, outer, all, last_max}, {F32({2, 3, 2}, in)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(6, 9, 24, 27));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(14, 22, 30));
+  EXPECT_THAT((*r)[2].values(), ElementsAre(66));
+  EXPECT_THAT((*r)[3].values(), ElementsAre(1, 3, 5, 7, 9, 11));
+}
+
+// out[b, m, n] = sum_{k1, k2} lhs[k1, b, m, k2] * rhs[k2, n, b, k1], by the definition.
+std::vector<double> NaiveBatchedDot(const HostTensor& lhs, const HostTensor& rhs) {
+  const int64_t K1 = lhs.type().dims[0], B = lhs.type().dims[1], M = lhs.type().dims[2], K2 = lhs.type().dims[3];
+  const int64_t N = rhs.type().dims[1];
+  std::vector<double> out(B * M * N, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = 0;
+        for (int64_t k1 = 0; k1 < K1; ++k1)
+          for (int64_t k2 = 0; k2 < K2; ++k2)
+            sum += lhs[((k1 * B + b) * M + m) * K2 + k2] * rhs[((k2 * N + n) * B + b) * K1 + k1];
+        out[(b * M + m) * N + n] = sum;
+      }
+  return out;
+}
+
+// Batch dims and two contracting dims in scattered positions, on shapes that cross the
+// GEMM's panel and cache-block edges (k = 2*150 > 256, n = 300 > 256, partial tiles).
+TEST(ReferenceBackend, DotGeneralMatchesNaiveLoop) {
+  for (auto [k1, b, m, k2, n] : std::vector<std::array<int64_t, 5>>{{3, 2, 4, 5, 6}, {2, 2, 13, 150, 300}}) {
+    Fn f;
+    Node* lhs = f.Param("lhs", {kF32, {k1, b, m, k2}});
+    Node* rhs = f.Param("rhs", {kF32, {k2, n, b, k1}});
+    Node* dot = Fn::Ok(f.b.DotGeneral(lhs, rhs, {{1}, {2}, {0, 3}, {3, 0}}));
+    ASSERT_EQ(dot->type().dims, (std::vector<int64_t>{b, m, n}));
+    const HostTensor x = HostTensor::Random(lhs->type(), 1);
+    const HostTensor y = HostTensor::Random(rhs->type(), 2);
+    const std::vector<double> got = f.Values(dot, {x, y}, {.num_threads = 2, .f32_as_f64 = true});
+    ExpectNear(got, NaiveBatchedDot(x, y), 1e-13);
+    auto one_thread = EvaluateFunction(*f.module.functions()[0], {x, y}, {.num_threads = 1, .f32_as_f64 = true});
+    ASSERT_TRUE(one_thread.ok()) << one_thread.status();
+    EXPECT_EQ((*one_thread)[0].values(), got) << "results must not depend on the thread count";
+  }
+}
+
+// The mixed-precision policy: bf16 operands are exact in double and their products are
+// exact too, so bf16 x bf16 -> f32 is the exactly rounded sum of the rounded operands.
+TEST(ReferenceBackend, Bf16DotWithF32OutIsTheRoundedExactProduct) {
+  Fn f;
+  Node* a = f.Param("a", {kF32, {5, 16}});
+  Node* w = f.Param("w", {kF32, {16, 7}});
+  Node* dot = Fn::Ok(f.b.DotGeneral(Fn::Ok(f.b.Convert(a, DType::kBF16)), Fn::Ok(f.b.Convert(w, DType::kBF16)),
+                                    {{}, {}, {1}, {0}}, kF32));
+  const HostTensor x = HostTensor::Random(a->type(), 3);
+  const HostTensor y = HostTensor::Random(w->type(), 4);
+  std::vector<double> expected(5 * 7);
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 7; ++j) {
+      double sum = 0;
+      for (int k = 0; k < 16; ++k) {
+        sum += RoundToDType(x[i * 16 + k], DType::kBF16) * RoundToDType(y[k * 7 + j], DType::kBF16);
+      }
+      expected[i * 7 + j] = RoundToDType(sum, kF32);
+    }
+  EXPECT_EQ(f.Values(dot, {x, y}), expected);
+}
+
+TEST(ReferenceBackend, GatherRowsAndOutOfRangeIndexIsNamed) {
+  Fn f;
+  Node* table = f.Param("table", {kF32, {4, 2}});
+  Node* ids = f.Param("ids", {kI32, {3}});
+  Node* g = Fn::Ok(f.b.Named("embed").Gather(table, ids));
+  const HostTensor t = F32({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31});
+  EXPECT_THAT(f.Values(g, {t, I32({3}, {2, 0, 2})}), ElementsAre(20, 21, 0, 1, 20, 21));
+  auto bad = EvaluateFunction(*f.module.functions()[0], {t, I32({3}, {1, 4, 0})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("%embed"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("index 4 at [1] is out of range [0, 4)"));
+}
+
+TEST(ReferenceBackend, ScatterAddSumsDuplicatesAndDropsOutOfRange) {
+  Fn f;
+  Node* ids = f.Param("ids", {kI32, {5}});
+  Node* upd = f.Param("upd", {kF32, {5, 2}});
+  Node* s = Fn::Ok(f.b.ScatterAdd(ids, upd, {kF32, {4, 2}}));
+  EXPECT_THAT(f.Values(s, {I32({5}, {1, 3, 1, 7, -1}), F32({5, 2}, {1, 2, 10, 20, 100, 200, 5, 5, 6, 6})}),
+              ElementsAre(0, 0, 101, 202, 0, 0, 10, 20));
+}
+
+// Central finite differences of sum(f(x) * dy) along each element of x.
+std::vector<double> NumericGradient(const std::function<std::vector<double>(const HostTensor&)>& fn,
+                                    const HostTensor& x, const std::vector<double>& dy) {
+  std::vector<double> grad(x.num_elements());
+  const double h = 1e-6;
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    HostTensor plus = x, minus = x;
+    plus.mutable_values()[i] += h;
+    minus.mutable_values()[i] -= h;
+    const std::vector<double> fp = fn(plus), fm = fn(minus);
+    double diff = 0;
+    for (size_t j = 0; j < dy.size(); ++j) diff += (fp[j] - fm[j]) * dy[j];
+    grad[i] = diff / (2 * h);
+  }
+  return grad;
+}
+
+constexpr ReferenceOptions kDouble = {.f32_as_f64 = true};
+
+TEST(ReferenceBackend, RmsNormByHand) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2, 4}});
+  Node* w = f.Param("w", {kF32, {4}});
+  Node* y = Fn::Ok(f.b.RmsNorm(x, w, 3.0));
+  // Row 0: mean(x^2) = 1, + eps 3 -> rsqrt(4) = 0.5. Row 1: mean = 4, + 3 -> rsqrt(7).
+  const double r7 = 1 / std::sqrt(7.0);
+  ExpectNear(f.Values(y, {F32({2, 4}, {1, 1, 1, 1, 2, -2, 2, -2}), F32({4}, {1, 2, 3, 4})}, kDouble),
+             {0.5, 1, 1.5, 2, 2 * r7, -4 * r7, 6 * r7, -8 * r7}, 1e-15);
+}
+
+TEST(ReferenceBackend, RmsNormGradientsMatchFiniteDifferences) {
+  const HostTensor x = HostTensor::Random({kF32, {3, 5}}, 5);
+  const HostTensor w = HostTensor::Random({kF32, {5}}, 6);
+  const HostTensor dy = HostTensor::Random({kF32, {3, 5}}, 7);
+  auto forward = [&](const HostTensor& xv, const HostTensor& wv) {
+    Fn f;
+    Node* px = f.Param("x", xv.type());
+    Node* pw = f.Param("w", wv.type());
+    return f.Values(Fn::Ok(f.b.RmsNorm(px, pw, 1e-2)), {xv, wv}, kDouble);
+  };
+  Fn f;
+  Node* px = f.Param("x", x.type());
+  Node* pw = f.Param("w", w.type());
+  Node* pdy = f.Param("dy", dy.type());
+  Node* dx = Fn::Ok(f.b.Op(Opcode::kRmsNormGradInput, {px, pw, pdy}, AttrMap{{"eps", 1e-2}}));
+  Node* dw = Fn::Ok(f.b.Op(Opcode::kRmsNormGradWeight, {px, pw, pdy}, AttrMap{{"eps", 1e-2}}));
+  auto r = f.Eval({dx, dw}, {x, w, dy}, kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear((*r)[0].values(), NumericGradient([&](const HostTensor& v) { return forward(v, w); }, x, dy.values()),
+             1e-7);
+  ExpectNear((*r)[1].values(), NumericGradient([&](const HostTensor& v) { return forward(x, v); }, w, dy.values()),
+             1e-7);
+}
+
+TEST(ReferenceBackend, SoftmaxRowsSumToOneAndLargeInputsAreStable) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2, 3}});
+  Node* y = Fn::Ok(f.b.Softmax(x));
+  const std::vector<double> got = f.Values(y, {F32({2, 3}, {1000, 1001, 1002, -0.5, 0.25, 3})}, kDouble);
+  const double z = 1 + std::exp(1.0) + std::exp(2.0);
+  ExpectNear({got[0], got[1], got[2]}, {1 / z, std::exp(1.0) / z, std::exp(2.0) / z}, 1e-15);
+  EXPECT_NEAR(got[3] + got[4] + got[5], 1.0, 1e-15);
+  EXPECT_LT(got[3], got[4]);
+}
+
+TEST(ReferenceBackend, SoftmaxGradMatchesFiniteDifferences) {
+  const HostTensor x = HostTensor::Random({kF32, {2, 4}}, 8, -3, 3);
+  const HostTensor dy = HostTensor::Random({kF32, {2, 4}}, 9);
+  auto softmax = [](const HostTensor& v) {
+    Fn f;
+    return f.Values(Fn::Ok(f.b.Softmax(f.Param("x", v.type()))), {v}, kDouble);
+  };
+  Fn f;
+  Node* y = f.Param("y", x.type());
+  Node* pdy = f.Param("dy", dy.type());
+  Node* dx = Fn::Ok(f.b.Op(Opcode::kSoftmaxGrad, {y, pdy}));
+  const HostTensor y_value = HostTensor::FromValues(x.type(), softmax(x));
+  ExpectNear(f.Values(dx, {y_value, dy}, kDouble), NumericGradient(softmax, x, dy.values()), 1e-7);
+}
+
+TEST(ReferenceBackend, CrossEntropyIsLogsumexpMinusLabelLogit) {
+  Fn f;
+  Node* logits = f.Param("logits", {kF32, {3, 3}});
+  Node* labels = f.Param("labels", {kI32, {3}});
+  Node* loss = Fn::Ok(f.b.Named("xent").CrossEntropy(logits, labels));
+  const std::vector<double> l = {0.5, -1, 2, 3, 0, 0, 1000, 0, -1000};
+  const std::vector<double> got = f.Values(loss, {F32({3, 3}, l), I32({3}, {2, 0, 0})}, kDouble);
+  ExpectNear(got,
+             {std::log(std::exp(0.5) + std::exp(-1.0) + std::exp(2.0)) - 2,
+              std::log(std::exp(3.0) + 2) - 3, 0.0},
+             1e-15);
+  auto bad = EvaluateFunction(*f.module.functions()[0], {F32({3, 3}, l), I32({3}, {0, 3, 0})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("%xent"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("label 3 of row 1 is out of range [0, 3)"));
+}
+
+TEST(ReferenceBackend, CrossEntropyGradIsSoftmaxMinusOneHotTimesDloss) {
+  const HostTensor logits = HostTensor::Random({kF32, {2, 4}}, 10, -2, 2);
+  const HostTensor labels = I32({2}, {3, 1});
+  const HostTensor dloss = F32({2}, {0.5, -2});
+  auto loss = [&](const HostTensor& v) {
+    Fn f;
+    Node* pl = f.Param("logits", v.type());
+    Node* plabels = f.Param("labels", labels.type());
+    return f.Values(Fn::Ok(f.b.CrossEntropy(pl, plabels)), {v, labels}, kDouble);
+  };
+  Fn f;
+  Node* pl = f.Param("logits", logits.type());
+  Node* plabels = f.Param("labels", labels.type());
+  Node* pd = f.Param("dloss", dloss.type());
+  Node* grad = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {pl, plabels, pd}));
+  ExpectNear(f.Values(grad, {logits, labels, dloss}, kDouble), NumericGradient(loss, logits, dloss.values()), 1e-7);
+}
+
+TEST(ReferenceBackend, RopeByHandInverseAndPositionZero) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {1, 2, 1, 4}});
+  Node* pos = f.Param("pos", {kI32, {2}});
+  Node* fwd = Fn::Ok(f.b.Rope(x, pos, 10000.0));
+  Node* back = Fn::Ok(f.b.Rope(fwd, pos, 10000.0, /*inverse=*/true));
+  auto r = f.Eval({fwd, back}, {F32({1, 2, 1, 4}, {1, 2, 3, 4, 1, 2, 3, 4}), I32({2}, {0, 1})}, kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Position 0 is the identity; position 1 rotates pair (0, 2) by 1 rad and pair (1, 3) by
+  // 10000^(-2/4) = 0.01 rad.
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
+  ExpectNear((*r)[0].values(), {1, 2, 3, 4, c1 - 3 * s1, 2 * c2 - 4 * s2, 3 * c1 + s1, 4 * c2 + 2 * s2}, 1e-15);
+  ExpectNear((*r)[1].values(), {1, 2, 3, 4, 1, 2, 3, 4}, 1e-15);
+}
+
+TEST(ReferenceBackend, RopeInverseUndoesRopeOnRandomInput) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2, 5, 3, 8}});
+  Node* pos = f.Param("pos", {kI32, {5}});
+  Node* back = Fn::Ok(f.b.Rope(Fn::Ok(f.b.Rope(x, pos, 500.0)), pos, 500.0, true));
+  const HostTensor xv = HostTensor::Random(x->type(), 11);
+  ExpectNear(f.Values(back, {xv, HostTensor::Random(pos->type(), 12, 0, 4096)}, kDouble), xv.values(), 1e-12);
+}
+
+TEST(ReferenceBackend, F32AsF64KeepsDoublePrecisionButNarrowTypesStillRound) {
+  Fn f;
+  Node* a = f.Param("a", {kF32, {1}});
+  Node* sum = Fn::Ok(f.b.Add(a, a));
+  Node* narrow = Fn::Ok(f.b.Convert(sum, DType::kBF16));
+  HostTensor arg({kF32, {1}});
+  arg.mutable_values()[0] = 0.5 + 0x1p-40;  // not an f32: allowed under f32_as_f64
+  auto wide = f.Eval({sum, narrow}, {arg}, kDouble);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ((*wide)[0][0], 1 + 0x1p-39);
+  EXPECT_EQ((*wide)[1][0], 1.0);
+  auto rounded = EvaluateFunction(*f.module.functions()[0], {arg});
+  ASSERT_TRUE(rounded.ok());
+  EXPECT_EQ((*rounded)[0][0], 1.0);
+}
+
+TEST(ReferenceBackend, ArgumentErrorsNameTheParameter) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2}});
+  Node* w = f.Param("weights", {kF32, {2, 2}});
+  ASSERT_TRUE(f.b.Return({Fn::Ok(f.b.Add(x, x)), w}).ok());
+  const Function& fn = *f.module.functions()[0];
+  auto too_few = EvaluateFunction(fn, {F32({2}, {1, 2})});
+  ASSERT_FALSE(too_few.ok());
+  EXPECT_EQ(too_few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_few.status().message(), HasSubstr("takes 2 argument(s) (%x: f32[2], %weights: f32[2,2]), got 1"));
+  auto wrong_type = EvaluateFunction(fn, {F32({2}, {1, 2}), F32({4}, {1, 2, 3, 4})});
+  ASSERT_FALSE(wrong_type.ok());
+  EXPECT_EQ(wrong_type.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_type.status().message(),
+              HasSubstr("argument 1 for parameter %weights of function f must be f32[2,2], got f32[4]"));
+}
+
+TEST(ReferenceBackend, OutputsMayRepeatAndBeParameters) {
+  Fn f;
+  Node* x = f.Param("x", {kF32, {2}});
+  Node* y = Fn::Ok(f.b.Mul(x, x));
+  auto r = f.Eval({y, x, y}, {F32({2}, {3, -4})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(9, 16));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(3, -4));
+  EXPECT_THAT((*r)[2].values(), ElementsAre(9, 16));
+}
+
+// Only what the outputs depend on runs: a dead gather with a bad index is not an error,
+// so dead-code elimination preserves meaning.
+TEST(ReferenceBackend, DeadNodesDoNotRun) {
+  Fn f;
+  Node* table = f.Param("table", {kF32, {2, 1}});
+  Node* ids = f.Param("ids", {kI32, {1}});
+  Fn::Ok(f.b.Gather(table, ids));
+  Node* live = Fn::Ok(f.b.Unary(Opcode::kNeg, table));
+  EXPECT_THAT(f.Values(live, {F32({2, 1}, {1, 2}), I32({1}, {99})}), ElementsAre(-1, -2));
+}
+
+}  // namespace
+}  // namespace kiln
