@@ -8,6 +8,9 @@
 namespace kiln {
 namespace {
 
+// Node order follows statement order here, never argument order (which C++ leaves to the
+// compiler), so the printed IR is the same whatever built it.
+
 // [B,T,H,Dh] <-> [B,H,T,Dh]; the permutation is its own inverse.
 const std::vector<int64_t> kSwapSeqAndHeads = {0, 2, 1, 3};
 
@@ -23,7 +26,9 @@ Tensor RepeatKvHeads(Tensor kv, int64_t groups, Loc loc) {
 
 Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
   DotDims dims{.lhs_contract = {x.rank() - 1}, .rhs_contract = {1}};
-  return DotGeneral(Convert(x, gemm_dtype, loc), Convert(weight, gemm_dtype, loc), dims, DType::kF32, loc);
+  Tensor lhs = Convert(x, gemm_dtype, loc);
+  Tensor rhs = Convert(weight, gemm_dtype, loc);
+  return DotGeneral(lhs, rhs, dims, DType::kF32, loc);
 }
 
 Tensor Embedding(Tensor table, Tensor ids, Loc loc) { return Gather(table, ids, loc); }
@@ -60,19 +65,25 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
   v = RepeatKvHeads(v, h / n_kv, loc);
 
   const DotDims qk{.lhs_batch = {0, 1}, .rhs_batch = {0, 1}, .lhs_contract = {3}, .rhs_contract = {3}};
-  Tensor scores = DotGeneral(Convert(q, gemm_dtype, loc), Convert(k, gemm_dtype, loc), qk, DType::kF32, loc);
+  q = Convert(q, gemm_dtype, loc);
+  k = Convert(k, gemm_dtype, loc);
+  Tensor scores = DotGeneral(q, k, qk, DType::kF32, loc);
   scores = Mul(scores, 1.0 / std::sqrt(static_cast<double>(d)), loc);
 
   const std::vector<int64_t> scores_shape = {b, h, t, t};
   TensorType square{DType::kI32, {t, t}};
-  Tensor causal = Compare(graph.Iota(square, 0, loc), graph.Iota(square, 1, loc), "ge", loc);
+  Tensor query_index = graph.Iota(square, 0, loc);
+  Tensor key_index = graph.Iota(square, 1, loc);
+  Tensor causal = Broadcast(Compare(query_index, key_index, "ge", loc), {2, 3}, scores_shape, loc);
   Tensor minus_inf = BroadcastScalar(graph.Scalar(-std::numeric_limits<double>::infinity(), DType::kF32, loc),
                                      scores_shape, loc);
-  scores = Select(Broadcast(causal, {2, 3}, scores_shape, loc), scores, minus_inf, loc);
+  scores = Select(causal, scores, minus_inf, loc);
   Tensor probs = Softmax(scores, loc);
 
   const DotDims pv{.lhs_batch = {0, 1}, .rhs_batch = {0, 1}, .lhs_contract = {3}, .rhs_contract = {2}};
-  Tensor out = DotGeneral(Convert(probs, gemm_dtype, loc), Convert(v, gemm_dtype, loc), pv, DType::kF32, loc);
+  probs = Convert(probs, gemm_dtype, loc);
+  v = Convert(v, gemm_dtype, loc);
+  Tensor out = DotGeneral(probs, v, pv, DType::kF32, loc);
   out = Reshape(Transpose(out, kSwapSeqAndHeads, loc), {b, t, h * d}, loc);
   return Linear(out, weights.o_proj, gemm_dtype, loc);
 }
@@ -90,7 +101,9 @@ Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) { return Linea
 
 Tensor CrossEntropyLoss(Tensor logits, Tensor labels, Loc loc) {
   const int64_t rows = logits.dim(0) * logits.dim(1), vocab = logits.dim(2);
-  Tensor per_row = CrossEntropy(Reshape(logits, {rows, vocab}, loc), Reshape(labels, {rows}, loc), loc);
+  Tensor flat_logits = Reshape(logits, {rows, vocab}, loc);
+  Tensor flat_labels = Reshape(labels, {rows}, loc);
+  Tensor per_row = CrossEntropy(flat_logits, flat_labels, loc);
   // A failed logits tensor has rows == 0; the op is a no-op then, so 1/0 never reaches IR.
   return Mul(ReduceSum(per_row, {0}, loc), rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0, loc);
 }
