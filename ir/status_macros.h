@@ -18,7 +18,8 @@
     if (!_kiln_status.ok()) return _kiln_status;      \
   } while (0)
 
-// ASSIGN_OR_RETURN(auto x, MakeX()) declares x from a StatusOr or returns its error.
+// ASSIGN_OR_RETURN(auto x, MakeX()) declares x from a StatusOr or returns its error. It
+// expands to several statements: inside an if or a loop, use braces.
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   KILN_ASSIGN_OR_RETURN_IMPL(KILN_CONCAT(_kiln_statusor_, __LINE__), lhs, rexpr)
 #define KILN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, rexpr) \

@@ -19,5 +19,7 @@ struct Command {
 Command ModelsCommand();
 Command DumpCommand();
 Command VerifyCommand();
+Command TrainCommand();
+Command EvalCommand();
 
 }  // namespace kiln::cli

@@ -1,4 +1,4 @@
-// kiln: build, inspect and (later) compile and train transformer models.
+// kiln: build, inspect, train and evaluate transformer models.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,7 +9,8 @@
 namespace {
 
 std::vector<kiln::cli::Command> AllCommands() {
-  return {kiln::cli::ModelsCommand(), kiln::cli::DumpCommand(), kiln::cli::VerifyCommand()};
+  return {kiln::cli::ModelsCommand(), kiln::cli::DumpCommand(), kiln::cli::VerifyCommand(),
+          kiln::cli::TrainCommand(), kiln::cli::EvalCommand()};
 }
 
 void PrintTopLevelHelp(const std::vector<kiln::cli::Command>& commands) {

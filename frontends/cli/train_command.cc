@@ -1,0 +1,265 @@
+// kiln train: train a model on the built-in corpus or a file, with checkpoints and resume.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "frontends/cli/backend_flag.h"
+#include "frontends/cli/commands.h"
+#include "frontends/hf_checkpoint.h"
+#include "frontends/llama.h"
+#include "frontends/model_config.h"
+#include "frontends/trainer.h"
+#include "frontends/training_checkpoint.h"
+#include "frontends/weight_init.h"
+#include "ir/status_macros.h"
+#include "passes/training_step.h"
+#include "runtime/training/dataset.h"
+#include "runtime/training/lr_schedule.h"
+
+namespace kiln::cli {
+namespace {
+
+// The flags a run is made of. A checkpoint stores them; a resumed run takes them from it, so
+// that it continues exactly as an uninterrupted run would have.
+const char* const kRunSettingFlags[] = {"batch", "seq",     "accum",          "seed",         "precision", "lr",
+                                        "min-lr", "warmup", "lr-decay-steps", "weight-decay", "clip"};
+
+struct RunSettings {
+  int64_t batch = 0, seq = 0, accum = 1, warmup = 0, lr_decay_steps = 0;
+  uint64_t seed = 0;
+  Precision precision = Precision::kBf16;
+  double lr = 0, min_lr = 0, weight_decay = 0, clip = 0;
+};
+
+bool SameSetting(const std::string& a, const std::string& b) {
+  double x, y;
+  if (absl::SimpleAtod(a, &x) && absl::SimpleAtod(b, &y)) return x == y;
+  return a == b;
+}
+
+std::string ExactText(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// Settings by flag name: from the checkpoint when resuming (a flag that disagrees is an
+// error), else from the flags, else the defaults.
+absl::StatusOr<std::map<std::string, std::string>> ResolveRunSettings(const ParsedArgs& args,
+                                                                      const ModelConfig& config, int64_t steps,
+                                                                      const TrainingCheckpoint* resume) {
+  std::map<std::string, std::string> v;
+  if (resume) {
+    for (const char* flag : kRunSettingFlags) {
+      auto it = resume->settings.find(flag);
+      if (it == resume->settings.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), ": no '", flag, "' setting saved"));
+      }
+      if (args.Has(flag) && !SameSetting(args.Get(flag), it->second)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", args.Get(flag), " differs from the checkpoint's ",
+                                                       it->second, " (", args.Get("resume"),
+                                                       "); drop the flag to resume as saved"));
+      }
+      v[flag] = it->second;
+    }
+    return v;
+  }
+  auto set = [&](const char* flag, std::string fallback) { v[flag] = args.Has(flag) ? args.Get(flag) : fallback; };
+  set("batch", absl::StrCat(config.batch));
+  set("seq", absl::StrCat(config.seq_len));
+  set("accum", "1");
+  set("seed", "1337");
+  set("precision", "bf16");
+  set("lr", "0.003");
+  double lr = 0;
+  if (!absl::SimpleAtod(v["lr"], &lr)) return absl::InvalidArgumentError(absl::StrCat("--lr expects a number, got '", v["lr"], "'"));
+  set("min-lr", ExactText(lr / 10));
+  set("lr-decay-steps", absl::StrCat(steps));
+  int64_t horizon = 0;
+  if (!absl::SimpleAtoi(v["lr-decay-steps"], &horizon)) {
+    return absl::InvalidArgumentError(absl::StrCat("--lr-decay-steps expects an integer, got '", v["lr-decay-steps"], "'"));
+  }
+  set("warmup", absl::StrCat(std::min<int64_t>(10, horizon / 10 + 1)));
+  set("weight-decay", "0.1");
+  set("clip", "1.0");
+  return v;
+}
+
+absl::StatusOr<RunSettings> ParseRunSettings(const std::map<std::string, std::string>& v) {
+  RunSettings s;
+  auto integer = [&](const char* flag, int64_t& out) -> absl::Status {
+    if (!absl::SimpleAtoi(v.at(flag), &out) || out < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects a non-negative integer, got '", v.at(flag), "'"));
+    }
+    return absl::OkStatus();
+  };
+  auto number = [&](const char* flag, double& out) -> absl::Status {
+    if (!absl::SimpleAtod(v.at(flag), &out) || !(out >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects a non-negative number, got '", v.at(flag), "'"));
+    }
+    return absl::OkStatus();
+  };
+  int64_t seed = 0;
+  RETURN_IF_ERROR(integer("batch", s.batch));
+  RETURN_IF_ERROR(integer("seq", s.seq));
+  RETURN_IF_ERROR(integer("accum", s.accum));
+  RETURN_IF_ERROR(integer("seed", seed));
+  RETURN_IF_ERROR(integer("warmup", s.warmup));
+  RETURN_IF_ERROR(integer("lr-decay-steps", s.lr_decay_steps));
+  RETURN_IF_ERROR(number("lr", s.lr));
+  RETURN_IF_ERROR(number("min-lr", s.min_lr));
+  RETURN_IF_ERROR(number("weight-decay", s.weight_decay));
+  RETURN_IF_ERROR(number("clip", s.clip));
+  s.seed = static_cast<uint64_t>(seed);
+  ASSIGN_OR_RETURN(s.precision, ParsePrecision(v.at("precision")));
+  if (s.batch < 1 || s.seq < 1 || s.accum < 1) return absl::InvalidArgumentError("--batch, --seq and --accum must be >= 1");
+  return s;
+}
+
+// "step 12/150  loss 4.8123  tok/s 9120  elapsed 3.1s": a line per step when stdout is not
+// a terminal (logs stay diffable: the same run prints the same losses), a bar on a terminal.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(int64_t total) : total_(total), tty_(::isatty(STDOUT_FILENO)) {}
+  void Report(int64_t step, double loss, double tok_per_s, double elapsed_s) {
+    std::string text = absl::StrCat("step ", step, "/", total_, "  loss ", Fixed(loss, 4), "  tok/s ",
+                                    static_cast<int64_t>(std::llround(tok_per_s)), "  elapsed ", Fixed(elapsed_s, 1),
+                                    "s");
+    if (!tty_) {
+      std::printf("%s\n", text.c_str());
+    } else {
+      const int width = 30;
+      int filled = static_cast<int>(width * step / std::max<int64_t>(total_, 1));
+      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                  text.c_str());
+      if (step == total_) std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  static std::string Fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+    return buf;
+  }
+  int64_t total_;
+  bool tty_;
+};
+
+absl::Status RunTrain(const ParsedArgs& args) {
+  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
+  RETURN_IF_ERROR(ResolveBackend(args.Get("backend", "auto")).status());
+  ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", 150));
+  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  std::optional<TrainingCheckpoint> resume;
+  if (args.Has("resume")) {
+    ASSIGN_OR_RETURN(resume, LoadTrainingCheckpoint(args.Get("resume")));
+    if (HuggingFaceConfigJson(resume->config) != HuggingFaceConfigJson(config)) {
+      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " holds a different model than '",
+                                                     args.positionals()[0], "'"));
+    }
+    if (resume->state.step >= steps) {
+      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " is at step ", resume->state.step,
+                                                     "; --steps ", steps, " is the total to reach, so nothing is left"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto settings, ResolveRunSettings(args, config, steps, resume ? &*resume : nullptr));
+  ASSIGN_OR_RETURN(RunSettings s, ParseRunSettings(settings));
+  const LrSchedule schedule{.peak_lr = s.lr, .min_lr = s.min_lr, .warmup_steps = s.warmup,
+                            .total_steps = s.lr_decay_steps};
+
+  TokenDataset data = TokenDataset::Default();
+  if (args.Has("data")) {
+    ASSIGN_OR_RETURN(data, TokenDataset::FromFile(args.Get("data")));
+  }
+  RETURN_IF_ERROR(data.CheckFits(config.vocab_size, s.seq));
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
+                   BuildLlamaModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
+  TrainingStepOptions step_options;
+  step_options.accum_steps = s.accum;
+  step_options.adamw.weight_decay = s.weight_decay;
+  step_options.adamw.clip_norm = s.clip;
+  TrainingStepLayout layout;
+  ASSIGN_OR_RETURN(Function * step_fn,
+                   BuildTrainingStep(*module, *module->FindFunction("forward"), step_options, &layout));
+
+  std::vector<HostTensor> init = resume ? std::vector<HostTensor>{} : InitLlamaWeights(config, s.seed);
+  if (resume) init = resume->state.params;
+  ASSIGN_OR_RETURN(std::unique_ptr<ReferenceTrainer> trainer,
+                   ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
+  if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
+
+  std::fprintf(stderr, "kiln train: %s (%.2fM params), %s, batch %lld x seq %lld x accum %lld, data: %s, backend cpu\n",
+               config.name.c_str(), ParameterCount(config) / 1e6, std::string(PrecisionName(s.precision)).c_str(),
+               static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.accum),
+               data.name().c_str());
+  ProgressPrinter progress(steps);
+  const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
+  auto start = std::chrono::steady_clock::now();
+  for (int64_t step = trainer->state().step; step < steps; ++step) {
+    std::vector<TokenBatch> micro_batches;
+    for (int64_t i = 0; i < s.accum; ++i) {
+      micro_batches.push_back(SampleBatch(data, s.seed, step * s.accum + i, s.batch, s.seq));
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(double loss, trainer->Step(micro_batches, schedule.At(step)));
+    auto t1 = std::chrono::steady_clock::now();
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step + 1,
+                                              "; stopping before anything is saved (try a lower --lr)"));
+    }
+    progress.Report(step + 1, loss, tokens_per_step / std::chrono::duration<double>(t1 - t0).count(),
+                    std::chrono::duration<double>(t1 - start).count());
+  }
+  if (args.Has("save")) {
+    RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, trainer->state(), settings}));
+    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(trainer->state().step),
+                 args.Get("save").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Command TrainCommand() {
+  return {{.name = "train",
+           .usage = "MODEL [options]",
+           .summary = "train a model (the default data is kiln's built-in corpus)",
+           .details = "MODEL is a preset (see 'kiln models'), a Hugging Face config.json or a folder holding one.\n"
+                      "--data FILE: a file ending in .bin holds little-endian uint16 tokens (nanoGPT / llm.c;\n"
+                      "an llm.c header is recognised and skipped); any other file is raw text, one token per\n"
+                      "byte. Batches are a function of (seed, step), so a resumed run sees the same data.\n"
+                      "--steps is the total: a run resumed from step 10 with --steps 20 runs 10 more. The\n"
+                      "learning rate warms up, then follows a cosine to --lr-decay-steps (default --steps):\n"
+                      "a run you will resume later should pass the final horizon so its schedule matches.",
+           .min_positionals = 1,
+           .max_positionals = 1,
+           .flags = {
+               {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "auto"},
+               {.name = "steps", .value_name = "N", .help = "total optimizer steps", .default_value = "150"},
+               {.name = "batch", .value_name = "B", .help = "sequences per micro-batch", .default_value = "the preset's"},
+               {.name = "seq", .value_name = "T", .help = "tokens per sequence", .default_value = "the preset's"},
+               {.name = "accum", .value_name = "K", .help = "micro-batches per step (gradient accumulation)",
+                .default_value = "1"},
+               {.name = "lr", .value_name = "X", .help = "peak learning rate", .default_value = "3e-3"},
+               {.name = "min-lr", .value_name = "X", .help = "final learning rate", .default_value = "lr / 10"},
+               {.name = "warmup", .value_name = "N", .help = "linear warmup steps", .default_value = "min(10, steps/10+1)"},
+               {.name = "lr-decay-steps", .value_name = "N", .help = "cosine horizon", .default_value = "--steps"},
+               {.name = "weight-decay", .value_name = "X", .help = "AdamW decoupled weight decay", .default_value = "0.1"},
+               {.name = "clip", .value_name = "X", .help = "global gradient-norm clip (0: off)", .default_value = "1.0"},
+               {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
+               {.name = "data", .value_name = "FILE", .help = "training data (see above)", .default_value = "built-in corpus"},
+               {.name = "seed", .value_name = "S", .help = "initial weights and batches", .default_value = "1337"},
+               {.name = "save", .value_name = "CKPT", .help = "write a checkpoint (safetensors) at the end"},
+               {.name = "resume", .value_name = "CKPT", .help = "continue from a checkpoint"},
+           }},
+          RunTrain};
+}
+
+}  // namespace kiln::cli
