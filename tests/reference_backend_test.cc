@@ -198,14 +198,18 @@ TEST(ReferenceBackend, ReduceOverAnyDims) {
   Node* outer = Fn::Ok(f.b.ReduceSum(x, {2, 0}));
   Node* all = Fn::Ok(f.b.ReduceSum(x, {0, 1, 2}));
   Node* last_max = Fn::Ok(f.b.ReduceMax(x, {2}));
+  Node* leading = Fn::Ok(f.b.ReduceSum(x, {0, 1}));
+  Node* leading_max = Fn::Ok(f.b.ReduceMax(x, {0}));
   std::vector<double> in(12);
   for (int i = 0; i < 12; ++i) in[i] = i;
-  auto r = f.Eval({middle, outer, all, last_max}, {F32({2, 3, 2}, in)});
+  auto r = f.Eval({middle, outer, all, last_max, leading, leading_max}, {F32({2, 3, 2}, in)});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT((*r)[0].values(), ElementsAre(6, 9, 24, 27));
   EXPECT_THAT((*r)[1].values(), ElementsAre(14, 22, 30));
   EXPECT_THAT((*r)[2].values(), ElementsAre(66));
   EXPECT_THAT((*r)[3].values(), ElementsAre(1, 3, 5, 7, 9, 11));
+  EXPECT_THAT((*r)[4].values(), ElementsAre(30, 36));
+  EXPECT_THAT((*r)[5].values(), ElementsAre(6, 7, 8, 9, 10, 11));
 }
 
 // out[b, m, n] = sum_{k1, k2} lhs[k1, b, m, k2] * rhs[k2, n, b, k1], by the definition.
@@ -226,9 +230,10 @@ std::vector<double> NaiveBatchedDot(const HostTensor& lhs, const HostTensor& rhs
 }
 
 // Batch dims and two contracting dims in scattered positions, on shapes that cross the
-// GEMM's panel and cache-block edges (k = 2*150 > 256, n = 300 > 256, partial tiles).
+// GEMM's panel and cache-block edges (k = 2*150 > 256, n = 300 > 256, m = 100 > 96,
+// partial tiles).
 TEST(ReferenceBackend, DotGeneralMatchesNaiveLoop) {
-  for (auto [k1, b, m, k2, n] : std::vector<std::array<int64_t, 5>>{{3, 2, 4, 5, 6}, {2, 2, 13, 150, 300}}) {
+  for (auto [k1, b, m, k2, n] : std::vector<std::array<int64_t, 5>>{{3, 2, 4, 5, 6}, {2, 2, 100, 150, 300}}) {
     Fn f;
     Node* lhs = f.Param("lhs", {kF32, {k1, b, m, k2}});
     Node* rhs = f.Param("rhs", {kF32, {k2, n, b, k1}});
@@ -242,6 +247,15 @@ TEST(ReferenceBackend, DotGeneralMatchesNaiveLoop) {
     ASSERT_TRUE(one_thread.ok()) << one_thread.status();
     EXPECT_EQ((*one_thread)[0].values(), got) << "results must not depend on the thread count";
   }
+}
+
+TEST(ReferenceBackend, DotGeneralWithEmptyContractionIsZero) {
+  Fn f;
+  Node* a = f.Param("a", {kF32, {2, 0}});
+  Node* c = f.Param("c", {kF32, {0, 3}});
+  HostTensor a_value({kF32, {2, 0}}), c_value({kF32, {0, 3}});
+  EXPECT_THAT(f.Values(Fn::Ok(f.b.DotGeneral(a, c, {{}, {}, {1}, {0}})), {a_value, c_value}),
+              ElementsAre(0, 0, 0, 0, 0, 0));
 }
 
 // The mixed-precision policy: bf16 operands are exact in double and their products are

@@ -1,6 +1,6 @@
 // reduce_sum and reduce_max: the operand is laid out as [kept dims..., reduced dims...]
 // (a StridedCopy unless the reduced dims already trail), then each output element folds
-// one contiguous run, in index order, in double.
+// one contiguous run, in index order, in double. Reducing leading dims skips the copy.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,8 +23,27 @@ absl::StatusOr<HostTensor> Reduce(const Node& node, const HostTensor& x, const E
   for (size_t d = 0; d < x_dims.size(); ++d) {
     if (!is_reduced[d]) order.push_back(static_cast<int64_t>(d));
   }
-  const bool already_trailing = std::is_sorted(reduced.begin(), reduced.end()) &&
-                                (reduced.empty() || reduced.front() == static_cast<int64_t>(order.size()));
+  const bool sorted = std::is_sorted(reduced.begin(), reduced.end());
+  const bool already_trailing =
+      sorted && (reduced.empty() || reduced.front() == static_cast<int64_t>(order.size()));
+  HostTensor out(node.type());
+  double* dst = out.mutable_values().data();
+  if (sorted && !reduced.empty() && reduced.back() == static_cast<int64_t>(reduced.size()) - 1) {
+    // Leading dims reduced (a gradient summed over the batch): fold whole rows into the
+    // output, rows in index order, which is the same order as the general path.
+    const int64_t cols = out.num_elements();
+    const int64_t rows = cols == 0 ? 0 : x.num_elements() / cols;
+    const double* src = x.values().data();
+    ctx.pool.ParallelFor(cols, std::max<int64_t>(64, kElementsPerChunk / std::max<int64_t>(1, rows)),
+                         [&](int64_t begin, int64_t end) {
+                           std::fill(dst + begin, dst + end, init);
+                           for (int64_t r = 0; r < rows; ++r) {
+                             const double* row = src + r * cols;
+                             for (int64_t j = begin; j < end; ++j) dst[j] = fold(dst[j], row[j]);
+                           }
+                         });
+    return out;
+  }
   order.insert(order.end(), reduced.begin(), reduced.end());
 
   std::vector<double> permuted;
@@ -39,9 +58,7 @@ absl::StatusOr<HostTensor> Reduce(const Node& node, const HostTensor& x, const E
     StridedCopy(src, 0, dims, strides, permuted.data(), ctx.pool);
     src = permuted.data();
   }
-  HostTensor out(node.type());
   const int64_t run = out.num_elements() == 0 ? 0 : x.num_elements() / out.num_elements();
-  double* dst = out.mutable_values().data();
   ctx.pool.ParallelFor(out.num_elements(), std::max<int64_t>(1, kElementsPerChunk / std::max<int64_t>(1, run)),
                        [&](int64_t begin, int64_t end) {
                          for (int64_t i = begin; i < end; ++i) {

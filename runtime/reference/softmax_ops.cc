@@ -22,17 +22,28 @@ void ForEachRow(const EvalContext& ctx, Rows rows, Fn fn) {
                        });
 }
 
-// Writes softmax(x) into y and returns the row's logsumexp.
-double SoftmaxRow(const double* x, int64_t length, double* y) {
+double RowMax(const double* x, int64_t length) {
   double max = -INFINITY;
   for (int64_t i = 0; i < length; ++i) max = std::max(max, x[i]);
+  return max;
+}
+
+double LogSumExp(const double* x, int64_t length) {
+  const double max = RowMax(x, length);
+  double sum = 0;
+  for (int64_t i = 0; i < length; ++i) sum += std::exp(x[i] - max);
+  return max + std::log(sum);
+}
+
+// Writes softmax(x) into y.
+void SoftmaxRow(const double* x, int64_t length, double* y) {
+  const double max = RowMax(x, length);
   double sum = 0;
   for (int64_t i = 0; i < length; ++i) {
     y[i] = std::exp(x[i] - max);
     sum += y[i];
   }
   for (int64_t i = 0; i < length; ++i) y[i] /= sum;
-  return max + std::log(sum);
 }
 
 absl::Status CheckLabels(const HostTensor& labels, int64_t num_classes) {
@@ -77,9 +88,7 @@ absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const
   HostTensor out(node.type());
   ForEachRow(ctx, rows, [&](int64_t r) {
     const double* logits = xs[0]->values().data() + r * rows.length;
-    std::vector<double> probs(rows.length);
-    const double logsumexp = SoftmaxRow(logits, rows.length, probs.data());
-    out.mutable_values()[r] = logsumexp - logits[static_cast<int64_t>((*xs[1])[r])];
+    out.mutable_values()[r] = LogSumExp(logits, rows.length) - logits[static_cast<int64_t>((*xs[1])[r])];
   });
   return out;
 }
