@@ -1,5 +1,6 @@
 #include "passes/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -17,7 +18,7 @@ namespace kiln {
 namespace {
 
 void CollectNames(const Pass& pass, std::vector<std::string>& names) {
-  names.emplace_back(pass.name());
+  if (std::find(names.begin(), names.end(), pass.name()) == names.end()) names.emplace_back(pass.name());
   for (const Pass* member : pass.members()) CollectNames(*member, names);
 }
 

@@ -115,7 +115,8 @@ class Pipeline {
   const std::string& name() const { return name_; }
   Pipeline& Add(std::unique_ptr<Pass> pass);
 
-  // Every pass name in execution order, members of groups included (after their group).
+  // The pass names, each once, in order of first appearance; members of groups included
+  // (after their group). These are what disabled_passes may name.
   std::vector<std::string> PassNames() const;
 
   // Runs every pass on `module` (see the top of this file). The first error stops the run;

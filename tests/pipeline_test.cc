@@ -1,0 +1,268 @@
+#include "passes/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+
+#include "ir/file_util.h"
+#include "ir/text_format.h"
+#include "passes/cse.h"
+#include "passes/dce.h"
+#include "passes/default_pipeline.h"
+#include "tests/testing/filecheck.h"
+
+namespace kiln {
+namespace {
+
+// A pass made of a lambda, for pipelines that need a pass that misbehaves on purpose.
+class LambdaPass : public Pass {
+ public:
+  LambdaPass(std::string name, std::function<absl::StatusOr<bool>(Module&)> run)
+      : name_(std::move(name)), run_(std::move(run)) {}
+  absl::string_view name() const override { return name_; }
+  absl::StatusOr<bool> Run(Module& m) override { return run_(m); }
+
+ private:
+  std::string name_;
+  std::function<absl::StatusOr<bool>(Module&)> run_;
+};
+
+std::unique_ptr<Module> Parse(absl::string_view text) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(text);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : std::make_unique<Module>();
+}
+
+constexpr absl::string_view kRedundant = R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[4]
+  %a = exp(%x) : f32[4]
+  %b = exp(%x) : f32[4]
+  %one = constant() {value=1.0} : f32[4]
+  %c = mul(%b, %one) : f32[4]
+  %d = add(%a, %c) : f32[4]
+  %dead = neg(%d) : f32[4]
+  return %d
+})";
+
+CompileOptions TestOptions() {
+  CompileOptions o;
+  o.check_change_reporting = true;
+  return o;
+}
+
+std::string TempDir(absl::string_view name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("kiln_pipeline_test_", ::getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+const PassRecord* FindRecord(const PipelineReport& r, absl::string_view name) {
+  for (const PassRecord& p : r.passes) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+TEST(Pipeline, RunsPassesInOrderAndReportsEach) {
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  Pipeline p("test");
+  p.Add(std::make_unique<CsePass>()).Add(std::make_unique<DcePass>());
+  absl::StatusOr<PipelineReport> report = p.Run(*m, TestOptions());
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->passes.size(), 2u);
+  EXPECT_EQ(report->passes[0].name, "cse");
+  EXPECT_EQ(report->passes[0].outcome, PassRecord::Outcome::kChanged);
+  EXPECT_EQ(report->passes[0].nodes_before, 7);
+  EXPECT_EQ(report->passes[0].nodes_after, 6);
+  EXPECT_EQ(report->passes[1].name, "dce");
+  EXPECT_EQ(report->passes[1].nodes_after, 5);
+  const std::string table = report->ToString();
+  EXPECT_TRUE(testing::FileCheck(table, R"(
+    CHECK: pipeline test
+    CHECK: pass
+    CHECK-NEXT: cse {{.*}} changed {{.*}} 7 -> 6
+    CHECK-NEXT: dce {{.*}} changed {{.*}} 6 -> 5
+  )").ok()) << table;
+}
+
+TEST(Pipeline, VerifiesAfterAChangedPassAndNamesIt) {
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  Pipeline p;
+  p.Add(std::make_unique<LambdaPass>("break-types", [](Module& m) -> absl::StatusOr<bool> {
+    m.functions()[0]->FindNode("a")->set_type({DType::kF32, {5}});
+    return true;
+  }));
+  absl::StatusOr<PipelineReport> report = p.Run(*m, TestOptions());
+  ASSERT_FALSE(report.ok());
+  EXPECT_TRUE(absl::StartsWith(report.status().message(), "after break-types: ")) << report.status();
+  EXPECT_NE(report.status().message().find("%a"), std::string::npos) << report.status();
+
+  CompileOptions unchecked;
+  unchecked.verify_each = false;
+  EXPECT_TRUE(p.Run(*Parse(kRedundant), unchecked).ok());
+}
+
+TEST(Pipeline, CatchesAPassThatHidesItsChanges) {
+  Pipeline p;
+  p.Add(std::make_unique<LambdaPass>("lying-pass", [](Module& m) -> absl::StatusOr<bool> {
+    m.functions()[0]->FindNode("dead")->set_scope("moved");
+    return false;
+  }));
+  absl::StatusOr<PipelineReport> report = p.Run(*Parse(kRedundant), TestOptions());
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().message(), "lying-pass changed the module but reported no change");
+  EXPECT_TRUE(p.Run(*Parse(kRedundant), CompileOptions{}).ok());  // the check is opt-in
+}
+
+TEST(Pipeline, APassErrorNamesThePass) {
+  Pipeline p;
+  p.Add(std::make_unique<LambdaPass>("failing", [](Module&) -> absl::StatusOr<bool> {
+    return absl::InvalidArgumentError("no good");
+  }));
+  absl::StatusOr<PipelineReport> report = p.Run(*Parse(kRedundant), TestOptions());
+  EXPECT_EQ(report.status(), absl::InvalidArgumentError("failing: no good"));
+}
+
+TEST(Pipeline, DumpsNumberedFilesThatReparse) {
+  const std::string dir = TempDir("dumps");
+  CompileOptions o = TestOptions();
+  o.dump_dir = dir;
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  absl::StatusOr<PipelineReport> report = BuildDefaultPipeline(o).Run(*m, o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
+  // itself finishes, then the final dce.
+  const std::vector<std::string> expected = {
+      "000-input.kir",        "001-after-canonicalize.kir", "002-after-cse.kir",
+      "003-after-dce.kir",    "004-after-canonicalize.kir", "005-after-cse.kir",
+      "006-after-dce.kir",    "007-after-simplify.kir",     "008-after-dce.kir"};
+  EXPECT_EQ(files, expected);
+  for (const std::string& file : files) {
+    absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_TRUE(ParseModule(*text).ok()) << file;
+  }
+  EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
+  EXPECT_EQ(*ReadFileToString(dir + "/008-after-dce.kir"), PrintModule(*m));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Pipeline, DumpRegexSelectsPasses) {
+  const std::string dir = TempDir("regex");
+  CompileOptions o = TestOptions();
+  o.dump_dir = dir;
+  o.dump_regex = "^cse$";
+  ASSERT_TRUE(RunDefaultPipeline(*Parse(kRedundant), o).ok());
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"000-input.kir", "002-after-cse.kir", "005-after-cse.kir"}));
+  std::filesystem::remove_all(dir);
+
+  o.dump_regex = "(";
+  absl::StatusOr<PipelineReport> bad = RunDefaultPipeline(*Parse(kRedundant), o);
+  EXPECT_NE(bad.status().message().find("dump regex '(' is not a valid regular expression"), std::string::npos)
+      << bad.status();
+}
+
+TEST(Pipeline, DisabledPassesAreSkippedAndShown) {
+  CompileOptions o = TestOptions();
+  o.disabled_passes = {"cse"};
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  absl::StatusOr<PipelineReport> report = RunDefaultPipeline(*m, o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const PassRecord* cse = FindRecord(*report, "cse");
+  ASSERT_NE(cse, nullptr);
+  EXPECT_EQ(cse->outcome, PassRecord::Outcome::kDisabled);
+  // Without cse, both exps stay.
+  EXPECT_TRUE(testing::FileCheck(PrintModule(*m), "CHECK: %a = exp\nCHECK: %b = exp").ok()) << PrintModule(*m);
+  const std::string table = report->ToString();
+  EXPECT_TRUE(testing::FileCheck(table, "CHECK: {{^  cse .*disabled}}").ok()) << table;
+}
+
+TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
+  CompileOptions o = TestOptions();
+  o.disabled_passes = {"cse", "fusion"};
+  absl::StatusOr<PipelineReport> report = RunDefaultPipeline(*Parse(kRedundant), o);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().message(),
+            "cannot disable unknown pass 'fusion'; pipeline default has: simplify, canonicalize, cse, dce");
+}
+
+// A pass that always changes the module: appends one more unused constant.
+std::unique_ptr<Pass> NeverSettles() {
+  return std::make_unique<LambdaPass>("never-settles", [](Module& m) -> absl::StatusOr<bool> {
+    Function& f = *m.functions()[0];
+    f.AppendNode(Opcode::kConstant, {}, AttrMap{{"value", 1.0}}, {DType::kF32, {}});
+    return true;
+  });
+}
+
+std::vector<std::unique_ptr<Pass>> Group(std::unique_ptr<Pass> a, std::unique_ptr<Pass> b) {
+  std::vector<std::unique_ptr<Pass>> v;
+  v.push_back(std::move(a));
+  v.push_back(std::move(b));
+  return v;
+}
+
+TEST(Pipeline, FixpointStopsAtItsCapWithANoteOrAnError) {
+  Pipeline p;
+  p.Add(std::make_unique<FixpointPass>("loop", Group(NeverSettles(), std::make_unique<DcePass>())));
+  CompileOptions o = TestOptions();
+  o.fixpoint_max_rounds = 3;
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  absl::StatusOr<PipelineReport> report = p.Run(*m, o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->notes.size(), 1u);
+  EXPECT_EQ(report->notes[0], "loop still changed the module after 3 rounds (fixpoint_max_rounds); stopped there");
+  ASSERT_EQ(report->passes.size(), 7u);  // the group, then 2 members x 3 rounds
+  EXPECT_EQ(report->passes[0].name, "loop");
+  EXPECT_EQ(report->passes[5].round, 3);
+  EXPECT_EQ(report->passes[5].depth, 1);
+  EXPECT_NE(report->ToString().find("note: loop still changed"), std::string::npos);
+
+  o.fixpoint_cap_is_error = true;
+  report = p.Run(*Parse(kRedundant), o);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(report.status().message().find("loop still changed the module after 3 rounds"), std::string::npos);
+}
+
+TEST(Pipeline, FixpointEndsWithTheFirstRoundThatChangesNothing) {
+  Pipeline p;
+  p.Add(std::make_unique<FixpointPass>("simplify", Group(std::make_unique<CsePass>(), std::make_unique<DcePass>())));
+  absl::StatusOr<PipelineReport> report = p.Run(*Parse(kRedundant), TestOptions());
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->passes.size(), 5u);
+  EXPECT_EQ(report->passes[0].outcome, PassRecord::Outcome::kChanged);
+  EXPECT_EQ(report->passes[3].round, 2);
+  EXPECT_EQ(report->passes[3].outcome, PassRecord::Outcome::kUnchanged);
+  EXPECT_EQ(report->passes[4].outcome, PassRecord::Outcome::kUnchanged);
+
+  // Run standalone, outside a pipeline, it does the same work.
+  FixpointPass alone("simplify", Group(std::make_unique<CsePass>(), std::make_unique<DcePass>()));
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  EXPECT_TRUE(alone.Run(*m).value_or(false));
+  EXPECT_FALSE(alone.Run(*m).value_or(true));
+}
+
+TEST(Pipeline, DefaultPipelineSimplifies) {
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  ASSERT_TRUE(RunDefaultPipeline(*m, TestOptions()).ok());
+  const std::string out = PrintModule(*m);
+  EXPECT_TRUE(testing::FileCheck(out, R"(
+    CHECK:      %x = parameter()
+    CHECK-NEXT: %a = exp(%x)
+    CHECK-NEXT: %d = add(%a, %a)
+    CHECK-NEXT: return %d
+  )").ok()) << out;
+}
+
+}  // namespace
+}  // namespace kiln
