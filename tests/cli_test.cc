@@ -1,0 +1,177 @@
+// The kiln command line, run as a user runs it: exit codes, messages, and the round trips
+// and checks the README promises.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "ir/file_util.h"
+#include "tests/testing/run_command.h"
+
+namespace kiln {
+namespace {
+
+using ::kiln::testing::Kiln;
+using ::kiln::testing::RunCommand;
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("kiln_cli_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string Read(const std::string& name) const { return *ReadFileToString(Path(name)); }
+  void Write(const std::string& name, const std::string& contents) const {
+    ASSERT_TRUE(WriteFileAtomically(Path(name), contents).ok());
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, HelpAndUsageErrors) {
+  auto top = RunCommand(Kiln() + " --help");
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* command : {"models", "dump", "verify", "train", "eval"}) {
+    EXPECT_TRUE(absl::StrContains(top.output, command)) << top.output;
+    auto help = RunCommand(absl::StrCat(Kiln(), " ", command, " --help"));
+    EXPECT_EQ(help.exit_code, 0) << command;
+    EXPECT_TRUE(absl::StrContains(help.output, absl::StrCat("usage: kiln ", command))) << help.output;
+  }
+  auto unknown_command = RunCommand(Kiln() + " frobnicate");
+  EXPECT_EQ(unknown_command.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(unknown_command.output, "unknown command 'frobnicate'")) << unknown_command.output;
+  auto unknown_flag = RunCommand(Kiln() + " dump llama-tiny --bogus");
+  EXPECT_EQ(unknown_flag.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(unknown_flag.output, "unknown flag --bogus")) << unknown_flag.output;
+  auto missing_value = RunCommand(Kiln() + " dump llama-tiny --format");
+  EXPECT_EQ(missing_value.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(missing_value.output, "--format needs a value")) << missing_value.output;
+  auto missing_file = RunCommand(Kiln() + " verify " + Path("nope.kir"));
+  EXPECT_EQ(missing_file.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(missing_file.output, "no such file")) << missing_file.output;
+  auto bad_model = RunCommand(Kiln() + " dump llama-XL");
+  EXPECT_EQ(bad_model.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad_model.output, "unknown model 'llama-XL'")) << bad_model.output;
+}
+
+TEST_F(CliTest, ModelsListsPresetsWithParameterCounts) {
+  auto r = RunCommand(Kiln() + " models");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "llama-tiny")) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "125.3M")) << r.output;  // llama-S, as DESIGN.md counts
+  EXPECT_TRUE(absl::StrContains(r.output, "820.6M")) << r.output;  // llama-M
+}
+
+// DESIGN.md's llama-S through text, binary protobuf and JSON and back, byte for byte.
+TEST_F(CliTest, DumpRoundTripsLlamaSThroughEveryFormat) {
+  ASSERT_EQ(RunCommand(Kiln() + " dump llama-S -o " + Path("s.kir")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump " + Path("s.kir") + " --format proto -o " + Path("s.pb")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump " + Path("s.pb") + " --format json -o " + Path("s.json")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump " + Path("s.json") + " --format text -o " + Path("s2.kir")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump " + Path("s2.kir") + " --format proto -o " + Path("s2.pb")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump " + Path("s2.pb") + " --format json -o " + Path("s2.json")).exit_code, 0);
+  EXPECT_EQ(Read("s.kir"), Read("s2.kir"));
+  EXPECT_EQ(Read("s.pb"), Read("s2.pb"));
+  EXPECT_EQ(Read("s.json"), Read("s2.json"));
+  EXPECT_GT(Read("s.kir").size(), 10000u);
+  for (const char* f : {"s.kir", "s.pb", "s.json"}) {
+    auto v = RunCommand(Kiln() + " verify " + Path(f));
+    EXPECT_EQ(v.exit_code, 0) << v.output;
+    EXPECT_TRUE(absl::StrContains(v.output, "ok: module @llama-S")) << v.output;
+  }
+  auto dot = RunCommand(Kiln() + " dump llama-tiny --format dot");
+  EXPECT_EQ(dot.exit_code, 0);
+  EXPECT_TRUE(absl::StartsWith(dot.output, "digraph")) << dot.output.substr(0, 200);
+}
+
+TEST_F(CliTest, VerifyRejectsBrokenFilesWithPositionAndReason) {
+  ASSERT_EQ(RunCommand(Kiln() + " dump llama-tiny -o " + Path("t.kir")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump llama-tiny --format proto -o " + Path("t.pb")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " dump llama-tiny --format json -o " + Path("t.json")).exit_code, 0);
+  std::string text = Read("t.kir"), pb = Read("t.pb"), json = Read("t.json");
+
+  struct Case {
+    std::string name, contents, expect;
+  };
+  std::string garbled = text;
+  garbled.replace(garbled.find("rms_norm("), 9, "rms_nrom(");
+  std::string inconsistent = text;
+  inconsistent.replace(inconsistent.find(": f32[8,64,128] @embed"), 22, ": f32[8,64,129] @embed");
+  std::string bad_json = json;
+  bad_json.replace(bad_json.find("\"gather\""), 8, "\"gathr\"");
+  std::vector<Case> cases = {
+      {"truncated.kir", text.substr(0, text.size() / 2), "truncated.kir (text): "},
+      {"garbled.kir", garbled, "unknown op 'rms_nrom'"},
+      {"inconsistent.kir", inconsistent, "written type f32[8,64,129]"},
+      {"truncated.pb", pb.substr(0, pb.size() / 2), "protobuf"},
+      {"truncated.json", json.substr(0, json.size() / 2), "JSON"},
+      {"garbled.json", bad_json, "gathr"},
+  };
+  for (const Case& c : cases) {
+    Write(c.name, c.contents);
+    auto r = RunCommand(Kiln() + " verify " + Path(c.name));
+    EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.output;
+    EXPECT_EQ(r.signal, 0) << c.name;
+    EXPECT_TRUE(absl::StrContains(r.output, c.expect)) << c.name << ": " << r.output;
+  }
+  // Text errors carry line:column.
+  auto r = RunCommand(Kiln() + " verify " + Path("garbled.kir"));
+  EXPECT_TRUE(absl::StrContains(r.output, "garbled.kir (text): ")) << r.output;
+  std::string after = r.output.substr(r.output.find("(text): ") + 8);
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(after[0])) && absl::StrContains(after.substr(0, 12), ":"))
+      << r.output;
+}
+
+// The README's promise: 10 steps + save + resume to 20 ends exactly where 20 straight steps
+// do (here at a smaller size, for speed): the final checkpoints are byte-identical.
+TEST_F(CliTest, TrainResumeMatchesAnUninterruptedRun) {
+  const std::string common = Kiln() + " train llama-tiny --backend cpu --batch 2 --seq 16";
+  auto straight = RunCommand(common + " --steps 4 --save " + Path("straight.st"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  EXPECT_TRUE(absl::StrContains(straight.output, "step 4/4  loss ")) << straight.output;
+  auto first = RunCommand(common + " --steps 2 --lr-decay-steps 4 --save " + Path("half.st"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto resumed = RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 4 --resume " + Path("half.st") +
+                            " --save " + Path("resumed.st"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_FALSE(absl::StrContains(resumed.output, "step 2/4")) << resumed.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, "step 3/4")) << resumed.output;
+  EXPECT_EQ(Read("straight.st"), Read("resumed.st"));
+  // Same seed, same log.
+  auto again = RunCommand(common + " --steps 4 --save " + Path("again.st"));
+  auto losses = [](const std::string& out) {
+    std::string lines;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      if (absl::StartsWith(line, "step ")) absl::StrAppend(&lines, line.substr(0, line.find("  tok/s")), "\n");
+    }
+    return lines;
+  };
+  EXPECT_EQ(losses(straight.output), losses(again.output));
+
+  auto eval = RunCommand(Kiln() + " eval llama-tiny --seq 16 --batch 2 --weights " + Path("straight.st") +
+                         " --data " + KILN_SOURCE_DIR + "/runtime/data/README.md");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(absl::StrContains(eval.output, "\nloss ")) << eval.output;
+}
+
+TEST_F(CliTest, BadCheckpointsAreClearErrorsAndStayUntouched) {
+  Write("junk.st", "this is not a safetensors file at all");
+  auto r = RunCommand(Kiln() + " train llama-tiny --steps 2 --resume " + Path("junk.st"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.output, "junk.st")) << r.output;
+  EXPECT_EQ(Read("junk.st"), "this is not a safetensors file at all");
+  auto cuda = RunCommand(Kiln() + " train llama-tiny --backend cuda --steps 1");
+  EXPECT_EQ(cuda.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(cuda.output, "no CUDA backend")) << cuda.output;
+  auto no_data = RunCommand(Kiln() + " train llama-tiny --steps 1 --data " + Path("missing.txt"));
+  EXPECT_EQ(no_data.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(no_data.output, "missing.txt")) << no_data.output;
+}
+
+}  // namespace
+}  // namespace kiln
