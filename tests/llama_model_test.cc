@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontends/llama.h"
 #include "ir/verifier.h"
+#include "runtime/reference_backend.h"
 
 namespace kiln {
 namespace {
@@ -322,6 +324,124 @@ TEST(LlamaModel, ScopesGroupNodesByLayer) {
     for (const Node* n : OfOp(NodesIn(Forward(*m), layer), Opcode::kAdd)) residual_adds += n->scope() == layer;
     EXPECT_EQ(residual_adds, 2u) << layer;
   }
+}
+
+// --- numbers, on the CPU reference backend ----------------------------------------------
+
+// Token ids below the vocabulary; small projections so activations stay moderate; norm
+// weights around 1.
+std::vector<HostTensor> RandomArgs(const Function& f, int64_t vocab, uint64_t seed) {
+  std::vector<HostTensor> args;
+  for (const Node* p : f.parameters()) {
+    const TensorType& t = p->type();
+    if (t.dtype == DType::kI32) {
+      args.push_back(HostTensor::Random(t, seed++, 0, static_cast<double>(vocab)));
+    } else if (t.rank() == 1) {
+      args.push_back(HostTensor::Random(t, seed++, 0.5, 1.5));
+    } else {
+      args.push_back(HostTensor::Random(t, seed++, -0.1, 0.1));
+    }
+  }
+  return args;
+}
+
+std::vector<HostTensor> Evaluate(const Module& m, const std::vector<HostTensor>& args) {
+  absl::StatusOr<std::vector<HostTensor>> out = EvaluateFunction(Forward(m), args);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : std::vector<HostTensor>{};
+}
+
+constexpr int64_t kSeq = 8;
+
+ModelConfig TinyAt(int64_t n_kv_heads) {
+  ModelConfig c = *PresetConfig("llama-tiny");
+  c.n_kv_heads = n_kv_heads;
+  return c;
+}
+
+TEST(LlamaNumerics, LaterTokensNeverChangeEarlierLogits) {
+  const ModelConfig c = TinyAt(2);
+  std::unique_ptr<Module> m =
+      Build(c, {.batch = 1, .seq_len = kSeq, .precision = Precision::kFp32, .return_logits = true});
+  std::vector<HostTensor> args = RandomArgs(Forward(*m), c.vocab_size, 1);
+  std::vector<HostTensor> before = Evaluate(*m, args);
+  double& last_token = args[0].mutable_values()[kSeq - 1];
+  last_token = std::fmod(last_token + 1, static_cast<double>(c.vocab_size));
+  std::vector<HostTensor> after = Evaluate(*m, args);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(after.size(), 2u);
+  const std::vector<double>& x = before[1].values();
+  const std::vector<double>& y = after[1].values();
+  const int64_t v = c.vocab_size;
+  // The mask zeroes later keys exactly (exp(-inf) = 0), so earlier rows are bit-identical.
+  EXPECT_TRUE(std::equal(x.begin(), x.begin() + (kSeq - 1) * v, y.begin())) << "a query saw a later key";
+  EXPECT_FALSE(std::equal(x.begin() + (kSeq - 1) * v, x.end(), y.begin() + (kSeq - 1) * v))
+      << "the last position must see its own token";
+}
+
+TEST(LlamaNumerics, LossIsTheMeanCrossEntropyOfTheLogits) {
+  const ModelConfig c = TinyAt(2);
+  std::unique_ptr<Module> m =
+      Build(c, {.batch = 2, .seq_len = kSeq, .precision = Precision::kFp32, .return_logits = true});
+  std::vector<HostTensor> args = RandomArgs(Forward(*m), c.vocab_size, 7);
+  std::vector<HostTensor> out = Evaluate(*m, args);
+  ASSERT_EQ(out.size(), 2u);
+  const std::vector<double>& logits = out[1].values();
+  const std::vector<double>& targets = args[1].values();
+  double expected = 0;
+  for (size_t row = 0; row < targets.size(); ++row) {
+    const double* z = &logits[row * c.vocab_size];
+    const double top = *std::max_element(z, z + c.vocab_size);
+    double sum = 0;
+    for (int64_t i = 0; i < c.vocab_size; ++i) sum += std::exp(z[i] - top);
+    expected += top + std::log(sum) - z[static_cast<int64_t>(targets[row])];
+  }
+  expected /= static_cast<double>(targets.size());
+  EXPECT_NEAR(out[0][0], expected, 1e-5 * std::abs(expected));
+}
+
+// Grouped-query attention equals multi-head attention whose key/value heads are copies:
+// query head h reads kv head h / G.
+TEST(LlamaNumerics, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKvHeads) {
+  const ModelConfig gqa = TinyAt(2), mha = TinyAt(4);
+  const LlamaBuildOptions options{.batch = 1, .seq_len = kSeq, .precision = Precision::kFp32, .return_logits = true};
+  std::unique_ptr<Module> gqa_module = Build(gqa, options);
+  std::unique_ptr<Module> mha_module = Build(mha, options);
+  std::vector<HostTensor> gqa_args = RandomArgs(Forward(*gqa_module), gqa.vocab_size, 3);
+  std::vector<HostTensor> mha_args;
+  const std::vector<Node*> mha_params = Forward(*mha_module).parameters();
+  const int64_t groups = mha.n_heads / gqa.n_kv_heads, rows = gqa.head_dim * gqa.d_model;
+  for (size_t i = 0; i < mha_params.size(); ++i) {
+    const std::string& name = mha_params[i]->name();
+    if (!absl::EndsWith(name, "k_proj.weight") && !absl::EndsWith(name, "v_proj.weight")) {
+      mha_args.push_back(gqa_args[i]);
+      continue;
+    }
+    std::vector<double> repeated;
+    for (int64_t head = 0; head < mha.n_heads; ++head) {
+      auto kv_head = gqa_args[i].values().begin() + (head / groups) * rows;
+      repeated.insert(repeated.end(), kv_head, kv_head + rows);
+    }
+    mha_args.push_back(HostTensor::FromValues(mha_params[i]->type(), std::move(repeated)));
+  }
+  std::vector<HostTensor> a = Evaluate(*gqa_module, gqa_args);
+  std::vector<HostTensor> b = Evaluate(*mha_module, mha_args);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (int64_t i = 0; i < a[1].num_elements(); ++i) {
+    ASSERT_NEAR(a[1][i], b[1][i], 1e-6 * (1 + std::abs(b[1][i]))) << "logit " << i;
+  }
+}
+
+TEST(LlamaNumerics, Bf16LossStaysCloseToFp32) {
+  const ModelConfig c = TinyAt(2);
+  std::unique_ptr<Module> fp32 = Build(c, {.batch = 2, .seq_len = kSeq, .precision = Precision::kFp32});
+  std::unique_ptr<Module> bf16 = Build(c, {.batch = 2, .seq_len = kSeq, .precision = Precision::kBf16});
+  std::vector<HostTensor> args = RandomArgs(Forward(*fp32), c.vocab_size, 11);
+  const double exact = Evaluate(*fp32, args)[0][0];
+  const double rounded = Evaluate(*bf16, args)[0][0];
+  EXPECT_NE(exact, rounded) << "bf16 rounding must actually happen";
+  EXPECT_NEAR(rounded, exact, 0.01 * std::abs(exact));
 }
 
 TEST(LlamaModel, RejectsBadConfigsAndOptions) {
