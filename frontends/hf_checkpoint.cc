@@ -138,14 +138,15 @@ absl::StatusOr<HuggingFaceModel> LoadHuggingFaceModel(const std::string& folder)
           folder, ": missing weight '", spec.name, "' of shape ", DimsToString(spec.shape),
           untied_head ? " (config.json does not set tie_word_embeddings, so the model needs its own LM head)" : ""));
     }
-    const HostTensor& t = it->second.tensor;
+    HostTensor& t = it->second.tensor;
     if (t.type().dims != spec.shape || !IsFloat(t.type().dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(it->second.file, ": weight '", spec.name, "' is ",
                                                      t.type().ToString(), ", expected a float tensor of shape ",
                                                      DimsToString(spec.shape), " (from ", config_path, ")"));
     }
     // Every kiln float value is exact in f32, so this only relabels the dtype.
-    model.weights.push_back(HostTensor::FromValues(TensorType{DType::kF32, spec.shape}, t.values()));
+    model.weights.push_back(
+        HostTensor::FromValues(TensorType{DType::kF32, spec.shape}, std::move(t.mutable_values())));
     found.erase(it);
   }
 
@@ -193,7 +194,8 @@ absl::Status ExportHuggingFaceModel(const std::string& folder, const ModelConfig
                                                      ", expected a float tensor of shape ",
                                                      DimsToString(specs[i].shape)));
     }
-    st.tensors.push_back({specs[i].name, HostTensor::FromValues(TensorType{dtype, specs[i].shape}, weights[i].values())});
+    st.tensors.push_back(
+        {specs[i].name, HostTensor::FromValues(TensorType{dtype, specs[i].shape}, weights[i].values())});
   }
 
   std::error_code error;

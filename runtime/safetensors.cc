@@ -193,7 +193,9 @@ class HeaderReader {
     }
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
-    if (e.begin > e.end) return TensorError(name, absl::StrCat("data_offsets ", offsets.dump(), " end before they begin"));
+    if (e.begin > e.end) {
+      return TensorError(name, absl::StrCat("data_offsets ", offsets.dump(), " end before they begin"));
+    }
     if (e.end > data_bytes_) {
       return TensorError(name, absl::StrCat("data_offsets ", offsets.dump(), " run past the end of the data (",
                                             data_bytes_, " bytes): truncated file?"));
@@ -333,8 +335,9 @@ absl::StatusOr<Safetensors> DecodeSafetensors(absl::string_view bytes, absl::str
     }
   }
   // File order is data order; the stable sort keeps header order among empty tensors.
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
   RETURN_IF_ERROR(reader.CheckLayout(entries));
 
   for (const Entry& e : entries) {
@@ -346,7 +349,9 @@ absl::StatusOr<Safetensors> DecodeSafetensors(absl::string_view bytes, absl::str
 
 absl::Status WriteSafetensorsFile(const std::string& path, const Safetensors& st) {
   absl::StatusOr<std::string> bytes = EncodeSafetensors(st);
-  if (!bytes.ok()) return absl::Status(bytes.status().code(), absl::StrCat("cannot write ", path, ": ", bytes.status().message()));
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(), absl::StrCat("cannot write ", path, ": ", bytes.status().message()));
+  }
   return WriteFileAtomically(path, *bytes);
 }
 
