@@ -12,15 +12,16 @@ struct FloatFormat {
   int mantissa_bits;   // explicit fraction bits
   int exponent_bits;
   int min_exponent;    // exponent of the smallest normal, 2^min_exponent
+  double min_normal;   // 2^min_exponent
   double max_finite;
   bool saturate;       // overflow and ±inf go to ±max_finite instead of ±inf
   bool nan_is_all_ones;  // E4M3FN: S.1111.111 is NaN and there is no inf
 };
 
-constexpr FloatFormat kBF16 = {7, 8, -126, 0x1.fep127, false, false};
-constexpr FloatFormat kF16 = {10, 5, -14, 65504.0, false, false};
-constexpr FloatFormat kE4M3 = {3, 4, -6, 448.0, true, true};
-constexpr FloatFormat kE5M2 = {2, 5, -14, 57344.0, true, false};
+constexpr FloatFormat kBF16 = {7, 8, -126, 0x1p-126, 0x1.fep127, false, false};
+constexpr FloatFormat kF16 = {10, 5, -14, 0x1p-14, 65504.0, false, false};
+constexpr FloatFormat kE4M3 = {3, 4, -6, 0x1p-6, 448.0, true, true};
+constexpr FloatFormat kE5M2 = {2, 5, -14, 0x1p-14, 57344.0, true, false};
 
 // Round to nearest even from a double, with one rounding.
 double RoundToFormat(double v, const FloatFormat& f) {
@@ -29,7 +30,7 @@ double RoundToFormat(double v, const FloatFormat& f) {
   const double a = std::fabs(v);
   if (a == 0) return v;  // keeps -0.0
   double r;
-  if (a >= std::ldexp(1.0, f.min_exponent)) {
+  if (a >= f.min_normal) {
     // Normal in the target: drop the low fraction bits of the double with RNE. A carry
     // out of the fraction correctly bumps the exponent.
     const int drop = 52 - f.mantissa_bits;

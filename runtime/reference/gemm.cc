@@ -12,6 +12,7 @@ namespace {
 // Micro-tile: kMr rows of A times kNr columns of B, held in 12 AVX2 registers.
 constexpr int kMr = 6;
 constexpr int kNr = 8;
+constexpr int kMaxPanelWidth = kMr > kNr ? kMr : kNr;
 // Blocking: a kKBlock x kNBlock slice of packed B (512 KiB) stays in L2 while the
 // micro-kernel sweeps kMGroup panels of A (12 KiB each) over it.
 constexpr int64_t kKBlock = 256;
@@ -98,9 +99,12 @@ std::vector<double> Pack(const GemmOperand& x, bool rows_are_cols, int width, Th
       const int64_t first_row = (bp % panels) * width;
       const int live = static_cast<int>(std::min<int64_t>(width, num_rows - first_row));
       double* dst = packed.data() + bp * k * width;
-      for (int r = 0; r < live; ++r) {
-        const double* src = x.data + x.batch_offsets[b] + rows[first_row + r];
-        for (int64_t p = 0; p < k; ++p) dst[p * width + r] = src[depth[p]];
+      const double* row_start[kMaxPanelWidth];
+      for (int r = 0; r < live; ++r) row_start[r] = x.data + x.batch_offsets[b] + rows[first_row + r];
+      // Depth outer, panel rows inner: for B the panel rows are neighbouring columns, so
+      // each depth step reads one contiguous run instead of striding down K.
+      for (int64_t p = 0; p < k; ++p) {
+        for (int r = 0; r < live; ++r) dst[p * width + r] = row_start[r][depth[p]];
       }
     }
   });
