@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "frontends/llama.h"
+#include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "runtime/reference_backend.h"
 
@@ -442,6 +443,16 @@ TEST(LlamaNumerics, Bf16LossStaysCloseToFp32) {
   const double rounded = Evaluate(*bf16, args)[0][0];
   EXPECT_NE(exact, rounded) << "bf16 rounding must actually happen";
   EXPECT_NEAR(rounded, exact, 0.01 * std::abs(exact));
+}
+
+TEST(LlamaModel, PrintedIrParsesBackToTheSameText) {
+  for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+    std::unique_ptr<Module> m = BuildPreset("llama-tiny", p);
+    const std::string text = PrintModule(*m);
+    absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(PrintModule(**parsed), text);
+  }
 }
 
 TEST(LlamaModel, RejectsBadConfigsAndOptions) {
