@@ -305,5 +305,49 @@ TEST(AutodiffLlamaTest, TinyLossGradientMatchesFiniteDifferences) {
   });
 }
 
+// Autocast: the bf16 build's gradients (bf16 GEMM operands, f32 accumulation) stay within
+// bf16 rounding of the fp32 build's, weight by weight. A gradient that went through bf16
+// twice, or lost its accumulation precision, would still pass; one routed wrongly would not.
+TEST(AutodiffLlamaTest, Bf16AutocastGradientsTrackFp32) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("llama-tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<std::vector<HostTensor>> grads_by_precision;
+  std::vector<HostTensor> args;
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    absl::StatusOr<std::unique_ptr<Module>> m =
+        BuildLlamaModule(*config, {.batch = 2, .seq_len = 8, .precision = precision});
+    ASSERT_TRUE(m.ok()) << m.status();
+    const Function& forward = *(*m)->FindFunction("forward");
+    const std::vector<Node*> params = forward.parameters();
+    std::vector<int64_t> weights;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (IsFloat(params[i]->type().dtype)) weights.push_back(static_cast<int64_t>(i));
+      if (precision != Precision::kFp32) continue;
+      const double hi = IsFloat(params[i]->type().dtype) ? 0.5 : static_cast<double>(config->vocab_size);
+      args.push_back(RandomArgument({params[i]->type(), IsFloat(params[i]->type().dtype) ? -0.5 : 0, hi}, 2000 + i));
+    }
+    absl::StatusOr<Function*> grad_fn = BuildGradientFunction(**m, forward, 0, weights, "gradient");
+    ASSERT_TRUE(grad_fn.ok()) << grad_fn.status();
+    ASSERT_TRUE(VerifyModule(**m).ok()) << VerifyModule(**m);
+    absl::StatusOr<std::vector<HostTensor>> grads = EvaluateFunction(**grad_fn, args);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    grads_by_precision.push_back(*std::move(grads));
+  }
+  const std::vector<HostTensor>& fp32 = grads_by_precision[0];
+  const std::vector<HostTensor>& bf16 = grads_by_precision[1];
+  ASSERT_EQ(fp32.size(), bf16.size());
+  for (size_t k = 1; k < fp32.size(); ++k) {
+    ASSERT_EQ(fp32[k].type(), bf16[k].type()) << "gradient " << k;
+    double diff2 = 0, norm2 = 0;
+    for (int64_t i = 0; i < fp32[k].num_elements(); ++i) {
+      diff2 += (fp32[k][i] - bf16[k][i]) * (fp32[k][i] - bf16[k][i]);
+      norm2 += fp32[k][i] * fp32[k][i];
+    }
+    // bf16 keeps 8 significant bits (relative rounding 2^-9 per operand).
+    EXPECT_LT(std::sqrt(diff2), 0.05 * std::sqrt(norm2)) << "gradient " << k;
+    EXPECT_GT(norm2, 0) << "gradient " << k;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
