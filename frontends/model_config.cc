@@ -203,10 +203,16 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  ASSIGN_OR_RETURN(ModelConfig c, ConfigFromHuggingFaceJson(text.str(), file.string()));
+  c.name = NameFromFolder(file);
+  return c;
+}
 
+absl::StatusOr<ModelConfig> ConfigFromHuggingFaceJson(absl::string_view text, const std::string& source) {
+  const std::filesystem::path file = source;
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text.str());
+    json = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.string(), ": malformed JSON at byte ", e.byte, ": ", e.what()));
@@ -219,7 +225,7 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
   ConfigFields fields(json, file.string());
   RETURN_IF_ERROR(CheckIsPlainLlama(fields, json));
   ModelConfig c;
-  c.name = NameFromFolder(file);
+  c.name = "hf-llama";
   ASSIGN_OR_RETURN(c.d_model, fields.Int("hidden_size"));
   ASSIGN_OR_RETURN(c.d_ff, fields.Int("intermediate_size"));
   ASSIGN_OR_RETURN(c.n_layers, fields.Int("num_hidden_layers"));
@@ -237,6 +243,20 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
   }
   ASSIGN_OR_RETURN(c.rms_eps, fields.Number("rms_norm_eps", kHfRmsEps));
   ASSIGN_OR_RETURN(c.rope_theta, fields.Number("rope_theta", kHfRopeTheta));
+  // transformers >= 5 writes {"rope_parameters": {"rope_type": "default", "rope_theta": X}}.
+  if (fields.Has("rope_parameters")) {
+    const nlohmann::json& rope = json["rope_parameters"];
+    if (!rope.is_object()) return fields.Error("field \"rope_parameters\" must be an object");
+    ConfigFields rope_fields(rope, absl::StrCat(file.string(), ": rope_parameters"));
+    if (rope_fields.Has("rope_type")) {
+      ASSIGN_OR_RETURN(std::string type, rope_fields.String("rope_type"));
+      if (type != "default") {
+        return fields.Error(absl::StrCat("rope_parameters.rope_type \"", type,
+                                         "\" is not supported (kiln implements plain RoPE)"));
+      }
+    }
+    ASSIGN_OR_RETURN(c.rope_theta, rope_fields.Number("rope_theta", c.rope_theta));
+  }
   ASSIGN_OR_RETURN(c.tie_embeddings, fields.Bool("tie_word_embeddings", false));
   ASSIGN_OR_RETURN(int64_t max_positions, fields.Int("max_position_embeddings", kHfMaxPositions));
   c.seq_len = std::min(max_positions, kMaxDefaultSeqLen);

@@ -38,6 +38,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
 // A Hugging Face Llama config.json, or a folder holding one.
 absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path);
+// The same from config.json text; `source` names it in errors. The name is "hf-llama".
+absl::StatusOr<ModelConfig> ConfigFromHuggingFaceJson(absl::string_view text, const std::string& source);
 
 // MODEL on the command line: a preset name, an HF config.json, or a folder holding one.
 absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model);

@@ -1,9 +1,5 @@
 #include "frontends/training_checkpoint.h"
 
-#include <filesystem>
-#include <fstream>
-
-#include <unistd.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -64,20 +60,10 @@ absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& pat
   if (!absl::SimpleAtoi(step, &ckpt.state.step) || ckpt.state.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": bad step count '", step, "' in its metadata"));
   }
-  // The config travels as HF config.json text; parse it through the same reader.
+  // The config travels as HF config.json text, read by the same reader as config.json files.
   ASSIGN_OR_RETURN(std::string config_json, meta(kConfigKey));
-  std::string tmp_dir = (std::filesystem::temp_directory_path() /
-                         absl::StrCat("kiln-ckpt-config-", ::getpid()))
-                            .string();
-  std::filesystem::create_directories(tmp_dir);
-  std::string tmp_config = tmp_dir + "/config.json";
-  RETURN_IF_ERROR(WriteFileAtomically(tmp_config, config_json));
-  absl::StatusOr<ModelConfig> config = ConfigFromHuggingFace(tmp_config);
-  std::error_code ec;
-  std::filesystem::remove_all(tmp_dir, ec);
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": the config in its metadata: ", config.status().message()));
-  }
+  absl::StatusOr<ModelConfig> config = ConfigFromHuggingFaceJson(config_json, absl::StrCat(path, " metadata"));
+  if (!config.ok()) return config.status();
   ckpt.config = *config;
   for (const auto& [k, v] : st.metadata) {
     if (absl::StartsWith(k, kSettingPrefix)) ckpt.settings[k.substr(kSettingPrefix.size())] = v;
