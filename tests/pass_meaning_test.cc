@@ -6,6 +6,7 @@
 // the reference backend runs, so no value is computed in a different order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "frontends/llama.h"
@@ -74,6 +75,24 @@ TEST(RandomGraphs, AreVerifiableDeterministicAndReachEveryOp) {
   }
   EXPECT_EQ(PrintModule(**testing::BuildRandomGraph(7)), PrintModule(**testing::BuildRandomGraph(7)));
   EXPECT_NE(PrintModule(**testing::BuildRandomGraph(7)), PrintModule(**testing::BuildRandomGraph(8)));
+}
+
+// Equal outputs prove little if they are all NaN: the random graphs must compute mostly
+// finite values on the check's inputs.
+TEST(RandomGraphs, ComputeMostlyFiniteValues) {
+  int64_t finite = 0, total = 0;
+  for (int seed = 0; seed < kNumRandomGraphs; ++seed) {
+    std::unique_ptr<Module> m = *testing::BuildRandomGraph(seed);
+    const Function& f = *m->functions()[0];
+    DifferentialCheckOptions check{.seed = static_cast<uint64_t>(seed)};
+    absl::StatusOr<std::vector<HostTensor>> outputs = EvaluateFunction(f, RandomInputs(f, check));
+    ASSERT_TRUE(outputs.ok()) << "seed " << seed << ": " << outputs.status();
+    for (const HostTensor& t : *outputs) {
+      for (double v : t.values()) finite += std::isfinite(v);
+      total += t.num_elements();
+    }
+  }
+  EXPECT_GT(finite, total * 8 / 10) << finite << " of " << total << " output elements are finite";
 }
 
 TEST(PassMeaning, RandomGraphs) {

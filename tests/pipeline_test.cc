@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "absl/strings/match.h"
 #include "ir/file_util.h"
 #include "ir/text_format.h"
 #include "passes/cse.h"
