@@ -19,6 +19,8 @@ std::vector<std::unique_ptr<Pass>> Passes(std::unique_ptr<P>... passes) {
 
 }  // namespace
 
+// `options` is unused until a step depends on it (the precision policy for narrowing, the
+// target for fusion); the signature is the one those steps will need.
 Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   Pipeline p("default");
   // Simplify until nothing changes: folding and identities expose duplicates, merging
