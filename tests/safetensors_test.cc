@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "ir/file_util.h"
@@ -145,6 +146,54 @@ TEST(SafetensorsTest, ReadsE5M2InfinityAsSaturatedAndF64AsF32) {
   EXPECT_EQ(st->tensors[1].tensor.values(), (std::vector<double>{static_cast<float>(0.1), -kInf}));
 }
 
+// Written by Python's safetensors 0.8.0 from torch 2.11 tensors: save_file({...},
+// metadata={"format": "pt"}). Its writer orders data by dtype size, then name.
+TEST(SafetensorsTest, ReadsFileWrittenByThePythonLibrary) {
+  const std::string header = absl::StrCat(
+      R"({"__metadata__":{"format":"pt"},"i64":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)",
+      R"("f64":{"dtype":"F64","shape":[1],"data_offsets":[16,24]},)",
+      R"("empty":{"dtype":"F32","shape":[0,3],"data_offsets":[24,24]},)",
+      R"("f32":{"dtype":"F32","shape":[4],"data_offsets":[24,40]},)",
+      R"("scalar":{"dtype":"F32","shape":[],"data_offsets":[40,44]},)",
+      R"("i32":{"dtype":"I32","shape":[2],"data_offsets":[44,52]},)",
+      R"("bf16":{"dtype":"BF16","shape":[2],"data_offsets":[52,56]},)",
+      R"("f16":{"dtype":"F16","shape":[2],"data_offsets":[56,60]},)",
+      R"("e4m3":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[60,62]},)",
+      R"("e5m2":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[62,64]},)",
+      R"("b":{"dtype":"BOOL","shape":[2],"data_offsets":[64,66]}}     )");
+  ASSERT_EQ(header.size(), 680u);
+  const std::string data(
+      "\xFF\xFF\xFF\xFF\xFF\xFF\xFF\xFF\x00\x00\x00\x00\x00\x01\x00\x00"  // i64
+      "\x9A\x99\x99\x99\x99\x99\xB9\x3F"                                  // f64
+      "\x00\x00\x80\x3F\x00\x00\x00\x80\x00\x00\x80\x7F\xC2\x09\x00\x00"  // f32
+      "\x00\x00\x00\x40"                                                  // scalar
+      "\xF9\xFF\xFF\xFF\xFF\xFF\xFF\x7F"                                  // i32
+      "\xC0\x3F\x00\xC0\xFF\x7B\x01\x00"                                  // bf16, f16
+      "\x7E\x88\x7B\x3E\x01\x00",                                         // e4m3, e5m2, bool
+      66);
+  absl::StatusOr<Safetensors> st = DecodeSafetensors(RawFile(header, data), "python.safetensors");
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+
+  const std::vector<std::pair<std::string, HostTensor>> expected = {
+      {"i64", HostTensor::FromValues(TensorType{DType::kI64, {2}}, {-1.0, 1099511627776.0})},
+      {"f64", HostTensor::FromValues(TensorType{DType::kF32, {1}}, {0.1})},
+      {"empty", HostTensor(TensorType{DType::kF32, {0, 3}})},
+      {"f32", HostTensor::FromValues(TensorType{DType::kF32, {4}}, {1.0, -0.0, kInf, 3.5e-42})},
+      {"scalar", HostTensor::FromValues(TensorType{DType::kF32, {}}, {2.0})},
+      {"i32", HostTensor::FromValues(TensorType{DType::kI32, {2}}, {-7.0, 2147483647.0})},
+      {"bf16", HostTensor::FromValues(TensorType{DType::kBF16, {2}}, {1.5, -2.0})},
+      {"f16", HostTensor::FromValues(TensorType{DType::kF16, {2}}, {65504.0, 0x1p-24})},
+      {"e4m3", HostTensor::FromValues(TensorType{DType::kF8E4M3, {2}}, {448.0, -0.015625})},
+      {"e5m2", HostTensor::FromValues(TensorType{DType::kF8E5M2, {2}}, {57344.0, 1.5})},
+      {"b", HostTensor::FromValues(TensorType{DType::kPred, {2}}, {1.0, 0.0})},
+  };
+  Safetensors want;
+  want.metadata = st->metadata;
+  for (const auto& [name, tensor] : expected) want.tensors.push_back({name, tensor});
+  ExpectSameTensors(want, *st);
+}
+
 TEST(SafetensorsTest, MetadataRoundTrips) {
   Safetensors st;
   st.metadata = {{"format", "pt"}, {"note", "quotes \" and\nnewlines, ünïcode"}, {"empty", ""}};
@@ -276,6 +325,27 @@ TEST(SafetensorsTest, CorruptFilesAreRejectedAndLeftUntouched) {
     ASSERT_FALSE(read.ok());
     EXPECT_NE(read.status().message().find(path), std::string::npos) << read.status();
     EXPECT_EQ(ReadFileToString(path).value(), c.bytes);
+  }
+}
+
+// Every proper prefix of a valid file is an error, and random byte corruptions decode to
+// an error or to some tensors, never to a crash (run under a sanitizer to see more).
+TEST(SafetensorsTest, SurvivesTruncationAndByteCorruption) {
+  Safetensors st;
+  st.metadata = {{"format", "pt"}};
+  st.tensors.push_back({"w", HostTensor::Random(TensorType{DType::kBF16, {3, 4}}, /*seed=*/3)});
+  st.tensors.push_back({"ids", HostTensor::Random(TensorType{DType::kI64, {5}}, /*seed=*/4, 0, 100)});
+  const std::string valid = EncodeSafetensors(st).value();
+  for (size_t n = 0; n < valid.size(); ++n) {
+    EXPECT_FALSE(DecodeSafetensors(absl::string_view(valid).substr(0, n), "prefix").ok()) << n << " bytes";
+  }
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string corrupt = valid;
+    for (int flips = 1 + trial % 3; flips > 0; --flips) {
+      corrupt[rng() % corrupt.size()] = static_cast<char>(rng());
+    }
+    (void)DecodeSafetensors(corrupt, "fuzzed");
   }
 }
 
