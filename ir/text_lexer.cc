@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "absl/strings/str_cat.h"
 
 namespace kiln::text {
 namespace {
