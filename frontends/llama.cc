@@ -37,13 +37,6 @@ class WeightParameters {
 
 }  // namespace
 
-absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "bf16") return Precision::kBf16;
-  return absl::InvalidArgumentError(absl::StrCat("unknown precision '", name, "'; expected fp32 or bf16"));
-}
-
-absl::string_view PrecisionName(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
 
 std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
   const int64_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;

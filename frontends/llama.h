@@ -15,12 +15,10 @@
 #include "absl/status/statusor.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
+#include "passes/compile_options.h"  // Precision
 
 namespace kiln {
 
-enum class Precision { kFp32, kBf16 };
-absl::StatusOr<Precision> ParsePrecision(absl::string_view name);  // "fp32" | "bf16"
-absl::string_view PrecisionName(Precision p);
 
 struct LlamaBuildOptions {
   int64_t batch = 0;    // 0: the config's batch

@@ -1,6 +1,7 @@
 // Reading and writing modules in any form kiln writes, told apart by content:
 //   text  starts (after blank lines and // comments) with "module"
 //   JSON  starts with '{'
+//   dot   starts with "digraph" (written, never read back: reading it is a clear error)
 //   otherwise binary protobuf
 #pragma once
 

@@ -114,7 +114,8 @@ absl::StatusOr<TensorType> InferSlice(const TensorType& x, const AttrMap& attrs)
       return Invalid(absl::StrCat("slice [", start[i], ", ", limit[i], ") out of bounds in dim ", i, " of size ",
                                   x.dims[i]));
     }
-    out.dims.push_back((limit[i] - start[i] + stride[i] - 1) / stride[i]);
+    // ceil((limit - start) / stride), written so that a huge stride cannot overflow.
+    out.dims.push_back(limit[i] > start[i] ? (limit[i] - start[i] - 1) / stride[i] + 1 : 0);
   }
   return out;
 }

@@ -6,7 +6,7 @@
 //   func @forward {
 //     %x = parameter() {index=0} : f32[2,8]
 //     %w = parameter() {index=1} : f32[8]
-//     %y = rms_norm(%x, %w) {eps=1.0e-05} : f32[2,8] @layers.0.attn_norm
+//     %y = rms_norm(%x, %w) {eps=1e-05} : f32[2,8] @layers.0.attn_norm
 //     %3 = reduce_sum(%y) {dims=[0,1]} : f32[]
 //     return %3, %x {aliases=[-1,0]}
 //   }
@@ -40,7 +40,7 @@ std::string PrintFunction(const Function& function);
 // One node's line without indentation or newline, e.g. "%y = neg(%x) : f32[2]".
 std::string PrintNode(const Node& node);
 
-// Parses and verifies. Errors read "<line>:<column>: expected <what>, got <token>" for
+// Parses and verifies. Errors read "<line>:<column>: expected <what>, got '<token>'" for
 // syntax, and carry the verifier's message (with the node's line) for meaning. Never
 // crashes or hangs, whatever the input.
 absl::StatusOr<std::unique_ptr<Module>> ParseModule(absl::string_view text);

@@ -16,22 +16,21 @@ namespace kiln {
 // The precision policy narrowing passes implement (and are checked against, DESIGN.md
 // principle 3). bf16: autocast, GEMM operands rounded to bf16 with f32 accumulation;
 // fp32: nothing narrowed.
-enum class PrecisionPolicy { kFp32, kBf16 };
+// The frontend builds models under it too (frontends/llama.h), so this is its one definition.
+enum class Precision { kFp32, kBf16 };
 
-inline absl::string_view PrecisionPolicyName(PrecisionPolicy p) {
-  return p == PrecisionPolicy::kFp32 ? "fp32" : "bf16";
-}
+inline absl::string_view PrecisionName(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
 
-inline absl::StatusOr<PrecisionPolicy> ParsePrecisionPolicy(absl::string_view name) {
-  if (name == "fp32") return PrecisionPolicy::kFp32;
-  if (name == "bf16") return PrecisionPolicy::kBf16;
+inline absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
   return absl::InvalidArgumentError(absl::StrCat("unknown precision '", name, "' (expected fp32 or bf16)"));
 }
 
 struct CompileOptions {
   // CUDA architecture to generate code for, e.g. "sm_90"; empty: the device's.
   std::string target_arch;
-  PrecisionPolicy precision = PrecisionPolicy::kBf16;
+  Precision precision = Precision::kBf16;
 
   // Pass names to skip (a group's name skips the whole group). An unknown name is an error
   // that lists the known ones.
