@@ -3,6 +3,8 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "passes/canonicalize.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
@@ -30,6 +32,34 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
                          std::make_unique<DcePass>())));
   // Whatever the last round left unused.
   p.Add(std::make_unique<DcePass>());
+  return p;
+}
+
+namespace {
+// One factory per pass that can run alone; the default pipeline's steps are built from the
+// same classes.
+std::unique_ptr<Pass> MakeSinglePass(absl::string_view name) {
+  if (name == "canonicalize") return std::make_unique<CanonicalizePass>();
+  if (name == "cse") return std::make_unique<CsePass>();
+  if (name == "dce") return std::make_unique<DcePass>();
+  return nullptr;
+}
+}  // namespace
+
+std::vector<std::string> SinglePassNames() { return {"canonicalize", "cse", "dce"}; }
+
+absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& names,
+                                                const CompileOptions& options) {
+  if (names.size() == 1 && names[0] == "default") return BuildDefaultPipeline(options);
+  Pipeline p(absl::StrJoin(names, ","));
+  for (const std::string& name : names) {
+    std::unique_ptr<Pass> pass = MakeSinglePass(name);
+    if (!pass) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown pass '", name, "' (known: default, ",
+                                                     absl::StrJoin(SinglePassNames(), ", "), ")"));
+    }
+    p.Add(std::move(pass));
+  }
   return p;
 }
 

@@ -2,6 +2,9 @@
 // BuildDefaultPipeline). Later passes (fusion, memory plan, ...) are added there as steps.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "ir/graph.h"
 #include "passes/compile_options.h"
@@ -10,6 +13,14 @@
 namespace kiln {
 
 Pipeline BuildDefaultPipeline(const CompileOptions& options);
+
+// The passes that can be named on their own (`kiln check --passes cse,dce`), in the
+// order they are listed here.
+std::vector<std::string> SinglePassNames();
+// A pipeline of exactly the named passes, in the given order; "default" stands for the
+// default pipeline. An unknown name is an error listing the known ones.
+absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& names,
+                                                const CompileOptions& options);
 
 // BuildDefaultPipeline(options).Run(module, options).
 absl::StatusOr<PipelineReport> RunDefaultPipeline(Module& module, const CompileOptions& options);

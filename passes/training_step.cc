@@ -137,7 +137,8 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
       ASSIGN_OR_RETURN(grads[i], b.Add(grads[i], g));
     }
   }
-  ASSIGN_OR_RETURN(Node * loss, a.MulConst(loss_sum, 1.0 / static_cast<double>(k)));
+  ASSIGN_OR_RETURN(Node * inv_k, a.Scalar(1.0 / static_cast<double>(k)));
+  ASSIGN_OR_RETURN(Node * loss, b.Named("loss").Mul(loss_sum, inv_k));
 
   // Global-norm clipping.
   if (h.clip_norm > 0) {
@@ -161,7 +162,8 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
 
   // AdamW.
   b.set_scope("adamw");
-  ASSIGN_OR_RETURN(Node * t_next, a.AddConst(t, 1.0));
+  ASSIGN_OR_RETURN(Node * one_step, a.Scalar(1.0));
+  ASSIGN_OR_RETURN(Node * t_next, b.Named("adamw.t.new").Add(t, one_step));
   // 1 - beta^t = 1 - exp(t ln beta): the IR has no pow, and t is a runtime value.
   auto bias_correction = [&](double beta) -> absl::StatusOr<Node*> {
     ASSIGN_OR_RETURN(Node * e, a.MulConst(t_next, std::log(beta)));
@@ -183,11 +185,11 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     Node* g = grads[i];
     ASSIGN_OR_RETURN(Node * m1, a.MulConst(ms[i], h.beta1));
     ASSIGN_OR_RETURN(Node * m2, a.MulConst(g, 1.0 - h.beta1));
-    ASSIGN_OR_RETURN(Node * m, b.Add(m1, m2));
+    ASSIGN_OR_RETURN(Node * m, b.Named(absl::StrCat(ms[i]->name(), ".new")).Add(m1, m2));
     ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
     ASSIGN_OR_RETURN(Node * v1, a.MulConst(vs[i], h.beta2));
     ASSIGN_OR_RETURN(Node * v2, a.MulConst(g2, 1.0 - h.beta2));
-    ASSIGN_OR_RETURN(Node * v, b.Add(v1, v2));
+    ASSIGN_OR_RETURN(Node * v, b.Named(absl::StrCat(vs[i]->name(), ".new")).Add(v1, v2));
     ASSIGN_OR_RETURN(Node * sqrt_v, b.Unary(Opcode::kSqrt, v));
     ASSIGN_OR_RETURN(Node * sqrt_bc2_b, a.Splat(sqrt_bc2, p));
     ASSIGN_OR_RETURN(Node * denom0, b.Div(sqrt_v, sqrt_bc2_b));
@@ -198,7 +200,7 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     if (p->type().rank() >= 2 && h.weight_decay != 0) {
       ASSIGN_OR_RETURN(decayed, a.MulScalar(p, decay));
     }
-    ASSIGN_OR_RETURN(Node * p_new, b.Sub(decayed, update));
+    ASSIGN_OR_RETURN(Node * p_new, b.Named(absl::StrCat(p->name(), ".new")).Sub(decayed, update));
     new_params.push_back(p_new);
     new_ms.push_back(m);
     new_vs.push_back(v);

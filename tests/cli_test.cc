@@ -2,6 +2,7 @@
 // and checks the README promises.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -36,7 +37,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, HelpAndUsageErrors) {
   auto top = RunCommand(Kiln() + " --help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"models", "dump", "verify", "train", "eval"}) {
+  for (const char* command : {"models", "dump", "verify", "train", "eval", "compile", "check"}) {
     EXPECT_TRUE(absl::StrContains(top.output, command)) << top.output;
     auto help = RunCommand(absl::StrCat(Kiln(), " ", command, " --help"));
     EXPECT_EQ(help.exit_code, 0) << command;
@@ -171,6 +172,47 @@ TEST_F(CliTest, BadCheckpointsAreClearErrorsAndStayUntouched) {
   auto no_data = RunCommand(Kiln() + " train llama-tiny --steps 1 --data " + Path("missing.txt"));
   EXPECT_EQ(no_data.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(no_data.output, "missing.txt")) << no_data.output;
+}
+
+// Issue "pass pipeline": verifiable dumps, a report that lists the passes, disabling by name.
+TEST_F(CliTest, CompileDumpsVerifiableIrAndReportsEveryPass) {
+  auto r = RunCommand(Kiln() + " compile llama-tiny --training --dump-dir " + Path("dumps") +
+                      " --dump-after '.*' --report");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* pass : {"simplify", "canonicalize", "cse", "dce"}) {
+    EXPECT_TRUE(absl::StrContains(r.output, absl::StrCat("\n  ", pass)) ||
+                absl::StrContains(r.output, absl::StrCat("\n", pass)))
+        << pass << "\n" << r.output;
+  }
+  std::vector<std::string> dumps;
+  for (const auto& entry : std::filesystem::directory_iterator(Path("dumps"))) dumps.push_back(entry.path().string());
+  std::sort(dumps.begin(), dumps.end());
+  ASSERT_GE(dumps.size(), 4u);
+  EXPECT_TRUE(absl::EndsWith(dumps.front(), "000-input.kir")) << dumps.front();
+  for (const std::string& dump : dumps) {
+    auto v = RunCommand(Kiln() + " verify " + dump);
+    EXPECT_EQ(v.exit_code, 0) << dump << ": " << v.output;
+  }
+  auto disabled = RunCommand(Kiln() + " compile llama-tiny --disable-pass cse --report");
+  ASSERT_EQ(disabled.exit_code, 0) << disabled.output;
+  EXPECT_TRUE(absl::StrContains(disabled.output, "disabled")) << disabled.output;
+  auto unknown = RunCommand(Kiln() + " compile llama-tiny --disable-pass cse,nope");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unknown.output, "nope")) << unknown.output;
+}
+
+// `kiln check` for the default pipeline and for every pass alone, on llama-tiny's forward
+// and training step (small shapes, for speed).
+TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
+  for (const char* passes : {"default", "canonicalize", "cse", "dce"}) {
+    auto r = RunCommand(absl::StrCat(Kiln(), " check llama-tiny --training --batch 2 --seq 16 --passes ", passes));
+    EXPECT_EQ(r.exit_code, 0) << passes << ": " << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "meaning preserved")) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "output 0 (%loss)")) << r.output;
+  }
+  auto bad = RunCommand(Kiln() + " check llama-tiny --passes cse,bogus");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.output, "unknown pass 'bogus'")) << bad.output;
 }
 
 }  // namespace

@@ -21,5 +21,7 @@ Command DumpCommand();
 Command VerifyCommand();
 Command TrainCommand();
 Command EvalCommand();
+Command CompileCommand();
+Command CheckCommand();
 
 }  // namespace kiln::cli

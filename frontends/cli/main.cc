@@ -1,4 +1,4 @@
-// kiln: build, inspect, train and evaluate transformer models.
+// kiln: build, inspect, compile, check, train and evaluate transformer models.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,7 +10,8 @@ namespace {
 
 std::vector<kiln::cli::Command> AllCommands() {
   return {kiln::cli::ModelsCommand(), kiln::cli::DumpCommand(), kiln::cli::VerifyCommand(),
-          kiln::cli::TrainCommand(), kiln::cli::EvalCommand()};
+          kiln::cli::TrainCommand(), kiln::cli::EvalCommand(),
+          kiln::cli::CompileCommand(), kiln::cli::CheckCommand()};
 }
 
 void PrintTopLevelHelp(const std::vector<kiln::cli::Command>& commands) {

@@ -38,20 +38,47 @@ bool LooksLikeHuggingFaceConfig(absl::string_view content) {
 }
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Module>> LoadOrBuildModule(const std::string& model_or_file, const ParsedArgs& args) {
+namespace {
+// A MODEL_OR_FILE that names an existing module file (not an HF config.json).
+absl::StatusOr<bool> IsModuleFile(const std::string& model_or_file, std::string* content) {
   std::error_code ec;
-  bool is_file = std::filesystem::is_regular_file(model_or_file, ec);
+  if (!std::filesystem::is_regular_file(model_or_file, ec)) return false;
+  ASSIGN_OR_RETURN(*content, ReadFileToString(model_or_file));
+  return !(DetectModuleFormat(*content) == ModuleFormat::kProtoJson && LooksLikeHuggingFaceConfig(*content));
+}
+}  // namespace
+
+absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args,
+                                                  bool training) {
+  LoadedModule loaded;
+  std::string content;
+  ASSIGN_OR_RETURN(bool is_file, IsModuleFile(model_or_file, &content));
   if (is_file) {
-    ASSIGN_OR_RETURN(std::string content, ReadFileToString(model_or_file));
-    if (!(DetectModuleFormat(content) == ModuleFormat::kProtoJson && LooksLikeHuggingFaceConfig(content))) {
-      absl::StatusOr<std::unique_ptr<Module>> module = ReadModule(content);
-      if (!module.ok()) return absl::InvalidArgumentError(absl::StrCat(model_or_file, ": ", module.status().message()));
-      return module;
-    }
+    absl::StatusOr<std::unique_ptr<Module>> module = ReadModule(content);
+    if (!module.ok()) return absl::InvalidArgumentError(absl::StrCat(model_or_file, ": ", module.status().message()));
+    loaded.module = *std::move(module);
+  } else {
+    ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(model_or_file));
+    ASSIGN_OR_RETURN(LlamaBuildOptions options, LlamaBuildOptionsFromArgs(args));
+    ASSIGN_OR_RETURN(loaded.module, BuildLlamaModule(config, options));
+    loaded.config = config;
   }
-  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(model_or_file));
-  ASSIGN_OR_RETURN(LlamaBuildOptions options, LlamaBuildOptionsFromArgs(args));
-  return BuildLlamaModule(config, options);
+  if (training) {
+    const Function* forward = loaded.module->FindFunction("forward");
+    if (forward == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(model_or_file, ": --training needs a function @forward whose "
+                                                     "output 0 is the loss"));
+    }
+    TrainingStepLayout layout;
+    RETURN_IF_ERROR(BuildTrainingStep(*loaded.module, *forward, {}, &layout).status());
+    loaded.training = layout;
+  }
+  return loaded;
+}
+
+absl::StatusOr<std::unique_ptr<Module>> LoadOrBuildModule(const std::string& model_or_file, const ParsedArgs& args) {
+  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(model_or_file, args, /*training=*/false));
+  return std::move(loaded.module);
 }
 
 }  // namespace kiln::cli

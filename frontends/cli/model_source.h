@@ -3,11 +3,15 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "frontends/cli/args.h"
 #include "frontends/llama.h"
+#include "frontends/model_config.h"
+#include "passes/compile_options.h"
+#include "passes/training_step.h"
 #include "ir/graph.h"
 
 namespace kiln::cli {
@@ -19,5 +23,21 @@ absl::StatusOr<LlamaBuildOptions> LlamaBuildOptionsFromArgs(const ParsedArgs& ar
 // Loads a module file, or builds the named model with the build flags.
 absl::StatusOr<std::unique_ptr<Module>> LoadOrBuildModule(const std::string& model_or_file,
                                                           const ParsedArgs& args);
+
+// The CompileOptions that `compile` and `check` share, from --precision, --dump-dir,
+// --dump-after and --disable-pass (defined in compile_command.cc).
+absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args);
+
+// A module plus what is known about it, for commands that compile or check it.
+struct LoadedModule {
+  std::unique_ptr<Module> module;
+  std::optional<ModelConfig> config;          // when built from a model, not read from a file
+  std::optional<TrainingStepLayout> training;  // when @train_step was added
+};
+
+// As LoadOrBuildModule; with `training`, also adds @train_step (passes/training_step.h)
+// built from @forward.
+absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args,
+                                                  bool training);
 
 }  // namespace kiln::cli

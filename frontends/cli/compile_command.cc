@@ -1,0 +1,70 @@
+// kiln compile: run the compiler's pipeline on a model (or a module file) and report.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "frontends/cli/commands.h"
+#include "frontends/cli/model_source.h"
+#include "ir/file_util.h"
+#include "ir/status_macros.h"
+#include "ir/text_format.h"
+#include "passes/default_pipeline.h"
+
+namespace kiln::cli {
+
+// The CompileOptions the compile and check commands share, from their flags.
+absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
+  CompileOptions options;
+  ASSIGN_OR_RETURN(options.precision, ParsePrecision(args.Get("precision", "bf16")));
+  options.dump_dir = args.Get("dump-dir");
+  options.dump_regex = args.Get("dump-after", ".*");
+  if (args.Has("disable-pass")) {
+    options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
+  }
+  return options;
+}
+
+namespace {
+
+absl::Status RunCompile(const ParsedArgs& args) {
+  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args, args.Has("training")));
+  ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+  const int64_t nodes_before = CountNodes(*loaded.module);
+  ASSIGN_OR_RETURN(PipelineReport report, RunDefaultPipeline(*loaded.module, options));
+  if (args.Has("report")) std::printf("%s\n", report.ToString().c_str());
+  std::string functions;
+  for (const auto& f : loaded.module->functions()) absl::StrAppend(&functions, functions.empty() ? "@" : ", @", f->name());
+  std::printf("compiled %s (%s): %lld -> %lld nodes in %.1f ms\n", loaded.module->name().c_str(), functions.c_str(),
+              static_cast<long long>(nodes_before), static_cast<long long>(CountNodes(*loaded.module)),
+              report.total_ms);
+  if (!options.dump_dir.empty()) std::printf("IR dumps in %s\n", options.dump_dir.c_str());
+  if (args.Has("output")) RETURN_IF_ERROR(WriteFileAtomically(args.Get("output"), PrintModule(*loaded.module)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Command CompileCommand() {
+  CommandSpec spec{
+      .name = "compile",
+      .usage = "MODEL_OR_FILE [options]",
+      .summary = "run the compiler's pass pipeline and report what each pass did",
+      .details = "Runs the default pipeline (simplify = canonicalize, cse, dce to a fixpoint; then dce)\n"
+                 "on @forward, and with --training on the training step built from it. The verifier runs\n"
+                 "after every pass that changed something. GPU code generation (--target) comes with\n"
+                 "the CUDA backend.",
+      .min_positionals = 1,
+      .max_positionals = 1,
+      .flags = {{.name = "training", .help = "also build and compile the training step"},
+                {.name = "dump-dir", .value_name = "DIR", .help = "write the IR before and after passes here"},
+                {.name = "dump-after", .value_name = "REGEX", .help = "dump after passes whose name matches",
+                 .default_value = ".*"},
+                {.name = "disable-pass", .value_name = "NAME,...", .help = "skip these passes"},
+                {.name = "report", .help = "print per pass: time, changed or not, nodes before/after"},
+                {.name = "output", .value_name = "FILE", .help = "write the compiled IR (text)", .short_name = 'o'}},
+  };
+  for (FlagSpec f : ModelBuildFlags()) spec.flags.push_back(std::move(f));
+  return {std::move(spec), RunCompile};
+}
+
+}  // namespace kiln::cli
