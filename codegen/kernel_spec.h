@@ -1,0 +1,37 @@
+// What codegen makes of one IR node (codegen/lower_node.h), for the GPU runtime to run.
+//
+// A kernel is a complete CUDA C++ translation unit with one `extern "C" __global__`
+// function whose parameters are, in order: the node's output buffer, then one pointer per
+// operand (device memory, row-major, the operand's dtype), and nothing else: every shape is
+// a compile-time constant in the source (kiln shapes are static). Launch geometry is decided
+// here, at compile time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct KernelSpec {
+  std::string name;    // the extern "C" symbol, unique within the source
+  std::string source;  // CUDA C++; may #include kernel templates by their kernels/ path
+  std::array<uint32_t, 3> grid{1, 1, 1};
+  std::array<uint32_t, 3> block{1, 1, 1};
+  uint32_t shared_bytes = 0;
+};
+
+enum class LoweringKind {
+  kInput,    // parameter: bound to an input buffer by the executable; no work
+  kAlias,    // the output is operand 0's bytes reinterpreted (reshape): no work, no buffer
+  kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
+  kGemm,     // dot_general: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
+};
+
+struct LoweredNode {
+  LoweringKind kind = LoweringKind::kKernels;
+  std::vector<KernelSpec> kernels;
+};
+
+}  // namespace kiln

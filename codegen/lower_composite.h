@@ -1,0 +1,15 @@
+// Lowering of the composite ops (rms_norm and its gradients, softmax and its gradient,
+// cross_entropy and its gradient, rope, gather, scatter_add) to instantiations of the
+// hand-written templates in kernels/*.cuh. Called by LowerNode for these ops only.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "codegen/kernel_spec.h"
+#include "codegen/lower_node.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOptions& options);
+
+}  // namespace kiln

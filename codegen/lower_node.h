@@ -1,0 +1,25 @@
+// Lowering: one IR node -> the kernels that compute it (one kernel per op, or per composite
+// op; fusion comes later). The one dispatch over the op table for codegen: every op has a
+// lowering, or LowerNode fails and tests/op_table_test.cc says which op lacks one.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "codegen/kernel_spec.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct CodegenOptions {
+  int threads_per_block = 256;
+};
+
+absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});
+
+// Whether LowerNode handles `op` (driven by the same switch; no default case).
+bool CodegenSupports(Opcode op);
+
+// The CUDA C++ type that stores `t` ("float", "__nv_bfloat16", "__half", "__nv_fp8_e4m3",
+// "__nv_fp8_e5m2", "int", "long long", "bool").
+const char* CudaTypeName(DType t);
+
+}  // namespace kiln

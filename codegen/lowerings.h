@@ -1,0 +1,27 @@
+// The lowerings LowerNode (lower_node.cc) dispatches to, one per op family. Each returns
+// a LoweredNode of kind kKernels; shapes and attributes have been checked by the verifier,
+// so errors here are only malformed attributes.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "codegen/kernel_spec.h"
+#include "codegen/lower_node.h"
+#include "ir/graph.h"
+
+namespace kiln::codegen {
+
+// leaf_lowering.cc: constant (splat or dense values), iota.
+absl::StatusOr<LoweredNode> LowerConstant(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerIota(const Node& node, const CodegenOptions& options);
+
+// elementwise_lowering.cc: unary, binary, compare, select, convert.
+absl::StatusOr<LoweredNode> LowerElementwise(const Node& node, const CodegenOptions& options);
+
+// data_movement_lowering.cc: broadcast, transpose, slice (strided copies), concatenate.
+absl::StatusOr<LoweredNode> LowerStridedCopy(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerConcatenate(const Node& node, const CodegenOptions& options);
+
+// reduction_lowering.cc: reduce_sum, reduce_max.
+absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& options);
+
+}  // namespace kiln::codegen
