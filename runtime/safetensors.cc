@@ -11,13 +11,13 @@
 #include "absl/strings/str_join.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
-#include "runtime/numerics.h"
+#include "runtime/tensor_bytes.h"
 
 namespace kiln {
 namespace {
 
-// Elements are copied with memcpy, which is only the file's byte order on a little-endian
-// host (every machine kiln targets).
+// F64 elements are copied with memcpy, which is only the file's byte order on a little-endian
+// host (every machine kiln targets); runtime/tensor_bytes.h does the same for kiln's dtypes.
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
 
 using Json = nlohmann::ordered_json;  // keeps header order, so the encoder writes tensor order
@@ -68,54 +68,16 @@ void Store(T x, char* p) {
   std::memcpy(p, &x, sizeof(T));
 }
 
-// Values are already representable in the dtype (HostTensor's invariant), so every
-// conversion below is exact.
-template <typename Bits, typename Encode>
-void EncodeEach(const std::vector<double>& values, char* out, Encode encode) {
-  for (size_t i = 0; i < values.size(); ++i) Store<Bits>(encode(values[i]), out + i * sizeof(Bits));
-}
-
-void EncodeValues(const HostTensor& t, char* out) {
-  const std::vector<double>& v = t.values();
-  switch (t.type().dtype) {
-    case DType::kF32: return EncodeEach<float>(v, out, [](double x) { return static_cast<float>(x); });
-    case DType::kBF16: return EncodeEach<uint16_t>(v, out, [](double x) { return FloatToBF16Bits(x); });
-    case DType::kF16: return EncodeEach<uint16_t>(v, out, [](double x) { return FloatToF16Bits(x); });
-    case DType::kF8E4M3: return EncodeEach<uint8_t>(v, out, [](double x) { return FloatToF8E4M3Bits(x); });
-    case DType::kF8E5M2: return EncodeEach<uint8_t>(v, out, [](double x) { return FloatToF8E5M2Bits(x); });
-    case DType::kI32: return EncodeEach<int32_t>(v, out, [](double x) { return static_cast<int32_t>(x); });
-    case DType::kI64: return EncodeEach<int64_t>(v, out, [](double x) { return static_cast<int64_t>(x); });
-    case DType::kPred: return EncodeEach<uint8_t>(v, out, [](double x) { return uint8_t{x != 0.0}; });
-  }
-}
-
-template <typename Bits, typename Decode>
-void DecodeEach(const char* data, std::vector<double>& values, Decode decode) {
-  for (size_t i = 0; i < values.size(); ++i) values[i] = decode(Load<Bits>(data + i * sizeof(Bits)));
-}
-
 // The values are then rounded to the dtype by HostTensor::FromValues, which is exact for
 // everything but F64 (rounded to f32), E5M2 ±inf (saturated to ±57344, as numerics.h
 // defines the format) and I64 beyond 2^53 (held in a double).
 std::vector<double> DecodeValues(const char* data, int64_t count, const FileDType& f) {
-  std::vector<double> v(count);
-  switch (f.dtype) {
-    case DType::kF32:
-      if (f.bytes == 8) {
-        DecodeEach<double>(data, v, [](double x) { return x; });
-      } else {
-        DecodeEach<float>(data, v, [](float x) { return x; });
-      }
-      break;
-    case DType::kBF16: DecodeEach<uint16_t>(data, v, BF16BitsToFloat); break;
-    case DType::kF16: DecodeEach<uint16_t>(data, v, F16BitsToFloat); break;
-    case DType::kF8E4M3: DecodeEach<uint8_t>(data, v, F8E4M3BitsToFloat); break;
-    case DType::kF8E5M2: DecodeEach<uint8_t>(data, v, F8E5M2BitsToFloat); break;
-    case DType::kI32: DecodeEach<int32_t>(data, v, [](int32_t x) { return x; }); break;
-    case DType::kI64: DecodeEach<int64_t>(data, v, [](int64_t x) { return static_cast<double>(x); }); break;
-    case DType::kPred: DecodeEach<uint8_t>(data, v, [](uint8_t x) { return x != 0 ? 1.0 : 0.0; }); break;
+  if (f.bytes == 8 && f.dtype == DType::kF32) {
+    std::vector<double> v(count);
+    std::memcpy(v.data(), data, count * sizeof(double));
+    return v;
   }
-  return v;
+  return DecodeElements(f.dtype, data, count);
 }
 
 // One tensor's header entry, checked against itself and the data buffer's size.
@@ -299,7 +261,7 @@ absl::StatusOr<std::string> EncodeSafetensors(const Safetensors& st) {
   std::memcpy(out.data() + kHeaderLengthBytes, json.data(), json.size());
   char* data = out.data() + kHeaderLengthBytes + json.size();
   for (const NamedTensor& t : st.tensors) {
-    EncodeValues(t.tensor, data);
+    EncodeTensorBytes(t.tensor, data);
     data += t.tensor.num_elements() * FileDTypeOf(t.tensor.type().dtype).bytes;
   }
   return out;

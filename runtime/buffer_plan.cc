@@ -1,0 +1,155 @@
+#include "runtime/buffer_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+int64_t RoundUp(int64_t bytes, int64_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
+
+std::string NodeLabel(const Node& n) { return absl::StrCat("%", n.name(), " (", n.op_name(), ")"); }
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", bytes / double(int64_t{1} << 20));
+  return absl::StrCat(bytes, " B");
+}
+
+// Places every buffer that is not a parameter: largest first, each at the best-fitting gap
+// among the buffers already placed whose lifetimes overlap its own, else on top of them.
+void PlaceMovable(std::vector<PlannedBuffer>& buffers, int64_t base) {
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < static_cast<int64_t>(buffers.size()); ++i) {
+    if (buffers[i].kind != PlannedBuffer::Kind::kParameter) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (buffers[a].bytes != buffers[b].bytes) return buffers[a].bytes > buffers[b].bytes;
+    return buffers[a].first_step < buffers[b].first_step;
+  });
+  std::vector<int64_t> placed;
+  std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end) of overlapping placed buffers
+  for (int64_t i : order) {
+    PlannedBuffer& b = buffers[i];
+    busy.clear();
+    for (int64_t j : placed) {
+      const PlannedBuffer& o = buffers[j];
+      if (o.bytes > 0 && o.first_step <= b.last_step && b.first_step <= o.last_step) {
+        busy.push_back({o.offset, o.offset + o.bytes});
+      }
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t best = -1, best_gap = std::numeric_limits<int64_t>::max();
+    int64_t cursor = base;  // the lowest byte not covered by the busy intervals seen so far
+    for (const auto& [begin, end] : busy) {
+      const int64_t gap = begin - cursor;
+      if (gap >= b.bytes && gap < best_gap) {
+        best = cursor;
+        best_gap = gap;
+      }
+      cursor = std::max(cursor, end);
+    }
+    b.offset = best >= 0 ? best : cursor;
+    placed.push_back(i);
+  }
+}
+
+}  // namespace
+
+std::string BufferPlan::Summary() const {
+  return absl::StrCat("arena ", FormatBytes(arena_bytes), " (parameters ", FormatBytes(parameter_bytes), "), ",
+                      buffers.size(), " buffers, ", FormatBytes(total_buffer_bytes), " without reuse");
+}
+
+absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanRequest& request) {
+  const int64_t num_nodes = f.num_nodes();
+  const int64_t finish = num_nodes;  // step N: outputs read, donations copied
+  const int64_t alignment = request.alignment;
+  if (static_cast<int64_t>(request.roles.size()) != num_nodes ||
+      (!request.scratch_bytes.empty() && static_cast<int64_t>(request.scratch_bytes.size()) != num_nodes) ||
+      alignment <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", request.roles.size(),
+                                                   " roles and ", request.scratch_bytes.size(),
+                                                   " scratch sizes for ", num_nodes, " nodes, alignment ", alignment));
+  }
+  absl::flat_hash_map<const Node*, int64_t> index_of;
+  for (int64_t i = 0; i < num_nodes; ++i) index_of[f.nodes()[i].get()] = i;
+
+  BufferPlan plan;
+  plan.node_buffer.assign(num_nodes, -1);
+  plan.scratch_buffer.assign(num_nodes, -1);
+  auto add_buffer = [&](PlannedBuffer::Kind kind, int64_t node, int64_t bytes, int64_t first) {
+    plan.buffers.push_back({kind, node, RoundUp(bytes, alignment), 0, first, first});
+    return static_cast<int64_t>(plan.buffers.size()) - 1;
+  };
+
+  // Parameters first, in index order, packed at the bottom of the arena.
+  for (const Node* p : f.parameters()) {
+    const int64_t i = index_of.at(p);
+    const int64_t b = add_buffer(PlannedBuffer::Kind::kParameter, i, p->type().num_bytes(), 0);
+    plan.buffers[b].offset = plan.parameter_bytes;
+    plan.buffers[b].last_step = finish;
+    plan.parameter_bytes += plan.buffers[b].bytes;
+    plan.node_buffer[i] = b;
+  }
+
+  // Values in step order; each read extends the lifetime of the buffer it reads.
+  for (int64_t i = 0; i < num_nodes; ++i) {
+    const Node& n = *f.nodes()[i];
+    const BufferRole role = request.roles[i];
+    if (n.opcode() == Opcode::kParameter || role == BufferRole::kNone) continue;
+    for (const Node* operand : n.operands()) {
+      const int64_t b = plan.node_buffer[index_of.at(operand)];
+      if (b < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
+                                                       " reads ", NodeLabel(*operand), ", which is not computed"));
+      }
+      plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, i);
+    }
+    if (role == BufferRole::kAlias) {
+      if (n.num_operands() < 1 || n.operand(0)->type().num_bytes() != n.type().num_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
+                                                       " cannot alias its operand: ", n.type().ToString(), " vs ",
+                                                       n.num_operands() ? n.operand(0)->type().ToString() : "none"));
+      }
+      plan.node_buffer[i] = plan.node_buffer[index_of.at(n.operand(0))];
+    } else {
+      plan.node_buffer[i] = add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), i);
+    }
+    if (!request.scratch_bytes.empty() && request.scratch_bytes[i] > 0) {
+      plan.scratch_buffer[i] = add_buffer(PlannedBuffer::Kind::kScratch, i, request.scratch_bytes[i], i);
+    }
+  }
+
+  // Outputs live to the finish; those whose bytes are a parameter's get a copy of their own.
+  for (const Node* out : f.outputs()) {
+    const int64_t i = index_of.at(out);
+    const int64_t b = plan.node_buffer[i];
+    if (b < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer plan for @", f.name(), ": output ", NodeLabel(*out), " is not computed"));
+    }
+    plan.buffers[b].last_step = finish;
+    if (plan.buffers[b].kind == PlannedBuffer::Kind::kParameter) {
+      plan.output_copy_source.push_back(b);
+      plan.output_buffer.push_back(add_buffer(PlannedBuffer::Kind::kOutputCopy, i, out->type().num_bytes(), finish));
+    } else {
+      plan.output_copy_source.push_back(-1);
+      plan.output_buffer.push_back(b);
+    }
+  }
+
+  PlaceMovable(plan.buffers, plan.parameter_bytes);
+  for (const PlannedBuffer& b : plan.buffers) {
+    plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
+    plan.total_buffer_bytes += b.bytes;
+  }
+  return plan;
+}
+
+}  // namespace kiln
