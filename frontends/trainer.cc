@@ -45,27 +45,34 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(std::
   return trainer;
 }
 
-absl::Status ReferenceTrainer::SetState(TrainingState state) {
-  std::vector<Node*> params = step_->parameters();
-  const int64_t n = layout_.num_params;
+absl::Status CheckTrainingState(const Function& step_function, const TrainingStepLayout& layout,
+                                const TrainingState& state) {
+  std::vector<Node*> params = step_function.parameters();
+  const int64_t n = layout.num_params;
   if (static_cast<int64_t>(state.params.size()) != n || static_cast<int64_t>(state.m.size()) != n ||
       static_cast<int64_t>(state.v.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("trainer state holds ", state.params.size(), " parameters, ",
                                                    state.m.size(), " first and ", state.v.size(),
                                                    " second moments; the model has ", n));
   }
-  RETURN_IF_ERROR(CheckTensors(params, layout_.first_param(), state.params, "parameter"));
-  RETURN_IF_ERROR(CheckTensors(params, layout_.first_m(), state.m, "AdamW first moment"));
-  RETURN_IF_ERROR(CheckTensors(params, layout_.first_v(), state.v, "AdamW second moment"));
-  RETURN_IF_ERROR(CheckTensors(params, layout_.t_index(), {state.t}, "AdamW step count"));
+  RETURN_IF_ERROR(CheckTensors(params, layout.first_param(), state.params, "parameter"));
+  RETURN_IF_ERROR(CheckTensors(params, layout.first_m(), state.m, "AdamW first moment"));
+  RETURN_IF_ERROR(CheckTensors(params, layout.first_v(), state.v, "AdamW second moment"));
+  return CheckTensors(params, layout.t_index(), {state.t}, "AdamW step count");
+}
+
+absl::Status ReferenceTrainer::SetState(TrainingState state) {
+  RETURN_IF_ERROR(CheckTrainingState(*step_, layout_, state));
   state_ = std::move(state);
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
-  std::vector<Node*> params = step_->parameters();
-  const TensorType& tokens_type = params[layout_.first_batch_input()]->type();  // i32[k, B, T]
-  if (layout_.num_batch_inputs != 2 || static_cast<int64_t>(micro_batches.size()) != tokens_type.dims[0]) {
+absl::StatusOr<std::pair<HostTensor, HostTensor>> BatchTensors(const Function& step_function,
+                                                               const TrainingStepLayout& layout,
+                                                               const std::vector<TokenBatch>& micro_batches) {
+  std::vector<Node*> params = step_function.parameters();
+  const TensorType& tokens_type = params[layout.first_batch_input()]->type();  // i32[k, B, T]
+  if (layout.num_batch_inputs != 2 || static_cast<int64_t>(micro_batches.size()) != tokens_type.dims[0]) {
     return absl::InvalidArgumentError(absl::StrCat("trainer: the step takes ", tokens_type.dims[0],
                                                    " micro-batches of (tokens, targets), got ", micro_batches.size()));
   }
@@ -82,6 +89,13 @@ absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& mic
     }
     offset += static_cast<int64_t>(mb.inputs.size());
   }
+  return std::make_pair(std::move(tokens), std::move(targets));
+}
+
+absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
+  ASSIGN_OR_RETURN(auto batch, BatchTensors(*step_, layout_, micro_batches));
+  auto& [tokens, targets] = batch;
+  std::vector<Node*> params = step_->parameters();
   // Arguments in TrainingStepLayout order. The state moves in and the outputs move back:
   // the host-side analogue of the step's donated buffers.
   std::vector<HostTensor> args;

@@ -24,7 +24,30 @@ struct TrainingState {
   int64_t step = 0;                      // steps completed
 };
 
-class ReferenceTrainer {
+// A backend that runs training steps. The state lives where the backend keeps it (host
+// memory for the reference backend, the device for CUDA); State() copies it out for
+// checkpoints, SetState() puts a checkpoint's state back.
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+  virtual absl::string_view backend() const = 0;
+  // One update over `micro_batches` (one per accumulation step); returns the mean loss.
+  virtual absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr) = 0;
+  virtual int64_t steps_done() const = 0;
+  virtual absl::StatusOr<TrainingState> State() const = 0;
+  virtual absl::Status SetState(TrainingState state) = 0;
+};
+
+// The step's batch inputs (tokens and targets, i32[k, B, T]) from k micro-batches; the
+// error says what the step expects.
+absl::StatusOr<std::pair<HostTensor, HostTensor>> BatchTensors(const Function& step_function,
+                                                               const TrainingStepLayout& layout,
+                                                               const std::vector<TokenBatch>& micro_batches);
+// Checks a state's tensors against the step function's parameters.
+absl::Status CheckTrainingState(const Function& step_function, const TrainingStepLayout& layout,
+                                const TrainingState& state);
+
+class ReferenceTrainer : public Trainer {
  public:
   // `step_function` is a function of `module` built by BuildTrainingStep with `layout`.
   // The AdamW moments start at zero.
@@ -34,12 +57,13 @@ class ReferenceTrainer {
                                                                   std::vector<HostTensor> initial_params,
                                                                   ReferenceOptions options = {});
 
-  // One update over `micro_batches` (one per accumulation step); returns the mean loss.
-  absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr);
-
+  absl::string_view backend() const override { return "cpu"; }
+  absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr) override;
+  int64_t steps_done() const override { return state_.step; }
+  absl::StatusOr<TrainingState> State() const override { return state_; }
   const TrainingState& state() const { return state_; }
   // Replaces the state (resume); shapes must match the step function's parameters.
-  absl::Status SetState(TrainingState state);
+  absl::Status SetState(TrainingState state) override;
   const Function& step_function() const { return *step_; }
 
  private:
