@@ -1,0 +1,225 @@
+// What every kiln kernel template shares: fp32 loads and one-rounding stores for each float
+// dtype, the Packed128 16-byte vector that makes wide loads the default, and deterministic
+// warp and block reductions.
+//
+// Conventions of the templates in kernels/ (codegen/lower_composite.cc instantiates them):
+//   - Shapes, dtypes and launch geometry are template parameters; attributes such as eps are
+//     arguments of the device function, written as literals by the generated wrapper.
+//   - Every value computes in fp32 and rounds once, on store, to the output dtype
+//     (runtime/numerics.h: nearest-even; fp8 saturates to its largest finite value).
+//   - A "chunk" is kVec consecutive elements read or written in whole 16-byte accesses.
+//     The wrapper picks kVec > 1 only when every row length involved is a multiple of it;
+//     kiln's buffers start 16-byte aligned (the arena aligns every buffer), so every chunk
+//     is aligned. kVec == 1 is the scalar path for odd row lengths.
+//   - Reductions combine in a fixed order that depends only on the launch geometry, which
+//     is compile-time: the same inputs give the same bits on every run.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math_constants.h>  // CUDART_INF_F, CUDART_NAN_F: NVRTC has no <cmath>
+
+namespace kiln::kernels {
+
+constexpr int kWarpSize = 32;
+
+__host__ __device__ constexpr long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------
+// Element conversion: storage dtype <-> fp32.
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+__device__ __forceinline__ float ToFloat(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
+
+// Rounds once to nearest-even; the fp8 constructors saturate (__NV_SATFINITE), as
+// runtime/numerics.h specifies for both fp8 formats.
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 FromFloat<__nv_fp8_e4m3>(float v) { return __nv_fp8_e4m3(v); }
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 FromFloat<__nv_fp8_e5m2>(float v) { return __nv_fp8_e5m2(v); }
+
+// ---------------------------------------------------------------------------------------
+// Packed128: 16 bytes of T, loaded and stored as one int4 access.
+
+template <typename T>
+struct alignas(16) Packed128 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T values[kSize];
+  __device__ __forceinline__ T& operator[](int i) { return values[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return values[i]; }
+};
+
+template <typename T>
+__device__ __forceinline__ Packed128<T> Load128(const T* p) {
+  Packed128<T> packed;
+  *reinterpret_cast<int4*>(&packed) = *reinterpret_cast<const int4*>(p);
+  return packed;
+}
+
+template <typename T>
+__device__ __forceinline__ void Store128(T* p, const Packed128<T>& packed) {
+  *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&packed);
+}
+
+// N consecutive elements at p as floats: whole Packed128 accesses when N > 1 (N * sizeof(T)
+// is then a multiple of 16 and p is 16-byte aligned), one scalar access when N == 1.
+template <int N, typename T>
+__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[N]) {
+  if constexpr (N == 1) {
+    out[0] = ToFloat(*p);
+  } else {
+    constexpr int kPer = Packed128<T>::kSize;
+    static_assert(N % kPer == 0, "a chunk must be whole 16-byte accesses of every dtype");
+#pragma unroll
+    for (int j = 0; j < N; j += kPer) {
+      const Packed128<T> packed = Load128(p + j);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) out[j + k] = ToFloat(packed[k]);
+    }
+  }
+}
+
+// N floats at p, read through L2 only (ld.global.cg): for data other blocks of this launch
+// wrote, which this SM's L1 may hold stale. 16-byte accesses when N > 1 (then N % 4 == 0).
+template <int N>
+__device__ __forceinline__ void LoadFloatsFromL2(const float* p, float (&out)[N]) {
+  if constexpr (N == 1) {
+    out[0] = __ldcg(p);
+  } else {
+    static_assert(N % 4 == 0, "whole float4 accesses");
+#pragma unroll
+    for (int j = 0; j < N; j += 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p + j));
+      out[j] = v.x, out[j + 1] = v.y, out[j + 2] = v.z, out[j + 3] = v.w;
+    }
+  }
+}
+
+// Rounds N floats once to T and stores them at p (same access rules as LoadFloats).
+template <int N, typename T>
+__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[N]) {
+  if constexpr (N == 1) {
+    *p = FromFloat<T>(in[0]);
+  } else {
+    constexpr int kPer = Packed128<T>::kSize;
+    static_assert(N % kPer == 0, "a chunk must be whole 16-byte accesses of every dtype");
+#pragma unroll
+    for (int j = 0; j < N; j += kPer) {
+      Packed128<T> packed;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) packed[k] = FromFloat<T>(in[j + k]);
+      Store128(p + j, packed);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions. Butterfly (xor) shuffles leave the result in every lane; since each combine
+// below is commutative bit for bit, all lanes hold identical bits.
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// The running state of a stable log-sum-exp: max of the values seen, and the sum of
+// exp(value - max). Two states merge exactly like two halves of one row (online softmax),
+// so no exp ever overflows whatever the logits.
+struct MaxExpSum {
+  float max;
+  float sum;
+};
+
+struct MaxExpSumOp {
+  __device__ __forceinline__ MaxExpSum operator()(MaxExpSum a, MaxExpSum b) const {
+    const float max = fmaxf(a.max, b.max);
+    // Both sides saw only -inf (masked) values: nothing to rescale. Summing keeps a NaN
+    // that a side recorded, so a NaN anywhere in the row still reaches the result.
+    if (max == -CUDART_INF_F) return {max, a.sum + b.sum};
+    return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+  }
+};
+
+// The state of N values. -inf values contribute exp(-inf) = 0 explicitly (a chunk that is
+// all -inf must not compute exp(-inf - -inf) = NaN); a NaN value makes the sum NaN.
+template <int N>
+__device__ __forceinline__ MaxExpSum MaxExpSumOf(const float (&v)[N]) {
+  float max = -CUDART_INF_F;
+#pragma unroll
+  for (int j = 0; j < N; ++j) max = fmaxf(max, v[j]);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) sum += v[j] == -CUDART_INF_F ? 0.f : expf(v[j] - max);
+  return {max, sum};
+}
+
+__device__ __forceinline__ float ShuffleXor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+__device__ __forceinline__ MaxExpSum ShuffleXor(MaxExpSum v, int mask) {
+  return {ShuffleXor(v.max, mask), ShuffleXor(v.sum, mask)};
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ T WarpReduce(T v, Op op) {
+#pragma unroll
+  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) v = op(v, ShuffleXor(v, mask));
+  return v;
+}
+
+// Every thread of a block of kThreads gets the reduction of all threads' values: warps
+// reduce, warp results meet in shared memory, and every warp reduces those alike. Callable
+// several times in a row (the leading barrier keeps a call's writes from overtaking the
+// previous call's reads). All threads of the block must call it.
+template <int kThreads, typename T, typename Op>
+__device__ __forceinline__ T BlockReduce(T v, Op op, T identity) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block of whole warps");
+  constexpr int kWarps = kThreads / kWarpSize;
+  __shared__ T warp_results[kWarps];
+  v = WarpReduce(v, op);
+  const int lane = threadIdx.x % kWarpSize;
+  __syncthreads();
+  if (lane == 0) warp_results[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  return WarpReduce(lane < kWarps ? warp_results[lane] : identity, op);
+}
+
+// Reduction over the kThreadsPerRow threads that share a row: a warp (several rows per
+// block, no barrier) or the whole block (one row per block).
+template <int kThreadsPerRow, typename T, typename Op>
+__device__ __forceinline__ T RowReduce(T v, Op op, T identity) {
+  if constexpr (kThreadsPerRow == kWarpSize) {
+    return WarpReduce(v, op);
+  } else {
+    return BlockReduce<kThreadsPerRow>(v, op, identity);
+  }
+}
+
+// Where rows live in a launch: kRowsPerBlock rows of kThreadsPerRow threads each (either a
+// warp per row, or one row per block), the row cut into chunks of kVec elements dealt to the
+// row's threads round-robin: thread `lane` owns chunks lane, lane + kThreadsPerRow, ...
+template <long long kRows, int kLength, int kVec, int kThreadsPerRow, int kRowsPerBlock>
+struct RowLayout {
+  static_assert(kThreadsPerRow == kWarpSize || kRowsPerBlock == 1, "a row is a warp or a whole block");
+  static_assert(kVec == 1 || kLength % kVec == 0, "chunks never straddle a row's end");
+  static constexpr int kChunks = static_cast<int>(CeilDiv(kLength, static_cast<long long>(kVec) * kThreadsPerRow));
+
+  // This thread's row; may be >= kRows in the last block of a warp-per-row launch.
+  static __device__ __forceinline__ long long Row() {
+    return static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  }
+  static __device__ __forceinline__ int Lane() { return threadIdx.x % kThreadsPerRow; }
+  // First element of this thread's chunk k; the chunk exists when this is < kLength.
+  static __device__ __forceinline__ int ChunkStart(int k) { return (k * kThreadsPerRow + Lane()) * kVec; }
+};
+
+}  // namespace kiln::kernels

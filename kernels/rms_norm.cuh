@@ -1,0 +1,196 @@
+// RMSNorm over the last dim (length D) of x, and its two gradients, as in
+// runtime/reference/norm_ops.cc, in fp32:
+//   r  = 1 / sqrtf(sum(x^2) / D + eps)                 (1/sqrtf, not rsqrtf: two correctly
+//                                                       rounded ops instead of a 2-ulp one)
+//   y  = x * r * w
+//   dx = r * (w * dy) - x * (r^3 * sum(w * dy * x) / D)
+//   dw = sum over rows of dy * x * r
+// The forward and input-gradient kernels keep their row slice in registers, so each input
+// is read from memory once; r is never materialized, each kernel recomputes it from x.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace kiln::kernels {
+
+// ------------------------------------------------------------------------------- kernels
+
+// y = rms_norm(x, w). Launch: RowLayout's geometry (grid = ceil(kRows / kRowsPerBlock),
+// block = kThreadsPerRow * kRowsPerBlock).
+template <typename TX, typename TW, typename TY, long long kRows, int kD, int kVec, int kThreadsPerRow,
+          int kRowsPerBlock>
+__device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, float eps) {
+  using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
+  const long long row = Layout::Row();
+  if (row >= kRows) return;  // whole warps only: a warp is one row
+  const TX* x_row = x + row * kD;
+
+  float xs[Layout::kChunks][kVec];
+  float sum_squares = 0.f;
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+    const int i = Layout::ChunkStart(k);
+    if (i >= kD) continue;
+    LoadFloats(x_row + i, xs[k]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum_squares += xs[k][j] * xs[k][j];
+  }
+  const float r = 1.f / sqrtf(RowReduce<kThreadsPerRow>(sum_squares, SumOp(), 0.f) / kD + eps);
+
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+    const int i = Layout::ChunkStart(k);
+    if (i >= kD) continue;
+    float ws[kVec], ys[kVec];
+    LoadFloats(w + i, ws);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ys[j] = xs[k][j] * r * ws[j];
+    StoreFloats(y + row * kD + i, ys);
+  }
+}
+
+// dx = rms_norm_grad_input(x, w, dy). Same geometry as the forward. Keeps x and w * dy of
+// its chunks in registers between the two row sums and the output.
+template <typename TX, typename TW, typename TDY, typename TDX, long long kRows, int kD, int kVec,
+          int kThreadsPerRow, int kRowsPerBlock>
+__device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps) {
+  using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
+  const long long row = Layout::Row();
+  if (row >= kRows) return;
+
+  float xs[Layout::kChunks][kVec], wdys[Layout::kChunks][kVec];
+  float sum_squares = 0.f, dot = 0.f;  // sum(x^2), sum(w * dy * x) over this thread's chunks
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+    const int i = Layout::ChunkStart(k);
+    if (i >= kD) continue;
+    float ws[kVec];
+    LoadFloats(x + row * kD + i, xs[k]);
+    LoadFloats(dy + row * kD + i, wdys[k]);
+    LoadFloats(w + i, ws);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      wdys[k][j] *= ws[j];
+      sum_squares += xs[k][j] * xs[k][j];
+      dot += wdys[k][j] * xs[k][j];
+    }
+  }
+  sum_squares = RowReduce<kThreadsPerRow>(sum_squares, SumOp(), 0.f);
+  dot = RowReduce<kThreadsPerRow>(dot, SumOp(), 0.f);
+  const float r = 1.f / sqrtf(sum_squares / kD + eps);
+  const float x_scale = r * r * r * dot / kD;
+
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+    const int i = Layout::ChunkStart(k);
+    if (i >= kD) continue;
+    float dxs[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dxs[j] = r * wdys[k][j] - xs[k][j] * x_scale;
+    StoreFloats(dx + row * kD + i, dxs);
+  }
+}
+
+// dw = rms_norm_grad_weight(x, w, dy), deterministic and without float atomics.
+//
+// Launch: kBlocks = ceil(kRows / kRowsPerBlock) blocks of kThreads threads. Block b owns
+// rows [b * kRowsPerBlock, (b + 1) * kRowsPerBlock) and walks them in groups of one row per
+// warp:
+//   1. warp w computes r of row (group + w) with a warp reduction; r goes to shared memory;
+//   2. every thread adds dy * x * r of the group's rows, in row order, into registers for
+//      its own column chunks (thread t owns chunks t, t + kThreads, ...).
+// The block then writes its column sums to partials[b][:]; the last block to finish (an
+// atomic counter) sums partials[0..kBlocks)[:] in block order and writes dw. Every sum
+// thus runs in an order fixed at compile time, and the counter is reset for the next launch.
+// `partials` (kBlocks * kD floats) and `blocks_done` (zero at module load) are __device__
+// variables of the generated module: the kernel must not run concurrently with itself.
+// x is read twice (the second read of a group's rows is an L1/L2 hit), dy once.
+template <typename TX, typename TDY, typename TDW, long long kRows, int kD, int kVec, int kThreads,
+          int kRowsPerBlock>
+__device__ __forceinline__ void RmsNormGradWeight(TDW* dw, const TX* x, const TDY* dy, float eps, float* partials,
+                                                  unsigned int* blocks_done) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kThreads % kWarpSize == 0 && kRowsPerBlock % kWarps == 0, "rows come in groups of one per warp");
+  using WarpRow = RowLayout<kRows, kD, kVec, kWarpSize, kWarps>;  // a row read by one warp (step 1)
+  using Columns = RowLayout<kRows, kD, kVec, kThreads, 1>;        // a row read by the block (step 2)
+  __shared__ float inv_rms[kWarps];
+  const int warp = threadIdx.x / kWarpSize;
+  const long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerBlock;
+
+  float sums[Columns::kChunks][kVec];
+#pragma unroll
+  for (int k = 0; k < Columns::kChunks; ++k) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sums[k][j] = 0.f;
+  }
+
+  for (int group = 0; group < kRowsPerBlock; group += kWarps) {
+    const long long row = first_row + group + warp;
+    if (row < kRows) {
+      float sum_squares = 0.f;
+#pragma unroll
+      for (int k = 0; k < WarpRow::kChunks; ++k) {
+        const int i = WarpRow::ChunkStart(k);
+        if (i >= kD) continue;
+        float xs[kVec];
+        LoadFloats(x + row * kD + i, xs);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sum_squares += xs[j] * xs[j];
+      }
+      sum_squares = WarpReduce(sum_squares, SumOp());
+      if (WarpRow::Lane() == 0) inv_rms[warp] = 1.f / sqrtf(sum_squares / kD + eps);
+    }
+    __syncthreads();
+    for (int w = 0; w < kWarps && first_row + group + w < kRows; ++w) {
+      const long long r_row = first_row + group + w;
+      const float r = inv_rms[w];
+#pragma unroll
+      for (int k = 0; k < Columns::kChunks; ++k) {
+        const int i = Columns::ChunkStart(k);
+        if (i >= kD) continue;
+        float xs[kVec], dys[kVec];
+        LoadFloats(x + r_row * kD + i, xs);
+        LoadFloats(dy + r_row * kD + i, dys);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sums[k][j] += dys[j] * xs[j] * r;
+      }
+    }
+    __syncthreads();  // inv_rms is rewritten by the next group
+  }
+
+#pragma unroll
+  for (int k = 0; k < Columns::kChunks; ++k) {
+    const int i = Columns::ChunkStart(k);
+    if (i < kD) StoreFloats(partials + blockIdx.x * static_cast<long long>(kD) + i, sums[k]);
+  }
+
+  // Publish the partials before counting this block as done (the classic last-block
+  // reduction: fence, then count; the last block fences again before reading).
+  __shared__ bool is_last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last_block) return;
+  __threadfence();
+
+#pragma unroll
+  for (int k = 0; k < Columns::kChunks; ++k) {
+    const int i = Columns::ChunkStart(k);
+    if (i >= kD) continue;
+    float total[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) total[j] = 0.f;
+#pragma unroll 4
+    for (unsigned int b = 0; b < gridDim.x; ++b) {
+      float partial[kVec];
+      LoadFloatsFromL2(partials + b * static_cast<long long>(kD) + i, partial);  // written by other SMs
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) total[j] += partial[j];
+    }
+    StoreFloats(dw + i, total);
+  }
+  if (threadIdx.x == 0) *blocks_done = 0;
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,328 @@
+// Lowering of the composite ops (codegen/lower_composite.cc) to the templates of kernels/:
+// for every composite op, over shapes that take each geometry path (rows of length 1, odd
+// lengths on the scalar path, multiples of the 16-byte width, 32000-wide LM-head rows) and
+// every dtype the op allows, the lowering succeeds, its kernels follow the kernel_spec.h
+// contract, fit the hardware, and compile with NVRTC for sm_90a. No GPU is needed; the
+// numbers these kernels compute are checked on a GPU against the reference backend.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codegen/kernel_source.h"
+#include "codegen/lower_composite.h"
+#include "codegen/nvrtc_compiler.h"
+#include "gtest/gtest.h"
+#include "ir/builder.h"
+
+namespace kiln {
+namespace {
+
+constexpr DType kF32 = DType::kF32, kBF16 = DType::kBF16, kF16 = DType::kF16, kF8 = DType::kF8E4M3,
+                kI32 = DType::kI32, kI64 = DType::kI64;
+
+// A module whose function takes `operands` as parameters and applies `op` to them once; the
+// node is named with dots so that kernel names must sanitize it.
+struct OneOp {
+  std::unique_ptr<Module> module;
+  Node* node = nullptr;
+};
+
+OneOp MakeOneOp(Opcode op, const std::vector<TensorType>& operands, AttrMap attrs = {},
+                const TensorType* declared = nullptr) {
+  OneOp one{std::make_unique<Module>("m"), nullptr};
+  Builder b(one.module->AddFunction("f"));
+  std::vector<Node*> params;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    absl::StatusOr<Node*> p = b.Parameter(absl::StrCat("p", i), operands[i]);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return one;
+    params.push_back(*p);
+  }
+  absl::StatusOr<Node*> node = b.Named("layers.0.out").Op(op, params, std::move(attrs), declared);
+  EXPECT_TRUE(node.ok()) << node.status();
+  if (node.ok()) one.node = *node;
+  return one;
+}
+
+// The parameter list of `kernel`'s extern "C" function, split at commas.
+std::vector<std::string> KernelParams(const KernelSpec& kernel) {
+  const size_t open = kernel.source.find(kernel.name + "(");
+  if (open == std::string::npos) return {};
+  const size_t start = open + kernel.name.size() + 1;
+  const std::string list = kernel.source.substr(start, kernel.source.find(')', start) - start);
+  std::vector<std::string> params;
+  size_t from = 0;
+  for (size_t comma; (comma = list.find(',', from)) != std::string::npos; from = comma + 1) {
+    params.push_back(list.substr(from, comma - from));
+  }
+  params.push_back(list.substr(from));
+  return params;
+}
+
+// Lowers `node` and checks every kernel: the name, the signature contract, a launch that
+// fits (whole warps, at most 1024 threads, a non-empty grid, static shared memory only),
+// and an NVRTC compile for sm_90a. Returns the kernels for further checks.
+std::vector<KernelSpec> LowerAndCompile(const Node* node, const CodegenOptions& options = {}) {
+  if (node == nullptr) return {};
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*node, options);
+  EXPECT_TRUE(lowered.ok()) << lowered.status();
+  if (!lowered.ok()) return {};
+  EXPECT_EQ(lowered->kind, LoweringKind::kKernels);
+  for (const KernelSpec& kernel : lowered->kernels) {
+    SCOPED_TRACE(kernel.name);
+    EXPECT_EQ(kernel.name.rfind(codegen::KernelName(*node), 0), 0u);
+    EXPECT_EQ(KernelParams(kernel).size(), 1u + node->num_operands()) << kernel.source;
+    EXPECT_EQ(kernel.block[0] % 32, 0u);
+    EXPECT_LE(kernel.block[0] * kernel.block[1] * kernel.block[2], 1024u);
+    EXPECT_GE(kernel.grid[0], 1u);
+    EXPECT_LE(kernel.grid[0], 0x7fffffffu);
+    EXPECT_EQ(kernel.grid[1] * kernel.grid[2], 1u);
+    EXPECT_LE(kernel.shared_bytes, 48u * 1024);
+    absl::StatusOr<CompiledKernel> compiled = CompileKernel(kernel, NvrtcOptions{});
+    EXPECT_TRUE(compiled.ok()) << compiled.status();
+    if (compiled.ok()) {
+      EXPECT_EQ(compiled->name, kernel.name);
+      EXPECT_FALSE(compiled->cubin.empty());
+    }
+  }
+  return lowered->kernels;
+}
+
+AttrMap Eps() { return {{"eps", 1e-5}}; }
+
+TEST(CompositeKernelsTest, RmsNormForward) {
+  struct Shape {
+    DType x, w;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kBF16, kF32, {4, 768}},
+                                           {kF32, kF32, {3, 1}},
+                                           {kF32, kBF16, {2, 5, 33}},
+                                           {kBF16, kBF16, {2, 8192}},
+                                           {kF8, kF32, {16, 256}},
+                                           {kF16, kF32, {2, 32000}}}) {
+    SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
+    OneOp one = MakeOneOp(Opcode::kRmsNorm, {{s.x, s.dims}, {s.w, {s.dims.back()}}}, Eps());
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, RmsNormGradInput) {
+  struct Shape {
+    DType x, w, dy;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kBF16, kF32, kBF16, {4, 768}},
+                                           {kF32, kF32, kF32, {3, 1}},
+                                           {kF32, kF32, kBF16, {7, 33}},
+                                           {kBF16, kBF16, kF32, {2, 8192}}}) {
+    SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
+    OneOp one = MakeOneOp(Opcode::kRmsNormGradInput, {{s.x, s.dims}, {s.w, {s.dims.back()}}, {s.dy, s.dims}}, Eps());
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, RmsNormGradWeight) {
+  struct Shape {
+    DType x, w, dy;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kBF16, kF32, kBF16, {16384, 768}},
+                                           {kF32, kF32, kF32, {3, 1}},
+                                           {kF32, kBF16, kF32, {7, 33}},
+                                           {kBF16, kF32, kBF16, {4, 8192}},
+                                           {kF32, kF32, kF32, {0, 8}}}) {  // no rows: dw = 0
+    SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
+    OneOp one = MakeOneOp(Opcode::kRmsNormGradWeight, {{s.x, s.dims}, {s.w, {s.dims.back()}}, {s.dy, s.dims}}, Eps());
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, Softmax) {
+  for (const TensorType& x : std::vector<TensorType>{{kF32, {4, 32000}},
+                                                     {kBF16, {2, 3, 32000}},
+                                                     {kF32, {2, 32001}},
+                                                     {kF32, {5, 1}},
+                                                     {kBF16, {3, 33}},
+                                                     {kF16, {8, 128}}}) {
+    SCOPED_TRACE(x.ToString());
+    OneOp one = MakeOneOp(Opcode::kSoftmax, {x});
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, SoftmaxGrad) {
+  for (const TensorType& y : std::vector<TensorType>{{kBF16, {4, 32000}}, {kF32, {5, 1}}, {kF32, {3, 33}}}) {
+    SCOPED_TRACE(y.ToString());
+    OneOp one = MakeOneOp(Opcode::kSoftmaxGrad, {y, y});
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, CrossEntropyAndGradient) {
+  struct Shape {
+    DType logits, labels;
+    int64_t rows, classes;
+  };
+  for (const Shape& s : std::vector<Shape>{{kBF16, kI32, 8, 32000},
+                                           {kF32, kI64, 3, 32001},
+                                           {kF32, kI32, 4, 1},
+                                           {kF32, kI32, 2, 0}}) {  // no classes: every label is out of range
+    SCOPED_TRACE((TensorType{s.logits, {s.rows, s.classes}}).ToString());
+    const std::vector<TensorType> operands = {{s.logits, {s.rows, s.classes}}, {s.labels, {s.rows}}};
+    OneOp loss = MakeOneOp(Opcode::kCrossEntropy, operands);
+    EXPECT_EQ(LowerAndCompile(loss.node).size(), 1u);
+    if (s.classes == 0) continue;  // the gradient is empty
+    std::vector<TensorType> grad_operands = operands;
+    grad_operands.push_back({kF32, {s.rows}});
+    OneOp grad = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands);
+    EXPECT_EQ(LowerAndCompile(grad.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, Rope) {
+  struct Shape {
+    DType x;
+    std::vector<int64_t> dims;
+    int64_t inverse;
+  };
+  for (const Shape& s : std::vector<Shape>{{kBF16, {2, 16, 4, 64}, 0},
+                                           {kF32, {1, 3, 2, 6}, 1},  // half of 3: the scalar path
+                                           {kF16, {1, 1, 1, 2}, 0},
+                                           {kF32, {2, 1024, 12, 128}, 1}}) {
+    SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
+    OneOp one = MakeOneOp(Opcode::kRope, {{s.x, s.dims}, {kI32, {s.dims[1]}}},
+                          {{"theta", 10000.0}, {"inverse", s.inverse}});
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, Gather) {
+  struct Shape {
+    TensorType table, indices;
+  };
+  for (const Shape& s : std::vector<Shape>{{{kF32, {100, 768}}, {kI32, {4, 5}}},    // 16-byte units
+                                           {{kBF16, {10, 3}}, {kI64, {7}}},        // 6-byte rows: 2-byte units
+                                           {{kI32, {5}}, {kI32, {3}}},             // scalar rows
+                                           {{DType::kPred, {4, 3}}, {kI32, {2}}},  // 1-byte units
+                                           {{kF32, {32000, 1}}, {kI32, {16}}}}) {
+    SCOPED_TRACE(s.table.ToString());
+    OneOp one = MakeOneOp(Opcode::kGather, {s.table, s.indices});
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+TEST(CompositeKernelsTest, ScatterAddZeroFillsFirst) {
+  struct Shape {
+    TensorType indices, updates, result;
+    size_t kernels;
+  };
+  for (const Shape& s : std::vector<Shape>{{{kI32, {4, 5}}, {kF32, {4, 5, 768}}, {kF32, {100, 768}}, 2},
+                                           {{kI64, {6}}, {kF32, {6, 3}}, {kF32, {10, 3}}, 2},  // float atomics
+                                           {{kI32, {0}}, {kF32, {0, 4}}, {kF32, {5, 4}}, 1}}) {  // zeros only
+    SCOPED_TRACE(s.result.ToString());
+    OneOp one = MakeOneOp(Opcode::kScatterAdd, {s.indices, s.updates}, {}, &s.result);
+    const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
+    ASSERT_EQ(kernels.size(), s.kernels);
+    EXPECT_EQ(kernels[0].name, codegen::KernelName(*one.node) + "_zero_fill");
+    EXPECT_NE(kernels[0].source.find("ZeroFill<"), std::string::npos);
+    if (kernels.size() == 2) {
+      EXPECT_NE(kernels[1].source.find("ScatterAdd<"), std::string::npos);
+    }
+  }
+}
+
+// The geometry policy of lower_composite.cc, on the shapes the reference models use.
+TEST(CompositeKernelsTest, RowGeometry) {
+  // 768 bf16: 96 chunks of 8, a warp per row, 8 rows per 256-thread block.
+  OneOp norm = MakeOneOp(Opcode::kRmsNorm, {{kBF16, {4096, 768}}, {kF32, {768}}}, Eps());
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*norm.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].block[0], 256u);
+  EXPECT_EQ(lowered->kernels[0].grid[0], 512u);
+
+  // A 32000-wide LM-head row: one 1024-thread block per row, 32 floats a thread.
+  OneOp softmax = MakeOneOp(Opcode::kSoftmax, {{kF32, {6, 32000}}});
+  lowered = LowerCompositeNode(*softmax.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].block[0], 1024u);
+  EXPECT_EQ(lowered->kernels[0].grid[0], 6u);
+
+  // Fewer rows than a block holds: the block shrinks to the rows there are.
+  OneOp tiny = MakeOneOp(Opcode::kSoftmax, {{kF32, {5, 1}}});
+  lowered = LowerCompositeNode(*tiny.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].block[0], 5u * 32);
+  EXPECT_EQ(lowered->kernels[0].grid[0], 1u);
+
+  // The weight gradient: at most 256 partial blocks, each 64 of the 16384 rows.
+  OneOp dw = MakeOneOp(Opcode::kRmsNormGradWeight, {{kBF16, {16384, 768}}, {kF32, {768}}, {kBF16, {16384, 768}}},
+                       Eps());
+  lowered = LowerCompositeNode(*dw.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].grid[0], 256u);
+  EXPECT_EQ(lowered->kernels[0].block[0], 256u);
+  EXPECT_NE(lowered->kernels[0].source.find("g_partials[196608]"), std::string::npos);
+}
+
+TEST(CompositeKernelsTest, SourcesAreDeterministic) {
+  OneOp a = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}});
+  OneOp b = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}});
+  absl::StatusOr<LoweredNode> la = LowerCompositeNode(*a.node, {});
+  absl::StatusOr<LoweredNode> lb = LowerCompositeNode(*b.node, {});
+  ASSERT_TRUE(la.ok() && lb.ok());
+  ASSERT_EQ(la->kernels.size(), 1u);
+  EXPECT_EQ(la->kernels[0].source, lb->kernels[0].source);
+  EXPECT_EQ(la->kernels[0].name, "k_layers_0_out_cross_entropy_grad");
+}
+
+TEST(CompositeKernelsTest, AttributesAreExactLiterals) {
+  OneOp norm = MakeOneOp(Opcode::kRmsNorm, {{kF32, {2, 8}}, {kF32, {8}}}, {{"eps", 0.0}});
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*norm.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_NE(lowered->kernels[0].source.find("0x0p+0f)"), std::string::npos) << lowered->kernels[0].source;
+  EXPECT_EQ(LowerAndCompile(norm.node).size(), 1u);  // eps = 0 is valid C++ too
+}
+
+TEST(CompositeKernelsTest, ScatterAddOfNonF32IsAClearError) {
+  const TensorType result{kBF16, {10, 4}};
+  OneOp one = MakeOneOp(Opcode::kScatterAdd, {{kI32, {3}}, {kBF16, {3, 4}}}, {}, &result);
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*one.node, {});
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_EQ(lowered.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(lowered.status().message().find("%layers.0.out"), absl::string_view::npos) << lowered.status();
+  EXPECT_NE(lowered.status().message().find("f32"), absl::string_view::npos) << lowered.status();
+  EXPECT_NE(lowered.status().message().find("bf16[10,4]"), absl::string_view::npos) << lowered.status();
+}
+
+TEST(CompositeKernelsTest, BadOptionsAndOpsAreErrors) {
+  OneOp softmax = MakeOneOp(Opcode::kSoftmax, {{kF32, {4, 8}}});
+  CodegenOptions odd;
+  odd.threads_per_block = 100;
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*softmax.node, odd);
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_NE(lowered.status().message().find("threads_per_block 100"), absl::string_view::npos) << lowered.status();
+
+  OneOp add = MakeOneOp(Opcode::kAdd, {{kF32, {4}}, {kF32, {4}}});
+  lowered = LowerCompositeNode(*add.node, {});
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_NE(lowered.status().message().find("not a composite op"), absl::string_view::npos) << lowered.status();
+
+  OneOp norm = MakeOneOp(Opcode::kRmsNorm, {{kF32, {2, 8}}, {kF32, {8}}}, {{"eps", INFINITY}});
+  lowered = LowerCompositeNode(*norm.node, {});
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_NE(lowered.status().message().find("must be finite"), absl::string_view::npos) << lowered.status();
+}
+
+TEST(CompositeKernelsTest, EmptyOutputsNeedNoKernels) {
+  OneOp softmax = MakeOneOp(Opcode::kSoftmax, {{kF32, {0, 8}}});
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*softmax.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kind, LoweringKind::kKernels);
+  EXPECT_TRUE(lowered->kernels.empty());
+}
+
+}  // namespace
+}  // namespace kiln
