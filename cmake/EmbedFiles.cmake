@@ -11,5 +11,6 @@ function(kiln_embed_files out_cc table)
     COMMAND ${CMAKE_COMMAND} -DOUT=${out_cc} -DTABLE=${table} -DROOT=${CMAKE_SOURCE_DIR}
             "-DFILES=${files}" -P ${CMAKE_SOURCE_DIR}/cmake/EmbedFilesScript.cmake
     DEPENDS ${files} ${CMAKE_SOURCE_DIR}/cmake/EmbedFilesScript.cmake
-    COMMENT "Embedding ${table}")
+    COMMENT "Embedding ${table}"
+    VERBATIM)  # keeps the ';'-separated FILES list one argument, not shell command separators
 endfunction()

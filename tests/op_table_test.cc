@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_join.h"
+#include "codegen/lower_node.h"
 #include "ir/op_table.h"
 #include "runtime/reference_backend.h"
 #include "tests/testing/all_ops.h"
@@ -62,6 +63,15 @@ TEST(OpTable, ReferenceEvaluatesAllOpsModule) {
     }
   }
 }
+
+#ifdef KILN_WITH_CUDA
+// Column: codegen (codegen/lower_node.cc) lowers the op to kernels, an alias, an input or a
+// GEMM; tests/codegen_test.cc compiles what it makes.
+TEST(OpTable, Lowering) {
+  const std::vector<std::string> missing = OpsLacking(CodegenSupports);
+  EXPECT_TRUE(missing.empty()) << "no codegen lowering for: " << absl::StrJoin(missing, ", ");
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

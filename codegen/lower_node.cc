@@ -1,0 +1,136 @@
+#include "codegen/lower_node.h"
+
+#include "absl/strings/str_cat.h"
+#include "codegen/lower_composite.h"
+#include "codegen/lowerings.h"
+
+namespace kiln {
+namespace {
+
+// How an op is lowered; the one switch that both LowerNode and CodegenSupports read.
+enum class Lowering {
+  kInput,
+  kAlias,
+  kGemm,
+  kConstant,
+  kIota,
+  kElementwise,
+  kStridedCopy,
+  kConcatenate,
+  kReduce,
+  kComposite,  // hand-written templates: codegen/lower_composite.cc
+  kNone,       // not an op of the table (a corrupt value): LowerNode reports it
+};
+
+// No default case: -Wswitch names a new op of ir/op_table.h until it gets a lowering here.
+
+Lowering LoweringOf(Opcode op) {
+  switch (op) {
+    case Opcode::kParameter:
+      return Lowering::kInput;
+    case Opcode::kConstant:
+      return Lowering::kConstant;
+    case Opcode::kIota:
+      return Lowering::kIota;
+    case Opcode::kNeg:
+    case Opcode::kAbs:
+    case Opcode::kExp:
+    case Opcode::kLog:
+    case Opcode::kSqrt:
+    case Opcode::kRsqrt:
+    case Opcode::kTanh:
+    case Opcode::kSigmoid:
+    case Opcode::kAdd:
+    case Opcode::kSub:
+    case Opcode::kMul:
+    case Opcode::kDiv:
+    case Opcode::kMax:
+    case Opcode::kMin:
+    case Opcode::kCompare:
+    case Opcode::kSelect:
+    case Opcode::kConvert:
+      return Lowering::kElementwise;
+    case Opcode::kBroadcast:
+    case Opcode::kTranspose:
+    case Opcode::kSlice:
+      return Lowering::kStridedCopy;
+    case Opcode::kReshape:
+      return Lowering::kAlias;
+    case Opcode::kConcatenate:
+      return Lowering::kConcatenate;
+    case Opcode::kReduceSum:
+    case Opcode::kReduceMax:
+      return Lowering::kReduce;
+    case Opcode::kDotGeneral:
+      return Lowering::kGemm;
+    case Opcode::kGather:
+    case Opcode::kScatterAdd:
+    case Opcode::kRmsNorm:
+    case Opcode::kRmsNormGradInput:
+    case Opcode::kRmsNormGradWeight:
+    case Opcode::kSoftmax:
+    case Opcode::kSoftmaxGrad:
+    case Opcode::kCrossEntropy:
+    case Opcode::kCrossEntropyGrad:
+    case Opcode::kRope:
+      return Lowering::kComposite;
+  }
+  return Lowering::kNone;
+}
+
+}  // namespace
+
+absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options) {
+  switch (LoweringOf(node.opcode())) {
+    case Lowering::kInput:
+      return LoweredNode{LoweringKind::kInput, {}};
+    case Lowering::kAlias:
+      return LoweredNode{LoweringKind::kAlias, {}};
+    case Lowering::kGemm:
+      return LoweredNode{LoweringKind::kGemm, {}};
+    case Lowering::kConstant:
+      return codegen::LowerConstant(node, options);
+    case Lowering::kIota:
+      return codegen::LowerIota(node, options);
+    case Lowering::kElementwise:
+      return codegen::LowerElementwise(node, options);
+    case Lowering::kStridedCopy:
+      return codegen::LowerStridedCopy(node, options);
+    case Lowering::kConcatenate:
+      return codegen::LowerConcatenate(node, options);
+    case Lowering::kReduce:
+      return codegen::LowerReduce(node, options);
+    case Lowering::kComposite:
+      return LowerCompositeNode(node, options);
+    case Lowering::kNone:
+      break;
+  }
+  return absl::UnimplementedError(absl::StrCat("codegen has no lowering for op ", node.op_name(), " (node %",
+                                               node.name(), ")"));
+}
+
+bool CodegenSupports(Opcode op) { return LoweringOf(op) != Lowering::kNone; }
+
+const char* CudaTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "float";
+    case DType::kF16:
+      return "__half";
+    case DType::kBF16:
+      return "__nv_bfloat16";
+    case DType::kF8E4M3:
+      return "__nv_fp8_e4m3";
+    case DType::kF8E5M2:
+      return "__nv_fp8_e5m2";
+    case DType::kI32:
+      return "int";
+    case DType::kI64:
+      return "long long";
+    case DType::kPred:
+      return "bool";
+  }
+  return "void";
+}
+
+}  // namespace kiln

@@ -1,0 +1,368 @@
+// Codegen without a GPU: every op lowers and its kernels compile with NVRTC for sm_90a;
+// the generated sources have the structure we mean (vector widths, index types, reduction
+// strategies, exact constant bits); and every kernel of llama-tiny, llama-S and llama-M,
+// forward and training step, compiles with zero errors. Whether the kernels compute the
+// right numbers is checked on the GPU (tests/gpu_*).
+#include <gtest/gtest.h>
+
+#ifdef KILN_WITH_CUDA
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "codegen/compile_function.h"
+#include "codegen/kernel_cache.h"
+#include "codegen/lower_node.h"
+#include "codegen/nvrtc_compiler.h"
+#include "frontends/llama.h"
+#include "frontends/model_config.h"
+#include "ir/builder.h"
+#include "ir/status_macros.h"
+#include "ir/text_format.h"
+#include "passes/default_pipeline.h"
+#include "passes/training_step.h"
+#include "tests/testing/all_ops.h"
+
+namespace kiln {
+namespace {
+
+bool IsElf(const std::string& cubin) { return cubin.size() > 4 && cubin.compare(0, 4, "\x7f" "ELF") == 0; }
+
+// A one-function module built by `build`, which returns the node under test.
+class OneNode {
+ public:
+  template <typename Build>
+  explicit OneNode(Build build) : module_("m"), b_(module_.AddFunction("f")) {
+    absl::StatusOr<Node*> n = build(b_);
+    EXPECT_TRUE(n.ok()) << n.status();
+    node_ = n.ok() ? *n : nullptr;
+  }
+  const Node& node() const { return *node_; }
+  // The single kernel the node lowers to.
+  KernelSpec Kernel() const {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*node_);
+    EXPECT_TRUE(lowered.ok()) << lowered.status();
+    EXPECT_EQ(lowered->kind, LoweringKind::kKernels);
+    EXPECT_EQ(lowered->kernels.size(), 1u);
+    return lowered->kernels.empty() ? KernelSpec{} : lowered->kernels[0];
+  }
+
+ private:
+  Module module_;
+  Builder b_;
+  Node* node_ = nullptr;
+};
+
+// Compiles `k` for sm_90a and expects a cubin.
+void ExpectCompiles(const KernelSpec& k) {
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+  ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
+  EXPECT_TRUE(IsElf(compiled->cubin)) << k.name;
+  EXPECT_FALSE(compiled->from_cache);
+}
+
+TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
+  std::unique_ptr<Module> module = testing::BuildAllOpsModule();
+  std::map<std::string, std::string> failures;  // op -> first error
+  std::set<std::string> compiled_ops;
+  for (const auto& node : module->functions()[0]->nodes()) {
+    const std::string op(node->op_name());
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*node);
+    if (!lowered.ok()) {
+      failures.try_emplace(op, absl::StrCat("lowering: ", lowered.status().message()));
+      continue;
+    }
+    for (const KernelSpec& k : lowered->kernels) {
+      absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+      if (!compiled.ok()) {
+        failures.try_emplace(op, absl::StrCat("NVRTC: ", compiled.status().message()));
+      } else if (!IsElf(compiled->cubin) || compiled->name != k.name) {
+        failures.try_emplace(op, "NVRTC returned something other than an ELF cubin");
+      }
+    }
+    if (lowered->kind == LoweringKind::kKernels && !failures.count(op)) compiled_ops.insert(op);
+  }
+  std::string report;
+  for (const auto& [op, error] : failures) absl::StrAppend(&report, "\n--- ", op, ": ", error);
+  EXPECT_TRUE(failures.empty()) << failures.size() << " op(s) failed: "
+                                << absl::StrJoin(failures, ", ", [](std::string* out, const auto& f) {
+                                     out->append(f.first);
+                                   })
+                                << report;
+  // Every op but the three without kernels (parameter, reshape, dot_general) made some.
+  EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 3));
+}
+
+TEST(Codegen, LoweringKindsOfWorklessOps) {
+  OneNode reshape([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {4, 6}}));
+    return b.Reshape(x, {24});
+  });
+  EXPECT_EQ(LowerNode(reshape.node())->kind, LoweringKind::kAlias);
+  EXPECT_EQ(LowerNode(*reshape.node().operand(0))->kind, LoweringKind::kInput);
+  OneNode dot([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {4, 8}}));
+    ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {16, 8}}));
+    return b.DotGeneral(x, w, {{}, {}, {1}, {1}}, DType::kF32);
+  });
+  absl::StatusOr<LoweredNode> gemm = LowerNode(dot.node());
+  ASSERT_TRUE(gemm.ok());
+  EXPECT_EQ(gemm->kind, LoweringKind::kGemm);
+  EXPECT_TRUE(gemm->kernels.empty());
+}
+
+// An elementwise node on `n` elements of `in` producing `out` (via convert when they differ).
+KernelSpec ElementwiseKernel(DType in, DType out, int64_t n) {
+  OneNode one([&](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {in, {n}}));
+    ASSIGN_OR_RETURN(Node * y, b.Parameter("y", {in, {n}}));
+    if (in != out) return b.Convert(x, out);
+    return b.Add(x, y);
+  });
+  return one.Kernel();
+}
+
+TEST(Codegen, ElementwiseUsesSixteenByteVectorsWhenTheCountAllows) {
+  EXPECT_TRUE(absl::StrContains(ElementwiseKernel(DType::kF32, DType::kF32, 1024).source, "Vec<float, 4>"));
+  EXPECT_TRUE(absl::StrContains(ElementwiseKernel(DType::kBF16, DType::kBF16, 4096).source, "Vec<__nv_bfloat16, 8>"));
+  EXPECT_TRUE(absl::StrContains(ElementwiseKernel(DType::kF8E4M3, DType::kF8E4M3, 64).source, "Vec<__nv_fp8_e4m3, 16>"));
+  // f32 -> bf16: 4 elements per access, so the f32 load is 16 bytes and the bf16 store 8.
+  const KernelSpec narrow = ElementwiseKernel(DType::kF32, DType::kBF16, 1024);
+  EXPECT_TRUE(absl::StrContains(narrow.source, "Vec<float, 4>"));
+  EXPECT_TRUE(absl::StrContains(narrow.source, "Vec<__nv_bfloat16, 4>"));
+  EXPECT_TRUE(absl::StrContains(narrow.source, "__float2bfloat16_rn"));
+  // 6 bf16 elements: 2 per access; 1023: one.
+  EXPECT_TRUE(absl::StrContains(ElementwiseKernel(DType::kBF16, DType::kBF16, 6).source, "Vec<__nv_bfloat16, 2>"));
+  EXPECT_TRUE(absl::StrContains(ElementwiseKernel(DType::kF32, DType::kF32, 1023).source, "Vec<float, 1>"));
+  for (DType in : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kF8E5M2, DType::kI32, DType::kI64}) {
+    for (DType out : {DType::kF32, DType::kBF16, DType::kF8E5M2, DType::kI32, DType::kI64, DType::kPred}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(in), " -> ", DTypeName(out)));
+      ExpectCompiles(ElementwiseKernel(in, out, 40));
+    }
+  }
+}
+
+TEST(Codegen, NamesSourcesAndDeterminism) {
+  OneNode one([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kF32, {8}}));
+    b.set_scope("layers.0");
+    return b.Unary(Opcode::kExp, x);
+  });
+  const KernelSpec k = one.Kernel();
+  EXPECT_TRUE(absl::StartsWith(k.name, "k_")) << k.name;
+  EXPECT_TRUE(absl::EndsWith(k.name, "_exp")) << k.name;
+  EXPECT_TRUE(absl::StrContains(k.source, absl::StrCat("extern \"C\" __global__ void __launch_bounds__(256) ", k.name)));
+  EXPECT_TRUE(absl::StrContains(k.source, PrintNode(one.node()))) << k.source;
+  EXPECT_FALSE(absl::StrContains(k.source, "cuda_bf16.h"));  // f32 only: no narrow headers
+  EXPECT_EQ(LowerNode(one.node())->kernels[0].source, k.source);
+}
+
+TEST(Codegen, IndexTypeWidensOnlyWhenTheCountNeedsIt) {
+  auto broadcast_kernel = [](std::vector<int64_t> shape) {
+    OneNode one([&](Builder& b) -> absl::StatusOr<Node*> {
+      ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kF32, {}}));
+      return b.BroadcastScalar(x, shape);
+    });
+    return one.Kernel();
+  };
+  EXPECT_TRUE(absl::StrContains(broadcast_kernel({1024, 1024}).source, "typedef int Index;"));
+  const KernelSpec huge = broadcast_kernel({65536, 65536});
+  EXPECT_TRUE(absl::StrContains(huge.source, "typedef long long Index;"));
+  ExpectCompiles(huge);
+}
+
+TEST(Codegen, DataMovementMergesDimsAndVectorizesRows) {
+  // A row broadcast [768] -> [16,1024,768]: rows copy as 16-byte vectors.
+  OneNode row([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {768}}));
+    return b.Broadcast(w, {2}, {16, 1024, 768});
+  });
+  const KernelSpec row_kernel = row.Kernel();
+  EXPECT_TRUE(absl::StrContains(row_kernel.source, "kiln::LoadVec<8>(in + src, 0)")) << row_kernel.source;
+  ExpectCompiles(row_kernel);
+  // A column broadcast [16] -> [16,64]: one load, stored 8 times.
+  OneNode column([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {16}}));
+    return b.Broadcast(x, {0}, {16, 64});
+  });
+  const KernelSpec column_kernel = column.Kernel();
+  EXPECT_TRUE(absl::StrContains(column_kernel.source, "r.v[j] = x;")) << column_kernel.source;
+  ExpectCompiles(column_kernel);
+  // A transpose reads with a stride: one element per thread.
+  OneNode transpose([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kF32, {2, 64, 32}}));
+    return b.Transpose(x, {0, 2, 1});
+  });
+  const KernelSpec transpose_kernel = transpose.Kernel();
+  EXPECT_TRUE(absl::StrContains(transpose_kernel.source, "out[v] = in[src];"));
+  ExpectCompiles(transpose_kernel);
+  // Concatenating runs of 64 and 32 f32 on the last dim: 4 per access.
+  OneNode cat([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kF32, {8, 64}}));
+    ASSIGN_OR_RETURN(Node * y, b.Parameter("y", {DType::kF32, {8, 32}}));
+    return b.Concatenate({x, y}, 1);
+  });
+  const KernelSpec cat_kernel = cat.Kernel();
+  EXPECT_TRUE(absl::StrContains(cat_kernel.source, "kiln::Vec<float, 4> x;")) << cat_kernel.source;
+  EXPECT_TRUE(absl::StrContains(cat_kernel.source, "else if ((r -= 16) < 8)")) << cat_kernel.source;
+  ExpectCompiles(cat_kernel);
+}
+
+KernelSpec ReduceKernel(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> dims, bool max = false) {
+  OneNode one([&](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {dtype, shape}));
+    return max ? b.ReduceMax(x, dims) : b.ReduceSum(x, dims);
+  });
+  return one.Kernel();
+}
+
+TEST(Codegen, ReductionStrategyFollowsTheShape) {
+  // Over tokens ([16384,768] -> [768]): column tiles, rows reduced cooperatively.
+  const KernelSpec columns = ReduceKernel(DType::kF32, {16384, 768}, {0});
+  EXPECT_TRUE(absl::StrContains(columns.source, "// Tiles of 8 columns; 128 row groups")) << columns.source;
+  EXPECT_EQ(columns.grid[0], 96u);
+  EXPECT_EQ(columns.block[0] * columns.block[1], 1024u);
+  // Long rows: a block per row; short rows: a warp per row; tiny: a thread per output.
+  const KernelSpec long_rows = ReduceKernel(DType::kBF16, {512, 32000}, {1}, /*max=*/true);
+  EXPECT_TRUE(absl::StrContains(long_rows.source, "// 256 threads per row of 32000 elements")) << long_rows.source;
+  EXPECT_TRUE(absl::StrContains(long_rows.source, "Vec<__nv_bfloat16, 8>"));
+  const KernelSpec rows = ReduceKernel(DType::kF32, {64, 768}, {1});
+  EXPECT_TRUE(absl::StrContains(rows.source, "// 32 threads per row of 768 elements, 8 rows per block"));
+  EXPECT_EQ(rows.grid[0], 8u);
+  const KernelSpec whole = ReduceKernel(DType::kF32, {32000, 768}, {0, 1});
+  EXPECT_TRUE(absl::StrContains(whole.source, "// 1024 threads per row")) << whole.source;
+  const KernelSpec tiny = ReduceKernel(DType::kI32, {100, 4}, {1});
+  EXPECT_TRUE(absl::StrContains(tiny.source, "for (Index i = 0; i < 4; ++i)")) << tiny.source;
+  // Interleaved dims ([2,3,4] over {0,2}): the general index arithmetic.
+  const KernelSpec interleaved = ReduceKernel(DType::kF32, {2, 3, 4}, {0, 2}, /*max=*/true);
+  EXPECT_TRUE(absl::StrContains(interleaved.source, "for (Index i = 0; i < 8; ++i)")) << interleaved.source;
+  // Sums accumulate in double, maxima in the compute type.
+  EXPECT_TRUE(absl::StrContains(columns.source, "typedef double Acc;"));
+  EXPECT_TRUE(absl::StrContains(long_rows.source, "typedef float Acc;"));
+  for (const KernelSpec& k : {columns, long_rows, rows, whole, tiny, interleaved}) ExpectCompiles(k);
+  ExpectCompiles(ReduceKernel(DType::kF16, {4, 300, 96}, {1}));  // [A, R, C] with A > 1
+}
+
+TEST(Codegen, ConstantsCarryTheDtypeBitsTheReferenceRoundsTo) {
+  OneNode dense([](Builder& b) { return b.ConstantValues({1, -0.0, 1.0 / 3}, {DType::kF32, {3}}); });
+  const KernelSpec dense_kernel = dense.Kernel();
+  EXPECT_TRUE(absl::StrContains(dense_kernel.source, "0x3f800000u, 0x80000000u, 0x3eaaaaabu,")) << dense_kernel.source;
+  ExpectCompiles(dense_kernel);
+  // 1/3 rounds to bf16 0x3eab; 1000 saturates in e4m3 to 448 (0x7e).
+  OneNode bf16([](Builder& b) { return b.Constant(1.0 / 3, {DType::kBF16, {4, 8}}); });
+  EXPECT_TRUE(absl::StrContains(bf16.Kernel().source, "= 0x3eabu;")) << bf16.Kernel().source;
+  ExpectCompiles(bf16.Kernel());
+  OneNode fp8([](Builder& b) { return b.Constant(1000, {DType::kF8E4M3, {16}}); });
+  EXPECT_TRUE(absl::StrContains(fp8.Kernel().source, "= 0x7eu;")) << fp8.Kernel().source;
+  ExpectCompiles(fp8.Kernel());
+  OneNode pred([](Builder& b) { return b.ConstantValues({0, 2, 0}, {DType::kPred, {3}}); });
+  EXPECT_TRUE(absl::StrContains(pred.Kernel().source, "0x00u, 0x01u, 0x00u,"));
+  ExpectCompiles(pred.Kernel());
+  OneNode iota([](Builder& b) { return b.Iota({DType::kBF16, {3, 500}}, 1); });
+  ExpectCompiles(iota.Kernel());
+}
+
+TEST(Codegen, NvrtcErrorsNameTheKernelAndShowTheSource) {
+  KernelSpec bad;
+  bad.name = "k_broken";
+  bad.source = "// a comment\nextern \"C\" __global__ void k_broken(float* out) {\n  out[0] = undefined_name;\n}\n";
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(bad, NvrtcOptions{});
+  ASSERT_FALSE(compiled.ok());
+  const std::string message(compiled.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "k_broken")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "undefined_name")) << message;
+  EXPECT_TRUE(absl::StrContains(message, ">3 |   out[0] = undefined_name;")) << message;
+  NvrtcOptions ptx;
+  ptx.arch = "compute_90";
+  EXPECT_FALSE(CompileKernel(bad, ptx).ok());
+}
+
+TEST(Codegen, CompileFunctionSharesOneCubinPerBody) {
+  Module module("m");
+  Builder b(module.AddFunction("f"));
+  Node* x = *b.Parameter("x", {DType::kBF16, {64, 128}});
+  Node* y = x;
+  for (int layer = 0; layer < 4; ++layer) {
+    b.set_scope(absl::StrCat("layers.", layer));
+    y = *b.Add(*b.Unary(Opcode::kNeg, y), x);
+  }
+  ASSERT_TRUE(b.Return({y}).ok());
+  absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(*module.functions()[0], NvrtcOptions{}, nullptr, 2);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->num_kernels, 8);
+  EXPECT_EQ(report->num_distinct, 2);  // one neg, one add
+  EXPECT_EQ(report->cache_hits, 0);
+  ASSERT_EQ(report->nodes.size(), 9u);
+  const NodeKernels& last_add = report->nodes.back();
+  ASSERT_EQ(last_add.compiled.size(), 1u);
+  EXPECT_EQ(report->nodes[2].compiled, last_add.compiled);  // the first add's cubin
+  EXPECT_NE(report->kernels[last_add.compiled[0]].name, last_add.lowered.kernels[0].name);
+  for (const CompiledKernel& k : report->kernels) EXPECT_TRUE(IsElf(k.cubin));
+}
+
+// The CI requirement: every kernel of the Llama presets, forward and training
+// step, compiles for sm_90a. Runs cold (empty cache), then warm (every body a cache hit).
+class LlamaKernels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaKernels, EveryKernelCompilesForSm90a) {
+  absl::StatusOr<ModelConfig> config = PresetConfig(GetParam());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const auto build_start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Module>> module = BuildLlamaModule(*config);
+  ASSERT_TRUE(module.ok()) << module.status();
+  ASSERT_TRUE(BuildTrainingStep(**module, *(*module)->FindFunction("forward"), {}).ok());
+  absl::StatusOr<PipelineReport> pipeline = RunDefaultPipeline(**module, CompileOptions{});
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  const double build_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
+
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    absl::StrCat("kiln_codegen_cache_", GetParam(), "_", ::getpid());
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<KernelCache> cache = KernelCache::Open(dir.string());
+  ASSERT_TRUE(cache.ok()) << cache.status();
+
+  absl::StatusOr<KernelCompileReport> cold = CompileModuleKernels(**module, NvrtcOptions{}, &*cache);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  EXPECT_EQ(cold->cache_hits, 0);
+  EXPECT_GT(cold->num_kernels, cold->num_distinct);
+  for (const CompiledKernel& k : cold->kernels) ASSERT_TRUE(IsElf(k.cubin)) << k.name;
+
+  absl::StatusOr<KernelCompileReport> warm = CompileModuleKernels(**module, NvrtcOptions{}, &*cache);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ(warm->cache_hits, warm->num_distinct);
+  EXPECT_EQ(warm->num_distinct, cold->num_distinct);
+
+  int64_t nodes = 0;
+  for (const auto& f : (*module)->functions()) nodes += f->num_nodes();
+  std::printf("%s: %lld nodes, %lld kernels, %lld distinct; build+pipeline %.1fs; cold %.1fs wall (NVRTC %.1fs "
+              "summed), warm %.2fs\n",
+              GetParam(), static_cast<long long>(nodes), static_cast<long long>(cold->num_kernels),
+              static_cast<long long>(cold->num_distinct), build_seconds, cold->wall_seconds, cold->nvrtc_seconds,
+              warm->wall_seconds);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, LlamaKernels, ::testing::Values("llama-tiny", "llama-S", "llama-M"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) c = c == '-' ? '_' : c;
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace kiln
+
+#else
+
+TEST(Codegen, NeedsTheCudaToolkit) { GTEST_SKIP() << "built without the CUDA toolkit: no NVRTC"; }
+
+#endif  // KILN_WITH_CUDA
