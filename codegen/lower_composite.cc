@@ -3,13 +3,13 @@
 // node's shapes, dtypes, attributes and the launch geometry chosen here. For example
 //
 //   // k_h_rms_norm: node %h of @forward
-//   // %h = rms_norm(%x, %w) {eps=1e-05} : bf16[4,768]
-//   // 4 rows of 768, 8 elements per access, a warp per row, 8 rows per block
+//   // %h = rms_norm(%x, %w) {eps=1e-05} : bf16[4096,768]
+//   // 4096 rows of 768, 8 elements per access, a warp per row, 8 rows per block
 //   #include "kernels/rms_norm.cuh"
 //
 //   extern "C" __global__ void __launch_bounds__(256) k_h_rms_norm(
 //       __nv_bfloat16* out, const __nv_bfloat16* x, const float* w) {
-//     kiln::kernels::RmsNormForward<__nv_bfloat16, float, __nv_bfloat16, 4LL, 768, 8, 32, 8>(
+//     kiln::kernels::RmsNormForward<__nv_bfloat16, float, __nv_bfloat16, 4096LL, 768, 8, 32, 8>(
 //         out, x, w, 0x1.4f8b58p-17f);
 //   }
 //
@@ -17,7 +17,9 @@
 // kRowElementsPerThread elements of each row it caches in registers. A row short enough for
 // a warp under that limit gets a warp (threads_per_block / 32 rows per block, reductions by
 // shuffles only); a longer row gets a whole block, as many warps as the limit asks, up to
-// 1024 threads (past 1024 * 32 elements the cache spills to local memory, still correct).
+// 1024 threads. Past 1024 * 32 elements a row no longer fits the registers a 1024-thread
+// block leaves each thread (64), nor past 1024 * 16 for kernels that cache two inputs
+// (softmax_grad, rms_norm_grad_input): the excess spills to local memory, still correct.
 #include "codegen/lower_composite.h"
 
 #include <algorithm>
@@ -44,6 +46,9 @@ constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
 
+// Row lengths are `int` template arguments and chunk offsets are computed in int.
+constexpr int64_t kMaxRowLength = int64_t{1} << 30;
+
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t RoundUp(int64_t a, int64_t multiple) { return CeilDiv(a, multiple) * multiple; }
 
@@ -64,6 +69,9 @@ std::string Param(DType t, absl::string_view name) { return absl::StrCat("const 
 // every finite value, zero included.
 std::string FloatLiteral(double v) { return absl::StrFormat("%af", static_cast<float>(v)); }
 std::string DoubleLiteral(double v) { return absl::StrFormat("%a", v); }
+
+// "1 block", "256 blocks".
+std::string Count(int64_t n, absl::string_view noun) { return absl::StrCat(n, " ", noun, n == 1 ? "" : "s"); }
 
 std::string Where(const Node& node) { return absl::StrCat(node.op_name(), " %", node.name()); }
 
@@ -110,8 +118,7 @@ RowGeometry ChooseRowGeometry(int64_t rows, int64_t length, int vec, const Codeg
 }
 
 std::string RowComment(int64_t rows, int64_t length, const RowGeometry& g) {
-  return absl::StrCat(rows, " rows of ", length, ", ", g.vec, g.vec == 1 ? " element" : " elements",
-                      " per access, ",
+  return absl::StrCat(Count(rows, "row"), " of ", length, ", ", Count(g.vec, "element"), " per access, ",
                       g.threads_per_row == kWarpSize
                           ? absl::StrCat("a warp per row, ", g.rows_per_block, " rows per block")
                           : absl::StrCat("a block of ", g.threads_per_row, " threads per row"));
@@ -129,6 +136,14 @@ struct Rows {
 Rows RowsOf(const TensorType& t) {
   const int64_t length = t.dims.back();
   return {length == 0 ? 0 : t.num_elements() / length, length};
+}
+
+absl::Status CheckRowLength(const Node& node, int64_t length) {
+  if (length > kMaxRowLength) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": rows of ", length,
+                                                   " elements exceed the kernels' limit of ", kMaxRowLength));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckGrid(const Node& node, int64_t blocks) {
@@ -161,6 +176,7 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
   const Rows rows = RowsOf(node.operand(0)->type());
   if (rows.count == 0 || rows.length == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
   const DType x = node.operand(0)->type().dtype, w = node.operand(1)->type().dtype, y = node.type().dtype;
   const bool forward = node.opcode() == Opcode::kRmsNorm;
   std::vector<DType> dtypes = {x, w, y};
@@ -187,6 +203,7 @@ absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const Codeg
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
   const Rows rows = RowsOf(node.operand(0)->type());
   if (rows.length == 0) return Kernels({});  // dw is empty; with no rows it is zeros, computed below
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
   const DType x = node.operand(0)->type().dtype, w = node.operand(1)->type().dtype,
               dy = node.operand(2)->type().dtype, dw = node.type().dtype;
   const int vec = ChunkWidth(rows.length, {x, dy, dw, DType::kF32});  // f32: the partials
@@ -199,9 +216,9 @@ absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const Codeg
   const int64_t blocks = std::max<int64_t>(1, CeilDiv(rows.count, rows_per_block));
   Wrapper wrapper;
   wrapper.header = "rms_norm";
-  wrapper.comment = absl::StrCat(rows.count, " rows of ", rows.length, ", ", vec, " per access; ", blocks,
-                                 " blocks of ", threads, " threads, ", rows_per_block,
-                                 " rows each; the last block sums the partials");
+  wrapper.comment = absl::StrCat(Count(rows.count, "row"), " of ", rows.length, ", ", Count(vec, "element"),
+                                 " per access; ", Count(blocks, "block"), " of ", threads, " threads, ",
+                                 rows_per_block, " rows each; the last block sums the partials");
   wrapper.globals = absl::StrCat("// Per-block column sums and the count of finished blocks (zero at load).\n",
                                  "static __device__ __align__(16) float g_partials[", blocks * rows.length, "];\n",
                                  "static __device__ unsigned int g_blocks_done = 0;\n\n");
@@ -215,6 +232,7 @@ absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const Codeg
 absl::StatusOr<LoweredNode> LowerSoftmax(const Node& node, const CodegenOptions& options) {
   const Rows rows = RowsOf(node.type());
   if (rows.count == 0 || rows.length == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
   const bool forward = node.opcode() == Opcode::kSoftmax;
   std::vector<DType> dtypes = {node.type().dtype};
   for (const Node* operand : node.operands()) dtypes.push_back(operand->type().dtype);
@@ -240,6 +258,7 @@ absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOpt
   const TensorType& logits = node.operand(0)->type();
   const int64_t rows = logits.dims[0], classes = logits.dims[1];
   if (node.type().num_elements() == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, classes));
   const bool forward = node.opcode() == Opcode::kCrossEntropy;
   const DType labels = node.operand(1)->type().dtype;
   // The loss is written one scalar per row; only the gradient's rows share the chunking.
@@ -272,6 +291,7 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   const TensorType& x = node.operand(0)->type();
   if (x.num_elements() == 0) return Kernels({});
   const int64_t batch = x.dims[0], seq = x.dims[1], heads = x.dims[2], head_dim = x.dims[3];
+  RETURN_IF_ERROR(CheckRowLength(node, std::max(heads, head_dim)));
   const int vec = ChunkWidth(head_dim / 2, {x.dtype, node.type().dtype});
   const int64_t items = batch * seq * (head_dim / 2 / vec);
   const int threads = options.threads_per_block;
@@ -279,7 +299,8 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   RETURN_IF_ERROR(CheckGrid(node, blocks));
   Wrapper wrapper;
   wrapper.header = "rope";
-  wrapper.comment = absl::StrCat("a thread per (b, t, ", vec, " frequencies), looping over ", heads, " heads");
+  wrapper.comment =
+      absl::StrCat("a thread per (b, t, ", Count(vec, "rotation pair"), "), looping over ", Count(heads, "head"));
   wrapper.params = {Param(x.dtype, "x"), Param(DType::kI32, "positions")};
   wrapper.call = absl::StrCat("Rope<", CudaTypeName(x.dtype), ", ", CudaTypeName(node.type().dtype), ", ", batch,
                               "LL, ", seq, "LL, ", heads, ", ", head_dim, ", ", vec, ", ", inverse != 0 ? "true" : "false",
@@ -315,8 +336,8 @@ absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& 
   RETURN_IF_ERROR(CheckGrid(node, blocks));
   Wrapper wrapper;
   wrapper.header = "embedding";
-  wrapper.comment = absl::StrCat(indices.num_elements(), " rows of ", row_bytes, " bytes, copied ", unit.bytes,
-                                 " bytes per thread");
+  wrapper.comment = absl::StrCat(Count(indices.num_elements(), "row"), " of ", Count(row_bytes, "byte"), ", copied ",
+                                 Count(unit.bytes, "byte"), " per thread");
   wrapper.params = {absl::StrCat("const ", unit.type, "* table"), Param(indices.dtype, "indices")};
   wrapper.call = absl::StrCat("Gather<", unit.type, ", ", CudaTypeName(indices.dtype), ", ", indices.num_elements(),
                               "LL, ", table_rows, "LL, ", row_units, "LL>(out, table, indices)");
@@ -343,7 +364,7 @@ absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptio
   const int64_t fill_blocks = CeilDiv(units, threads);
   RETURN_IF_ERROR(CheckGrid(node, fill_blocks));
   Wrapper fill{"embedding",
-               absl::StrCat("zero-fills the output before the scatter-add, ", unit.bytes, " bytes per thread"),
+               absl::StrCat("zero-fills the output before the scatter-add, ", Count(unit.bytes, "byte"), " per thread"),
                "",
                params,
                absl::StrCat("ZeroFill<", unit.type, ", ", units, "LL>(out)"),
@@ -355,8 +376,8 @@ absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptio
     const int64_t blocks = CeilDiv(indices.num_elements() * row_length / vec, threads);
     RETURN_IF_ERROR(CheckGrid(node, blocks));
     Wrapper add{"embedding",
-                absl::StrCat(indices.num_elements(), " update rows of ", row_length, " into ", out_rows, ", ", vec,
-                             vec == 1 ? " float" : " floats", " per atomic"),
+                absl::StrCat(Count(indices.num_elements(), "update row"), " of ", row_length, " into ", out_rows, ", ",
+                             Count(vec, "float"), " per atomic"),
                 "",
                 params,
                 absl::StrCat("ScatterAdd<", CudaTypeName(indices.dtype), ", ", indices.num_elements(), "LL, ", out_rows,

@@ -103,7 +103,9 @@ __device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW*
 // atomic counter) sums partials[0..kBlocks)[:] in block order and writes dw. Every sum
 // thus runs in an order fixed at compile time, and the counter is reset for the next launch.
 // `partials` (kBlocks * kD floats) and `blocks_done` (zero at module load) are __device__
-// variables of the generated module: the kernel must not run concurrently with itself.
+// variables of the generated module, which every node of the same shapes shares (equal
+// kernel bodies compile once, codegen/compile_function.h): launches of the module must be
+// stream-ordered, never concurrent.
 // x is read twice (the second read of a group's rows is an L1/L2 hit), dy once.
 template <typename TX, typename TDY, typename TDW, long long kRows, int kD, int kVec, int kThreads,
           int kRowsPerBlock>
