@@ -3,7 +3,8 @@
 //
 //   R <= 32, or not [A, R, C]    one thread per output element loops over its R elements
 //   C == 1 (trailing dims)       a warp (R <= 4096) or a block per output row: strided
-//                                vector loads, then a warp-shuffle / shared-memory tree
+//                                vector loads, then a warp-shuffle / shared-memory tree;
+//                                a few long rows split over many blocks (below)
 //   C > 1 (e.g. [16384,768] -> [768], a gradient summed over tokens)
 //                                a block per tile of TC adjacent columns: RG row groups
 //                                each sum every RG-th row of the tile with coalesced loads,
@@ -15,9 +16,11 @@
 // it only by summation order. reduce_max folds in the compute type (max is exact) and
 // propagates NaN; an empty reduction gives -inf rounded to the dtype, as the reference.
 //
-// A whole-tensor reduction ([R] -> []) runs on one block of 1024 threads: a single kernel
-// without scratch memory (KernelSpec has no scratch buffer) cannot combine across blocks
-// deterministically.
+// A few long rows (a whole-tensor sum, [R] -> []) would leave most SMs idle in a block per
+// row: each row then splits over blocks, and the last block to finish folds the partials in
+// block order (still deterministic). The partials live in module-scope __device__ memory,
+// as in kernels/rms_norm.cuh: launches of one cubin must not overlap (one stream, or one
+// CUDA graph chain, as the runtime runs a step).
 #include <algorithm>
 #include <optional>
 
@@ -34,6 +37,11 @@ constexpr int64_t kThreadPerOutputMaxReduced = 32;
 constexpr int64_t kWarpPerRowMaxReduced = 4096;
 // Enough blocks for two per SM of an H200 (132 SMs): below this, wider tiles starve it.
 constexpr int64_t kBlocksToFillGpu = 264;
+// Long rows split over blocks: aim for 8 blocks of 256 threads per SM, each thread folding
+// at least 4 vectors.
+constexpr int64_t kSplitTargetBlocks = 8 * 132;
+constexpr int kSplitThreads = 256;
+constexpr int64_t kSplitMinVectorsPerThread = 4;
 
 struct DimGroup {
   int64_t size;
@@ -176,6 +184,7 @@ KernelSpec RowReduce(const Reduction& r, int dtype_bytes, std::string source) {
                         "  Acc acc = Init();\n"
                         "  if (row < %d) {\n"
                         "    const %s* p = in + row * %d;\n"
+                        "#pragma unroll 4\n"
                         "    for (Index i = threadIdx.x; i < %d; i += %d) {\n"
                         "      const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p, i);\n"
                         "#pragma unroll\n"
@@ -191,6 +200,64 @@ KernelSpec RowReduce(const Reduction& r, int dtype_bytes, std::string source) {
                         r.type);
   return MakeKernel(r.name, std::move(source), grid,
                     {static_cast<uint32_t>(group), static_cast<uint32_t>(rows_per_block), 1});
+}
+
+// Blocks per row when a few long rows would leave most SMs idle (a gradient's squared norm
+// for clipping: [32000,768] -> []); 1 keeps a row in one block.
+int64_t SplitsPerRow(const Reduction& r, int width) {
+  if (r.outputs >= kBlocksToFillGpu) return 1;
+  const int64_t by_occupancy = (kSplitTargetBlocks + r.outputs - 1) / r.outputs;
+  const int64_t by_work = r.reduced / width / (kSplitThreads * kSplitMinVectorsPerThread);
+  return std::max<int64_t>(1, std::min(by_occupancy, by_work));
+}
+
+KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::string source) {
+  const int64_t vectors = r.reduced / width;
+  const int64_t chunk = (vectors + splits - 1) / splits;
+  splits = (vectors + chunk - 1) / chunk;  // no empty split
+  absl::StrAppendFormat(&source,
+                        "// %d blocks per row of %d elements, each folding %d vectors of %d; the last block to\n"
+                        "// finish folds every row's partials in block order, so sums do not depend on timing.\n"
+                        "// g_partials and g_blocks_done (zero at load, reset by the last block) belong to the\n"
+                        "// module: launches of this cubin must not overlap.\n"
+                        "static __device__ Acc g_partials[%d];\n"
+                        "static __device__ unsigned int g_blocks_done = 0;\n\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, const %s* in) {\n"
+                        "  typedef %s Index;\n"
+                        "  const Index row = static_cast<Index>(blockIdx.x) / %d;\n"
+                        "  const Index begin = (static_cast<Index>(blockIdx.x) %% %d) * %d;\n"
+                        "  const Index end = begin + %d < %d ? begin + %d : %d;\n"
+                        "  const %s* p = in + row * %d;\n"
+                        "  Acc acc = Init();\n"
+                        "#pragma unroll 4\n"
+                        "  for (Index i = begin + threadIdx.x; i < end; i += %d) {\n"
+                        "    const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p, i);\n"
+                        "#pragma unroll\n"
+                        "    for (int j = 0; j < %d; ++j) acc = Fold(acc, ToAcc(x.v[j]));\n"
+                        "  }\n"
+                        "%s"
+                        "  __shared__ bool is_last;\n"
+                        "  if (threadIdx.x == 0) {\n"
+                        "    g_partials[blockIdx.x] = acc;\n"
+                        "    __threadfence();  // publish the partial before counting this block done\n"
+                        "    is_last = atomicAdd(&g_blocks_done, 1u) == gridDim.x - 1;\n"
+                        "  }\n"
+                        "  __syncthreads();\n"
+                        "  if (!is_last) return;\n"
+                        "  __threadfence();\n"
+                        "  for (Index o = threadIdx.x; o < %d; o += %d) {\n"
+                        "    Acc total = Init();\n"
+                        "    for (int s = 0; s < %d; ++s) total = Fold(total, __ldcg(&g_partials[o * %d + s]));\n"
+                        "    out[o] = kiln::Round<%s>::From(total);\n"
+                        "  }\n"
+                        "  if (threadIdx.x == 0) g_blocks_done = 0;\n"
+                        "}\n",
+                        splits, r.reduced, chunk, width, r.outputs * splits, kSplitThreads, r.name, r.type, r.type,
+                        IndexTypeFor(r.input_elements + kSplitThreads), splits, splits, chunk, chunk, vectors, chunk,
+                        vectors, r.type, r.reduced, kSplitThreads, r.type, width, width, width,
+                        GroupCombineCode(kSplitThreads), r.outputs, kSplitThreads, splits, splits, r.type);
+  return MakeKernel(r.name, std::move(source), {static_cast<uint32_t>(r.outputs * splits), 1, 1},
+                    {static_cast<uint32_t>(kSplitThreads), 1, 1});
 }
 
 KernelSpec ColumnReduce(const Reduction& r, const ThreeDims& t, std::string source) {
@@ -247,7 +314,10 @@ absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& 
   if (!three.has_value() || r.reduced <= kThreadPerOutputMaxReduced) {
     lowered.kernels.push_back(ThreadPerOutput(r, groups, std::move(source), options.threads_per_block));
   } else if (three->inner == 1) {
-    lowered.kernels.push_back(RowReduce(r, DTypeBytes(x.dtype), std::move(source)));
+    const int width = VectorWidth(DTypeBytes(x.dtype), {r.reduced});
+    const int64_t splits = SplitsPerRow(r, width);
+    lowered.kernels.push_back(splits > 1 ? SplitRowReduce(r, width, splits, std::move(source))
+                                         : RowReduce(r, DTypeBytes(x.dtype), std::move(source)));
   } else {
     lowered.kernels.push_back(ColumnReduce(r, *three, std::move(source)));
   }

@@ -237,8 +237,12 @@ TEST(Codegen, ReductionStrategyFollowsTheShape) {
   const KernelSpec rows = ReduceKernel(DType::kF32, {64, 768}, {1});
   EXPECT_TRUE(absl::StrContains(rows.source, "// 32 threads per row of 768 elements, 8 rows per block"));
   EXPECT_EQ(rows.grid[0], 8u);
+  // A few long rows split over blocks; the last block folds the partials.
   const KernelSpec whole = ReduceKernel(DType::kF32, {32000, 768}, {0, 1});
-  EXPECT_TRUE(absl::StrContains(whole.source, "// 1024 threads per row")) << whole.source;
+  EXPECT_TRUE(absl::StrContains(whole.source, "// 1056 blocks per row of 24576000 elements")) << whole.source;
+  EXPECT_EQ(whole.grid[0], 1056u);
+  const KernelSpec few_rows = ReduceKernel(DType::kF32, {4, 6000}, {1});  // too short to split
+  EXPECT_TRUE(absl::StrContains(few_rows.source, "// 1024 threads per row of 6000 elements")) << few_rows.source;
   const KernelSpec tiny = ReduceKernel(DType::kI32, {100, 4}, {1});
   EXPECT_TRUE(absl::StrContains(tiny.source, "for (Index i = 0; i < 4; ++i)")) << tiny.source;
   // Interleaved dims ([2,3,4] over {0,2}): the general index arithmetic.
@@ -247,7 +251,7 @@ TEST(Codegen, ReductionStrategyFollowsTheShape) {
   // Sums accumulate in double, maxima in the compute type.
   EXPECT_TRUE(absl::StrContains(columns.source, "typedef double Acc;"));
   EXPECT_TRUE(absl::StrContains(long_rows.source, "typedef float Acc;"));
-  for (const KernelSpec& k : {columns, long_rows, rows, whole, tiny, interleaved}) ExpectCompiles(k);
+  for (const KernelSpec& k : {columns, long_rows, rows, whole, few_rows, tiny, interleaved}) ExpectCompiles(k);
   ExpectCompiles(ReduceKernel(DType::kF16, {4, 300, 96}, {1}));  // [A, R, C] with A > 1
 }
 
