@@ -195,7 +195,13 @@ TEST(CompositeKernelsTest, Rope) {
     SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
     OneOp one = MakeOneOp(Opcode::kRope, {{s.x, s.dims}, {kI32, {s.dims[1]}}},
                           {{"theta", 10000.0}, {"inverse", s.inverse}});
-    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+    const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
+    ASSERT_EQ(kernels.size(), 1u);
+    // theta as an exact double literal; inverse as the template's flag.
+    EXPECT_NE(kernels[0].source.find(s.inverse ? "true>(out, x, positions, 0x1.388p+13)"
+                                               : "false>(out, x, positions, 0x1.388p+13)"),
+              std::string::npos)
+        << kernels[0].source;
   }
 }
 
@@ -279,6 +285,12 @@ TEST(CompositeKernelsTest, SourcesAreDeterministic) {
 }
 
 TEST(CompositeKernelsTest, AttributesAreExactLiterals) {
+  OneOp usual = MakeOneOp(Opcode::kRmsNormGradInput, {{kF32, {2, 8}}, {kF32, {8}}, {kF32, {2, 8}}}, Eps());
+  absl::StatusOr<LoweredNode> grad = LowerCompositeNode(*usual.node, {});
+  ASSERT_TRUE(grad.ok()) << grad.status();
+  EXPECT_NE(grad->kernels[0].source.find("(out, x, w, dy, 0x1.4f8b58p-17f)"), std::string::npos)  // (float)1e-5
+      << grad->kernels[0].source;
+
   OneOp norm = MakeOneOp(Opcode::kRmsNorm, {{kF32, {2, 8}}, {kF32, {8}}}, {{"eps", 0.0}});
   absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*norm.node, {});
   ASSERT_TRUE(lowered.ok()) << lowered.status();
