@@ -1,0 +1,104 @@
+// One Function compiled for one GPU: a flat list of steps (kernel launches, cuBLASLt GEMMs,
+// device copies) over byte offsets in ONE arena (runtime/buffer_plan.h), run in order on the
+// device's stream. Everything is decided in Create: kernels compiled (through the on-disk
+// cache) and loaded, GEMMs planned, offsets fixed, the arena allocated. Run only enqueues.
+//
+// Parameters have fixed buffers: SetInput writes one, and Run leaves every donated output
+// (Function::output_aliases) in its parameter's buffer, so parameters and optimizer state
+// stay on the device from one run to the next.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "codegen/compile_function.h"
+#include "ir/graph.h"
+#include "runtime/buffer_plan.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/gemm.h"
+#include "runtime/cuda/kernel_launch.h"
+#include "runtime/host_tensor.h"
+
+namespace kiln {
+
+struct CudaExecutableOptions {
+  std::string cache_dir;       // kernel cache (codegen/kernel_cache.h); empty: its default
+  int compile_threads = 0;     // NVRTC threads; 0: one per core
+  // Fill the arena with 0xFF bytes (NaN for every float width) before the first run, so a
+  // kernel that fails to write part of its output shows up as NaNs.
+  bool poison_arena = false;
+  // Synchronize after every step, so that an asynchronous fault (a bad address in a kernel)
+  // is reported for the step that caused it. Slow: for debugging.
+  bool check_each_step = false;
+};
+
+class CudaExecutable {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaExecutable>> Create(const Function& f, CudaDevice& device,
+                                                                 const CudaExecutableOptions& options = {});
+
+  // Host -> the parameter's buffer, encoded in its dtype. The type must match exactly.
+  absl::Status SetInput(int64_t param_index, const HostTensor& value);
+  // Every step on the stream, then the donations; synchronizes at the end.
+  absl::Status Run();
+  // Device -> host. Output(i) is the value of output i of the last Run.
+  absl::StatusOr<HostTensor> Output(int i) const;
+  absl::StatusOr<HostTensor> Input(int64_t param_index) const;
+
+  struct Stats {
+    int64_t kernels = 0;           // kernel launches per run (GEMM operand transposes included)
+    int64_t gemms = 0;             // cuBLASLt calls per run
+    int64_t distinct_kernels = 0;  // cubins loaded
+    int64_t cache_hits = 0;        // of those, read from the kernel cache
+    int64_t arena_bytes = 0;
+    double compile_seconds = 0;    // lowering, NVRTC and GEMM planning in Create
+  };
+  const Stats& stats() const { return stats_; }
+  const BufferPlan& buffer_plan() const { return plan_; }
+  const Function& function() const { return *function_; }
+
+ private:
+  struct Step {
+    enum class Kind { kKernel, kGemm, kCopy } kind = Kind::kKernel;
+    const Node* node = nullptr;          // for errors; null for the finishing copies
+    const KernelLaunch* launch = nullptr;
+    std::vector<void*> pointers;         // kernel: output, operands; GEMM: out, a, b, scratch
+    const GemmPlan* gemm = nullptr;
+    void* dst = nullptr;                 // copy
+    const void* src = nullptr;
+    int64_t bytes = 0;
+    std::string what;                    // copy: what it is for
+  };
+
+  CudaExecutable(const Function& f, CudaDevice& device) : function_(&f), device_(&device) {}
+  absl::Status BuildSteps(const KernelCompileReport& report, const std::vector<BufferRole>& roles);
+  absl::Status EnqueueStep(const Step& step) const;
+  char* BufferAddress(int64_t buffer) const { return static_cast<char*>(arena_.get()) + plan_.buffers[buffer].offset; }
+  char* NodeAddress(const Node* node) const { return BufferAddress(plan_.node_buffer[index_of_.at(node)]); }
+  absl::StatusOr<const Node*> ParameterNode(int64_t param_index) const;
+  absl::StatusOr<HostTensor> Download(const TensorType& type, const void* src, absl::string_view what) const;
+
+  const Function* function_;
+  CudaDevice* device_;
+  CudaExecutableOptions options_;
+  BufferPlan plan_;
+  DeviceMemory arena_;
+  std::vector<std::unique_ptr<KernelLibrary>> libraries_;
+  std::vector<std::unique_ptr<KernelLaunch>> launches_;
+  std::vector<std::unique_ptr<GemmPlan>> gemms_;
+  std::vector<Step> steps_;
+  absl::flat_hash_map<const Node*, int64_t> index_of_;  // position in function_->nodes()
+  std::vector<int64_t> node_index_of_parameter_;       // by parameter index
+  Stats stats_;
+};
+
+// Evaluates `f` on the GPU as EvaluateFunction (runtime/reference_backend.h) does on the CPU.
+absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,
+                                                      CudaDevice& device, const CudaExecutableOptions& options = {});
+
+}  // namespace kiln

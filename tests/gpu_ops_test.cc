@@ -1,0 +1,455 @@
+// Every op of ir/op_table.h on the GPU (codegen kernels, cuBLASLt GEMMs, the arena) against
+// the CPU reference backend, on fresh random inputs, with the arena poisoned (0xFF bytes are
+// NaN in every float width) so that an element a kernel forgets to write shows. Also the
+// executable's contract: donation, outputs that are parameters, errors.
+//
+// Tolerances by what the op computes (codegen/kernel_source.h states the numerics):
+//   exact     data movement, compare, select, convert, iota, constants, neg/abs, the f32
+//             IEEE ops (add, sub, mul, div, sqrt, max, min), indexing
+//   8 ulps    f32 exp, log, tanh, rsqrt, sigmoid (CUDA's functions are within 2 ulps)
+//   sums      reductions and composites: accumulation order differs (rel 2e-5, abs 1e-5)
+//   bf16/f16  results computed in f32 and rounded once may land one ulp away (rel 1e-2)
+// Without a GPU every test skips, saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "codegen/compile_function.h"
+#include "frontends/llama.h"
+#include "frontends/weight_init.h"
+#include "ir/builder.h"
+#include "ir/verifier.h"
+#include "passes/training_step.h"
+#include "runtime/cuda/executable.h"
+#include "runtime/reference_backend.h"
+#include "runtime/training/dataset.h"
+#include "tests/testing/all_ops.h"
+
+namespace kiln {
+namespace {
+
+CudaDevice* Device() {
+  static CudaDevice* device = [] {
+    absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Open();
+    return d.ok() ? d->release() : nullptr;
+  }();
+  return device;
+}
+
+#define KILN_REQUIRE_GPU()                                                              \
+  do {                                                                                  \
+    if (absl::Status available = CudaDevice::Available(); !available.ok()) {            \
+      GTEST_SKIP() << "no GPU to run kernels on: " << available.message();              \
+    }                                                                                   \
+    ASSERT_NE(Device(), nullptr) << CudaDevice::Open().status();                         \
+  } while (0)
+
+struct Tolerance {
+  double rtol = 0, atol = 0;
+};
+constexpr Tolerance kExact{0, 0};
+constexpr Tolerance kFewUlps{8 * 0x1p-23, 0};
+constexpr Tolerance kSums{2e-5, 1e-5};
+constexpr Tolerance kNarrow{1e-2, 1e-5};
+
+// Exact stays exact in every dtype; an approximate op with a narrow float result is allowed
+// the narrow format's rounding on top.
+Tolerance ForDType(Tolerance t, DType d) {
+  const bool exact = t.rtol == 0 && t.atol == 0;
+  if (exact || !IsFloat(d) || d == DType::kF32) return t;
+  return Tolerance{std::max(t.rtol, kNarrow.rtol), std::max(t.atol, kNarrow.atol)};
+}
+
+// Empty when every element matches; else the count and the first mismatches.
+std::string Mismatches(const HostTensor& got, const HostTensor& want, Tolerance tol) {
+  if (got.type() != want.type()) return absl::StrCat("type ", got.type().ToString(), " vs ", want.type().ToString());
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    const double g = got[i], w = want[i];
+    const bool ok = std::isnan(w) ? std::isnan(g)
+                    : std::isinf(w) ? g == w
+                                    : std::abs(g - w) <= tol.atol + tol.rtol * std::abs(w);
+    if (ok) continue;
+    if (++bad <= 5) absl::StrAppend(&first, "\n  [", i, "] gpu ", g, " reference ", w);
+  }
+  return bad == 0 ? "" : absl::StrCat(bad, " of ", want.num_elements(), " elements differ:", first);
+}
+
+// Random arguments for f's parameters; `ranges` by parameter index (default [-2, 2)).
+std::vector<HostTensor> RandomArgs(const Function& f, uint64_t seed, const std::vector<std::pair<double, double>>& ranges) {
+  std::vector<HostTensor> args;
+  for (const Node* p : f.parameters()) {
+    const size_t i = args.size();
+    const auto [lo, hi] = i < ranges.size() ? ranges[i] : std::pair<double, double>{-2.0, 2.0};
+    args.push_back(HostTensor::Random(p->type(), seed * 1000 + i, lo, hi));
+  }
+  return args;
+}
+
+// Runs f on both backends; one failure message per output that differs.
+void ExpectMatchesReference(const Function& f, const std::vector<HostTensor>& args,
+                            const std::function<Tolerance(int)>& tolerance_of_output) {
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t o = 0; o < want->size(); ++o) {
+    const Tolerance tol = ForDType(tolerance_of_output(static_cast<int>(o)), (*want)[o].type().dtype);
+    EXPECT_EQ(Mismatches((*got)[o], (*want)[o], tol), "")
+        << "@" << f.name() << " output " << o << " (%" << f.outputs()[o]->name() << ", " << f.outputs()[o]->op_name() << ")";
+  }
+}
+
+// One small function per op (and per interesting dtype or shape).
+struct OpCase {
+  std::string name;
+  Tolerance tol;
+  std::function<absl::Status(Builder&)> build;  // adds parameters and returns
+  std::vector<std::pair<double, double>> ranges = {};
+};
+
+absl::Status Ret(Builder& b, absl::StatusOr<Node*> out) {
+  if (!out.ok()) return out.status();
+  return b.Return({*out});
+}
+
+std::vector<OpCase> OpCases() {
+  const DType f32 = DType::kF32, bf16 = DType::kBF16, i32 = DType::kI32;
+  std::vector<OpCase> cases;
+  struct UnaryRange { Opcode op; double lo, hi; Tolerance f32_tol; };
+  for (const UnaryRange& u : {UnaryRange{Opcode::kNeg, -3, 3, kExact}, UnaryRange{Opcode::kAbs, -3, 3, kExact},
+                              UnaryRange{Opcode::kExp, -8, 8, kFewUlps}, UnaryRange{Opcode::kLog, 1e-3, 50, kFewUlps},
+                              UnaryRange{Opcode::kSqrt, 0, 50, kExact}, UnaryRange{Opcode::kRsqrt, 1e-3, 50, kFewUlps},
+                              UnaryRange{Opcode::kTanh, -4, 4, kFewUlps}, UnaryRange{Opcode::kSigmoid, -8, 8, kFewUlps}}) {
+    for (DType d : {f32, bf16}) {
+      cases.push_back({absl::StrCat(OpName(u.op), "_", DTypeName(d)), u.f32_tol,
+                       [u, d](Builder& b) { return Ret(b, b.Unary(u.op, *b.Parameter("x", {d, {3, 67}}))); },
+                       {{u.lo, u.hi}}});
+    }
+  }
+  for (Opcode op : {Opcode::kAdd, Opcode::kSub, Opcode::kMul, Opcode::kDiv, Opcode::kMax, Opcode::kMin}) {
+    for (DType d : {f32, bf16, i32}) {
+      if (d == i32 && op == Opcode::kDiv) continue;  // see the i32 division case below
+      cases.push_back({absl::StrCat(OpName(op), "_", DTypeName(d)), kExact,
+                       [op, d](Builder& b) {
+                         return Ret(b, b.Binary(op, *b.Parameter("a", {d, {5, 33}}), *b.Parameter("b", {d, {5, 33}})));
+                       },
+                       {{-100, 100}, {-100, 100}}});
+    }
+  }
+  cases.push_back({"div_i32", kExact,
+                   [](Builder& b) { return Ret(b, b.Div(*b.Parameter("a", {i32, {40}}), *b.Parameter("b", {i32, {40}}))); },
+                   {{-100, 100}, {1, 9}}});
+  for (const char* dir : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+    for (DType d : {f32, i32}) {
+      // i32 values from {0, 1, 2} make ties common.
+      cases.push_back({absl::StrCat("compare_", dir, "_", DTypeName(d)), kExact,
+                       [dir, d](Builder& b) {
+                         return Ret(b, b.Compare(*b.Parameter("a", {d, {4, 50}}), *b.Parameter("b", {d, {4, 50}}), dir));
+                       },
+                       {{0, 3}, {0, 3}}});
+    }
+  }
+  cases.push_back({"select", kExact, [](Builder& b) {
+                     return Ret(b, b.Select(*b.Parameter("p", {DType::kPred, {6, 7}}), *b.Parameter("a", {f32, {6, 7}}),
+                                            *b.Parameter("b", {f32, {6, 7}})));
+                   }});
+  struct Conversion { DType from, to; double lo, hi; };
+  for (const Conversion& c :
+       {Conversion{f32, bf16, -1e3, 1e3}, Conversion{f32, DType::kF16, -7e4, 7e4}, Conversion{f32, DType::kF8E4M3, -600, 600},
+        Conversion{f32, DType::kF8E5M2, -7e4, 7e4}, Conversion{f32, i32, -1e4, 1e4}, Conversion{f32, DType::kI64, -1e4, 1e4},
+        Conversion{f32, DType::kPred, -1, 1}, Conversion{bf16, f32, -1e3, 1e3}, Conversion{i32, f32, -1e6, 1e6},
+        Conversion{i32, bf16, -1e6, 1e6}, Conversion{DType::kPred, f32, 0, 1}, Conversion{bf16, DType::kF8E4M3, -600, 600}}) {
+    // A conversion rounds once, as the reference does: exact, whatever the result dtype.
+    cases.push_back({absl::StrCat("convert_", DTypeName(c.from), "_", DTypeName(c.to)), kExact,
+                     [c](Builder& b) { return Ret(b, b.Convert(*b.Parameter("x", {c.from, {7, 19}}), c.to)); },
+                     {{c.lo, c.hi}}});
+  }
+  cases.push_back({"broadcast", kExact, [](Builder& b) {
+                     return Ret(b, b.Broadcast(*b.Parameter("x", {f32, {3, 1}}), {1, 2}, {2, 3, 5}));
+                   }});
+  cases.push_back({"reshape_of_parameter", kExact,
+                   [](Builder& b) { return Ret(b, b.Reshape(*b.Parameter("x", {f32, {4, 6}}), {2, 12})); }});
+  cases.push_back({"reshape_of_value", kExact, [](Builder& b) {
+                     return Ret(b, b.Reshape(*b.Unary(Opcode::kNeg, *b.Parameter("x", {bf16, {4, 6}})), {24}));
+                   }});
+  cases.push_back({"transpose", kExact, [](Builder& b) {
+                     return Ret(b, b.Transpose(*b.Parameter("x", {bf16, {2, 3, 41}}), {2, 0, 1}));
+                   }});
+  cases.push_back({"slice", kExact, [](Builder& b) {
+                     return Ret(b, b.Slice(*b.Parameter("x", {f32, {7, 9}}), {1, 2}, {6, 9}, {2, 3}));
+                   }});
+  cases.push_back({"concatenate", kExact, [](Builder& b) {
+                     return Ret(b, b.Concatenate({*b.Parameter("a", {i32, {2, 3}}), *b.Parameter("b", {i32, {2, 1}}),
+                                                  *b.Parameter("c", {i32, {2, 4}})},
+                                                 1));
+                   }});
+  cases.push_back({"reduce_sum_f32", kSums, [](Builder& b) {
+                     return Ret(b, b.ReduceSum(*b.Parameter("x", {f32, {4, 5, 6}}), {0, 2}));
+                   }});
+  cases.push_back({"reduce_sum_bf16", kSums, [](Builder& b) {
+                     return Ret(b, b.ReduceSum(*b.Parameter("x", {bf16, {4, 5, 6}}), {1}));
+                   }});
+  cases.push_back({"reduce_sum_long_rows", {2e-5, 1e-3}, [](Builder& b) {
+                     return Ret(b, b.ReduceSum(*b.Parameter("x", {f32, {33, 4099}}), {1}));
+                   }});
+  cases.push_back({"reduce_sum_leading", {2e-5, 1e-3}, [](Builder& b) {
+                     return Ret(b, b.ReduceSum(*b.Parameter("x", {f32, {4099, 35}}), {0}));
+                   }});
+  cases.push_back({"reduce_max", kExact, [](Builder& b) {
+                     return Ret(b, b.ReduceMax(*b.Parameter("x", {f32, {4, 5, 6}}), {1}));
+                   }});
+  cases.push_back({"iota_i32", kExact, [](Builder& b) { return Ret(b, b.Iota({i32, {3, 4}}, 1)); }});
+  cases.push_back({"iota_bf16", kExact, [](Builder& b) { return Ret(b, b.Iota({bf16, {300}}, 0)); }});
+  cases.push_back({"constant_splat", kExact, [](Builder& b) { return Ret(b, b.Constant(-2.75, {f32, {5, 3}})); }});
+  cases.push_back({"constant_dense", kExact, [](Builder& b) {
+                     return Ret(b, b.ConstantValues({1, -2.5, 3e-8, -0.0, 1e30, 7}, {bf16, {2, 3}}));
+                   }});
+  cases.push_back({"dot_general_f32", kSums, [](Builder& b) {
+                     return Ret(b, b.DotGeneral(*b.Parameter("a", {f32, {2, 3, 16}}), *b.Parameter("b", {f32, {2, 16, 5}}),
+                                                {{0}, {0}, {2}, {1}}));
+                   }});
+  cases.push_back({"gather", kExact, [](Builder& b) {
+                     return Ret(b, b.Gather(*b.Parameter("table", {bf16, {10, 8}}), *b.Parameter("idx", {i32, {3, 4}})));
+                   },
+                   {{-2, 2}, {0, 10}}});
+  cases.push_back({"scatter_add", kSums, [](Builder& b) {
+                     return Ret(b, b.ScatterAdd(*b.Parameter("idx", {i32, {12}}), *b.Parameter("upd", {f32, {12, 8}}),
+                                                {f32, {10, 8}}));
+                   },
+                   {{0, 10}, {-2, 2}}});
+  auto x_w = [](Builder& b) {
+    return std::pair<Node*, Node*>{*b.Parameter("x", {DType::kF32, {2, 3, 64}}), *b.Parameter("w", {DType::kF32, {64}})};
+  };
+  cases.push_back({"rms_norm", kSums, [x_w](Builder& b) {
+                     auto [x, w] = x_w(b);
+                     return Ret(b, b.RmsNorm(x, w, 1e-5));
+                   }});
+  for (Opcode op : {Opcode::kRmsNormGradInput, Opcode::kRmsNormGradWeight}) {
+    cases.push_back({std::string(OpName(op)), kSums, [x_w, op](Builder& b) {
+                       auto [x, w] = x_w(b);
+                       Node* dy = *b.Parameter("dy", {DType::kF32, {2, 3, 64}});
+                       return Ret(b, b.Op(op, {x, w, dy}, AttrMap{{"eps", 1e-5}}));
+                     }});
+  }
+  cases.push_back({"softmax", kSums, [](Builder& b) { return Ret(b, b.Softmax(*b.Parameter("x", {f32, {4, 33}}))); },
+                   {{-10, 10}}});
+  cases.push_back({"softmax_wide", kSums,
+                   [](Builder& b) { return Ret(b, b.Softmax(*b.Parameter("x", {f32, {16, 4096}}))); }, {{-10, 10}}});
+  cases.push_back({"softmax_grad", kSums, [](Builder& b) {
+                     return Ret(b, b.Op(Opcode::kSoftmaxGrad,
+                                        {*b.Softmax(*b.Parameter("x", {f32, {4, 33}})), *b.Parameter("dy", {f32, {4, 33}})}));
+                   }});
+  cases.push_back({"cross_entropy", kSums, [](Builder& b) {
+                     return Ret(b, b.CrossEntropy(*b.Parameter("logits", {f32, {6, 100}}),
+                                                  *b.Parameter("labels", {DType::kI32, {6}})));
+                   },
+                   {{-5, 5}, {0, 100}}});
+  cases.push_back({"cross_entropy_grad", kSums, [](Builder& b) {
+                     Node* logits = *b.Parameter("logits", {f32, {6, 100}});
+                     Node* labels = *b.Parameter("labels", {DType::kI32, {6}});
+                     return Ret(b, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, *b.Parameter("dloss", {f32, {6}})}));
+                   },
+                   {{-5, 5}, {0, 100}}});
+  for (bool inverse : {false, true}) {
+    cases.push_back({inverse ? "rope_inverse" : "rope", kSums, [inverse](Builder& b) {
+                       return Ret(b, b.Rope(*b.Parameter("x", {f32, {2, 5, 3, 8}}), *b.Parameter("pos", {DType::kI32, {5}}),
+                                            10000.0, inverse));
+                     },
+                     {{-2, 2}, {0, 2048}}});
+  }
+  cases.push_back({"add_large", kExact, [](Builder& b) {
+                     return Ret(b, b.Add(*b.Parameter("a", {bf16, {(1 << 20) + 3}}), *b.Parameter("b", {bf16, {(1 << 20) + 3}})));
+                   }});
+  return cases;
+}
+
+// Each case is a function of one module, so that its kernels compile together.
+struct CaseModule {
+  std::vector<OpCase> cases;
+  Module module{"gpu_ops"};
+};
+
+const CaseModule& Cases() {
+  static const CaseModule* m = [] {
+    auto* cm = new CaseModule;
+    cm->cases = OpCases();
+    for (const OpCase& c : cm->cases) {
+      Builder b(cm->module.AddFunction(c.name));
+      absl::Status st = c.build(b);
+      if (!st.ok()) std::fprintf(stderr, "gpu_ops_test: building %s: %s\n", c.name.c_str(), std::string(st.message()).c_str());
+    }
+    return cm;
+  }();
+  return *m;
+}
+
+TEST(GpuOps, CasesCoverEveryOpAndVerify) {
+  std::set<Opcode> used;
+  for (const auto& f : Cases().module.functions()) {
+    EXPECT_TRUE(VerifyFunction(*f).ok()) << f->name() << ": " << VerifyFunction(*f);
+    for (const auto& n : f->nodes()) used.insert(n->opcode());
+  }
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    EXPECT_TRUE(used.count(static_cast<Opcode>(i))) << OpName(static_cast<Opcode>(i)) << " has no GPU test case";
+  }
+}
+
+TEST(GpuOps, EveryOpMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  // Compile every case's kernels at once, on every core, into the kernel cache; each
+  // executable below then reads its kernels from the cache.
+  absl::StatusOr<KernelCache> cache = KernelCache::Open();
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  absl::StatusOr<KernelCompileReport> warm = CompileModuleKernels(Cases().module, {.arch = Device()->arch()}, &*cache);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  std::printf("compiled %lld distinct kernels (%lld from the cache) in %.1f s\n",
+              static_cast<long long>(warm->num_distinct), static_cast<long long>(warm->cache_hits), warm->wall_seconds);
+  const std::vector<OpCase>& cases = Cases().cases;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const Function& f = *Cases().module.functions()[i];
+    for (uint64_t seed : {1, 2}) {
+      ExpectMatchesReference(f, RandomArgs(f, seed, cases[i].ranges), [&](int) { return cases[i].tol; });
+    }
+  }
+}
+
+TEST(GpuOps, AllOpsModuleMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  const Function& f = *m->functions()[0];
+  // x, w, ids (rows of a 5-row table), table, labels (of 4 classes), positions.
+  const std::vector<std::pair<double, double>> ranges = {{-2, 2}, {-2, 2}, {0, 5}, {-2, 2}, {0, 4}, {0, 64}};
+  for (uint64_t seed : {3, 4, 5}) {
+    // Chains of transcendental ops compound their few ulps.
+    ExpectMatchesReference(f, RandomArgs(f, seed, ranges), [](int) { return Tolerance{1e-5, 1e-5}; });
+  }
+}
+
+// step(p, x) = (p + x, sum(p)) with p' donated to p: state stays on the device across runs.
+TEST(GpuExecutable, DonatedOutputsUpdateParametersInPlace) {
+  KILN_REQUIRE_GPU();
+  Function f("accumulate");
+  Builder b(&f);
+  Node* p = *b.Parameter("p", {DType::kF32, {3, 100}});
+  Node* x = *b.Parameter("x", {DType::kF32, {3, 100}});
+  ASSERT_TRUE(b.Return({*b.Add(p, x), *b.ReduceSum(p, {0, 1})}, {0, -1}).ok());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device(), {.poison_arena = true});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const HostTensor p0 = HostTensor::Random(p->type(), 1), x0 = HostTensor::Random(x->type(), 2);
+  ASSERT_TRUE((*exe)->SetInput(0, p0).ok());
+  ASSERT_TRUE((*exe)->SetInput(1, x0).ok());
+  std::vector<HostTensor> state = {p0, x0};
+  for (int run = 0; run < 3; ++run) {
+    ASSERT_TRUE((*exe)->Run().ok());
+    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, state);
+    ASSERT_TRUE(want.ok());
+    absl::StatusOr<HostTensor> sum = (*exe)->Output(1);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(Mismatches(*sum, (*want)[1], kSums), "") << "run " << run;
+    state[0] = (*want)[0];
+    absl::StatusOr<HostTensor> p_now = (*exe)->Input(0);
+    ASSERT_TRUE(p_now.ok()) << p_now.status();
+    EXPECT_EQ(Mismatches(*p_now, state[0], kExact), "") << "run " << run;
+  }
+  EXPECT_EQ((*exe)->stats().kernels, 2);
+}
+
+// (a, b) -> (b, a), each donated to the other: the swap must not read a buffer it already
+// overwrote, and the outputs must be this run's values.
+TEST(GpuExecutable, SwappingDonationsAndParameterOutputs) {
+  KILN_REQUIRE_GPU();
+  Function f("swap");
+  Builder b(&f);
+  Node* a = *b.Parameter("a", {DType::kBF16, {7}});
+  Node* c = *b.Parameter("b", {DType::kBF16, {7}});
+  ASSERT_TRUE(b.Return({c, a}, {0, 1}).ok());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const HostTensor a0 = HostTensor::Random(a->type(), 5), b0 = HostTensor::Random(c->type(), 6);
+  ASSERT_TRUE((*exe)->SetInput(0, a0).ok());
+  ASSERT_TRUE((*exe)->SetInput(1, b0).ok());
+  ASSERT_TRUE((*exe)->Run().ok());
+  EXPECT_EQ(Mismatches(*(*exe)->Output(0), b0, kExact), "");
+  EXPECT_EQ(Mismatches(*(*exe)->Output(1), a0, kExact), "");
+  EXPECT_EQ(Mismatches(*(*exe)->Input(0), b0, kExact), "");
+  EXPECT_EQ(Mismatches(*(*exe)->Input(1), a0, kExact), "");
+  EXPECT_EQ((*exe)->stats().kernels, 0);
+}
+
+TEST(GpuExecutable, ErrorsNameTheParameterAndTheTypes) {
+  KILN_REQUIRE_GPU();
+  Function f("neg");
+  Builder b(&f);
+  Node* x = *b.Parameter("x", {DType::kF32, {4}});
+  ASSERT_TRUE(b.Return({*b.Unary(Opcode::kNeg, x)}).ok());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  absl::Status st = (*exe)->SetInput(0, HostTensor({DType::kBF16, {4}}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("%x: f32[4] given bf16[4]"), absl::string_view::npos) << st;
+  EXPECT_EQ((*exe)->SetInput(3, HostTensor({DType::kF32, {4}})).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*exe)->Output(1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// llama-tiny's whole training step (forward, backward, clipping, AdamW) on the GPU against the
+// reference: same loss, same updated state, up to bf16 GEMM accumulation order.
+TEST(GpuExecutable, LlamaTinyTrainingStepMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  ModelConfig config = *PresetConfig("llama-tiny");
+  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 4, .seq_len = 32, .precision = Precision::kBf16});
+  TrainingStepLayout layout;
+  absl::StatusOr<Function*> step = BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const Function& f = **step;
+  std::vector<HostTensor> args;
+  std::vector<HostTensor> weights = InitLlamaWeights(config, 11);
+  for (const HostTensor& w : weights) args.push_back(w);
+  for (int k = 0; k < 2; ++k) {
+    for (const HostTensor& w : weights) args.push_back(HostTensor(w.type()));  // m, v
+  }
+  args.push_back(HostTensor({DType::kF32, {}}));  // t
+  const TokenBatch batch = SampleBatch(TokenDataset::Default(), 11, 0, 4, 32);
+  for (const std::vector<int32_t>* tokens : {&batch.inputs, &batch.targets}) {
+    const TensorType type = f.parameters()[args.size()]->type();  // [accumulation steps, B, T]
+    args.push_back(HostTensor::FromValues(type, std::vector<double>(tokens->begin(), tokens->end())));
+  }
+  args.push_back(HostTensor::FromValues({DType::kF32, {}}, {1e-3}));
+  ASSERT_EQ(args.size(), f.parameters().size());
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device(), {.poison_arena = true});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  for (size_t i = 0; i < args.size(); ++i) ASSERT_TRUE((*exe)->SetInput(i, args[i]).ok());
+  ASSERT_TRUE((*exe)->Run().ok());
+  const CudaExecutable::Stats& s = (*exe)->stats();
+  std::printf("llama-tiny step: %lld kernels, %lld GEMMs, %lld distinct kernels, arena %.1f MiB, %.1f s to create\n",
+              static_cast<long long>(s.kernels), static_cast<long long>(s.gemms),
+              static_cast<long long>(s.distinct_kernels), s.arena_bytes / 1048576.0, s.compile_seconds);
+  for (size_t o = 0; o < want->size(); ++o) {
+    absl::StatusOr<HostTensor> got = (*exe)->Output(static_cast<int>(o));
+    ASSERT_TRUE(got.ok()) << got.status();
+    // Normalized by the tensor's largest value: gradients flow through bf16 GEMMs whose
+    // accumulation order differs, so a small entry may differ relative to itself.
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < got->num_elements(); ++i) {
+      scale = std::max(scale, std::abs((*want)[o][i]));
+      worst = std::max(worst, std::abs((*got)[i] - (*want)[o][i]));
+      ASSERT_TRUE(std::isfinite((*got)[i])) << "output " << o << " [" << i << "]";
+    }
+    // Adam's first step moves each parameter by lr·sign(g): a sign flip of a tiny gradient
+    // moves it by 2·lr.
+    const bool is_param = o >= 1 && o <= static_cast<size_t>(layout.num_params);
+    const double allowed = is_param ? 2.5e-3 : 2e-2 * scale + 1e-6;
+    EXPECT_LE(worst, allowed) << "output " << o << " (%" << f.outputs()[o]->name() << ") scale " << scale;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
