@@ -3,18 +3,45 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
 
 namespace kiln::cli {
+namespace {
 
-absl::StatusOr<Backend> ResolveBackend(absl::string_view name) {
-  if (name == "cpu") return Backend::kCpu;
-  if (name == "auto") {
-    std::fprintf(stderr, "kiln: --backend auto: using the CPU reference backend (this build has no CUDA backend)\n");
-    return Backend::kCpu;
-  }
+// OK, or why the CUDA backend cannot run here.
+absl::Status CudaUsable() {
+#ifdef KILN_WITH_CUDA
+  return CudaDevice::Available();
+#else
+  return absl::UnimplementedError("this kiln was built without the CUDA toolkit");
+#endif
+}
+
+absl::StatusOr<ResolvedBackend> OpenCuda() {
+  ResolvedBackend r;
+  r.backend = Backend::kCuda;
+#ifdef KILN_WITH_CUDA
+  ASSIGN_OR_RETURN(r.device, CudaDevice::Open(0));
+  std::fprintf(stderr, "kiln: backend cuda: %s (%s)\n", r.device->name().c_str(), r.device->arch().c_str());
+#endif
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedBackend> ResolveBackend(absl::string_view name) {
+  if (name == "cpu") return ResolvedBackend{};
   if (name == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: this build of kiln has no CUDA backend yet; use --backend cpu");
+    absl::Status usable = CudaUsable();
+    if (!usable.ok()) return absl::FailedPreconditionError(absl::StrCat("--backend cuda: ", usable.message()));
+    return OpenCuda();
+  }
+  if (name == "auto") {
+    absl::Status usable = CudaUsable();
+    if (usable.ok()) return OpenCuda();
+    std::fprintf(stderr, "kiln: --backend auto: using the CPU reference backend (%s)\n",
+                 std::string(usable.message()).c_str());
+    return ResolvedBackend{};
   }
   return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu, cuda or auto, got '", name, "'"));
 }

@@ -11,6 +11,9 @@
 #include "frontends/training_checkpoint.h"
 #include "ir/status_macros.h"
 #include "runtime/reference_backend.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/executable.h"
+#endif
 #include "runtime/training/dataset.h"
 
 namespace kiln::cli {
@@ -45,7 +48,7 @@ absl::StatusOr<ModelWithWeights> LoadModel(const ParsedArgs& args) {
 }
 
 absl::Status RunEval(const ParsedArgs& args) {
-  RETURN_IF_ERROR(ResolveBackend(args.Get("backend", "auto")).status());
+  ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
   if (!args.Has("data")) return absl::InvalidArgumentError("--data FILE is required");
   ASSIGN_OR_RETURN(ModelWithWeights model, LoadModel(args));
   ASSIGN_OR_RETURN(int64_t seq, args.GetInt("seq", model.config.seq_len));
@@ -71,11 +74,20 @@ absl::Status RunEval(const ParsedArgs& args) {
     inputs.push_back(HostTensor::FromValues(ids, std::vector<double>(b.inputs.begin(), b.inputs.end())));
     inputs.push_back(HostTensor::FromValues(ids, std::vector<double>(b.targets.begin(), b.targets.end())));
     inputs.insert(inputs.end(), model.weights.begin(), model.weights.end());
-    ASSIGN_OR_RETURN(std::vector<HostTensor> out, EvaluateFunction(*module->FindFunction("forward"), inputs));
+    const Function& forward = *module->FindFunction("forward");
+    std::vector<HostTensor> out;
+    if (backend.backend == Backend::kCpu) {
+      ASSIGN_OR_RETURN(out, EvaluateFunction(forward, inputs));
+    } else {
+#ifdef KILN_WITH_CUDA
+      ASSIGN_OR_RETURN(out, EvaluateOnGpu(forward, inputs, *backend.device));
+#endif
+    }
     loss_sum += out[0][0] * static_cast<double>(rows);
   }
-  std::fprintf(stderr, "kiln eval: %lld windows of %lld tokens from %s, %s\n", static_cast<long long>(windows),
-               static_cast<long long>(seq), data.name().c_str(), std::string(PrecisionName(precision)).c_str());
+  std::fprintf(stderr, "kiln eval: %lld windows of %lld tokens from %s, %s, backend %s\n",
+               static_cast<long long>(windows), static_cast<long long>(seq), data.name().c_str(),
+               std::string(PrecisionName(precision)).c_str(), backend.backend == Backend::kCpu ? "cpu" : "cuda");
   std::printf("loss %.6f\n", loss_sum / static_cast<double>(windows));
   return absl::OkStatus();
 }

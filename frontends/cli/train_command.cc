@@ -12,6 +12,7 @@
 #include "frontends/hf_checkpoint.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
+#include "frontends/cuda_trainer.h"
 #include "frontends/trainer.h"
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
@@ -153,7 +154,7 @@ class ProgressPrinter {
 
 absl::Status RunTrain(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
-  RETURN_IF_ERROR(ResolveBackend(args.Get("backend", "auto")).status());
+  ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
   ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", 150));
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
   std::optional<TrainingCheckpoint> resume;
@@ -191,18 +192,34 @@ absl::Status RunTrain(const ParsedArgs& args) {
 
   std::vector<HostTensor> init = resume ? std::vector<HostTensor>{} : InitLlamaWeights(config, s.seed);
   if (resume) init = resume->state.params;
-  ASSIGN_OR_RETURN(std::unique_ptr<ReferenceTrainer> trainer,
-                   ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
+  std::unique_ptr<Trainer> trainer;
+  if (backend.backend == Backend::kCpu) {
+    ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
+  } else {
+#ifdef KILN_WITH_CUDA
+    auto compile_start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda,
+                     CudaTrainer::Create(std::move(module), step_fn, layout, std::move(init), *backend.device));
+    const CudaExecutable::Stats& st = cuda->executable().stats();
+    std::fprintf(stderr,
+                 "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
+                 "%lld GEMMs, arena %.2f GB\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
+                 static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
+                 static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
+    trainer = std::move(cuda);
+#endif
+  }
   if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
 
-  std::fprintf(stderr, "kiln train: %s (%.2fM params), %s, batch %lld x seq %lld x accum %lld, data: %s, backend cpu\n",
+  std::fprintf(stderr, "kiln train: %s (%.2fM params), %s, batch %lld x seq %lld x accum %lld, data: %s, backend %s\n",
                config.name.c_str(), ParameterCount(config) / 1e6, std::string(PrecisionName(s.precision)).c_str(),
                static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.accum),
-               data.name().c_str());
+               data.name().c_str(), std::string(trainer->backend()).c_str());
   ProgressPrinter progress(steps);
   const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
   auto start = std::chrono::steady_clock::now();
-  for (int64_t step = trainer->state().step; step < steps; ++step) {
+  for (int64_t step = trainer->steps_done(); step < steps; ++step) {
     std::vector<TokenBatch> micro_batches;
     for (int64_t i = 0; i < s.accum; ++i) {
       micro_batches.push_back(SampleBatch(data, s.seed, step * s.accum + i, s.batch, s.seq));
@@ -218,8 +235,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
                     std::chrono::duration<double>(t1 - start).count());
   }
   if (args.Has("save")) {
-    RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, trainer->state(), settings}));
-    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(trainer->state().step),
+    ASSIGN_OR_RETURN(TrainingState state, trainer->State());
+    RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, state, settings}));
+    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(state.step),
                  args.Get("save").c_str());
   }
   return absl::OkStatus();

@@ -1,0 +1,72 @@
+#include "frontends/cuda_trainer.h"
+
+#ifdef KILN_WITH_CUDA
+
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(std::unique_ptr<Module> module,
+                                                                 const Function* step_function,
+                                                                 TrainingStepLayout layout,
+                                                                 std::vector<HostTensor> initial_params,
+                                                                 CudaDevice& device,
+                                                                 const CudaExecutableOptions& options) {
+  auto trainer = std::unique_ptr<CudaTrainer>(new CudaTrainer());
+  trainer->module_ = std::move(module);
+  trainer->step_ = step_function;
+  trainer->layout_ = layout;
+  ASSIGN_OR_RETURN(trainer->executable_, CudaExecutable::Create(*step_function, device, options));
+  TrainingState state;
+  for (const HostTensor& p : initial_params) {
+    state.m.emplace_back(p.type());
+    state.v.emplace_back(p.type());
+  }
+  state.params = std::move(initial_params);
+  state.t = HostTensor(TensorType{DType::kF32, {}});
+  RETURN_IF_ERROR(trainer->SetState(std::move(state)));
+  return trainer;
+}
+
+absl::Status CudaTrainer::SetState(TrainingState state) {
+  RETURN_IF_ERROR(CheckTrainingState(*step_, layout_, state));
+  for (int64_t i = 0; i < layout_.num_params; ++i) {
+    RETURN_IF_ERROR(executable_->SetInput(layout_.first_param() + i, state.params[i]));
+    RETURN_IF_ERROR(executable_->SetInput(layout_.first_m() + i, state.m[i]));
+    RETURN_IF_ERROR(executable_->SetInput(layout_.first_v() + i, state.v[i]));
+  }
+  RETURN_IF_ERROR(executable_->SetInput(layout_.t_index(), state.t));
+  steps_done_ = state.step;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingState> CudaTrainer::State() const {
+  TrainingState state;
+  for (int64_t i = 0; i < layout_.num_params; ++i) {
+    ASSIGN_OR_RETURN(HostTensor p, executable_->Input(layout_.first_param() + i));
+    ASSIGN_OR_RETURN(HostTensor m, executable_->Input(layout_.first_m() + i));
+    ASSIGN_OR_RETURN(HostTensor v, executable_->Input(layout_.first_v() + i));
+    state.params.push_back(std::move(p));
+    state.m.push_back(std::move(m));
+    state.v.push_back(std::move(v));
+  }
+  ASSIGN_OR_RETURN(state.t, executable_->Input(layout_.t_index()));
+  state.step = steps_done_;
+  return state;
+}
+
+absl::StatusOr<double> CudaTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
+  ASSIGN_OR_RETURN(auto batch, BatchTensors(*step_, layout_, micro_batches));
+  RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input(), batch.first));
+  RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input() + 1, batch.second));
+  RETURN_IF_ERROR(executable_->SetInput(layout_.lr_index(), HostTensor::FromValues({DType::kF32, {}}, {lr})));
+  RETURN_IF_ERROR(executable_->Run());
+  ASSIGN_OR_RETURN(HostTensor loss, executable_->Output(0));
+  ++steps_done_;
+  return loss[0];
+}
+
+}  // namespace kiln
+
+#endif  // KILN_WITH_CUDA
