@@ -62,8 +62,9 @@ void PlaceMovable(std::vector<PlannedBuffer>& buffers, int64_t base) {
 }  // namespace
 
 std::string BufferPlan::Summary() const {
-  return absl::StrCat("arena ", FormatBytes(arena_bytes), " (parameters ", FormatBytes(parameter_bytes), "), ",
-                      buffers.size(), " buffers, ", FormatBytes(total_buffer_bytes), " without reuse");
+  return absl::StrCat("arena ", FormatBytes(arena_bytes), " (parameters ", FormatBytes(parameter_bytes),
+                      "; live peak ", FormatBytes(live_peak_bytes), "), ", buffers.size(), " buffers, ",
+                      FormatBytes(total_buffer_bytes), " without reuse");
 }
 
 absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanRequest& request) {
@@ -145,9 +146,16 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
   }
 
   PlaceMovable(plan.buffers, plan.parameter_bytes);
+  std::vector<int64_t> live_delta(finish + 2, 0);  // bytes that become live (+) or dead (-) at each step
   for (const PlannedBuffer& b : plan.buffers) {
     plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
     plan.total_buffer_bytes += b.bytes;
+    live_delta[b.first_step] += b.bytes;
+    live_delta[b.last_step + 1] -= b.bytes;
+  }
+  for (int64_t step = 0, live = 0; step <= finish; ++step) {
+    live += live_delta[step];
+    plan.live_peak_bytes = std::max(plan.live_peak_bytes, live);
   }
   return plan;
 }

@@ -120,6 +120,7 @@ TEST(BufferPlan, ChainReusesFreedBuffer) {
   EXPECT_EQ(plan->parameter_bytes, 1024);
   EXPECT_EQ(plan->arena_bytes, 3 * 1024);  // x, and two buffers for three values
   EXPECT_EQ(plan->total_buffer_bytes, 4 * 1024);
+  EXPECT_EQ(plan->live_peak_bytes, 3 * 1024);  // x, and two values at steps 2 and 3
 }
 
 TEST(BufferPlan, ReshapeAliasesAndParameterOutputsAreCopied) {
@@ -174,6 +175,23 @@ TEST(BufferPlan, LlamaTinyTrainingStepReusesMemory) {
   const int64_t arena_temporaries = plan->arena_bytes - plan->parameter_bytes;
   EXPECT_LT(arena_temporaries * 4, temporaries) << plan->Summary();
   std::printf("llama-tiny train step: %s\n", plan->Summary().c_str());
+}
+
+// llama-S (batch 16, seq 1024) materializes [16,12,1024,1024] f32 attention tensors, 805 MB
+// each, in every layer's forward and backward: only reuse makes the step fit on one GPU.
+TEST(BufferPlan, LlamaSTrainingStepFitsOnOneGpu) {
+  ModelConfig config = *PresetConfig("llama-S");
+  std::unique_ptr<Module> m = *BuildLlamaModule(config);
+  absl::StatusOr<Function*> step = BuildTrainingStep(*m, *m->FindFunction("forward"), {});
+  ASSERT_TRUE(step.ok()) << step.status();
+  BufferPlanRequest r = RequestFor(**step);
+  absl::StatusOr<BufferPlan> plan = PlanBuffers(**step, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CheckPlan(**step, r, *plan);
+  std::printf("llama-S train step: %s\n", plan->Summary().c_str());
+  EXPECT_LT(plan->arena_bytes, int64_t{100} << 30) << plan->Summary();  // an H200 has 141 GB
+  EXPECT_LT(plan->arena_bytes, plan->live_peak_bytes * 5 / 4) << "placement wastes over 25%: " << plan->Summary();
+  EXPECT_LT(plan->arena_bytes * 4, plan->total_buffer_bytes) << plan->Summary();
 }
 
 TEST(BufferPlan, RejectsMismatchedRequests) {
