@@ -25,6 +25,11 @@ std::string ParameterContext(const Node& p) {
   return absl::StrCat("parameter %", p.name(), ": ", p.type().ToString());
 }
 
+// `error`, saying which node it was for.
+absl::Status ForNode(const absl::Status& error, const Node& node) {
+  return absl::Status(error.code(), absl::StrCat(error.message(), " (for ", NodeContext(node), ")"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Function& f, CudaDevice& device,
@@ -107,13 +112,15 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
     for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
       const int compiled = nk.compiled[k];
       if (library_of[compiled] == nullptr) {
-        ASSIGN_OR_RETURN(std::unique_ptr<KernelLibrary> library, KernelLibrary::Load(report.kernels[compiled]));
-        library_of[compiled] = library.get();
-        libraries_.push_back(std::move(library));
+        absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(report.kernels[compiled]);
+        if (!library.ok()) return ForNode(library.status(), node);
+        library_of[compiled] = library->get();
+        libraries_.push_back(*std::move(library));
       }
-      ASSIGN_OR_RETURN(KernelLaunch launch,
-                       PrepareLaunch(*library_of[compiled], nk.lowered.kernels[k], device_->ordinal()));
-      launches_.push_back(std::make_unique<KernelLaunch>(std::move(launch)));
+      absl::StatusOr<KernelLaunch> launch =
+          PrepareLaunch(*library_of[compiled], nk.lowered.kernels[k], device_->ordinal());
+      if (!launch.ok()) return ForNode(launch.status(), node);
+      launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
       steps_.push_back({.kind = Step::Kind::kKernel, .node = &node, .launch = launches_.back().get(), .pointers = pointers});
       ++stats_.kernels;
     }
