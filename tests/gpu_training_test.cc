@@ -32,14 +32,14 @@ class GpuTrainingTest : public ::testing::Test {
   std::unique_ptr<CudaDevice> device_;
 };
 
-struct Run {
+struct TrainingRun {
   std::vector<double> losses;
   TrainingState state;
 };
 
 // `steps` steps of llama-tiny at batch 4 x seq 32 on one backend, from the same weights and
 // batches; the step is compiled by the default pipeline as `kiln train` would.
-Run TrainTiny(Precision precision, int steps, CudaDevice* device) {
+TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device) {
   ModelConfig config = *PresetConfig("llama-tiny");
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 4, .seq_len = 32, .precision = precision});
   TrainingStepLayout layout;
@@ -56,7 +56,7 @@ Run TrainTiny(Precision precision, int steps, CudaDevice* device) {
     trainer = *ReferenceTrainer::Create(std::move(m), step, layout, InitLlamaWeights(config, 3));
   }
   TokenDataset data = TokenDataset::Default();
-  Run run;
+  TrainingRun run;
   for (int i = 0; i < steps; ++i) {
     absl::StatusOr<double> loss = trainer->Step({SampleBatch(data, 3, i, 4, 32)}, 3e-3);
     EXPECT_TRUE(loss.ok()) << loss.status();
@@ -96,8 +96,8 @@ double MaxRelativeDifference(const std::vector<HostTensor>& a, const std::vector
 // else as one relative norm over all weights.
 void ExpectGpuMatchesReference(Precision precision, double loss_tolerance, double param_tolerance,
                                bool per_tensor, CudaDevice* device) {
-  Run cpu = TrainTiny(precision, 20, nullptr);
-  Run gpu = TrainTiny(precision, 20, device);
+  TrainingRun cpu = TrainTiny(precision, 20, nullptr);
+  TrainingRun gpu = TrainTiny(precision, 20, device);
   ASSERT_EQ(gpu.losses.size(), 20u);
   for (int i = 0; i < 20; ++i) {
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], loss_tolerance * std::abs(cpu.losses[i]))
@@ -121,15 +121,31 @@ TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp32) {
   ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-3, /*per_tensor=*/true, device_.get());
 }
 
-// bf16: GEMM operands are rounded to bf16 on both sides, and an activation that lands near a
-// rounding boundary can round the other way after a different f32 accumulation order. The
-// loss is held to one bf16 ulp (2^-8 relative). Per tensor, AdamW turns such flips into
-// full-size updates for weights whose gradients are near zero (m / sqrt(v) is about +-1
-// whatever the gradient's size), so a few elements differ by ~lr per step; measured on the
-// H200 the per-tensor max reached 0.3 while the weights as a whole stayed within 1e-2, which
-// is what this holds them to.
+// bf16, one step: the gradients (seen through AdamW's first moment, m = (1 - b1) g) agree
+// to a few bf16 rounding flips. GEMM operands are rounded to bf16 on both sides, and an
+// activation near a rounding boundary can round the other way after a different f32
+// accumulation order (the reference accumulates in double).
+TEST_F(GpuTrainingTest, OneBf16StepMatchesReference) {
+  TrainingRun cpu = TrainTiny(Precision::kBf16, 1, nullptr);
+  TrainingRun gpu = TrainTiny(Precision::kBf16, 1, device_.get());
+  ASSERT_EQ(gpu.losses.size(), 1u);
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-6 * cpu.losses[0]);
+  const double grads = RelativeNormDifference(cpu.state.m, gpu.state.m);
+  std::printf("[ bf16 ] one step: loss cpu %.7f gpu %.7f; gradient rel norm diff %.2e\n", cpu.losses[0],
+              gpu.losses[0], grads);
+  // Measured on the H200: 6.2e-4, a sixth of one bf16 ulp (2^-8). The weights are not
+  // compared here: AdamW's first update is lr * g / |g|, so every near-zero gradient whose
+  // sign a flip changes moves its weight by 2 lr.
+  EXPECT_LT(grads, 2e-3);
+}
+
+// bf16, twenty steps: those flips compound through AdamW, which turns them into full-size
+// updates for weights whose gradients are near zero (m / sqrt(v) is about +-1 whatever the
+// gradient's size). Measured on the H200: the loss within 5.6e-3 relative over 20 steps, the
+// weights within 9.5e-3 by relative norm, while fp32 agrees to 1.5e-6. The bounds here are
+// those, with a margin; the one-step test above is the sharp check of the bf16 kernels.
 TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceBf16) {
-  ExpectGpuMatchesReference(Precision::kBf16, 0x1p-8, 1e-2, /*per_tensor=*/false, device_.get());
+  ExpectGpuMatchesReference(Precision::kBf16, 1e-2, 2e-2, /*per_tensor=*/false, device_.get());
 }
 
 TEST_F(GpuTrainingTest, HuggingFaceCheckpointEvaluatesToTheSameLossOnBothBackends) {

@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default=None, help="folder for the model and the report")
     args = ap.parse_args()
 
@@ -76,7 +77,7 @@ def main():
     hf32, windows = hf_window_loss(model, tokens, args.seq, args.batch, torch.float32)
     hf64, _ = hf_window_loss(model, tokens, args.seq, args.batch, torch.float64)
 
-    cmd = [args.kiln, "eval", folder, "--data", data_path, "--precision", "fp32", "--backend", "cpu",
+    cmd = [args.kiln, "eval", folder, "--data", data_path, "--precision", "fp32", "--backend", args.backend,
            "--seq", str(args.seq), "--batch", str(args.batch)]
     run = subprocess.run(cmd, capture_output=True, text=True)
     match = re.search(r"^loss (\S+)$", run.stdout, re.M)
@@ -89,7 +90,7 @@ def main():
     report = {
         "transformers": transformers.__version__, "torch": torch.__version__,
         "config": json.load(open(os.path.join(folder, "config.json"))),
-        "windows": windows, "seq": args.seq,
+        "windows": windows, "seq": args.seq, "kiln_backend": args.backend,
         "hf_loss_fp32": hf32, "hf_loss_fp64": hf64, "kiln_loss_fp32": kiln,
         "rel_err_vs_hf_fp32": rel32, "rel_err_vs_hf_fp64": rel64, "tolerance": args.tolerance,
         "kiln_stderr": run.stderr.strip(),
