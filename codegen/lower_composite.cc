@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "codegen/kernel_source.h"
+#include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 #include "ir/text_format.h"
 
@@ -45,6 +46,9 @@ constexpr int kRowElementsPerThread = 32;
 constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
+// Grid-stride kernels (AdamW): enough blocks to fill an H200's 132 SMs several times over;
+// past that, each thread loops instead of the grid growing.
+constexpr int64_t kMaxGridStrideBlocks = 132 * 16;
 
 // Row lengths are `int` template arguments and chunk offsets are computed in int.
 constexpr int64_t kMaxRowLength = int64_t{1} << 30;
@@ -308,6 +312,33 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
 }
 
+// One grid-stride kernel per node; the three per-step scalars stay operands (device memory).
+absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(double beta1, FiniteFloatAttr(node, "beta1"));
+  ASSIGN_OR_RETURN(double beta2, FiniteFloatAttr(node, "beta2"));
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  ASSIGN_OR_RETURN(AdamWResult result, GetAdamWResult(node.attrs()));
+  const char* which = result == AdamWResult::kM ? "kM" : result == AdamWResult::kV ? "kV" : "kParam";
+  const char* state = result == AdamWResult::kM ? "m" : result == AdamWResult::kV ? "v" : "p";
+  const int64_t n = node.type().num_elements();
+  if (n == 0) return Kernels({});
+  const int vec = ChunkWidth(n, {DType::kF32});
+  const int threads = options.threads_per_block;
+  const int64_t blocks = std::min(CeilDiv(n / vec, threads), kMaxGridStrideBlocks);
+  Wrapper wrapper;
+  wrapper.header = "adamw";
+  wrapper.comment = absl::StrCat("adamw ", state, "' of ", Count(n, "element"), ", ", Count(vec, "element"),
+                                 " per access, grid-stride over ", Count(blocks, "block"));
+  for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2"}) {
+    wrapper.params.push_back(Param(DType::kF32, name));
+  }
+  wrapper.call = absl::StrCat("AdamWUpdate<kiln::kernels::AdamWResult::", which, ", ", n, "LL, ", vec,
+                              ">(out, p, g, m, v, step_size, decay, sqrt_bc2, ", FloatLiteral(beta1), ", ",
+                              FloatLiteral(1 - beta1), ", ", FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ",
+                              FloatLiteral(eps), ")");
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
+}
+
 // The widest of 16/8/4/2/1 bytes dividing `bytes`, as the type the copy moves.
 struct CopyUnit {
   int bytes;
@@ -414,6 +445,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return LowerCrossEntropy(node, options);
     case Opcode::kRope:
       return LowerRope(node, options);
+    case Opcode::kAdamWUpdate:
+      return LowerAdamWUpdate(node, options);
     case Opcode::kGather:
       return LowerGather(node, options);
     case Opcode::kScatterAdd:

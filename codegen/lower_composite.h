@@ -1,6 +1,6 @@
 // Lowering of the composite ops (rms_norm and its gradients, softmax and its gradient,
-// cross_entropy and its gradient, rope, gather, scatter_add) to instantiations of the
-// hand-written templates in kernels/*.cuh. Called by LowerNode for these ops only.
+// cross_entropy and its gradient, rope, gather, scatter_add, adamw_update) to instantiations
+// of the hand-written templates in kernels/*.cuh. Called by LowerNode for these ops only.
 #pragma once
 
 #include "absl/status/statusor.h"

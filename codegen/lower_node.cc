@@ -73,6 +73,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kCrossEntropy:
     case Opcode::kCrossEntropyGrad:
     case Opcode::kRope:
+    case Opcode::kAdamWUpdate:
       return Lowering::kComposite;
   }
   return Lowering::kNone;

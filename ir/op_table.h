@@ -40,6 +40,14 @@
 //   cross_entropy_grad(logits, labels, dloss)  dL/dlogits
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
 //                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
+//   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2)  {beta1, beta2, eps, result}
+//                          one AdamW step, computed in f32; p, g, m, v share one f32 type,
+//                          the last three are f32[] per-step scalars (lr / (1 - beta1^t),
+//                          1 - lr wd or 1, sqrt(1 - beta2^t)):
+//                            m' = beta1 m + (1 - beta1) g;  v' = beta2 v + (1 - beta2) g^2
+//                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
+//                          result=param|m|v picks which of p', m', v' the node is (the IR has
+//                          one result per node). Not differentiable.
 #pragma once
 
 #include "absl/strings/string_view.h"
@@ -59,7 +67,7 @@ enum class OpCategory {
   kReduction,    // reduce_*
   kContraction,  // dot_general
   kIndexing,     // gather, scatter_add
-  kComposite,    // one kernel is the natural unit: norms, softmax, cross-entropy, RoPE
+  kComposite,    // one kernel is the natural unit: norms, softmax, cross-entropy, RoPE, AdamW
 };
 
 enum class ResultRule { kInferred, kDeclared };
@@ -102,7 +110,8 @@ enum class ResultRule { kInferred, kDeclared };
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred)               \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred)             \
   X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred)    \
-  X(kRope, "rope", 2, kComposite, kInferred)
+  X(kRope, "rope", 2, kComposite, kInferred)                              \
+  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred)
 
 enum class Opcode {
 #define KILN_OP_ENUM(e, name, arity, cat, rule) e,

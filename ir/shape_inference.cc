@@ -1,6 +1,7 @@
 #include "ir/shape_inference.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -214,7 +215,42 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
   return op == Opcode::kRmsNormGradInput ? x : w;
 }
 
+// adamw_update(p, g, m, v, step_size, decay, sqrt_bc2): the state tensors share one f32
+// type (master weights and optimizer state), the per-step values are f32 scalars.
+absl::StatusOr<TensorType> InferAdamWUpdate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  for (absl::string_view beta : {"beta1", "beta2"}) {
+    ASSIGN_OR_RETURN(double value, attrs.GetFloat(beta));
+    if (!(value >= 0 && value < 1)) return Invalid(absl::StrCat(beta, "=", value, " must be in [0, 1)"));
+  }
+  ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
+  if (!(eps >= 0) || std::isinf(eps)) return Invalid(absl::StrCat("eps=", eps, " must be finite and >= 0"));
+  RETURN_IF_ERROR(GetAdamWResult(attrs).status());
+  const TensorType& p = xs[0];
+  if (p.dtype != DType::kF32) return Invalid(absl::StrCat("p must be f32 (master weights), got ", p.ToString()));
+  static constexpr absl::string_view kState[] = {"p", "g", "m", "v"};
+  for (int i = 1; i < 4; ++i) {
+    if (xs[i] != p) {
+      return Invalid(absl::StrCat(kState[i], " ", xs[i].ToString(), " must have p's type ", p.ToString()));
+    }
+  }
+  static constexpr absl::string_view kScalars[] = {"step_size", "decay", "sqrt_bc2"};
+  for (int i = 4; i < 7; ++i) {
+    if (xs[i] != TensorType{DType::kF32, {}}) {
+      return Invalid(absl::StrCat(kScalars[i - 4], " must be an f32[] scalar, got ", xs[i].ToString()));
+    }
+  }
+  return p;
+}
+
 }  // namespace
+
+absl::StatusOr<AdamWResult> GetAdamWResult(const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(std::string result, attrs.GetSymbol("result"));
+  if (result == "param") return AdamWResult::kParam;
+  if (result == "m") return AdamWResult::kM;
+  if (result == "v") return AdamWResult::kV;
+  return Invalid(absl::StrCat("adamw_update result '", result, "' is not one of param, m, v"));
+}
 
 bool IsCompareDirection(absl::string_view d) {
   return d == "eq" || d == "ne" || d == "lt" || d == "le" || d == "gt" || d == "ge";
@@ -382,6 +418,8 @@ absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorTyp
       }
       return x;
     }
+    case Opcode::kAdamWUpdate:
+      return InferAdamWUpdate(xs, attrs);
   }
   return Invalid("unknown opcode");
 }

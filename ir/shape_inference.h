@@ -21,4 +21,8 @@ absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorTyp
 // The comparison directions accepted by `compare`.
 bool IsCompareDirection(absl::string_view dir);
 
+// adamw_update's `result` attribute: which of p', m', v' a node is (param, m or v).
+enum class AdamWResult { kParam, kM, kV };
+absl::StatusOr<AdamWResult> GetAdamWResult(const AttrMap& attrs);
+
 }  // namespace kiln

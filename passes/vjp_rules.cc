@@ -45,7 +45,7 @@ absl::StatusOr<Node*> MulAll(Builder& b, std::initializer_list<Node*> xs) {
   return product;
 }
 
-// ---- leaves, compare ----------------------------------------------------------------------
+// ---- leaves, compare, adamw_update ---------------------------------------------------------
 
 absl::StatusOr<Grads> NoCotangents(const VjpArgs& a) { return Grads(a.node->num_operands(), nullptr); }
 
@@ -634,6 +634,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kCrossEntropy, CrossEntropyVjp, kNode},
     VjpRow{Opcode::kCrossEntropyGrad, CrossEntropyGradVjp, kNode},
     VjpRow{Opcode::kRope, RopeVjp, kNode},
+    VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
 };
 
 }  // namespace

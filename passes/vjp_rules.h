@@ -11,8 +11,9 @@
 //     operand the result does not depend on). A contribution may be wider than the operand
 //     (dot_general of bf16 operands gives f32 contributions); the caller accumulates in the
 //     widest float type and narrows only when a gradient leaves the backward pass.
-//   - non-differentiable ops (parameter, constant, iota, compare) have a row whose rule
-//     returns no contributions, so "every op has a row" is a complete check.
+//   - non-differentiable ops (parameter, constant, iota, compare, adamw_update: an optimizer
+//     step is applied to gradients, never differentiated) have a row whose rule returns no
+//     contributions, so "every op has a row" is a complete check.
 // Ties: max/min send the cotangent to the first operand where a == b; reduce_max sends the
 // full cotangent to every element equal to the maximum (not split).
 #pragma once

@@ -58,6 +58,7 @@ OpKernel KernelFor(Opcode op) {
     case Opcode::kCrossEntropy: return EvalCrossEntropy;
     case Opcode::kCrossEntropyGrad: return EvalCrossEntropyGrad;
     case Opcode::kRope: return EvalRope;
+    case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
   }
   return nullptr;
 }

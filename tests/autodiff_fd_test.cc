@@ -224,6 +224,21 @@ std::vector<FdCase> AllCases() {
       {"rope_inverse",
        {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
        [](Builder& b, P p) { return b.Rope(p[0], p[1], 10000.0, /*inverse=*/true); }},
+      {"adamw_update_feeding_compare",
+       {{F32(kShape)}, {F32(kShape)}, {F32(kShape)}, {F32(kShape), 0.25, 1}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // Where the AdamW step lowers p take g, else m. adamw_update is non-differentiable
+         // (an optimizer step is applied to gradients, never differentiated); like compare it
+         // is covered by a use whose result carries no gradient.
+         ASSIGN_OR_RETURN(Node * step_size, b.Constant(0.1, F32({})));
+         ASSIGN_OR_RETURN(Node * decay, b.Constant(0.9, F32({})));
+         ASSIGN_OR_RETURN(Node * sqrt_bc2, b.Constant(0.5, F32({})));
+         ASSIGN_OR_RETURN(Node * p_new,
+                          b.Op(Opcode::kAdamWUpdate, {p[0], p[1], p[2], p[3], step_size, decay, sqrt_bc2},
+                               AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{"param"}}}));
+         ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));
+         return b.Select(lowered, p[1], p[2]);
+       }},
   };
 }
 

@@ -63,6 +63,8 @@ absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const
 absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx);
 // rope.cc
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);
+// optimizer_ops.cc
+absl::StatusOr<HostTensor> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
 
 // --- Shared helpers (tensor_layout.cc) ---
 

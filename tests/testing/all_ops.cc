@@ -1,6 +1,7 @@
 #include "tests/testing/all_ops.h"
 
 #include <set>
+#include <vector>
 
 #include "ir/builder.h"
 #include "ir/status_macros.h"
@@ -74,8 +75,18 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* ceg = Must(b.Op(Opcode::kCrossEntropyGrad, {smg, labels, ce}));
   Node* x4 = Must(b.Reshape(x, {1, 3, 2, 4}));
   Node* ro = Must(b.Rope(x4, Must(b.Convert(pos, DType::kI32)), 10000.0));
+
+  // No new leaves (tests count them): the scalars reuse `half`, and v = x^2 is >= 0.
+  b.set_scope("layers.1.optimizer");
+  Node* second = Must(b.Mul(x, x));
+  Node* sqrt_half = Must(b.Unary(Opcode::kSqrt, half));
+  std::vector<Node*> adamw;
+  for (const char* result : {"param", "m", "v"}) {
+    adamw.push_back(Must(b.Op(Opcode::kAdamWUpdate, {x, sel, v, second, half, sqrt_half, half},
+                              AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{result}}})));
+  }
   b.set_scope("");
-  absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro});
+  absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro, adamw[0], adamw[1], adamw[2]});
   if (!st.ok()) std::abort();
   return m;
 }

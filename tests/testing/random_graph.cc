@@ -64,6 +64,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> SoftmaxStep();
   absl::StatusOr<Node*> CrossEntropyStep();
   absl::StatusOr<Node*> RopeStep();
+  absl::StatusOr<Node*> AdamWStep();
   absl::StatusOr<Node*> IotaStep();
   absl::StatusOr<Node*> DuplicateStep();
   absl::StatusOr<Node*> IdentityArithmeticStep();
@@ -275,6 +276,21 @@ absl::StatusOr<Node*> GraphGenerator::RopeStep() {
   return b_.Rope(x, positions_, 10000.0, /*inverse=*/Coin());
 }
 
+// One AdamW update of a pool value; the second moment is m^2 (>= 0, as in training) and the
+// per-step scalars are constants of the ranges a training step computes.
+absl::StatusOr<Node*> GraphGenerator::AdamWStep() {
+  Node* p = Pick();
+  Node* g = Partner(p);
+  Node* m = Partner(p);
+  ASSIGN_OR_RETURN(Node * v, b_.Mul(m, m));
+  ASSIGN_OR_RETURN(Node * step_size, Scalar(0.01 * static_cast<double>(1 + Uniform(4))));
+  ASSIGN_OR_RETURN(Node * decay, Scalar(Coin() ? 1.0 : 0.999));
+  ASSIGN_OR_RETURN(Node * sqrt_bc2, Scalar(0.25 * static_cast<double>(1 + Uniform(4))));
+  static constexpr const char* kResults[] = {"param", "m", "v"};
+  return b_.Op(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2},
+               AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{kResults[Uniform(3)]}}});
+}
+
 absl::StatusOr<Node*> GraphGenerator::IotaStep() {
   Node* x = Pick([](const Node* n) { return n->type().rank() >= 1; });
   ASSIGN_OR_RETURN(Node * io, b_.Iota({DType::kI32, x->type().dims}, Uniform(x->type().rank())));
@@ -356,7 +372,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
       &GraphGenerator::NormStep,         &GraphGenerator::SoftmaxStep,      &GraphGenerator::CrossEntropyStep,
       &GraphGenerator::RopeStep,         &GraphGenerator::IotaStep,         &GraphGenerator::DuplicateStep,
       &GraphGenerator::DuplicateStep,    &GraphGenerator::IdentityArithmeticStep,
-      &GraphGenerator::ConstantSubgraphStep,
+      &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,
   };
   constexpr int kNumSteps = sizeof(kSteps) / sizeof(kSteps[0]);
   for (int i = 0; i < options.num_steps; ++i) {
