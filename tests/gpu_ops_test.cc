@@ -276,6 +276,24 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {0, 2048}}});
   }
+  // AdamW's three results over the scalar path (an odd size), 16-byte accesses, and a size
+  // past the grid-stride kernel's grid (threads loop).
+  for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4}) {
+    cases.push_back({absl::StrCat("adamw_update_", n), kSums, [n](Builder& b) -> absl::Status {
+                       std::vector<Node*> p = Params(b, {{f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {}},
+                                                         {f32, {}}, {f32, {}}});
+                       std::vector<Node*> outs;
+                       for (const char* result : {"param", "m", "v"}) {
+                         absl::StatusOr<Node*> out = b.Op(
+                             Opcode::kAdamWUpdate, p,
+                             AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{result}}});
+                         if (!out.ok()) return out.status();
+                         outs.push_back(*out);
+                       }
+                       return b.Return(outs);
+                     },
+                     {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}}});
+  }
   cases.push_back({"add_large", kExact, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{bf16, {(1 << 20) + 3}}, {bf16, {(1 << 20) + 3}}});
                      return Ret(b, b.Add(p[0], p[1]));

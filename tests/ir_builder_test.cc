@@ -1,3 +1,4 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "ir/builder.h"
@@ -30,6 +31,41 @@ TEST(Builder, ErrorNamesOpShapesAndCaller) {
   EXPECT_NE(msg.find("add(f32[2,3], f32[3,2])"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ir_builder_test.cc:"), std::string::npos) << msg;
   EXPECT_NE(msg.find("differ"), std::string::npos) << msg;
+}
+
+// adamw_update's errors say which operand or attribute is wrong, and why.
+TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
+  Module m("m");
+  Builder b(m.AddFunction("f"));
+  const TensorType state{DType::kF32, {4, 8}}, scalar{DType::kF32, {}};
+  std::vector<Node*> in;
+  for (const char* name : {"p", "g", "m", "v"}) in.push_back(*b.Parameter(name, state));
+  for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(*b.Parameter(name, scalar));
+  Node* wide_v = *b.Parameter("wide_v", {DType::kF32, {4, 9}});
+  Node* bf16_p = *b.Parameter("bf16_p", {DType::kBF16, {4, 8}});
+  Node* vector_decay = *b.Parameter("vector_decay", {DType::kF32, {1}});
+  const AttrMap attrs{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{"param"}}};
+  auto error = [&](std::vector<Node*> operands, AttrMap a) {
+    absl::StatusOr<Node*> n = b.Op(Opcode::kAdamWUpdate, std::move(operands), std::move(a));
+    return n.ok() ? std::string("ok") : std::string(n.status().message());
+  };
+  auto with = [&](int i, Node* x) {
+    std::vector<Node*> operands = in;
+    operands[i] = x;
+    return operands;
+  };
+  auto attr = [&](const char* name, AttrValue value) {
+    AttrMap a = attrs;
+    a.Set(name, std::move(value));
+    return a;
+  };
+  EXPECT_EQ(error(in, attrs), "ok");
+  EXPECT_THAT(error(with(3, wide_v), attrs), ::testing::HasSubstr("v f32[4,9] must have p's type f32[4,8]"));
+  EXPECT_THAT(error(with(0, bf16_p), attrs), ::testing::HasSubstr("p must be f32 (master weights), got bf16[4,8]"));
+  EXPECT_THAT(error(with(5, vector_decay), attrs), ::testing::HasSubstr("decay must be an f32[] scalar, got f32[1]"));
+  EXPECT_THAT(error(in, attr("beta2", 1.0)), ::testing::HasSubstr("beta2=1 must be in [0, 1)"));
+  EXPECT_THAT(error(in, attr("result", Symbol{"w"})), ::testing::HasSubstr("result 'w' is not one of param, m, v"));
+  EXPECT_THAT(error(in, attr("eps", -1.0)), ::testing::HasSubstr("eps=-1 must be finite and >= 0"));
 }
 
 }  // namespace

@@ -441,6 +441,29 @@ TEST(ReferenceBackend, RopeInverseUndoesRopeOnRandomInput) {
   ExpectNear(f.Values(back, {xv, HostTensor::Random(pos->type(), 12, 0, 4096)}, kDouble), xv.values(), 1e-12);
 }
 
+// Values chosen so that sqrt(v') is exact: beta1 = 0.5, beta2 = 0.75, eps = 1 (large, so the
+// third element's 0 / (0 + eps) shows it is added), step_size 0.5, decay 0.75, sqrt_bc2 0.5.
+TEST(ReferenceBackend, AdamWUpdateByHand) {
+  Fn f;
+  std::vector<Node*> in;
+  for (const char* name : {"p", "g", "m", "v"}) in.push_back(f.Param(name, {kF32, {3}}));
+  for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(f.Param(name, {kF32, {}}));
+  std::vector<Node*> outs;
+  for (const char* result : {"param", "m", "v"}) {
+    outs.push_back(Fn::Ok(f.b.Op(Opcode::kAdamWUpdate, in,
+                                 AttrMap{{"beta1", 0.5}, {"beta2", 0.75}, {"eps", 1.0}, {"result", Symbol{result}}})));
+  }
+  auto r = f.Eval(outs,
+                  {F32({3}, {2, -4, 1}), F32({3}, {2, -1, 0}), F32({3}, {1, 0, 0}), F32({3}, {4, 1, 0}),
+                   F32({}, {0.5}), F32({}, {0.75}), F32({}, {0.5})},
+                  kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // m' = 0.5 m + 0.5 g; v' = 0.75 v + 0.25 g^2; p' = 0.75 p - 0.5 m' / (sqrt(v') / 0.5 + 1).
+  ExpectNear((*r)[1].values(), {1.5, -0.5, 0}, 1e-15);
+  ExpectNear((*r)[2].values(), {4, 1, 0}, 1e-15);
+  ExpectNear((*r)[0].values(), {1.5 - 0.5 * 1.5 / 5, -3 + 0.5 * 0.5 / 3, 0.75}, 1e-15);
+}
+
 TEST(ReferenceBackend, F32AsF64KeepsDoublePrecisionButNarrowTypesStillRound) {
   Fn f;
   Node* a = f.Param("a", {kF32, {1}});
