@@ -178,32 +178,25 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   ASSIGN_OR_RETURN(Node * lr_wd, a.MulConst(lr, h.weight_decay));
   ASSIGN_OR_RETURN(Node * neg_lr_wd, a.MulConst(lr_wd, -1.0));
   ASSIGN_OR_RETURN(Node * decay, a.AddConst(neg_lr_wd, 1.0));
+  ASSIGN_OR_RETURN(Node * no_decay, a.Scalar(1.0));
 
+  // Three adamw_update nodes per parameter (the IR has one result per node), each one kernel
+  // (kernels/adamw.cuh) sharing the per-step scalars above.
   std::vector<Node*> new_params, new_ms, new_vs;
   for (int64_t i = 0; i < layout.num_params; ++i) {
     Node* p = params[i];
-    Node* g = grads[i];
-    ASSIGN_OR_RETURN(Node * m1, a.MulConst(ms[i], h.beta1));
-    ASSIGN_OR_RETURN(Node * m2, a.MulConst(g, 1.0 - h.beta1));
-    ASSIGN_OR_RETURN(Node * m, b.Named(absl::StrCat(ms[i]->name(), ".new")).Add(m1, m2));
-    ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
-    ASSIGN_OR_RETURN(Node * v1, a.MulConst(vs[i], h.beta2));
-    ASSIGN_OR_RETURN(Node * v2, a.MulConst(g2, 1.0 - h.beta2));
-    ASSIGN_OR_RETURN(Node * v, b.Named(absl::StrCat(vs[i]->name(), ".new")).Add(v1, v2));
-    ASSIGN_OR_RETURN(Node * sqrt_v, b.Unary(Opcode::kSqrt, v));
-    ASSIGN_OR_RETURN(Node * sqrt_bc2_b, a.Splat(sqrt_bc2, p));
-    ASSIGN_OR_RETURN(Node * denom0, b.Div(sqrt_v, sqrt_bc2_b));
-    ASSIGN_OR_RETURN(Node * denom, a.AddConst(denom0, h.eps));
-    ASSIGN_OR_RETURN(Node * update0, b.Div(m, denom));
-    ASSIGN_OR_RETURN(Node * update, a.MulScalar(update0, step_size));
-    Node* decayed = p;
-    if (p->type().rank() >= 2 && h.weight_decay != 0) {
-      ASSIGN_OR_RETURN(decayed, a.MulScalar(p, decay));
-    }
-    ASSIGN_OR_RETURN(Node * p_new, b.Named(absl::StrCat(p->name(), ".new")).Sub(decayed, update));
+    Node* p_decay = p->type().rank() >= 2 && h.weight_decay != 0 ? decay : no_decay;
+    auto update = [&](absl::string_view result, const std::string& name) -> absl::StatusOr<Node*> {
+      AttrMap attrs{{"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps}, {"result", Symbol{std::string(result)}}};
+      return b.Named(name).Op(Opcode::kAdamWUpdate, {p, grads[i], ms[i], vs[i], step_size, p_decay, sqrt_bc2},
+                              std::move(attrs));
+    };
+    ASSIGN_OR_RETURN(Node * p_new, update("param", absl::StrCat(p->name(), ".new")));
+    ASSIGN_OR_RETURN(Node * m_new, update("m", absl::StrCat(ms[i]->name(), ".new")));
+    ASSIGN_OR_RETURN(Node * v_new, update("v", absl::StrCat(vs[i]->name(), ".new")));
     new_params.push_back(p_new);
-    new_ms.push_back(m);
-    new_vs.push_back(v);
+    new_ms.push_back(m_new);
+    new_vs.push_back(v_new);
   }
   b.set_scope("");
 
