@@ -205,6 +205,33 @@ TEST(CompositeKernelsTest, Rope) {
   }
 }
 
+// Every result, on the scalar path (an odd size), 16-byte accesses, and a grid capped below
+// one thread per chunk (the kernel strides); the betas' complements are exact f32 literals.
+TEST(CompositeKernelsTest, AdamWUpdate) {
+  const TensorType scalar{kF32, {}};
+  for (int64_t n : {int64_t{7}, int64_t{4096}, int64_t{50'000'000}}) {
+    for (const char* result : {"param", "m", "v"}) {
+      SCOPED_TRACE(absl::StrCat(n, " elements, result=", result));
+      const TensorType state{kF32, {n}};
+      OneOp one = MakeOneOp(Opcode::kAdamWUpdate, {state, state, state, state, scalar, scalar, scalar},
+                            {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{result}}});
+      const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
+      ASSERT_EQ(kernels.size(), 1u);
+      const int vec = n % 4 == 0 ? 4 : 1;
+      EXPECT_NE(kernels[0].source.find(absl::StrCat(n, "LL, ", vec, ">(out, p, g, m, v, step_size, decay, sqrt_bc2, ",
+                                                    "0x1.ccccccp-1f, 0x1.99999ap-4f, 0x1.e66666p-1f, 0x1.99999ap-5f")),
+                std::string::npos)
+          << kernels[0].source;
+      const int64_t threads = static_cast<int64_t>(kernels[0].grid[0]) * kernels[0].block[0];
+      if (n < 1000 * 1000) {
+        EXPECT_GE(threads * vec, n) << "one pass covers a small tensor";
+      } else {
+        EXPECT_LT(threads * vec, n) << "a large tensor is strided over, not given a thread per chunk";
+      }
+    }
+  }
+}
+
 TEST(CompositeKernelsTest, Gather) {
   struct Shape {
     TensorType table, indices;
