@@ -6,26 +6,16 @@
 #include "ir/verifier.h"
 #include "runtime/differential_check.h"
 #include "tests/testing/filecheck.h"
+#include "tests/testing/pass_test.h"
 
 namespace kiln {
 namespace {
 
-// Parses a one-function module body, runs canonicalize, checks the module still verifies
-// and means exactly the same, and returns the printed result.
+// A one-function module body through canonicalize (tests/testing/pass_test.h).
 std::string Canon(absl::string_view body, bool expect_change = true, bool check_meaning = true) {
-  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat("module @m\nfunc @main {\n", body, "}\n"));
-  if (!m.ok()) return std::string(m.status().message());
-  std::unique_ptr<Module> before = CloneModule(**m);
-  absl::StatusOr<bool> changed = CanonicalizePass().Run(**m);
-  EXPECT_TRUE(changed.ok()) << changed.status();
-  EXPECT_EQ(changed.value_or(!expect_change), expect_change);
-  absl::Status verified = VerifyModule(**m);
-  EXPECT_TRUE(verified.ok()) << verified;
-  if (check_meaning) {
-    absl::Status same = CheckMeaningPreserved(*before, **m);
-    EXPECT_TRUE(same.ok()) << same;
-  }
-  return PrintModule(**m);
+  CanonicalizePass pass;
+  return testing::RunPassOnText(pass, absl::StrCat("module @m\nfunc @main {\n", body, "}\n"), expect_change,
+                                check_meaning);
 }
 
 #define EXPECT_CHECKS(out, checks) EXPECT_TRUE(testing::FileCheck(out, checks).ok()) << testing::FileCheck(out, checks)

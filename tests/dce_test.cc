@@ -6,23 +6,14 @@
 #include "ir/verifier.h"
 #include "runtime/differential_check.h"
 #include "tests/testing/filecheck.h"
+#include "tests/testing/pass_test.h"
 
 namespace kiln {
 namespace {
 
-// Parses `text`, runs dce, checks the module still verifies and means the same, and returns
-// the printed result (or the failure as text, which no CHECK line will match).
 std::string RunDce(absl::string_view text, bool expect_change = true) {
-  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(text);
-  if (!m.ok()) return std::string(m.status().message());
-  std::unique_ptr<Module> before = CloneModule(**m);
-  absl::StatusOr<bool> changed = DcePass().Run(**m);
-  EXPECT_TRUE(changed.ok()) << changed.status();
-  EXPECT_EQ(changed.value_or(!expect_change), expect_change);
-  EXPECT_TRUE(VerifyModule(**m).ok());
-  absl::Status same = CheckMeaningPreserved(*before, **m);
-  EXPECT_TRUE(same.ok()) << same;
-  return PrintModule(**m);
+  DcePass pass;
+  return testing::RunPassOnText(pass, text, expect_change);
 }
 
 TEST(Dce, RemovesWhatNoOutputNeedsAndKeepsParameters) {

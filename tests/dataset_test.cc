@@ -1,0 +1,109 @@
+// Training data: the built-in corpus, text and .bin token files, deterministic batches and
+// evaluation windows (runtime/training/dataset.h), and the LR schedule.
+#include "runtime/training/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "ir/file_util.h"
+#include "runtime/training/lr_schedule.h"
+
+namespace kiln {
+namespace {
+
+std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/kiln_dataset_" + name; }
+
+std::string Uint16Bytes(const std::vector<uint16_t>& tokens) {
+  std::string out;
+  for (uint16_t t : tokens) {
+    out.push_back(static_cast<char>(t & 0xff));
+    out.push_back(static_cast<char>(t >> 8));
+  }
+  return out;
+}
+
+TEST(Dataset, BuiltInCorpusIsByteTokens) {
+  TokenDataset d = TokenDataset::Default();
+  EXPECT_GT(d.size(), 100000);
+  EXPECT_LT(d.max_token(), 128);  // plain ASCII text
+  EXPECT_TRUE(d.CheckFits(256, 1024).ok());
+}
+
+TEST(Dataset, TextFilesAreOneTokenPerByte) {
+  ASSERT_TRUE(WriteFileAtomically(TempPath("a.txt"), "ab\xff").ok());
+  absl::StatusOr<TokenDataset> d = TokenDataset::FromFile(TempPath("a.txt"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->tokens(), (std::vector<uint16_t>{'a', 'b', 255}));
+}
+
+TEST(Dataset, BinFilesAreLittleEndianUint16WithOptionalLlmcHeader) {
+  std::vector<uint16_t> tokens = {1, 300, 65535, 7};
+  ASSERT_TRUE(WriteFileAtomically(TempPath("plain.bin"), Uint16Bytes(tokens)).ok());
+  absl::StatusOr<TokenDataset> plain = TokenDataset::FromFile(TempPath("plain.bin"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->tokens(), tokens);
+  EXPECT_EQ(plain->max_token(), 65535);
+
+  std::string header(256 * 4, '\0');
+  int32_t magic = 20240520, version = 1, count = 4;
+  std::memcpy(header.data(), &magic, 4);
+  std::memcpy(header.data() + 4, &version, 4);
+  std::memcpy(header.data() + 8, &count, 4);
+  ASSERT_TRUE(WriteFileAtomically(TempPath("llmc.bin"), header + Uint16Bytes(tokens)).ok());
+  absl::StatusOr<TokenDataset> llmc = TokenDataset::FromFile(TempPath("llmc.bin"));
+  ASSERT_TRUE(llmc.ok()) << llmc.status();
+  EXPECT_EQ(llmc->tokens(), tokens);
+
+  ASSERT_TRUE(WriteFileAtomically(TempPath("odd.bin"), "abc").ok());
+  absl::StatusOr<TokenDataset> odd = TokenDataset::FromFile(TempPath("odd.bin"));
+  ASSERT_FALSE(odd.ok());
+  EXPECT_TRUE(absl::StrContains(odd.status().message(), "odd count")) << odd.status();
+  EXPECT_FALSE(TokenDataset::FromFile(TempPath("missing.bin")).ok());
+}
+
+TEST(Dataset, CheckFitsNamesTheProblem) {
+  TokenDataset d = TokenDataset::FromTokens("t", {1, 2, 300});
+  absl::Status vocab = d.CheckFits(256, 2);
+  EXPECT_TRUE(absl::StrContains(vocab.message(), "token id 300 does not fit the model's vocab of 256")) << vocab;
+  absl::Status short_data = d.CheckFits(1000, 8);
+  EXPECT_TRUE(absl::StrContains(short_data.message(), "fewer than one window of 9")) << short_data;
+}
+
+TEST(Dataset, BatchesAreADeterministicFunctionOfSeedAndStep) {
+  std::vector<uint16_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 251);
+  TokenDataset d = TokenDataset::FromTokens("t", tokens);
+  TokenBatch a = SampleBatch(d, 7, 3, 4, 16), b = SampleBatch(d, 7, 3, 4, 16);
+  EXPECT_EQ(a.inputs, b.inputs);
+  EXPECT_NE(a.inputs, SampleBatch(d, 7, 4, 4, 16).inputs);
+  EXPECT_NE(a.inputs, SampleBatch(d, 8, 3, 4, 16).inputs);
+  for (int r = 0; r < 4; ++r) {
+    for (int t = 0; t + 1 < 16; ++t) EXPECT_EQ(a.targets[r * 16 + t], a.inputs[r * 16 + t + 1]);
+  }
+}
+
+TEST(Dataset, EvalWindowsAreStrideTWithTPlusOneTokens) {
+  std::vector<uint16_t> tokens(10);
+  for (int i = 0; i < 10; ++i) tokens[i] = static_cast<uint16_t>(i);
+  TokenDataset d = TokenDataset::FromTokens("t", tokens);
+  EXPECT_EQ(NumEvalWindows(d, 3), 3);  // [0..3], [3..6], [6..9]
+  TokenBatch b = EvalBatch(d, 1, 2, 3);
+  EXPECT_EQ(b.inputs, (std::vector<int32_t>{3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{4, 5, 6, 7, 8, 9}));
+}
+
+TEST(LrSchedule, WarmsUpLinearlyThenFollowsACosineToMin) {
+  LrSchedule s{.peak_lr = 1.0, .min_lr = 0.1, .warmup_steps = 4, .total_steps = 14};
+  EXPECT_DOUBLE_EQ(s.At(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.At(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(4), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(8), 0.1 + 0.45 * (1 + std::cos(M_PI * 4 / 9)));  // decay over steps 4..13
+  EXPECT_DOUBLE_EQ(s.At(13), 0.1);
+  EXPECT_DOUBLE_EQ(s.At(100), 0.1);
+}
+
+}  // namespace
+}  // namespace kiln
