@@ -13,25 +13,12 @@
 #include "ir/builder.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
+#include "tests/testing/gpu.h"
 
 namespace kiln {
 namespace {
 
-CudaDevice* Device() {
-  static CudaDevice* device = [] {
-    absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Open();
-    return d.ok() ? d->release() : nullptr;
-  }();
-  return device;
-}
-
-#define KILN_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
-    if (absl::Status available = CudaDevice::Available(); !available.ok()) {            \
-      GTEST_SKIP() << "no GPU to run kernels on: " << available.message();              \
-    }                                                                                   \
-    ASSERT_NE(Device(), nullptr) << CudaDevice::Open().status();                         \
-  } while (0)
+CudaDevice* Device() { return testing::TestDevice(); }
 
 struct DotCase {
   std::string name;

@@ -26,27 +26,14 @@
 #include "passes/training_step.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
+#include "tests/testing/gpu.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/all_ops.h"
 
 namespace kiln {
 namespace {
 
-CudaDevice* Device() {
-  static CudaDevice* device = [] {
-    absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Open();
-    return d.ok() ? d->release() : nullptr;
-  }();
-  return device;
-}
-
-#define KILN_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
-    if (absl::Status available = CudaDevice::Available(); !available.ok()) {            \
-      GTEST_SKIP() << "no GPU to run kernels on: " << available.message();              \
-    }                                                                                   \
-    ASSERT_NE(Device(), nullptr) << CudaDevice::Open().status();                         \
-  } while (0)
+CudaDevice* Device() { return testing::TestDevice(); }
 
 struct Tolerance {
   double rtol = 0, atol = 0;

@@ -16,6 +16,7 @@
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
 #include "runtime/training/dataset.h"
+#include "tests/testing/gpu.h"
 
 namespace kiln {
 namespace {
@@ -23,13 +24,10 @@ namespace {
 class GpuTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::Status usable = CudaDevice::Available();
-    if (!usable.ok()) GTEST_SKIP() << "no usable GPU: " << usable.message();
-    auto device = CudaDevice::Open(0);
-    ASSERT_TRUE(device.ok()) << device.status();
-    device_ = *std::move(device);
+    KILN_REQUIRE_GPU();
+    device_ = testing::TestDevice();
   }
-  std::unique_ptr<CudaDevice> device_;
+  CudaDevice* device_ = nullptr;
 };
 
 struct TrainingRun {
@@ -118,7 +116,7 @@ void ExpectGpuMatchesReference(Precision precision, double loss_tolerance, doubl
 // fp32: both backends compute the same IR in f32; they differ only in accumulation order
 // and a few ulps in exp/log/tanh, which 20 AdamW steps amplify a little.
 TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp32) {
-  ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-3, /*per_tensor=*/true, device_.get());
+  ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-3, /*per_tensor=*/true, device_);
 }
 
 // bf16, one step: the gradients (seen through AdamW's first moment, m = (1 - b1) g) agree
@@ -127,7 +125,7 @@ TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp32) {
 // accumulation order (the reference accumulates in double).
 TEST_F(GpuTrainingTest, OneBf16StepMatchesReference) {
   TrainingRun cpu = TrainTiny(Precision::kBf16, 1, nullptr);
-  TrainingRun gpu = TrainTiny(Precision::kBf16, 1, device_.get());
+  TrainingRun gpu = TrainTiny(Precision::kBf16, 1, device_);
   ASSERT_EQ(gpu.losses.size(), 1u);
   EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-6 * cpu.losses[0]);
   const double grads = RelativeNormDifference(cpu.state.m, gpu.state.m);
@@ -145,7 +143,7 @@ TEST_F(GpuTrainingTest, OneBf16StepMatchesReference) {
 // weights within 9.5e-3 by relative norm, while fp32 agrees to 1.5e-6. The bounds here are
 // those, with a margin; the one-step test above is the sharp check of the bf16 kernels.
 TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceBf16) {
-  ExpectGpuMatchesReference(Precision::kBf16, 1e-2, 2e-2, /*per_tensor=*/false, device_.get());
+  ExpectGpuMatchesReference(Precision::kBf16, 1e-2, 2e-2, /*per_tensor=*/false, device_);
 }
 
 TEST_F(GpuTrainingTest, HuggingFaceCheckpointEvaluatesToTheSameLossOnBothBackends) {
