@@ -18,14 +18,7 @@ absl::StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(std::unique_ptr
   trainer->step_ = step_function;
   trainer->layout_ = layout;
   ASSIGN_OR_RETURN(trainer->executable_, CudaExecutable::Create(*step_function, device, options));
-  TrainingState state;
-  for (const HostTensor& p : initial_params) {
-    state.m.emplace_back(p.type());
-    state.v.emplace_back(p.type());
-  }
-  state.params = std::move(initial_params);
-  state.t = HostTensor(TensorType{DType::kF32, {}});
-  RETURN_IF_ERROR(trainer->SetState(std::move(state)));
+  RETURN_IF_ERROR(trainer->SetState(InitialTrainingState(std::move(initial_params))));
   return trainer;
 }
 

@@ -34,15 +34,19 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(std::
   trainer->step_ = step_function;
   trainer->layout_ = layout;
   trainer->options_ = options;
+  RETURN_IF_ERROR(trainer->SetState(InitialTrainingState(std::move(initial_params))));
+  return trainer;
+}
+
+TrainingState InitialTrainingState(std::vector<HostTensor> params) {
   TrainingState state;
-  for (const HostTensor& p : initial_params) {
+  for (const HostTensor& p : params) {
     state.m.emplace_back(p.type());
     state.v.emplace_back(p.type());
   }
-  state.params = std::move(initial_params);
+  state.params = std::move(params);
   state.t = HostTensor(TensorType{DType::kF32, {}});
-  RETURN_IF_ERROR(trainer->SetState(std::move(state)));
-  return trainer;
+  return state;
 }
 
 absl::Status CheckTrainingState(const Function& step_function, const TrainingStepLayout& layout,

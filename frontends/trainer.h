@@ -43,6 +43,8 @@ class Trainer {
 absl::StatusOr<std::pair<HostTensor, HostTensor>> BatchTensors(const Function& step_function,
                                                                const TrainingStepLayout& layout,
                                                                const std::vector<TokenBatch>& micro_batches);
+// The state before the first step: these weights, zero AdamW moments, t = 0.
+TrainingState InitialTrainingState(std::vector<HostTensor> params);
 // Checks a state's tensors against the step function's parameters.
 absl::Status CheckTrainingState(const Function& step_function, const TrainingStepLayout& layout,
                                 const TrainingState& state);
