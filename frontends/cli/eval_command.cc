@@ -47,6 +47,51 @@ absl::StatusOr<ModelWithWeights> LoadModel(const ParsedArgs& args) {
                                                  "config.json and model.safetensors"));
 }
 
+// @forward(tokens, targets, weights...) -> loss on one backend, the weights bound once.
+class ForwardRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<ForwardRunner>> Create(std::unique_ptr<Module> module,
+                                                               const std::vector<HostTensor>& weights,
+                                                               const ResolvedBackend& backend) {
+    auto runner = std::unique_ptr<ForwardRunner>(new ForwardRunner());
+    runner->module_ = std::move(module);
+    if (backend.backend == Backend::kCpu) {
+      runner->args_ = {HostTensor(), HostTensor()};  // tokens, targets: set per batch
+      runner->args_.insert(runner->args_.end(), weights.begin(), weights.end());
+      return runner;
+    }
+#ifdef KILN_WITH_CUDA
+    ASSIGN_OR_RETURN(runner->gpu_, CudaExecutable::Create(*runner->module_->FindFunction("forward"), *backend.device));
+    for (size_t i = 0; i < weights.size(); ++i) RETURN_IF_ERROR(runner->gpu_->SetInput(2 + i, weights[i]));
+#endif
+    return runner;
+  }
+
+  absl::StatusOr<double> Loss(HostTensor tokens, HostTensor targets) {
+#ifdef KILN_WITH_CUDA
+    if (gpu_) {
+      RETURN_IF_ERROR(gpu_->SetInput(0, tokens));
+      RETURN_IF_ERROR(gpu_->SetInput(1, targets));
+      RETURN_IF_ERROR(gpu_->Run());
+      ASSIGN_OR_RETURN(HostTensor loss, gpu_->Output(0));
+      return loss[0];
+    }
+#endif
+    args_[0] = std::move(tokens);
+    args_[1] = std::move(targets);
+    ASSIGN_OR_RETURN(std::vector<HostTensor> out, EvaluateFunction(*module_->FindFunction("forward"), args_));
+    return out[0][0];
+  }
+
+ private:
+  ForwardRunner() = default;
+  std::unique_ptr<Module> module_;
+  std::vector<HostTensor> args_;  // CPU: tokens, targets, weights
+#ifdef KILN_WITH_CUDA
+  std::unique_ptr<CudaExecutable> gpu_;
+#endif
+};
+
 absl::Status RunEval(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
   if (!args.Has("data")) return absl::InvalidArgumentError("--data FILE is required");
@@ -59,31 +104,24 @@ absl::Status RunEval(const ParsedArgs& args) {
   RETURN_IF_ERROR(data.CheckFits(model.config.vocab_size, seq));
 
   const int64_t windows = NumEvalWindows(data, seq);
-  // One compiled forward per distinct batch size: full batches, then the remainder.
-  std::map<int64_t, std::unique_ptr<Module>> modules;
+  // One compiled forward per distinct batch size (full batches, then the remainder), with
+  // the weights bound once.
+  std::map<int64_t, std::unique_ptr<ForwardRunner>> runners;
   double loss_sum = 0;  // sum over windows of the window's mean token loss
   for (int64_t first = 0; first < windows; first += batch) {
     int64_t rows = std::min(batch, windows - first);
-    auto& module = modules[rows];
-    if (!module) {
-      ASSIGN_OR_RETURN(module, BuildLlamaModule(model.config, {.batch = rows, .seq_len = seq, .precision = precision}));
+    std::unique_ptr<ForwardRunner>& runner = runners[rows];
+    if (!runner) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
+                       BuildLlamaModule(model.config, {.batch = rows, .seq_len = seq, .precision = precision}));
+      ASSIGN_OR_RETURN(runner, ForwardRunner::Create(std::move(module), model.weights, backend));
     }
     TokenBatch b = EvalBatch(data, first, rows, seq);
-    std::vector<HostTensor> inputs;
     TensorType ids{DType::kI32, {rows, seq}};
-    inputs.push_back(HostTensor::FromValues(ids, std::vector<double>(b.inputs.begin(), b.inputs.end())));
-    inputs.push_back(HostTensor::FromValues(ids, std::vector<double>(b.targets.begin(), b.targets.end())));
-    inputs.insert(inputs.end(), model.weights.begin(), model.weights.end());
-    const Function& forward = *module->FindFunction("forward");
-    std::vector<HostTensor> out;
-    if (backend.backend == Backend::kCpu) {
-      ASSIGN_OR_RETURN(out, EvaluateFunction(forward, inputs));
-    } else {
-#ifdef KILN_WITH_CUDA
-      ASSIGN_OR_RETURN(out, EvaluateOnGpu(forward, inputs, *backend.device));
-#endif
-    }
-    loss_sum += out[0][0] * static_cast<double>(rows);
+    ASSIGN_OR_RETURN(double loss,
+                     runner->Loss(HostTensor::FromValues(ids, std::vector<double>(b.inputs.begin(), b.inputs.end())),
+                                  HostTensor::FromValues(ids, std::vector<double>(b.targets.begin(), b.targets.end()))));
+    loss_sum += loss * static_cast<double>(rows);
   }
   std::fprintf(stderr, "kiln eval: %lld windows of %lld tokens from %s, %s, backend %s\n",
                static_cast<long long>(windows), static_cast<long long>(seq), data.name().c_str(),
