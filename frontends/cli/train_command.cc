@@ -17,6 +17,7 @@
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
 #include "ir/status_macros.h"
+#include "passes/default_pipeline.h"
 #include "passes/training_step.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
@@ -187,11 +188,15 @@ absl::Status RunTrain(const ParsedArgs& args) {
   step_options.adamw.weight_decay = s.weight_decay;
   step_options.adamw.clip_norm = s.clip;
   TrainingStepLayout layout;
-  ASSIGN_OR_RETURN(Function * step_fn,
-                   BuildTrainingStep(*module, *module->FindFunction("forward"), step_options, &layout));
+  RETURN_IF_ERROR(BuildTrainingStep(*module, *module->FindFunction("forward"), step_options, &layout).status());
+  // The compiler's pipeline, as `kiln compile --training` runs it (`kiln check` proves it
+  // changes no value); the step keeps its name and signature.
+  CompileOptions compile_options;
+  compile_options.precision = s.precision;
+  RETURN_IF_ERROR(RunDefaultPipeline(*module, compile_options).status());
+  const Function* step_fn = module->FindFunction(step_options.name);
 
-  std::vector<HostTensor> init = resume ? std::vector<HostTensor>{} : InitLlamaWeights(config, s.seed);
-  if (resume) init = resume->state.params;
+  std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
   std::unique_ptr<Trainer> trainer;
   if (backend.backend == Backend::kCpu) {
     ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
