@@ -54,7 +54,12 @@ absl::StatusOr<double> CudaTrainer::Step(const std::vector<TokenBatch>& micro_ba
   RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input(), batch.first));
   RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input() + 1, batch.second));
   RETURN_IF_ERROR(executable_->SetInput(layout_.lr_index(), HostTensor::FromValues({DType::kF32, {}}, {lr})));
-  RETURN_IF_ERROR(executable_->Run());
+  if (profile_next_) {
+    profile_next_ = false;
+    ASSIGN_OR_RETURN(last_profile_, executable_->Profile());
+  } else {
+    RETURN_IF_ERROR(executable_->Run());
+  }
   ASSIGN_OR_RETURN(HostTensor loss, executable_->Output(0));
   ++steps_done_;
   return loss[0];

@@ -28,6 +28,10 @@ class CudaTrainer : public Trainer {
   absl::StatusOr<TrainingState> State() const override;
   absl::Status SetState(TrainingState state) override;
   const CudaExecutable& executable() const { return *executable_; }
+  // The next Step runs through CudaExecutable::Profile (same results, launched one by one
+  // with CUDA events); its timings are then in last_profile().
+  void ProfileNextStep() { profile_next_ = true; }
+  const std::vector<StepTiming>& last_profile() const { return last_profile_; }
 
  private:
   CudaTrainer() = default;
@@ -36,6 +40,8 @@ class CudaTrainer : public Trainer {
   TrainingStepLayout layout_;
   std::unique_ptr<CudaExecutable> executable_;
   int64_t steps_done_ = 0;
+  bool profile_next_ = false;
+  std::vector<StepTiming> last_profile_;
 };
 
 }  // namespace kiln

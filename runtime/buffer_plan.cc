@@ -67,6 +67,25 @@ std::string BufferPlan::Summary() const {
                       FormatBytes(total_buffer_bytes), " without reuse");
 }
 
+std::string BufferPlan::LargestBuffers(const Function& f, int rows) const {
+  std::vector<const PlannedBuffer*> order;
+  for (const PlannedBuffer& b : buffers) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const PlannedBuffer* a, const PlannedBuffer* b) { return a->bytes > b->bytes; });
+  std::string out;
+  for (int i = 0; i < rows && i < static_cast<int>(order.size()); ++i) {
+    const PlannedBuffer& b = *order[i];
+    static constexpr const char* kKinds[] = {"parameter", "value", "scratch", "output copy"};
+    const Node* node = b.node_index >= 0 && b.node_index < f.num_nodes() ? f.nodes()[b.node_index].get() : nullptr;
+    absl::StrAppend(&out, "  ", FormatBytes(b.bytes), "  ", kKinds[static_cast<int>(b.kind)], "  ",
+                    node ? absl::StrCat("%", node->name(), " = ", node->op_name(), " ", node->type().ToString(),
+                                        node->scope().empty() ? "" : absl::StrCat(" [", node->scope(), "]"))
+                         : "",
+                    "  steps ", b.first_step, "-", b.last_step, "\n");
+  }
+  return out;
+}
+
 absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanRequest& request) {
   const int64_t num_nodes = f.num_nodes();
   const int64_t finish = num_nodes;  // step N: outputs read, donations copied

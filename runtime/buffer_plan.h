@@ -66,6 +66,8 @@ struct BufferPlan {
   int64_t offset_of_node(int64_t node_index) const { return buffers[node_buffer[node_index]].offset; }
   // "arena 1.20 GiB (parameters 500.0 MiB; live peak 1.10 GiB), 812 buffers, 6.10 GiB without reuse".
   std::string Summary() const;
+  // The `rows` largest buffers of f's plan, one line each: bytes, kind, node, live steps.
+  std::string LargestBuffers(const Function& f, int rows) const;
 };
 
 // Fails (InvalidArgument) when the request does not match f (sizes), or a computed node reads

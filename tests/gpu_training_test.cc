@@ -37,7 +37,9 @@ struct TrainingRun {
 
 // `steps` steps of llama-tiny at batch 4 x seq 32 on one backend, from the same weights and
 // batches; the step is compiled by the default pipeline as `kiln train` would.
-TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device) {
+// `profile_step` >= 0: that step runs through CudaExecutable::Profile instead of Run.
+TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device, const CudaExecutableOptions& options = {},
+                      int profile_step = -1, std::vector<StepTiming>* profile = nullptr) {
   ModelConfig config = *PresetConfig("llama-tiny");
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 4, .seq_len = 32, .precision = precision});
   TrainingStepLayout layout;
@@ -45,10 +47,12 @@ TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device) {
   EXPECT_TRUE(RunDefaultPipeline(*m, {}).ok());
   step = m->FindFunction("train_step");
   std::unique_ptr<Trainer> trainer;
+  CudaTrainer* cuda = nullptr;
   if (device) {
-    auto t = CudaTrainer::Create(std::move(m), step, layout, InitLlamaWeights(config, 3), *device);
+    auto t = CudaTrainer::Create(std::move(m), step, layout, InitLlamaWeights(config, 3), *device, options);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return {};
+    cuda = t->get();
     trainer = *std::move(t);
   } else {
     trainer = *ReferenceTrainer::Create(std::move(m), step, layout, InitLlamaWeights(config, 3));
@@ -56,9 +60,11 @@ TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device) {
   TokenDataset data = TokenDataset::Default();
   TrainingRun run;
   for (int i = 0; i < steps; ++i) {
+    if (cuda != nullptr && i == profile_step) cuda->ProfileNextStep();
     absl::StatusOr<double> loss = trainer->Step({SampleBatch(data, 3, i, 4, 32)}, 3e-3);
     EXPECT_TRUE(loss.ok()) << loss.status();
     run.losses.push_back(loss.ok() ? *loss : NAN);
+    if (cuda != nullptr && i == profile_step && profile != nullptr) *profile = cuda->last_profile();
   }
   run.state = *trainer->State();
   return run;
@@ -111,6 +117,34 @@ void ExpectGpuMatchesReference(Precision precision, double loss_tolerance, doubl
               "weights: max per-tensor rel diff %.2e, rel norm diff %.2e\n",
               std::string(PrecisionName(precision)).c_str(), cpu.losses[0], gpu.losses[0], cpu.losses[19],
               gpu.losses[19], worst_loss, per_tensor_diff, norm_diff);
+}
+
+// The CUDA graph replays exactly the launches `--no-cuda-graph` makes one by one, and a
+// profiled step (launched one by one between CUDA events) computes the same step. The only
+// run-to-run nondeterminism is the embedding gradient's float atomics (scatter_add), so the
+// comparison allows a few f32 ulps rather than demanding identical bits.
+TEST_F(GpuTrainingTest, CudaGraphReplayMatchesEagerLaunches) {
+  CudaExecutableOptions eager;
+  eager.cuda_graph = false;
+  std::vector<StepTiming> profile;
+  TrainingRun graph = TrainTiny(Precision::kFp32, 6, device_, {}, /*profile_step=*/3, &profile);
+  TrainingRun plain = TrainTiny(Precision::kFp32, 6, device_, eager);
+  ASSERT_EQ(graph.losses.size(), 6u);
+  ASSERT_EQ(plain.losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(graph.losses[i], plain.losses[i], 1e-6 * plain.losses[i]) << "step " << i + 1;
+  EXPECT_LT(MaxRelativeDifference(plain.state.params, graph.state.params), 1e-5);
+  // The profile covers every launch of the step, each with a non-negative duration, in order.
+  ASSERT_FALSE(profile.empty());
+  double previous_start = -1, total = 0;
+  for (const StepTiming& t : profile) {
+    EXPECT_GE(t.duration_us, 0) << t.name;
+    EXPECT_GE(t.start_us, previous_start) << t.name;
+    EXPECT_FALSE(t.group.empty()) << t.name;
+    previous_start = t.start_us;
+    total += t.duration_us;
+  }
+  EXPECT_GT(total, 0);
+  EXPECT_FALSE(GroupTimes(profile).empty());
 }
 
 // fp32: both backends compute the same IR in f32; they differ only in accumulation order

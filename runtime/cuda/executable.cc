@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
 #include "runtime/cuda/cuda_status.h"
@@ -30,11 +31,32 @@ absl::Status ForNode(const absl::Status& error, const Node& node) {
   return absl::Status(error.code(), absl::StrCat(error.message(), " (for ", NodeContext(node), ")"));
 }
 
+// Seconds since `*since`, which moves to now: consecutive calls time consecutive phases.
+double Lap(std::chrono::steady_clock::time_point* since) {
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - *since).count();
+  *since = now;
+  return seconds;
+}
+
+// "gemm 16x1024x1024x64 (batch x M x N x K)": GEMMs of one shape share a name in a trace.
+std::string GemmName(const GemmLayout& g) {
+  return absl::StrCat("gemm ", g.batch, "x", g.m, "x", g.n, "x", g.k,
+                      g.a_permutation.empty() && g.b_permutation.empty() ? "" : " (operands transposed first)");
+}
+
 }  // namespace
+
+CudaExecutable::~CudaExecutable() {
+  // Errors here cannot be reported, and the arena goes right after.
+  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
+  if (graph_ != nullptr) cudaGraphDestroy(graph_);
+}
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Function& f, CudaDevice& device,
                                                                        const CudaExecutableOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  auto phase_start = start;
   RETURN_IF_ERROR(device.MakeCurrent());
   std::unique_ptr<CudaExecutable> exe(new CudaExecutable(f, device));
   exe->options_ = options;
@@ -52,6 +74,10 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     return absl::InternalError(absl::StrCat("codegen lowered ", report.nodes.size(), " of the ", f.num_nodes(),
                                             " nodes of @", f.name()));
   }
+  exe->stats_.phases.emplace_back(
+      absl::StrCat("codegen + NVRTC (", report.num_distinct - report.cache_hits, " of ", report.num_distinct,
+                   " kernels compiled, the rest from the cache)"),
+      Lap(&phase_start));
 
   // Buffer roles from the lowering; GEMM plans (and so their scratch sizes) before the plan.
   const std::vector<bool> needed = NeededNodes(f, exe->index_of_);
@@ -70,7 +96,9 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
       request.scratch_bytes[i] = exe->gemms_[i]->scratch_bytes();
     }
   }
+  exe->stats_.phases.emplace_back("cuBLASLt plans", Lap(&phase_start));
   ASSIGN_OR_RETURN(exe->plan_, PlanBuffers(f, request));
+  exe->stats_.phases.emplace_back("memory plan", Lap(&phase_start));
 
   ASSIGN_OR_RETURN(void* arena, device.Allocate(std::max<int64_t>(exe->plan_.arena_bytes, 1),
                                                 absl::StrCat("the arena of @", f.name(), " (", exe->plan_.Summary(), ")")));
@@ -80,7 +108,9 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device.stream()), "poisoning the arena");
   }
 
+  exe->stats_.phases.emplace_back("arena allocation", Lap(&phase_start));
   RETURN_IF_ERROR(exe->BuildSteps(report, request.roles));
+  exe->stats_.phases.emplace_back("kernel loading", Lap(&phase_start));
   exe->stats_.cache_hits = report.cache_hits;
   exe->stats_.arena_bytes = exe->plan_.arena_bytes;
   exe->stats_.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -171,21 +201,126 @@ absl::Status CudaExecutable::EnqueueStep(const Step& step) const {
   return absl::InternalError("unknown step kind");
 }
 
+absl::Status CudaExecutable::EnqueueAll(bool check_each_step) const {
+  for (const Step& step : steps_) {
+    RETURN_IF_ERROR(EnqueueStep(step));
+    if (check_each_step) {
+      KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device_->stream()),
+                                absl::StrCat("running @", function_->name(), ", after ", StepContext(step)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string CudaExecutable::StepContext(const Step& step) {
+  return step.node != nullptr ? NodeContext(*step.node) : step.what;
+}
+
+absl::Status CudaExecutable::Capture() {
+  const auto start = std::chrono::steady_clock::now();
+  const cudaStream_t stream = device_->stream();
+  const std::string what = absl::StrCat("capturing @", function_->name(), " into a CUDA graph");
+  // Thread-local mode: another thread's unsafe call (cudaMalloc, a sync) does not break this
+  // capture, and this thread's unsafe calls are reported right here.
+  KILN_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), what);
+  absl::Status broken;
+  for (const Step& step : steps_) {
+    broken = EnqueueStep(step);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (broken.ok()) {
+      const cudaError_t e = cudaStreamIsCapturing(stream, &capture);
+      if (e != cudaSuccess) broken = CudaStatus(e, "cudaStreamIsCapturing", "checking the capture");
+      else if (capture != cudaStreamCaptureStatusActive) broken = absl::InternalError("the capture was invalidated");
+    }
+    if (!broken.ok()) {
+      broken = absl::Status(broken.code(), absl::StrCat(what, ": ", StepContext(step), " broke it: ", broken.message(),
+                                                        ". `--no-cuda-graph` runs the same launches without a graph"));
+      break;
+    }
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!broken.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's error is reported above, not by the next call
+    return broken;
+  }
+  KILN_RETURN_IF_CUDA_ERROR(end, what);
+  graph_ = graph;
+  KILN_RETURN_IF_CUDA_ERROR(cudaGraphInstantiate(&graph_exec_, graph_, 0), what);
+  // Uploading now keeps the first replay's setup out of the first step.
+  KILN_RETURN_IF_CUDA_ERROR(cudaGraphUpload(graph_exec_, stream), what);
+  size_t nodes = 0;
+  KILN_RETURN_IF_CUDA_ERROR(cudaGraphGetNodes(graph_, nullptr, &nodes), what);
+  stats_.graph_nodes = static_cast<int64_t>(nodes);
+  stats_.phases.emplace_back("CUDA graph capture", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return absl::OkStatus();
+}
+
 absl::Status CudaExecutable::Run() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   const std::string run = absl::StrCat("running @", function_->name());
-  for (const Step& step : steps_) {
-    RETURN_IF_ERROR(EnqueueStep(step));
-    if (options_.check_each_step) {
-      const std::string what = step.node != nullptr ? absl::StrCat(run, ", after ", NodeContext(*step.node))
-                                                    : absl::StrCat(run, ", after ", step.what);
-      KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device_->stream()), what);
-    }
+  if (options_.cuda_graph && !options_.check_each_step) {
+    if (graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
+    KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, device_->stream()), run);
+  } else {
+    RETURN_IF_ERROR(EnqueueAll(options_.check_each_step));
   }
   KILN_RETURN_IF_CUDA_ERROR(
       cudaStreamSynchronize(device_->stream()),
       absl::StrCat(run, " (an asynchronous error of some step; CudaExecutableOptions::check_each_step names it)"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  const cudaStream_t stream = device_->stream();
+  const std::string what = absl::StrCat("profiling @", function_->name());
+  // events[i] is recorded before step i, events.back() after the last.
+  std::vector<cudaEvent_t> events(steps_.size() + 1, nullptr);
+  absl::Cleanup destroy = [&events] {
+    for (cudaEvent_t e : events) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  };
+  for (cudaEvent_t& e : events) KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&e), what);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events[i], stream), what);
+    RETURN_IF_ERROR(EnqueueStep(steps_[i]));
+  }
+  KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events.back(), stream), what);
+  KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), what);
+  std::vector<StepTiming> timings;
+  timings.reserve(steps_.size());
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& step = steps_[i];
+    float start_ms = 0, end_ms = 0;
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&start_ms, events[0], events[i]), what);
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&end_ms, events[0], events[i + 1]), what);
+    StepTiming t;
+    switch (step.kind) {
+      case Step::Kind::kKernel:
+        t.name = step.launch->name;
+        t.group = std::string(step.node->op_name());
+        break;
+      case Step::Kind::kGemm:
+        t.name = GemmName(step.gemm->layout());
+        t.group = "gemm";
+        break;
+      case Step::Kind::kCopy:
+        t.name = step.what;
+        t.group = "copy";
+        break;
+    }
+    if (step.node != nullptr) {
+      t.node = absl::StrCat("%", step.node->name());
+      t.scope = step.node->scope();
+    }
+    t.start_us = start_ms * 1e3;
+    t.duration_us = (end_ms - start_ms) * 1e3;
+    timings.push_back(std::move(t));
+  }
+  return timings;
 }
 
 absl::StatusOr<const Node*> CudaExecutable::ParameterNode(int64_t param_index) const {

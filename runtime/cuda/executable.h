@@ -23,6 +23,7 @@
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/kernel_launch.h"
 #include "runtime/host_tensor.h"
+#include "runtime/step_profile.h"
 
 namespace kiln {
 
@@ -34,18 +35,28 @@ struct CudaExecutableOptions {
   bool poison_arena = false;
   // Synchronize after every step, so that an asynchronous fault (a bad address in a kernel)
   // is reported for the step that caused it. Slow: for debugging.
+  // Implies running without a CUDA graph.
   bool check_each_step = false;
+  // Capture the run once as a CUDA graph and replay it. false launches the same steps one by
+  // one (`--no-cuda-graph`), for debugging and for telling a capture problem from a kernel's.
+  bool cuda_graph = true;
 };
+
 
 class CudaExecutable {
  public:
+  ~CudaExecutable();
   static absl::StatusOr<std::unique_ptr<CudaExecutable>> Create(const Function& f, CudaDevice& device,
                                                                  const CudaExecutableOptions& options = {});
 
   // Host -> the parameter's buffer, encoded in its dtype. The type must match exactly.
   absl::Status SetInput(int64_t param_index, const HostTensor& value);
-  // Every step on the stream, then the donations; synchronizes at the end.
+  // Every step on the stream, then the donations; synchronizes at the end (between runs, never
+  // inside one). With options.cuda_graph, the first call captures and later calls replay.
   absl::Status Run();
+  // Run, launched step by step with a CUDA event around each: the same results as Run, and
+  // where the time went. Slower than Run (no graph, an event per step); for --trace/--report.
+  absl::StatusOr<std::vector<StepTiming>> Profile();
   // Device -> host. Output(i) is the value of output i of the last Run.
   absl::StatusOr<HostTensor> Output(int i) const;
   absl::StatusOr<HostTensor> Input(int64_t param_index) const;
@@ -57,6 +68,9 @@ class CudaExecutable {
     int64_t cache_hits = 0;        // of those, read from the kernel cache
     int64_t arena_bytes = 0;
     double compile_seconds = 0;    // lowering, NVRTC and GEMM planning in Create
+    // Create's phases and then the capture, in order: {"codegen+nvrtc", 1.2}, ...
+    std::vector<std::pair<std::string, double>> phases;
+    int64_t graph_nodes = 0;       // nodes of the captured CUDA graph; 0 before the first Run
   };
   const Stats& stats() const { return stats_; }
   const BufferPlan& buffer_plan() const { return plan_; }
@@ -76,8 +90,12 @@ class CudaExecutable {
   };
 
   CudaExecutable(const Function& f, CudaDevice& device) : function_(&f), device_(&device) {}
+  // Records every step into graph_exec_; an error names the step that broke the capture.
+  absl::Status Capture();
+  absl::Status EnqueueAll(bool check_each_step) const;
   absl::Status BuildSteps(const KernelCompileReport& report, const std::vector<BufferRole>& roles);
   absl::Status EnqueueStep(const Step& step) const;
+  static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose
   char* BufferAddress(int64_t buffer) const { return static_cast<char*>(arena_.get()) + plan_.buffers[buffer].offset; }
   char* NodeAddress(const Node* node) const { return BufferAddress(plan_.node_buffer[index_of_.at(node)]); }
   absl::StatusOr<const Node*> ParameterNode(int64_t param_index) const;
@@ -95,6 +113,8 @@ class CudaExecutable {
   absl::flat_hash_map<const Node*, int64_t> index_of_;  // position in function_->nodes()
   std::vector<int64_t> node_index_of_parameter_;       // by parameter index
   Stats stats_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
 };
 
 // Evaluates `f` on the GPU as EvaluateFunction (runtime/reference_backend.h) does on the CPU.

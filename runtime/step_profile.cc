@@ -1,0 +1,79 @@
+#include "runtime/step_profile.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kiln {
+namespace {
+
+// A JSON string literal: quotes, backslashes and control characters escaped.
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string ChromeTraceJson(absl::Span<const StepTiming> timings, const std::string& run_name) {
+  std::string json = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  absl::StrAppend(&json, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": ",
+                  JsonString(run_name), "}}");
+  for (const StepTiming& t : timings) {
+    absl::StrAppendFormat(&json,
+                          ",\n  {\"name\": %s, \"cat\": %s, \"ph\": \"X\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
+                          "\"dur\": %.3f, \"args\": {\"group\": %s, \"node\": %s, \"scope\": %s}}",
+                          JsonString(t.name), JsonString(t.group), t.start_us, t.duration_us, JsonString(t.group),
+                          JsonString(t.node), JsonString(t.scope));
+  }
+  json += "\n]}\n";
+  return json;
+}
+
+std::vector<TimeGroup> GroupTimes(absl::Span<const StepTiming> timings) {
+  absl::flat_hash_map<std::string, size_t> index;
+  std::vector<TimeGroup> groups;
+  for (const StepTiming& t : timings) {
+    auto [it, inserted] = index.try_emplace(t.group, groups.size());
+    if (inserted) groups.push_back({.group = t.group});
+    TimeGroup& g = groups[it->second];
+    ++g.launches;
+    g.total_us += t.duration_us;
+  }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const TimeGroup& a, const TimeGroup& b) { return a.total_us > b.total_us; });
+  return groups;
+}
+
+std::string FormatGroupTable(absl::Span<const StepTiming> timings, int rows) {
+  const std::vector<TimeGroup> groups = GroupTimes(timings);
+  double total = 0;
+  for (const TimeGroup& g : groups) total += g.total_us;
+  std::string out = absl::StrFormat("  %-28s %9s %10s %7s\n", "group", "launches", "ms", "share");
+  for (int i = 0; i < static_cast<int>(groups.size()) && i < rows; ++i) {
+    const TimeGroup& g = groups[i];
+    absl::StrAppendFormat(&out, "  %-28s %9d %10.3f %6.1f%%\n", g.group, g.launches, g.total_us / 1e3,
+                          total > 0 ? 100.0 * g.total_us / total : 0.0);
+  }
+  absl::StrAppendFormat(&out, "  %-28s %9d %10.3f\n", "total", static_cast<int64_t>(timings.size()), total / 1e3);
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,38 @@
+// Where one run of a compiled step spends its GPU time: per-launch timings (from CUDA events,
+// runtime/cuda/executable.h's Profile) turned into a Chrome trace that Perfetto and
+// chrome://tracing open (`kiln train --trace FILE.json`), and into the per-group table that
+// `--report` and bench/RESULTS.md show. Needs no GPU: the timings are plain data.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace kiln {
+
+// How long one launch (kernel, GEMM or copy) of a run took on the GPU.
+struct StepTiming {
+  std::string name;   // the kernel's symbol, "gemm BxMxNxK", or the copy's purpose
+  std::string group;  // what kind of work: the op ("gemm", "rms_norm", "fusion", "copy")
+  std::string node;   // %name of the IR node; empty for the finishing copies
+  std::string scope;  // the node's scope, e.g. "layers.3.attn"
+  double start_us = 0, duration_us = 0;  // start from the beginning of the run
+};
+
+// The Chrome trace event format ("traceEvents", complete events with ts/dur in microseconds),
+// one event per launch on one track; args carry the group, node and scope.
+std::string ChromeTraceJson(absl::Span<const StepTiming> timings, const std::string& run_name);
+
+struct TimeGroup {
+  std::string group;
+  int64_t launches = 0;
+  double total_us = 0;
+};
+// Groups by `group`, largest total first.
+std::vector<TimeGroup> GroupTimes(absl::Span<const StepTiming> timings);
+
+// A text table of the top `rows` groups: group, launches, ms, share of the run.
+std::string FormatGroupTable(absl::Span<const StepTiming> timings, int rows);
+
+}  // namespace kiln

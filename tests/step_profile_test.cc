@@ -1,0 +1,58 @@
+// The trace and the time table built from per-launch timings (runtime/step_profile.h).
+#include "runtime/step_profile.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/filecheck.h"
+
+namespace kiln {
+namespace {
+
+std::vector<StepTiming> ThreeLaunches() {
+  return {{.name = "k_rms", .group = "rms_norm", .node = "%n1", .scope = "layers.0", .start_us = 0, .duration_us = 10},
+          {.name = "gemm 1x64x64x64", .group = "gemm", .node = "%mm", .scope = "layers.0", .start_us = 10,
+           .duration_us = 30},
+          {.name = "k_rms_2", .group = "rms_norm", .node = "%n2", .scope = "", .start_us = 40, .duration_us = 15}};
+}
+
+TEST(StepProfileTest, GroupsAreSummedAndSortedByTime) {
+  const std::vector<TimeGroup> groups = GroupTimes(ThreeLaunches());
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].group, "gemm");
+  EXPECT_EQ(groups[0].launches, 1);
+  EXPECT_DOUBLE_EQ(groups[0].total_us, 30);
+  EXPECT_EQ(groups[1].group, "rms_norm");
+  EXPECT_EQ(groups[1].launches, 2);
+  EXPECT_DOUBLE_EQ(groups[1].total_us, 25);
+}
+
+TEST(StepProfileTest, TableShowsSharesAndTotal) {
+  const std::string table = FormatGroupTable(ThreeLaunches(), 10);
+  EXPECT_TRUE(testing::FileCheck(table, R"(
+CHECK: group
+CHECK: gemm{{ +}}1{{ +}}0.030{{ +}}54.5%
+CHECK: rms_norm{{ +}}2{{ +}}0.025{{ +}}45.5%
+CHECK: total{{ +}}3{{ +}}0.055
+)").ok()) << table;
+  // Only the top rows when asked for fewer.
+  EXPECT_EQ(FormatGroupTable(ThreeLaunches(), 1).find("rms_norm"), std::string::npos);
+}
+
+TEST(StepProfileTest, ChromeTraceHasOneCompleteEventPerLaunchAndEscapes) {
+  std::vector<StepTiming> timings = ThreeLaunches();
+  timings[0].name = "quote\" backslash\\ newline\n";
+  const std::string json = ChromeTraceJson(timings, "run");
+  EXPECT_TRUE(testing::FileCheck(json, R"(
+CHECK: "traceEvents"
+CHECK: "process_name"
+CHECK: "name": "quote\" backslash\\ newline\n", "cat": "rms_norm", "ph": "X"{{.*}}"ts": 0.000, "dur": 10.000
+CHECK: "name": "gemm 1x64x64x64"{{.*}}"ts": 10.000, "dur": 30.000{{.*}}"node": "%mm", "scope": "layers.0"
+CHECK: "ts": 40.000, "dur": 15.000
+)").ok()) << json;
+  size_t events = 0;
+  for (size_t at = json.find("\"ph\": \"X\""); at != std::string::npos; at = json.find("\"ph\": \"X\"", at + 1)) ++events;
+  EXPECT_EQ(events, 3u);
+}
+
+}  // namespace
+}  // namespace kiln
