@@ -16,11 +16,17 @@
 #include "frontends/trainer.h"
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
+#include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
+#include "runtime/step_profile.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
+
+namespace kiln {
+class CudaTrainer;  // frontends/cuda_trainer.h, in builds with CUDA
+}  // namespace kiln
 
 namespace kiln::cli {
 namespace {
@@ -153,7 +159,46 @@ class ProgressPrinter {
   bool tty_;
 };
 
+// --report: where the time to the first step went.
+void PrintPhases(double passes_seconds, const CudaTrainer* cuda) {
+  std::fprintf(stderr, "kiln train: phases before the first step\n  %-72s %7.2f s\n", "pass pipeline", passes_seconds);
+#ifdef KILN_WITH_CUDA
+  if (cuda == nullptr) return;
+  for (const auto& [phase, seconds] : cuda->executable().stats().phases) {
+    std::fprintf(stderr, "  %-72s %7.2f s\n", phase.c_str(), seconds);
+  }
+#endif
+}
+
+#ifdef KILN_WITH_CUDA
+// --trace writes the profiled (last) step as a Chrome trace; --report prints where its time
+// went and what the memory plan holds.
+absl::Status ReportProfile(const ParsedArgs& args, const CudaTrainer& cuda, int64_t steps) {
+  const CudaExecutable& exe = cuda.executable();
+  const std::vector<StepTiming>& timings = cuda.last_profile();
+  if (args.Has("trace")) {
+    RETURN_IF_ERROR(WriteFileAtomically(args.Get("trace"),
+                                        ChromeTraceJson(timings, absl::StrCat("kiln train, step ", steps))));
+    std::fprintf(stderr, "kiln train: wrote step %lld's %zu launches to %s (open it in ui.perfetto.dev)\n",
+                 static_cast<long long>(steps), timings.size(), args.Get("trace").c_str());
+  }
+  if (args.Has("report")) {
+    std::fprintf(stderr, "kiln train: GPU time of step %lld by kernel group (CUDA events, launched one by one)\n%s",
+                 static_cast<long long>(steps), FormatGroupTable(timings, 15).c_str());
+    std::fprintf(stderr, "kiln train: memory plan: %s\nlargest buffers:\n%s", exe.buffer_plan().Summary().c_str(),
+                 exe.buffer_plan().LargestBuffers(exe.function(), 10).c_str());
+    std::fprintf(stderr, "kiln train: CUDA graph: %lld nodes\n", static_cast<long long>(exe.stats().graph_nodes));
+  }
+  return absl::OkStatus();
+}
+#endif
+
 absl::Status RunTrain(const ParsedArgs& args) {
+  const auto run_start = std::chrono::steady_clock::now();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const bool report = args.Has("report");
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
   ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
   ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", 150));
@@ -193,18 +238,28 @@ absl::Status RunTrain(const ParsedArgs& args) {
   // changes no value); the step keeps its name and signature.
   CompileOptions compile_options;
   compile_options.precision = s.precision;
-  RETURN_IF_ERROR(RunDefaultPipeline(*module, compile_options).status());
+  const auto passes_start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(PipelineReport pipeline_report, RunDefaultPipeline(*module, compile_options));
+  const double passes_seconds = seconds_since(passes_start);
+  if (report) std::fprintf(stderr, "kiln train: pass pipeline\n%s\n", pipeline_report.ToString().c_str());
   const Function* step_fn = module->FindFunction(step_options.name);
 
   std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
   std::unique_ptr<Trainer> trainer;
+  CudaTrainer* cuda_trainer = nullptr;  // the trainer, when it runs on the GPU
   if (backend.backend == Backend::kCpu) {
+    for (const char* flag : {"trace", "no-cuda-graph"}) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --backend cuda"));
+    }
     ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
   } else {
 #ifdef KILN_WITH_CUDA
     auto compile_start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda,
-                     CudaTrainer::Create(std::move(module), step_fn, layout, std::move(init), *backend.device));
+    CudaExecutableOptions exe_options;
+    exe_options.cuda_graph = !args.Has("no-cuda-graph");
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda, CudaTrainer::Create(std::move(module), step_fn, layout,
+                                                                            std::move(init), *backend.device,
+                                                                            exe_options));
     const CudaExecutable::Stats& st = cuda->executable().stats();
     std::fprintf(stderr,
                  "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
@@ -212,6 +267,10 @@ absl::Status RunTrain(const ParsedArgs& args) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
                  static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
                  static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
+    // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
+    // counterpart; the CUDA context and cuBLASLt handles are outside both).
+    std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
+    cuda_trainer = cuda.get();
     trainer = std::move(cuda);
 #endif
   }
@@ -224,14 +283,24 @@ absl::Status RunTrain(const ParsedArgs& args) {
   ProgressPrinter progress(steps);
   const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
   auto start = std::chrono::steady_clock::now();
-  for (int64_t step = trainer->steps_done(); step < steps; ++step) {
+  const int64_t first_step = trainer->steps_done();
+  for (int64_t step = first_step; step < steps; ++step) {
     std::vector<TokenBatch> micro_batches;
     for (int64_t i = 0; i < s.accum; ++i) {
       micro_batches.push_back(SampleBatch(data, s.seed, step * s.accum + i, s.batch, s.seq));
     }
+    // The last step is the one traced: by then the kernels and the graph are warm.
+    const bool profile = cuda_trainer != nullptr && step + 1 == steps && (report || args.Has("trace"));
+#ifdef KILN_WITH_CUDA
+    if (profile) cuda_trainer->ProfileNextStep();
+#endif
     auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(double loss, trainer->Step(micro_batches, schedule.At(step)));
     auto t1 = std::chrono::steady_clock::now();
+    if (step == first_step) {
+      std::fprintf(stderr, "kiln train: time to first step: %.2f s\n", seconds_since(run_start));
+      if (report) PrintPhases(passes_seconds, cuda_trainer);
+    }
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step + 1,
                                               "; stopping before anything is saved (try a lower --lr)"));
@@ -239,6 +308,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
     progress.Report(step + 1, loss, tokens_per_step / std::chrono::duration<double>(t1 - t0).count(),
                     std::chrono::duration<double>(t1 - start).count());
   }
+#ifdef KILN_WITH_CUDA
+  if (cuda_trainer != nullptr) RETURN_IF_ERROR(ReportProfile(args, *cuda_trainer, steps));
+#endif
   if (args.Has("save")) {
     ASSIGN_OR_RETURN(TrainingState state, trainer->State());
     RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, state, settings}));
@@ -281,6 +353,10 @@ Command TrainCommand() {
                {.name = "seed", .value_name = "S", .help = "initial weights and batches", .default_value = "1337"},
                {.name = "save", .value_name = "CKPT", .help = "write a checkpoint (safetensors) at the end"},
                {.name = "resume", .value_name = "CKPT", .help = "continue from a checkpoint"},
+               {.name = "report", .help = "print the passes, the time of each phase before the first step, the "
+                                          "memory plan, and (GPU) where the last step's time went"},
+               {.name = "trace", .value_name = "FILE.json", .help = "write the last step's launches as a Chrome trace (GPU)"},
+               {.name = "no-cuda-graph", .help = "launch the step's kernels one by one instead of replaying a CUDA graph"},
            }},
           RunTrain};
 }
