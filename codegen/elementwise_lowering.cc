@@ -30,14 +30,18 @@ absl::StatusOr<const char*> CompareOperator(const Node& node) {
   return absl::InvalidArgumentError(absl::StrCat("%", node.name(), ": unknown compare direction '", direction, "'"));
 }
 
-// The value of one output element as a C++ expression of the operands' storage values
-// x0, x1, x2 (already loaded into registers).
-absl::StatusOr<std::string> ElementExpression(const Node& node) {
+}  // namespace
+
+absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vector<std::string>& operands) {
+  if (static_cast<int>(operands.size()) != node.num_operands()) {
+    return absl::InternalError(absl::StrCat("%", node.name(), ": ", operands.size(), " operand names for ",
+                                            node.num_operands(), " operands"));
+  }
   const DType out = node.type().dtype;
   const DType in = node.operand(0)->type().dtype;
   const bool integer = IsInteger(in);
-  const std::string a = "kiln::Load(x0)";
-  const std::string b = "kiln::Load(x1)";
+  const std::string a = absl::StrCat("kiln::Load(", operands[0], ")");
+  const std::string b = operands.size() > 1 ? absl::StrCat("kiln::Load(", operands[1], ")") : "";
   // A compute-type value rounded once into the result dtype.
   auto round = [&](const std::string& value) {
     return absl::StrCat("kiln::Round<", CudaTypeName(out), ">::From(", value, ")");
@@ -79,7 +83,8 @@ absl::StatusOr<std::string> ElementExpression(const Node& node) {
       return absl::StrCat("(", a, " ", op, " ", b, ")");  // IEEE: false with a NaN, but for !=
     }
     case Opcode::kSelect:
-      return std::string("(x0 ? x1 : x2)");  // storage values: no conversion, bit-exact
+      // storage values: no conversion, bit-exact
+      return absl::StrCat("(", operands[0], " ? ", operands[1], " : ", operands[2], ")");
     case Opcode::kConvert:
       return round(a);
     default:
@@ -88,10 +93,10 @@ absl::StatusOr<std::string> ElementExpression(const Node& node) {
   return absl::InternalError(absl::StrCat("%", node.name(), ": ", node.op_name(), " is not elementwise"));
 }
 
-}  // namespace
-
 absl::StatusOr<LoweredNode> LowerElementwise(const Node& node, const CodegenOptions& options) {
-  ASSIGN_OR_RETURN(std::string expression, ElementExpression(node));
+  std::vector<std::string> operand_names;
+  for (int i = 0; i < node.num_operands(); ++i) operand_names.push_back(absl::StrCat("x", i));
+  ASSIGN_OR_RETURN(std::string expression, ElementExpression(node, operand_names));
   const int64_t count = node.type().num_elements();
   if (count == 0) return LoweredNode{LoweringKind::kKernels, {}};
 

@@ -15,8 +15,6 @@ namespace {
 // (132 SMs x 2048 threads), not one per element, so huge tensors loop instead.
 constexpr int64_t kMaxGridBlocks = 4096;
 
-bool IsFp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
-
 // Load overload and Round specialization of one dtype.
 std::string DTypeLibrary(DType t) {
   const std::string type = CudaTypeName(t);

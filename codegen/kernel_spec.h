@@ -14,6 +14,8 @@
 
 namespace kiln {
 
+class Node;  // ir/graph.h
+
 struct KernelSpec {
   std::string name;    // the extern "C" symbol, unique within the source
   std::string source;  // CUDA C++; may #include kernel templates by their kernels/ path
@@ -27,11 +29,15 @@ enum class LoweringKind {
   kAlias,    // the output is operand 0's bytes reinterpreted (reshape): no work, no buffer
   kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
   kGemm,     // dot_general: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
+  kFused,    // computed inside its kernel group's kernel (codegen/kernel_group.h): no work, no buffer
 };
 
 struct LoweredNode {
   LoweringKind kind = LoweringKind::kKernels;
   std::vector<KernelSpec> kernels;
+  // The nodes whose buffers the kernels take after the output, in order; empty: the node's
+  // own operands. A kernel group's root lists the group's inputs here.
+  std::vector<const Node*> inputs;
 };
 
 }  // namespace kiln

@@ -128,6 +128,30 @@ absl::StatusOr<LoweredNode> LowerConstant(const Node& node, const CodegenOptions
   return OneKernel(name, std::move(source), grid, threads);
 }
 
+absl::StatusOr<std::string> SplatStorageExpression(const Node& constant) {
+  ASSIGN_OR_RETURN(double value, constant.attrs().GetFloat("value"));
+  const DType t = constant.type().dtype;
+  const std::string bits = BitsLiteral(BitsOf(value, t), t);
+  switch (t) {
+    case DType::kF32:
+      return absl::StrCat("__uint_as_float(", bits, ")");
+    case DType::kBF16:
+      return absl::StrCat("__ushort_as_bfloat16(static_cast<unsigned short>(", bits, "))");
+    case DType::kF16:
+      return absl::StrCat("__ushort_as_half(static_cast<unsigned short>(", bits, "))");
+    case DType::kI32:
+      return absl::StrCat("static_cast<int>(", bits, ")");
+    case DType::kI64:
+      return absl::StrCat("static_cast<long long>(", bits, ")");
+    case DType::kPred:
+      return std::string(BitsOf(value, t) ? "true" : "false");
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;
+  }
+  return absl::UnimplementedError(absl::StrCat("%", constant.name(), ": no fused literal for ", DTypeName(t)));
+}
+
 absl::StatusOr<LoweredNode> LowerIota(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t dim, node.attrs().GetInt("dim"));
   const TensorType& t = node.type();

@@ -13,9 +13,16 @@ namespace kiln::codegen {
 // leaf_lowering.cc: constant (splat or dense values), iota.
 absl::StatusOr<LoweredNode> LowerConstant(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerIota(const Node& node, const CodegenOptions& options);
+// A splat constant's value as an expression of its storage type, with the exact bits the
+// reference rounds it to (f32, bf16, f16, integers, pred).
+absl::StatusOr<std::string> SplatStorageExpression(const Node& constant);
 
 // elementwise_lowering.cc: unary, binary, compare, select, convert.
 absl::StatusOr<LoweredNode> LowerElementwise(const Node& node, const CodegenOptions& options);
+// The value of one element of an elementwise `node` as a C++ expression of its operands'
+// storage values, named by `operands` (variables already in registers); the result is in
+// the node's storage type, rounded once. Also what fused kernels (kernel_group.cc) compose.
+absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vector<std::string>& operands);
 
 // data_movement_lowering.cc: broadcast, transpose, slice (strided copies), concatenate.
 absl::StatusOr<LoweredNode> LowerStridedCopy(const Node& node, const CodegenOptions& options);

@@ -42,6 +42,7 @@ bool IsFloat(DType t) {
 }
 
 bool IsInteger(DType t) { return t == DType::kI32 || t == DType::kI64; }
+bool IsFp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
 
 int64_t TensorType::num_elements() const {
   int64_t n = 1;

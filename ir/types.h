@@ -34,6 +34,7 @@ int DTypeBytes(DType t);
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 bool IsFloat(DType t);    // f32, f16, bf16, f8*
 bool IsInteger(DType t);  // i32, i64
+bool IsFp8(DType t);      // f8e4m3, f8e5m2
 
 // A tensor type: element type plus static dimensions. Rank 0 is a scalar.
 struct TensorType {

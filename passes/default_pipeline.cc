@@ -8,6 +8,7 @@
 #include "passes/canonicalize.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
+#include "passes/fusion.h"
 
 namespace kiln {
 namespace {
@@ -32,6 +33,8 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
                          std::make_unique<DcePass>())));
   // Whatever the last round left unused.
   p.Add(std::make_unique<DcePass>());
+  // Last: it only marks kernel groups, which no pass above would keep track of.
+  p.Add(std::make_unique<FusionPass>());
   return p;
 }
 
@@ -42,11 +45,12 @@ std::unique_ptr<Pass> MakeSinglePass(absl::string_view name) {
   if (name == "canonicalize") return std::make_unique<CanonicalizePass>();
   if (name == "cse") return std::make_unique<CsePass>();
   if (name == "dce") return std::make_unique<DcePass>();
+  if (name == "fuse-loops") return std::make_unique<FusionPass>();
   return nullptr;
 }
 }  // namespace
 
-std::vector<std::string> SinglePassNames() { return {"canonicalize", "cse", "dce"}; }
+std::vector<std::string> SinglePassNames() { return {"canonicalize", "cse", "dce", "fuse-loops"}; }
 
 absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& names,
                                                 const CompileOptions& options) {

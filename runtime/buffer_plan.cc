@@ -92,6 +92,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
   const int64_t alignment = request.alignment;
   if (static_cast<int64_t>(request.roles.size()) != num_nodes ||
       (!request.scratch_bytes.empty() && static_cast<int64_t>(request.scratch_bytes.size()) != num_nodes) ||
+      (!request.run_step.empty() && static_cast<int64_t>(request.run_step.size()) != num_nodes) ||
       alignment <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", request.roles.size(),
                                                    " roles and ", request.scratch_bytes.size(),
@@ -123,14 +124,29 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
     const Node& n = *f.nodes()[i];
     const BufferRole role = request.roles[i];
     if (n.opcode() == Opcode::kParameter || role == BufferRole::kNone) continue;
+    const int64_t read_step = request.run_step.empty() ? i : request.run_step[i];
+    if (read_step < i || read_step >= num_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
+                                                     " is run at step ", read_step, ", before it is defined"));
+    }
     for (const Node* operand : n.operands()) {
-      const int64_t b = plan.node_buffer[index_of.at(operand)];
+      const int64_t operand_index = index_of.at(operand);
+      // A fused operand is computed in the same kernel as this node: nothing is read.
+      if (request.roles[operand_index] == BufferRole::kFused) {
+        if (role != BufferRole::kFused && (request.run_step.empty() || request.run_step[operand_index] != i)) {
+          return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n), " reads ",
+                                                         NodeLabel(*operand), ", which is fused into another kernel"));
+        }
+        continue;
+      }
+      const int64_t b = plan.node_buffer[operand_index];
       if (b < 0) {
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
                                                        " reads ", NodeLabel(*operand), ", which is not computed"));
       }
-      plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, i);
+      plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, read_step);
     }
+    if (role == BufferRole::kFused) continue;
     if (role == BufferRole::kAlias) {
       if (n.num_operands() < 1 || n.operand(0)->type().num_bytes() != n.type().num_bytes()) {
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),

@@ -35,11 +35,16 @@ enum class BufferRole : uint8_t {
   kNone,   // not computed (no output depends on it): no buffer
   kOwn,    // writes a buffer of its own (parameters always get their fixed one)
   kAlias,  // reinterprets operand 0's buffer
+  kFused,  // computed inside another node's kernel (a kernel group member): no buffer; its
+           // operands are read when that kernel runs (BufferPlanRequest::run_step)
 };
 
 struct BufferPlanRequest {
   std::vector<BufferRole> roles;       // one per node, in f.nodes() order
   std::vector<int64_t> scratch_bytes;  // one per node, or empty for none
+  // One per node, or empty: the step at which the node's operands are read, when that is
+  // not its own (a kFused member's: its group root's step, which is later).
+  std::vector<int64_t> run_step;
   int64_t alignment = 256;
 };
 

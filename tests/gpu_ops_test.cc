@@ -24,6 +24,7 @@
 #include "ir/builder.h"
 #include "ir/verifier.h"
 #include "passes/training_step.h"
+#include "passes/fusion.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
 #include "tests/testing/gpu.h"
@@ -347,6 +348,22 @@ TEST(GpuOps, AllOpsModuleMatchesTheReference) {
   const std::vector<std::pair<double, double>> ranges = {{-2, 2}, {-2, 2}, {0, 5}, {-2, 2}, {0, 4}, {0, 64}};
   for (uint64_t seed : {3, 4, 5}) {
     // Chains of transcendental ops compound their few ulps.
+    ExpectMatchesReference(f, RandomArgs(f, seed, ranges), [](int) { return Tolerance{1e-5, 1e-5}; });
+  }
+}
+
+// The same module with every loop chain fused (passes/fusion.h): the generated group kernels
+// compute what the nodes compute one by one.
+TEST(GpuOps, FusedAllOpsModuleMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  FusionPass fusion;
+  absl::StatusOr<bool> fused = fusion.Run(*m);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(*fused);
+  const Function& f = *m->functions()[0];
+  const std::vector<std::pair<double, double>> ranges = {{-2, 2}, {-2, 2}, {0, 5}, {-2, 2}, {0, 4}, {0, 64}};
+  for (uint64_t seed : {3, 4}) {
     ExpectMatchesReference(f, RandomArgs(f, seed, ranges), [](int) { return Tolerance{1e-5, 1e-5}; });
   }
 }

@@ -9,6 +9,7 @@
 #include "ir/status_macros.h"
 #include "ir/text_format.h"
 #include "passes/default_pipeline.h"
+#include "passes/fusion.h"
 #ifdef KILN_WITH_CUDA
 #include "codegen/compile_function.h"
 #include "runtime/cuda/device.h"
@@ -67,7 +68,13 @@ absl::Status RunCompile(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
   const int64_t nodes_before = CountNodes(*loaded.module);
   ASSIGN_OR_RETURN(PipelineReport report, RunDefaultPipeline(*loaded.module, options));
-  if (args.Has("report")) std::printf("%s\n", report.ToString().c_str());
+  if (args.Has("report")) {
+    std::printf("%s\n", report.ToString().c_str());
+    // Every fusion decision, one line each (kiln train --report prints the counts only).
+    std::printf("fusion:\n");
+    for (const auto& f : loaded.module->functions()) std::printf("%s", FormatFusionReport(*f, true).c_str());
+    std::printf("\n");
+  }
   std::string functions;
   for (const auto& f : loaded.module->functions()) absl::StrAppend(&functions, functions.empty() ? "@" : ", @", f->name());
   std::printf("compiled %s (%s): %lld -> %lld nodes in %.1f ms\n", loaded.module->name().c_str(), functions.c_str(),

@@ -19,6 +19,7 @@
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "passes/default_pipeline.h"
+#include "passes/fusion.h"
 #include "passes/training_step.h"
 #include "runtime/step_profile.h"
 #include "runtime/training/dataset.h"
@@ -241,8 +242,11 @@ absl::Status RunTrain(const ParsedArgs& args) {
   const auto passes_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(PipelineReport pipeline_report, RunDefaultPipeline(*module, compile_options));
   const double passes_seconds = seconds_since(passes_start);
-  if (report) std::fprintf(stderr, "kiln train: pass pipeline\n%s\n", pipeline_report.ToString().c_str());
   const Function* step_fn = module->FindFunction(step_options.name);
+  if (report) {
+    std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
+                 pipeline_report.ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
+  }
 
   std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
   std::unique_ptr<Trainer> trainer;

@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
+#include "passes/fusion.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/tensor_bytes.h"
 
@@ -84,13 +85,29 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
   BufferPlanRequest request;
   request.roles.assign(f.num_nodes(), BufferRole::kNone);
   request.scratch_bytes.assign(f.num_nodes(), 0);
+  request.run_step.resize(f.num_nodes());
+  absl::flat_hash_map<std::string, int64_t> index_of_name;
+  for (int64_t i = 0; i < f.num_nodes(); ++i) {
+    request.run_step[i] = i;
+    index_of_name[f.nodes()[i]->name()] = i;
+  }
   exe->gemms_.resize(f.num_nodes());
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     const Node& node = *f.nodes()[i];
     const LoweredNode& lowered = report.nodes[i].lowered;
     if (report.nodes[i].node != &node) return absl::InternalError("codegen reported the nodes out of order");
     if (!needed[i] && node.opcode() != Opcode::kParameter) continue;
-    request.roles[i] = lowered.kind == LoweringKind::kAlias ? BufferRole::kAlias : BufferRole::kOwn;
+    request.roles[i] = lowered.kind == LoweringKind::kAlias   ? BufferRole::kAlias
+                       : lowered.kind == LoweringKind::kFused ? BufferRole::kFused
+                                                              : BufferRole::kOwn;
+    if (lowered.kind == LoweringKind::kFused) {
+      // Its operands are read when its group's root runs.
+      const auto root = index_of_name.find(KernelGroupOf(node));
+      if (root == index_of_name.end()) {
+        return absl::InternalError(absl::StrCat("codegen fused %", node.name(), " into a group without a root"));
+      }
+      request.run_step[i] = root->second;
+    }
     if (lowered.kind == LoweringKind::kGemm) {
       ASSIGN_OR_RETURN(exe->gemms_[i], GemmPlan::Create(node, device, nvrtc, cache_ptr));
       request.scratch_bytes[i] = exe->gemms_[i]->scratch_bytes();
@@ -138,7 +155,10 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
     }
     if (nk.lowered.kind != LoweringKind::kKernels) continue;  // parameters and aliases do no work
     std::vector<void*> pointers = {NodeAddress(&node)};
-    for (const Node* operand : node.operands()) pointers.push_back(NodeAddress(operand));
+    const std::vector<const Node*> inputs =
+        nk.lowered.inputs.empty() ? std::vector<const Node*>(node.operands().begin(), node.operands().end())
+                                  : nk.lowered.inputs;
+    for (const Node* input : inputs) pointers.push_back(NodeAddress(input));
     for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
       const int compiled = nk.compiled[k];
       if (library_of[compiled] == nullptr) {
@@ -301,7 +321,7 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
     switch (step.kind) {
       case Step::Kind::kKernel:
         t.name = step.launch->name;
-        t.group = std::string(step.node->op_name());
+        t.group = !KernelGroupOf(*step.node).empty() ? "fused loop" : std::string(step.node->op_name());
         break;
       case Step::Kind::kGemm:
         t.name = GemmName(step.gemm->layout());

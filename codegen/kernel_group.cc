@@ -1,0 +1,219 @@
+#include "codegen/kernel_group.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "codegen/kernel_source.h"
+#include "codegen/lowerings.h"
+#include "ir/status_macros.h"
+#include "passes/fusion.h"
+
+namespace kiln::codegen {
+namespace {
+
+// Elements per thread: consecutive threads take consecutive elements (coalesced), and each
+// thread takes this many, a block apart, for independent loads in flight.
+constexpr int kElementsPerThread = 4;
+
+// Writes the straight-line code computing members' values at given indices.
+class GroupEmitter {
+ public:
+  explicit GroupEmitter(const KernelGroup& group) : group_(group) {
+    for (const Node* m : group.members) members_.insert(m);
+    for (size_t i = 0; i < group.inputs.size(); ++i) input_index_[group.inputs[i]] = static_cast<int>(i);
+  }
+
+  // The variable holding `node`'s storage value at linear index `index` (a variable name).
+  absl::StatusOr<std::string> Value(const Node* node, const std::string& index) {
+    const auto key = std::make_pair(node, index);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    std::string expression;
+    const std::string type = CudaTypeName(node->type().dtype);
+    if (!members_.contains(node)) {
+      expression = absl::StrCat("in", input_index_.at(node), "[", index, "]");
+    } else {
+      switch (node->opcode()) {
+        case Opcode::kReshape: {  // row-major: the same linear index
+          ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), index));
+          memo_[key] = v;
+          return v;
+        }
+        case Opcode::kConstant: {
+          ASSIGN_OR_RETURN(expression, SplatStorageExpression(*node));
+          break;
+        }
+        case Opcode::kIota: {
+          ASSIGN_OR_RETURN(int64_t dim, node->attrs().GetInt("dim"));
+          const std::vector<int64_t> strides = RowMajorStrides(node->type().dims);
+          expression = absl::StrFormat("kiln::Round<%s>::From(static_cast<double>((%s / %d) %% %d))", type, index,
+                                       strides[dim], node->type().dims[dim]);
+          break;
+        }
+        case Opcode::kTranspose: {
+          ASSIGN_OR_RETURN(std::string operand_index, TransposeIndex(*node, index));
+          ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
+          memo_[key] = v;
+          return v;
+        }
+        case Opcode::kBroadcast: {
+          ASSIGN_OR_RETURN(std::string operand_index, BroadcastIndex(*node, index));
+          ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
+          memo_[key] = v;
+          return v;
+        }
+        default: {
+          std::vector<std::string> operands;
+          for (const Node* o : node->operands()) {
+            ASSIGN_OR_RETURN(std::string v, Value(o, index));
+            operands.push_back(v);
+          }
+          ASSIGN_OR_RETURN(expression, ElementExpression(*node, operands));
+        }
+      }
+    }
+    const std::string var = absl::StrCat("v", next_var_++);
+    absl::StrAppend(&code_, "      const ", type, " ", var, " = ", expression, ";  // ", node->op_name(), "\n");
+    memo_[key] = var;
+    return var;
+  }
+
+  const std::string& code() const { return code_; }
+
+ private:
+  // The operand's linear index for element `index` of a broadcast: each operand dim i sits at
+  // result dim dims[i]; a size-1 operand dim contributes nothing.
+  absl::StatusOr<std::string> BroadcastIndex(const Node& broadcast, const std::string& index) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> dims, broadcast.attrs().GetInts("dims"));
+    const std::vector<int64_t>& out_dims = broadcast.type().dims;
+    const std::vector<int64_t>& in_dims = broadcast.operand(0)->type().dims;
+    const std::vector<int64_t> out_strides = RowMajorStrides(out_dims);
+    const std::vector<int64_t> in_strides = RowMajorStrides(in_dims);
+    std::string sum;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (in_dims[i] == 1) continue;
+      absl::StrAppendFormat(&sum, "%s((%s / %d) %% %d) * %d", sum.empty() ? "" : " + ", index, out_strides[dims[i]],
+                            out_dims[dims[i]], in_strides[i]);
+    }
+    if (sum.empty()) return std::string("0");
+    const std::string var = absl::StrCat("i", next_var_++);
+    absl::StrAppend(&code_, "      const Index ", var, " = ", sum, ";\n");
+    return var;
+  }
+
+  // The operand's linear index for element `index` of a transpose: result dim d is operand
+  // dim perm[d].
+  absl::StatusOr<std::string> TransposeIndex(const Node& transpose, const std::string& index) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> perm, transpose.attrs().GetInts("perm"));
+    const std::vector<int64_t>& out_dims = transpose.type().dims;
+    const std::vector<int64_t> out_strides = RowMajorStrides(out_dims);
+    const std::vector<int64_t> in_strides = RowMajorStrides(transpose.operand(0)->type().dims);
+    std::string sum;
+    for (size_t d = 0; d < perm.size(); ++d) {
+      if (out_dims[d] == 1) continue;
+      absl::StrAppendFormat(&sum, "%s((%s / %d) %% %d) * %d", sum.empty() ? "" : " + ", index, out_strides[d],
+                            out_dims[d], in_strides[perm[d]]);
+    }
+    if (sum.empty()) return std::string("0");
+    const std::string var = absl::StrCat("i", next_var_++);
+    absl::StrAppend(&code_, "      const Index ", var, " = ", sum, ";\n");
+    return var;
+  }
+
+  const KernelGroup& group_;
+  absl::flat_hash_set<const Node*> members_;
+  absl::flat_hash_map<const Node*, int> input_index_;
+  std::map<std::pair<const Node*, std::string>, std::string> memo_;
+  std::string code_;
+  int next_var_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<KernelGroup>> FindKernelGroups(const Function& f) {
+  std::map<std::string, KernelGroup> by_id;
+  for (const auto& n : f.nodes()) {
+    std::string group = KernelGroupOf(*n);
+    if (!group.empty()) by_id[group].members.push_back(n.get());
+  }
+  absl::flat_hash_set<const Node*> outputs(f.outputs().begin(), f.outputs().end());
+  std::vector<KernelGroup> groups;
+  for (auto& [id, group] : by_id) {  // id: the root's name
+    group.root = group.members.back();
+    const absl::flat_hash_set<const Node*> members(group.members.begin(), group.members.end());
+    auto malformed = [&](const Node& n, absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("@", f.name(), ": kernel group \"", id, "\": %", n.name(), " (",
+                                                     n.op_name(), ") ", why));
+    };
+    if (group.root->name() != id) return malformed(*group.root, "is the group's last node but not its root");
+    absl::flat_hash_set<const Node*> seen_inputs;
+    for (const Node* m : group.members) {
+      if (!IsLoopFusible(*m)) return malformed(*m, "cannot be computed in a loop kernel");
+      if (m != group.root) {
+        if (outputs.contains(m)) return malformed(*m, "is returned, so it must be stored, but is not the root");
+        for (const Node* user : m->users()) {
+          if (!members.contains(user)) {
+            return malformed(*m, absl::StrCat("is used by %", user->name(), " outside the group, but is not the root"));
+          }
+        }
+      }
+      for (const Node* o : m->operands()) {
+        if (!members.contains(o) && seen_inputs.insert(o).second) group.inputs.push_back(o);
+      }
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+absl::StatusOr<LoweredNode> LowerKernelGroup(const KernelGroup& group, const CodegenOptions& options) {
+  const Node& root = *group.root;
+  const int64_t count = root.type().num_elements();
+  LoweredNode lowered{LoweringKind::kKernels, {}, group.inputs};
+  if (count == 0) return lowered;
+
+  GroupEmitter emitter(group);
+  ASSIGN_OR_RETURN(const std::string result, emitter.Value(&root, "i"));
+
+  std::vector<DType> dtypes;
+  for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
+  std::string params = absl::StrCat(CudaTypeName(root.type().dtype), "* out");
+  for (size_t i = 0; i < group.inputs.size(); ++i) {
+    dtypes.push_back(group.inputs[i]->type().dtype);
+    absl::StrAppend(&params, ", const ", CudaTypeName(group.inputs[i]->type().dtype), "* __restrict__ in", i);
+  }
+  const int threads = options.threads_per_block;
+  const int64_t per_block = int64_t{threads} * kElementsPerThread;
+  const std::array<uint32_t, 3> grid = GridFor((count + kElementsPerThread - 1) / kElementsPerThread, threads);
+  const std::string name = absl::StrCat(KernelName(root), "_group");
+  std::string members_comment;
+  for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
+  // The member list is an opening comment line: kernels of groups that differ only in
+  // their nodes' names share one compiled body (compile_function.h).
+  std::string source = absl::StrCat("// kernel group of", members_comment, "\n", SourceOpening(root, dtypes));
+  absl::StrAppendFormat(&source,
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
+                        "  typedef %s Index;\n"
+                        "  constexpr Index kCount = %d;\n"
+                        "  for (Index base = static_cast<Index>(blockIdx.x) * %d + threadIdx.x; base < kCount;\n"
+                        "       base += static_cast<Index>(gridDim.x) * %d) {\n"
+                        "#pragma unroll\n"
+                        "    for (int u = 0; u < %d; ++u) {\n"
+                        "      const Index i = base + u * %d;\n"
+                        "      if (i >= kCount) break;\n"
+                        "%s"
+                        "      out[i] = %s;\n"
+                        "    }\n"
+                        "  }\n"
+                        "}\n",
+                        threads, name, params,
+                        IndexTypeFor(count + per_block * (int64_t{grid[0]} + 1)), count, per_block, per_block,
+                        kElementsPerThread, threads, emitter.code(), result);
+  lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
+  return lowered;
+}
+
+}  // namespace kiln::codegen
