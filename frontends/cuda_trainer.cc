@@ -18,7 +18,19 @@ absl::StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(std::unique_ptr
   trainer->step_ = step_function;
   trainer->layout_ = layout;
   ASSIGN_OR_RETURN(trainer->executable_, CudaExecutable::Create(*step_function, device, options));
-  RETURN_IF_ERROR(trainer->SetState(InitialTrainingState(std::move(initial_params))));
+  // InitialTrainingState's moments and t are zeros: set on the device rather than built and
+  // copied from the host (for llama-M, 6.6 GB that would only say "zero").
+  // SetInput checks each tensor's type against its parameter.
+  if (static_cast<int64_t>(initial_params.size()) != layout.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("initial weights: ", initial_params.size(),
+                                                   " tensors for a model of ", layout.num_params));
+  }
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    RETURN_IF_ERROR(trainer->executable_->SetInput(layout.first_param() + i, initial_params[i]));
+    RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.first_m() + i));
+    RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.first_v() + i));
+  }
+  RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.t_index()));
   return trainer;
 }
 

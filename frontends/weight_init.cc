@@ -1,31 +1,62 @@
 #include "frontends/weight_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "frontends/llama.h"
+#include "runtime/thread_pool.h"
 
 namespace kiln {
 namespace {
 
 // Box-Muller over a fixed engine, so the weights are the same on every platform
-// (std::normal_distribution's algorithm is left to the library).
+// (std::normal_distribution's algorithm is left to the library). The engine's outputs are
+// drawn in order, which is cheap; the transform, which is not (log, sqrt, sin, cos), runs
+// on many threads over disjoint pairs. The values are those of drawing them one by one:
+// pair k gives r cos(theta), then r sin(theta).
 class NormalSampler {
  public:
   explicit NormalSampler(uint64_t seed) : engine_(seed) {}
-  double Next() {
-    if (has_spare_) {
+
+  // out[i] = scale * (the next normal), for i < n.
+  void Fill(double* out, int64_t n, double scale) {
+    int64_t i = 0;
+    if (has_spare_ && n > 0) {
+      out[i++] = scale * spare_;
       has_spare_ = false;
-      return spare_;
     }
-    double u1 = (static_cast<double>(engine_() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    double u2 = static_cast<double>(engine_() >> 11) * 0x1.0p-53;          // [0, 1)
-    double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = r * std::sin(2.0 * std::numbers::pi * u2);
-    has_spare_ = true;
-    return r * std::cos(2.0 * std::numbers::pi * u2);
+    constexpr int64_t kChunkPairs = int64_t{1} << 20;
+    std::vector<uint64_t> draws;
+    while (i < n) {
+      const int64_t pairs = std::min<int64_t>(kChunkPairs, (n - i + 1) / 2);
+      draws.resize(2 * pairs);
+      for (uint64_t& d : draws) d = engine_();
+      const int64_t first = i;
+      const bool odd_end = first + 2 * pairs > n;  // the last pair's second value is kept as the spare
+      double spare = 0;
+      ThreadPool::Shared(0).ParallelFor(pairs, 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          const double u1 = (static_cast<double>(draws[2 * k] >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+          const double u2 = static_cast<double>(draws[2 * k + 1] >> 11) * 0x1.0p-53;      // [0, 1)
+          const double r = std::sqrt(-2.0 * std::log(u1));
+          const double a = 2.0 * std::numbers::pi * u2;
+          out[first + 2 * k] = scale * (r * std::cos(a));
+          if (first + 2 * k + 1 < n) {
+            out[first + 2 * k + 1] = scale * (r * std::sin(a));
+          } else {
+            spare = r * std::sin(a);
+          }
+        }
+      });
+      i += 2 * pairs;
+      if (odd_end) {
+        has_spare_ = true;
+        spare_ = spare;
+      }
+    }
   }
 
  private:
@@ -48,8 +79,7 @@ std::vector<HostTensor> InitLlamaWeights(const ModelConfig& config, uint64_t see
       std::fill(values.begin(), values.end(), 1.0);
     } else {
       bool residual_out = absl::EndsWith(spec.name, "o_proj.weight") || absl::EndsWith(spec.name, "down_proj.weight");
-      double s = residual_out ? residual_std : std_dev;
-      for (double& v : values) v = s * normal.Next();
+      normal.Fill(values.data(), static_cast<int64_t>(values.size()), residual_out ? residual_std : std_dev);
     }
     weights.push_back(HostTensor::FromValues(type, std::move(values)));
   }

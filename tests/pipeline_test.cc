@@ -139,11 +139,12 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
   std::sort(files.begin(), files.end());
   // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
-  // itself finishes, then the final dce.
+  // itself finishes, then the final dce, then fusion marks its kernel groups.
   const std::vector<std::string> expected = {
-      "000-input.kir",        "001-after-canonicalize.kir", "002-after-cse.kir",
-      "003-after-dce.kir",    "004-after-canonicalize.kir", "005-after-cse.kir",
-      "006-after-dce.kir",    "007-after-simplify.kir",     "008-after-dce.kir"};
+      "000-input.kir",          "001-after-canonicalize.kir", "002-after-cse.kir",
+      "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
+      "006-after-dce.kir",      "007-after-simplify.kir",     "008-after-dce.kir",
+      "009-after-fuse-loops.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -151,7 +152,8 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
     EXPECT_TRUE(ParseModule(*text).ok()) << file;
   }
   EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
-  EXPECT_EQ(*ReadFileToString(dir + "/008-after-dce.kir"), PrintModule(*m));
+  EXPECT_EQ(*ReadFileToString(dir + "/009-after-fuse-loops.kir"), PrintModule(*m));
+  EXPECT_NE(ReadFileToString(dir + "/009-after-fuse-loops.kir")->find("kernel_group"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -190,11 +192,12 @@ TEST(Pipeline, DisabledPassesAreSkippedAndShown) {
 
 TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   CompileOptions o = TestOptions();
-  o.disabled_passes = {"cse", "fusion"};
+  o.disabled_passes = {"cse", "fusion-typo"};
   absl::StatusOr<PipelineReport> report = RunDefaultPipeline(*Parse(kRedundant), o);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
-            "cannot disable unknown pass 'fusion'; pipeline default has: simplify, canonicalize, cse, dce");
+            "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
+            "fuse-loops");
 }
 
 // A pass that always changes the module: appends one more unused constant.

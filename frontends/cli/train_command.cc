@@ -161,14 +161,21 @@ class ProgressPrinter {
 };
 
 // --report: where the time to the first step went.
-void PrintPhases(double passes_seconds, const CudaTrainer* cuda) {
-  std::fprintf(stderr, "kiln train: phases before the first step\n  %-72s %7.2f s\n", "pass pipeline", passes_seconds);
-#ifdef KILN_WITH_CUDA
-  if (cuda == nullptr) return;
-  for (const auto& [phase, seconds] : cuda->executable().stats().phases) {
+// `phases` are the driver's own (model build, passes, weights, ...), `cuda`'s executable's
+// follow (codegen, NVRTC, plans, capture), then the first step itself.
+void PrintPhases(const std::vector<std::pair<std::string, double>>& phases, const CudaTrainer* cuda,
+                 double first_step_seconds) {
+  std::fprintf(stderr, "kiln train: phases before the first step\n");
+  auto row = [](const std::string& phase, double seconds) {
     std::fprintf(stderr, "  %-72s %7.2f s\n", phase.c_str(), seconds);
+  };
+  for (const auto& [phase, seconds] : phases) row(phase, seconds);
+#ifdef KILN_WITH_CUDA
+  if (cuda != nullptr) {
+    for (const auto& [phase, seconds] : cuda->executable().stats().phases) row(phase, seconds);
   }
 #endif
+  row("the first step (its CUDA graph capture included above)", first_step_seconds);
 }
 
 #ifdef KILN_WITH_CUDA
@@ -227,6 +234,12 @@ absl::Status RunTrain(const ParsedArgs& args) {
   }
   RETURN_IF_ERROR(data.CheckFits(config.vocab_size, s.seq));
 
+  std::vector<std::pair<std::string, double>> phases;  // for --report
+  auto phase_start = std::chrono::steady_clock::now();
+  auto end_phase = [&](std::string name) {
+    phases.emplace_back(std::move(name), seconds_since(phase_start));
+    phase_start = std::chrono::steady_clock::now();
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
                    BuildLlamaModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
   TrainingStepOptions step_options;
@@ -239,9 +252,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
   // changes no value); the step keeps its name and signature.
   CompileOptions compile_options;
   compile_options.precision = s.precision;
-  const auto passes_start = std::chrono::steady_clock::now();
+  end_phase("model build + autodiff");
   ASSIGN_OR_RETURN(PipelineReport pipeline_report, RunDefaultPipeline(*module, compile_options));
-  const double passes_seconds = seconds_since(passes_start);
+  end_phase("pass pipeline");
   const Function* step_fn = module->FindFunction(step_options.name);
   if (report) {
     std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
@@ -249,6 +262,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
   }
 
   std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
+  end_phase(resume ? "checkpoint weights" : "initial weights");
   std::unique_ptr<Trainer> trainer;
   CudaTrainer* cuda_trainer = nullptr;  // the trainer, when it runs on the GPU
   if (backend.backend == Backend::kCpu) {
@@ -274,6 +288,10 @@ absl::Status RunTrain(const ParsedArgs& args) {
     // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
     // counterpart; the CUDA context and cuBLASLt handles are outside both).
     std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
+    double compiled = 0;
+    for (const auto& [phase, seconds] : st.phases) compiled += seconds;
+    end_phase("");
+    phases.back() = {"the rest of creating the trainer (CUDA context, uploading the state)", phases.back().second - compiled};
     cuda_trainer = cuda.get();
     trainer = std::move(cuda);
 #endif
@@ -303,7 +321,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
     auto t1 = std::chrono::steady_clock::now();
     if (step == first_step) {
       std::fprintf(stderr, "kiln train: time to first step: %.2f s\n", seconds_since(run_start));
-      if (report) PrintPhases(passes_seconds, cuda_trainer);
+      if (report) PrintPhases(phases, cuda_trainer, std::chrono::duration<double>(t1 - t0).count());
     }
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step + 1,

@@ -366,6 +366,15 @@ absl::Status CudaExecutable::SetInput(int64_t param_index, const HostTensor& val
   return absl::OkStatus();
 }
 
+absl::Status CudaExecutable::ZeroInput(int64_t param_index) {
+  ASSIGN_OR_RETURN(const Node* p, ParameterNode(param_index));
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  const std::string what = absl::StrCat("zeroing @", function_->name(), " ", ParameterContext(*p));
+  KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(NodeAddress(p), 0, p->type().num_bytes(), device_->stream()), what);
+  KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device_->stream()), what);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HostTensor> CudaExecutable::Download(const TensorType& type, const void* src,
                                                     absl::string_view what) const {
   RETURN_IF_ERROR(device_->MakeCurrent());

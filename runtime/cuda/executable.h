@@ -51,6 +51,8 @@ class CudaExecutable {
 
   // Host -> the parameter's buffer, encoded in its dtype. The type must match exactly.
   absl::Status SetInput(int64_t param_index, const HostTensor& value);
+  // The parameter's buffer set to zeros (of any dtype, +0 is all zero bits) on the device.
+  absl::Status ZeroInput(int64_t param_index);
   // Every step on the stream, then the donations; synchronizes at the end (between runs, never
   // inside one). With options.cuda_graph, the first call captures and later calls replay.
   absl::Status Run();
