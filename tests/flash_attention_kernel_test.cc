@@ -1,0 +1,378 @@
+// The causal flash attention kernels of kernels/flash_attention.cuh, instantiated from
+// extern "C" wrappers as codegen would write them:
+//   - without a GPU (CI): every kernel compiles with NVRTC for sm_90a at the shapes of
+//     llama-S and llama-M, with geometry that fits an H200, and unsupported shapes are
+//     refused with the reason;
+//   - on a GPU: at small shapes (GQA groups of 1, 2 and 4, D of 64 and 128, fp32 and bf16
+//     inputs and outputs), O, LSE, dq, dk and dv match a CPU double-precision reference
+//     (tests/testing/flash_attention_reference.h) within per-element tolerances derived
+//     there: accumulation order, plus the neighbouring bf16 value wherever P or dS lies at a
+//     rounding boundary within the GPU's fp32 error. The backward is also compared with the
+//     unfused IR's own definition of the softmax gradient (Delta = sum dP * P), and runs
+//     twice to the same bits (no atomics).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "codegen/kernel_spec.h"
+#include "codegen/nvrtc_compiler.h"
+#include "kernels/flash_attention.cuh"
+#include "runtime/cuda/kernel_launch.h"
+#include "runtime/numerics.h"
+#include "tests/testing/flash_attention_reference.h"
+#include "tests/testing/gpu.h"
+
+namespace kiln {
+namespace {
+
+using testing::AttentionShape;
+using testing::ToleratedValues;
+
+enum class Float { kF32, kBF16 };
+const char* CudaName(Float t) { return t == Float::kF32 ? "float" : "__nv_bfloat16"; }
+size_t Bytes(Float t) { return t == Float::kF32 ? 4 : 2; }
+DType ToDType(Float t) { return t == Float::kF32 ? DType::kF32 : DType::kBF16; }
+
+struct KernelCase {
+  std::string name;
+  AttentionShape shape;
+  Float o = Float::kF32;      // forward output
+  Float dout = Float::kF32;   // the backward's dO
+  Float grads = Float::kF32;  // dq, dk, dv
+};
+
+AttentionShape MakeShape(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_len, int64_t head_dim) {
+  return {batch, heads, kv_heads, seq_len, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
+}
+
+// ------------------------------------------------------------------ wrapper sources
+
+// The scale as codegen writes attributes: an exact hexadecimal fp32 literal.
+std::string ScaleLiteral(double scale) { return absl::StrFormat("%af", static_cast<float>(scale)); }
+
+std::string ShapeArgs(const AttentionShape& s) {
+  return absl::StrCat(s.batch, ", ", s.heads, ", ", s.kv_heads, ", ", s.seq_len, ", ", s.head_dim);
+}
+
+KernelSpec Spec(const std::string& name, const std::string& params, const std::string& call,
+                const kernels::FlashAttentionLaunch& launch) {
+  KernelSpec spec;
+  spec.name = name;
+  spec.source = absl::StrCat("#include \"kernels/flash_attention.cuh\"\n\n",
+                             "extern \"C\" __global__ void __launch_bounds__(", launch.block_threads, ") ", name,
+                             "(", params, ") {\n  kiln::kernels::", call, ";\n}\n");
+  spec.grid = {launch.grid_x, 1, 1};
+  spec.block = {launch.block_threads, 1, 1};
+  spec.shared_bytes = launch.shared_bytes;
+  return spec;
+}
+
+constexpr const char* kQkv = "const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v";
+
+KernelSpec ForwardKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention"),
+              absl::StrCat(CudaName(c.o), "* o, float* lse, ", kQkv),
+              absl::StrCat("FlashAttentionForward<", CudaName(c.o), ", ", ShapeArgs(s), ">(o, lse, q, k, v, ",
+                           ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionForwardLaunch(s.batch, s.heads, s.seq_len, s.head_dim));
+}
+
+KernelSpec DeltaKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_delta"),
+              absl::StrCat("float* delta, const ", CudaName(c.dout), "* dout, const ", CudaName(c.o), "* o"),
+              absl::StrCat("FlashAttentionBackwardDelta<", CudaName(c.dout), ", ", CudaName(c.o), ", ", s.rows(),
+                           "LL, ", s.head_dim, ">(delta, dout, o)"),
+              kernels::FlashAttentionBackwardDeltaLaunch(s.rows(), s.head_dim));
+}
+
+std::string BackwardInputs(const KernelCase& c) {
+  return absl::StrCat(kQkv, ", const ", CudaName(c.dout), "* dout, const float* lse, const float* delta");
+}
+
+KernelSpec DqKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_dq"),
+              absl::StrCat(CudaName(c.grads), "* dq, ", BackwardInputs(c)),
+              absl::StrCat("FlashAttentionBackwardDq<", CudaName(c.dout), ", ", CudaName(c.grads), ", ",
+                           ShapeArgs(s), ">(dq, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionBackwardDqLaunch(s.batch, s.heads, s.seq_len, s.head_dim));
+}
+
+KernelSpec DkDvKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_dkdv"),
+              absl::StrCat(CudaName(c.grads), "* dk, ", CudaName(c.grads), "* dv, ", BackwardInputs(c)),
+              absl::StrCat("FlashAttentionBackwardDkDv<", CudaName(c.dout), ", ", CudaName(c.grads), ", ",
+                           ShapeArgs(s), ">(dk, dv, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionBackwardDkDvLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim));
+}
+
+std::vector<KernelSpec> AllKernels(const KernelCase& c) {
+  return {ForwardKernel(c), DeltaKernel(c), DqKernel(c), DkDvKernel(c)};
+}
+
+// llama-S and llama-M attention (frontends/presets): bf16 dO as kiln's VJP rounds it.
+const KernelCase kLlamaS{"llama_s", MakeShape(16, 12, 4, 1024, 64), Float::kF32, Float::kBF16, Float::kF32};
+const KernelCase kLlamaM{"llama_m", MakeShape(4, 16, 8, 2048, 128), Float::kF32, Float::kBF16, Float::kF32};
+
+// --------------------------------------------------------------- no GPU needed (CI)
+
+constexpr uint32_t kH200SharedPerBlock = 227 * 1024;
+
+TEST(FlashAttentionKernelTest, GeometryFitsAnH200) {
+  for (const KernelCase& c : {kLlamaS, kLlamaM}) {
+    for (const KernelSpec& k : AllKernels(c)) {
+      SCOPED_TRACE(k.name);
+      EXPECT_EQ(k.block[0] % 32, 0u);
+      EXPECT_LE(k.block[0], 1024u);
+      EXPECT_GE(k.grid[0], 1u);
+      EXPECT_LE(k.shared_bytes, kH200SharedPerBlock);
+    }
+  }
+  // One block per 64 rows of each head (queries) or kv head (keys).
+  EXPECT_EQ(ForwardKernel(kLlamaS).grid[0], 16u * 12 * 1024 / 64);
+  EXPECT_EQ(DqKernel(kLlamaM).grid[0], 4u * 16 * 2048 / 64);
+  EXPECT_EQ(DkDvKernel(kLlamaS).grid[0], 16u * 4 * 1024 / 64);
+  EXPECT_EQ(DeltaKernel(kLlamaS).grid[0] * (256 / 8), 16u * 12 * 1024);
+}
+
+TEST(FlashAttentionKernelTest, CompilesWithNvrtcAtLlamaShapes) {
+  KernelCase fp32_dout = kLlamaM;  // the rounding load path of dO, and a bf16 output
+  fp32_dout.name = "llama_m_f32_dout";
+  fp32_dout.dout = Float::kF32;
+  fp32_dout.o = Float::kBF16;
+  for (const KernelCase& c : {kLlamaS, kLlamaM, fp32_dout}) {
+    for (const KernelSpec& k : AllKernels(c)) {
+      SCOPED_TRACE(k.name);
+      absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
+      EXPECT_EQ(compiled->name, k.name);
+      EXPECT_FALSE(compiled->cubin.empty());
+    }
+  }
+}
+
+TEST(FlashAttentionKernelTest, RefusesUnsupportedShapes) {
+  EXPECT_EQ(kernels::FlashAttentionUnsupportedReason(16, 12, 4, 1024, 64), nullptr);
+  EXPECT_EQ(kernels::FlashAttentionUnsupportedReason(4, 16, 8, 2048, 128), nullptr);
+  EXPECT_STREQ(kernels::FlashAttentionUnsupportedReason(1, 12, 5, 1024, 64),
+               "query heads must be a multiple of kv heads (GQA)");
+  EXPECT_STREQ(kernels::FlashAttentionUnsupportedReason(1, 4, 4, 100, 64),
+               "T must be a positive multiple of 64 (the tile sizes)");
+  EXPECT_STREQ(kernels::FlashAttentionUnsupportedReason(1, 4, 4, 128, 96), "D must be 64 or 128");
+  // The kernels say the same at compile time.
+  const KernelCase bad{"bad", MakeShape(1, 4, 4, 96, 64)};
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(ForwardKernel(bad), NvrtcOptions{});
+  ASSERT_FALSE(compiled.ok());
+  EXPECT_NE(compiled.status().message().find("T must be a positive multiple of 64"), std::string::npos)
+      << compiled.status();
+}
+
+// ---------------------------------------------------------------------- on a GPU
+
+// Uniform in [lo, hi) from the raw generator (std distributions differ between libraries),
+// rounded to `t`.
+std::vector<double> RandomValues(int64_t n, double lo, double hi, DType t, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> v(n);
+  for (double& x : v) x = RoundToDType(lo + (hi - lo) * static_cast<double>(rng() >> 11) * 0x1p-53, t);
+  return v;
+}
+
+std::vector<uint8_t> Encode(const std::vector<double>& values, Float t) {
+  std::vector<uint8_t> bytes(values.size() * Bytes(t));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (t == Float::kF32) {
+      const float f = static_cast<float>(values[i]);
+      std::memcpy(&bytes[4 * i], &f, 4);
+    } else {
+      const uint16_t b = FloatToBF16Bits(static_cast<float>(values[i]));
+      std::memcpy(&bytes[2 * i], &b, 2);
+    }
+  }
+  return bytes;
+}
+
+std::vector<double> Decode(const std::vector<uint8_t>& bytes, Float t) {
+  std::vector<double> values(bytes.size() / Bytes(t));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (t == Float::kF32) {
+      float f;
+      std::memcpy(&f, &bytes[4 * i], 4);
+      values[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &bytes[2 * i], 2);
+      values[i] = BF16BitsToFloat(b);
+    }
+  }
+  return values;
+}
+
+// A device buffer of `count` elements of `t`, filled with 0xFF bytes (NaN in every float
+// width) unless given contents, so that an element no kernel writes shows.
+struct Buffer {
+  DeviceMemory memory;
+  size_t bytes = 0;
+  Float type = Float::kF32;
+  void* get() const { return memory.get(); }
+};
+
+Buffer NewBuffer(int64_t count, Float t, const std::vector<double>* contents = nullptr) {
+  Buffer b;
+  b.type = t;
+  b.bytes = count * Bytes(t);
+  absl::StatusOr<void*> p = testing::TestDevice()->Allocate(b.bytes, "flash attention test buffer");
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return b;
+  b.memory.reset(*p);
+  if (contents != nullptr) {
+    const std::vector<uint8_t> bytes = Encode(*contents, t);
+    EXPECT_EQ(cudaMemcpy(b.get(), bytes.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  } else {
+    EXPECT_EQ(cudaMemset(b.get(), 0xFF, b.bytes), cudaSuccess);
+  }
+  return b;
+}
+
+std::vector<uint8_t> DownloadBytes(const Buffer& b) {
+  std::vector<uint8_t> bytes(b.bytes);
+  EXPECT_EQ(cudaMemcpy(bytes.data(), b.get(), b.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return bytes;
+}
+std::vector<double> Download(const Buffer& b) { return Decode(DownloadBytes(b), b.type); }
+
+// One compiled kernel, loaded and ready to launch.
+struct GpuKernel {
+  std::unique_ptr<KernelLibrary> library;
+  KernelLaunch launch;
+
+  void Run(std::vector<void*> pointers) const {
+    absl::Status launched = EnqueueLaunch(launch, pointers, testing::TestDevice()->stream(), "flash attention test");
+    ASSERT_TRUE(launched.ok()) << launched;
+    ASSERT_EQ(cudaStreamSynchronize(testing::TestDevice()->stream()), cudaSuccess) << launch.name;
+  }
+};
+
+GpuKernel Load(const KernelSpec& spec) {
+  GpuKernel k;
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = testing::TestDevice()->arch()});
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  if (!compiled.ok()) return k;
+  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
+  EXPECT_TRUE(library.ok()) << library.status();
+  if (!library.ok()) return k;
+  k.library = *std::move(library);
+  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*k.library, spec, testing::TestDevice()->ordinal());
+  EXPECT_TRUE(launch.ok()) << launch.status();
+  if (launch.ok()) k.launch = *launch;
+  return k;
+}
+
+// Every element within its tolerance (a bf16 result may also be one rounding away); on
+// failure, the count and the worst elements. Prints the largest error and the largest
+// fraction of its tolerance used, for the record.
+void ExpectWithin(const std::string& what, const std::vector<double>& got, const ToleratedValues& want, Float type) {
+  ASSERT_EQ(got.size(), want.value.size()) << what;
+  int64_t bad = 0;
+  double max_error = 0, max_used = 0;
+  std::string first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double tol = want.tolerance[i] + 1e-12;
+    if (type == Float::kBF16) tol += 0x1p-8 * std::abs(want.value[i]);
+    const double error = std::abs(got[i] - want.value[i]);
+    if (!(error <= tol)) {  // NaN (an unwritten element) fails too
+      if (++bad <= 5) {
+        absl::StrAppend(&first, "\n  [", i, "] gpu ", got[i], " reference ", want.value[i], " tolerance ", tol);
+      }
+      continue;
+    }
+    max_error = std::max(max_error, error);
+    max_used = std::max(max_used, error / tol);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of tolerance:" << first;
+  std::printf("  %-22s max |gpu - ref| %.3g, at most %.1f%% of an element's tolerance\n", what.c_str(), max_error,
+              100 * max_used);
+}
+
+class FlashAttentionGpuTest : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(FlashAttentionGpuTest, MatchesReference) {
+  KILN_REQUIRE_GPU();
+  ASSERT_TRUE(testing::TestDevice()->MakeCurrent().ok());
+  const KernelCase& c = GetParam();
+  const AttentionShape& s = c.shape;
+  ASSERT_EQ(kernels::FlashAttentionUnsupportedReason(s.batch, s.heads, s.kv_heads, s.seq_len, s.head_dim), nullptr);
+
+  const std::vector<double> q = RandomValues(s.q_elements(), -2, 2, DType::kBF16, 1);
+  const std::vector<double> k = RandomValues(s.kv_elements(), -2, 2, DType::kBF16, 2);
+  const std::vector<double> v = RandomValues(s.kv_elements(), -1, 1, DType::kBF16, 3);
+  const std::vector<double> dout = RandomValues(s.q_elements(), -1, 1, ToDType(c.dout), 4);
+
+  const GpuKernel forward = Load(ForwardKernel(c)), delta_kernel = Load(DeltaKernel(c)), dq_kernel = Load(DqKernel(c)),
+                  dkdv_kernel = Load(DkDvKernel(c));
+  ASSERT_FALSE(::testing::Test::HasFailure());
+
+  Buffer q_buf = NewBuffer(s.q_elements(), Float::kBF16, &q), k_buf = NewBuffer(s.kv_elements(), Float::kBF16, &k),
+         v_buf = NewBuffer(s.kv_elements(), Float::kBF16, &v), dout_buf = NewBuffer(s.q_elements(), c.dout, &dout);
+  Buffer o = NewBuffer(s.q_elements(), c.o), lse = NewBuffer(s.rows(), Float::kF32);
+  Buffer delta = NewBuffer(s.rows(), Float::kF32);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+
+  forward.Run({o.get(), lse.get(), q_buf.get(), k_buf.get(), v_buf.get()});
+  delta_kernel.Run({delta.get(), dout_buf.get(), o.get()});
+  // Twice each, into fresh (poisoned) buffers: the same bits both times.
+  Buffer dq[2], dk[2], dv[2];
+  for (int run = 0; run < 2; ++run) {
+    dq[run] = NewBuffer(s.q_elements(), c.grads);
+    dk[run] = NewBuffer(s.kv_elements(), c.grads);
+    dv[run] = NewBuffer(s.kv_elements(), c.grads);
+    dq_kernel.Run({dq[run].get(), q_buf.get(), k_buf.get(), v_buf.get(), dout_buf.get(), lse.get(), delta.get()});
+    dkdv_kernel.Run(
+        {dk[run].get(), dv[run].get(), q_buf.get(), k_buf.get(), v_buf.get(), dout_buf.get(), lse.get(), delta.get()});
+  }
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(DownloadBytes(dq[0]), DownloadBytes(dq[1])) << "dq differs between two runs";
+  EXPECT_EQ(DownloadBytes(dk[0]), DownloadBytes(dk[1])) << "dk differs between two runs";
+  EXPECT_EQ(DownloadBytes(dv[0]), DownloadBytes(dv[1])) << "dv differs between two runs";
+
+  std::printf("%s: B%lld H%lld Hkv%lld T%lld D%lld\n", c.name.c_str(), static_cast<long long>(s.batch),
+              static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads), static_cast<long long>(s.seq_len),
+              static_cast<long long>(s.head_dim));
+  const testing::AttentionForwardReference fwd = testing::AttentionForward(s, q, k, v, c.o == Float::kBF16);
+  const std::vector<double> gpu_o = Download(o);
+  ExpectWithin("O", gpu_o, fwd.o, c.o);
+  ExpectWithin("LSE", Download(lse), fwd.lse, Float::kF32);
+
+  // The backward given the GPU's O (its Delta is computed from it).
+  for (testing::DeltaDefinition definition : {testing::DeltaDefinition::kFromOutput, testing::DeltaDefinition::kIr}) {
+    const std::string suffix = definition == testing::DeltaDefinition::kIr ? " (IR's Delta)" : "";
+    const testing::AttentionBackwardReference bwd = testing::AttentionBackward(s, q, k, v, dout, gpu_o, definition);
+    ExpectWithin("dq" + suffix, Download(dq[0]), bwd.dq, c.grads);
+    ExpectWithin("dk" + suffix, Download(dk[0]), bwd.dk, c.grads);
+    ExpectWithin("dv" + suffix, Download(dv[0]), bwd.dv, c.grads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashAttentionGpuTest,
+    ::testing::Values(
+        // GQA groups of 2, D 64, everything fp32 but the bf16 operands.
+        KernelCase{"b2_h4_kv2_t128_d64", MakeShape(2, 4, 2, 128, 64), Float::kF32, Float::kF32, Float::kF32},
+        // Groups of 4, D 128 (key and query tiles of 32 in the backward), bf16 O and dO.
+        KernelCase{"b1_h4_kv1_t256_d128", MakeShape(1, 4, 1, 256, 128), Float::kBF16, Float::kBF16, Float::kF32},
+        // No grouping, three tiles of T, bf16 everywhere.
+        KernelCase{"b1_h2_kv2_t192_d64", MakeShape(1, 2, 2, 192, 64), Float::kBF16, Float::kBF16, Float::kBF16}),
+    [](const ::testing::TestParamInfo<KernelCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace kiln
