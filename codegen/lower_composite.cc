@@ -35,6 +35,7 @@
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 #include "ir/text_format.h"
+#include "kernels/flash_attention.cuh"  // launch geometry only: plain C++ outside a CUDA compiler
 
 namespace kiln {
 namespace {
@@ -418,6 +419,96 @@ absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptio
   return Kernels(std::move(kernels));
 }
 
+// ------------------------------------------------------------------------- attention
+
+using kernels::FlashAttentionBackwardDeltaLaunch;
+using kernels::FlashAttentionBackwardDkDvLaunch;
+using kernels::FlashAttentionBackwardDqLaunch;
+using kernels::FlashAttentionForwardLaunch;
+using kernels::FlashAttentionLaunch;
+using kernels::FlashAttentionUnsupportedReason;
+
+// The flash kernels' geometry for this node's shapes (kernels/flash_attention.cuh).
+absl::Status CheckAttentionShape(const Node& node, const TensorType& q, const TensorType& kv) {
+  if (const char* why = FlashAttentionUnsupportedReason(q.dims[0], q.dims[1], kv.dims[1], q.dims[2], q.dims[3])) {
+    return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash attention kernels cannot take q ",
+                                                 q.ToString(), ", k/v ", kv.ToString(), ": ", why));
+  }
+  return absl::OkStatus();
+}
+
+KernelSpec EmitFlash(const Node& node, const std::string& name, const Wrapper& w, const FlashAttentionLaunch& launch) {
+  KernelSpec spec = Emit(node, name, w, launch.grid_x, static_cast<int>(launch.block_threads));
+  spec.shared_bytes = launch.shared_bytes;
+  return spec;
+}
+
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
+  const std::string bf16 = "__nv_bfloat16";
+  if (node.opcode() == Opcode::kAttention || node.opcode() == Opcode::kAttentionLse) {
+    const bool lse = node.opcode() == Opcode::kAttentionLse;
+    const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
+    // attention_lse runs the forward's statistics pass alone (o null).
+    Wrapper w{"flash_attention",
+              absl::StrCat(lse ? "the LSE pass of causal flash attention, " : "causal flash attention, ", launch.block_m,
+                           " queries per block of ", launch.block_threads, " threads, key tiles of ", launch.block_n),
+              "",
+              lse ? std::vector<std::string>{Param(DType::kBF16, "q"), Param(DType::kBF16, "k")}
+                  : std::vector<std::string>{Param(DType::kBF16, "q"), Param(DType::kBF16, "k"),
+                                             Param(DType::kBF16, "v")},
+              lse ? absl::StrCat("FlashAttentionForward<float, ", shape, ">(static_cast<float*>(nullptr), out, q, k, ",
+                                 "static_cast<const ", bf16, "*>(nullptr), ", FloatLiteral(scale), ")")
+                  : absl::StrCat("FlashAttentionForward<float, ", shape, ">(out, static_cast<float*>(nullptr), q, k, v, ",
+                                 FloatLiteral(scale), ")")};
+    return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+  }
+  // attention_grad: dq, or the dk/dv kernel storing only the node's result.
+  const std::string operands = "q, k, v, dout, lse, delta";
+  const std::vector<std::string> params = {Param(DType::kBF16, "q"),     Param(DType::kBF16, "k"),
+                                           Param(DType::kBF16, "v"),     Param(DType::kBF16, "dout"),
+                                           Param(DType::kF32, "lse"),    Param(DType::kF32, "delta")};
+  ASSIGN_OR_RETURN(std::string result, node.attrs().GetSymbol("result"));
+  if (result == "q") {
+    const FlashAttentionLaunch launch = FlashAttentionBackwardDqLaunch(b, h, t, d);
+    Wrapper w{"flash_attention",
+              absl::StrCat("flash attention dq, ", launch.block_m, " queries per block, key tiles of ", launch.block_n),
+              "", params,
+              absl::StrCat("FlashAttentionBackwardDq<", bf16, ", float, ", shape, ">(out, ", operands, ", ",
+                           FloatLiteral(scale), ")")};
+    return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+  }
+  const FlashAttentionLaunch launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+  const std::string outputs = result == "k" ? "out, static_cast<float*>(nullptr)" : "static_cast<float*>(nullptr), out";
+  Wrapper w{"flash_attention",
+            absl::StrCat("flash attention d", result, " (the dk/dv kernel, storing d", result, " only), ",
+                         launch.block_m, " keys per block, query tiles of ", launch.block_n),
+            "", params,
+            absl::StrCat("FlashAttentionBackwardDkDv<", bf16, ", float, ", shape, ">(", outputs, ", ", operands, ", ",
+                         FloatLiteral(scale), ")")};
+  return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+}
+
+absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options) {
+  const TensorType& o = node.operand(0)->type();
+  const TensorType& dout = node.operand(1)->type();
+  const int64_t rows = o.dims[0] * o.dims[1] * o.dims[2], d = o.dims[3];
+  if (d != 64 && d != 128) {
+    return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash delta kernel takes head dim 64 or 128, not ", d));
+  }
+  const FlashAttentionLaunch launch = FlashAttentionBackwardDeltaLaunch(rows, d);
+  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * O) over ", rows, " rows of ", d), "",
+            {Param(o.dtype, "o"), Param(dout.dtype, "dout")},
+            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", float, ", rows, "LL, ", d,
+                         ">(out, dout, o)")};
+  return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+}
+
 absl::Status CheckOptions(const Node& node, const CodegenOptions& options) {
   const int t = options.threads_per_block;
   if (t < kWarpSize || t > kMaxThreadsPerBlock || t % kWarpSize != 0) {
@@ -451,6 +542,12 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return LowerGather(node, options);
     case Opcode::kScatterAdd:
       return LowerScatterAdd(node, options);
+    case Opcode::kAttention:
+    case Opcode::kAttentionLse:
+    case Opcode::kAttentionGrad:
+      return LowerAttention(node);
+    case Opcode::kAttentionDelta:
+      return LowerAttentionDelta(node, options);
     default:
       break;
   }

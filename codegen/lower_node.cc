@@ -74,6 +74,10 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kCrossEntropyGrad:
     case Opcode::kRope:
     case Opcode::kAdamWUpdate:
+    case Opcode::kAttention:
+    case Opcode::kAttentionLse:
+    case Opcode::kAttentionDelta:
+    case Opcode::kAttentionGrad:
       return Lowering::kComposite;
   }
   return Lowering::kNone;

@@ -48,6 +48,20 @@
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
 //                          result=param|m|v picks which of p', m', v' the node is (the IR has
 //                          one result per node). Not differentiable.
+//   attention(q, k, v)     {scale}  causal softmax attention under the bf16 policy; q bf16
+//                          [B,H,T,D], k and v bf16 [B,Hkv,T,D], H a multiple of Hkv (query head
+//                          h reads kv head h / (H/Hkv)); f32 [B,H,T,D]:
+//                            S = (q kᵀ) scale, key > query masked; P = softmax(S) (f32);
+//                            O = bf16(P) v, accumulated in f32
+//                          (select-flash-attention makes it from the decomposed pattern;
+//                          kernels/flash_attention.cuh never stores S or P)
+//   attention_lse(q, k)    {scale}  f32 [B,H,T]: logsumexp of each masked, scaled row of S
+//   attention_delta(o, do) f32 [B,H,T]: rowsum(bf16(do) * o), o and do [B,H,T,D]
+//   attention_grad(q, k, v, do, lse, delta)  {scale, result=q|k|v}  with do bf16 [B,H,T,D]:
+//                            P = exp(S - lse) (f32); dS = P (do vᵀ - delta) scale
+//                            dq = bf16(dS) k; dk = bf16(dS)ᵀ q, dv = bf16(P)ᵀ do (summed over the
+//                            query heads of each kv head); f32, q's or k's shape. Not
+//                            differentiable (the VJP of attention).
 #pragma once
 
 #include "absl/strings/string_view.h"
@@ -111,7 +125,11 @@ enum class ResultRule { kInferred, kDeclared };
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred)             \
   X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred)    \
   X(kRope, "rope", 2, kComposite, kInferred)                              \
-  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred)
+  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred)             \
+  X(kAttention, "attention", 3, kComposite, kInferred)                    \
+  X(kAttentionLse, "attention_lse", 2, kComposite, kInferred)             \
+  X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred)         \
+  X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred)
 
 enum class Opcode {
 #define KILN_OP_ENUM(e, name, arity, cat, rule) e,

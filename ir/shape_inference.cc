@@ -242,6 +242,69 @@ absl::StatusOr<TensorType> InferAdamWUpdate(absl::Span<const TensorType> xs, con
   return p;
 }
 
+// q bf16 [B,H,T,D]; k (and v) bf16 [B,Hkv,T,D] with H a multiple of Hkv.
+absl::Status CheckAttentionQkv(absl::Span<const TensorType> xs, int count) {
+  const TensorType& q = xs[0];
+  if (q.dtype != DType::kBF16 || q.rank() != 4) {
+    return Invalid(absl::StrCat("attention q ", q.ToString(), " must be bf16 [B,H,T,D]"));
+  }
+  for (int i = 1; i < count; ++i) {
+    const TensorType& kv = xs[i];
+    if (kv.dtype != DType::kBF16 || kv.rank() != 4 || kv.dims[0] != q.dims[0] || kv.dims[2] != q.dims[2] ||
+        kv.dims[3] != q.dims[3] || kv.dims[1] < 1 || q.dims[1] % kv.dims[1] != 0) {
+      return Invalid(absl::StrCat("attention ", i == 1 ? "k " : "v ", kv.ToString(), " must be bf16 [", q.dims[0],
+                                  ",Hkv,", q.dims[2], ",", q.dims[3], "] with ", q.dims[1],
+                                  " query heads a multiple of Hkv"));
+    }
+  }
+  if (count == 3 && xs[1] != xs[2]) return Invalid("attention k and v types must match");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  if (op != Opcode::kAttentionDelta) {
+    ASSIGN_OR_RETURN(double scale, attrs.GetFloat("scale"));
+    if (!(scale > 0) || !std::isfinite(scale)) return Invalid("attention scale must be finite and > 0");
+  }
+  switch (op) {
+    case Opcode::kAttention:
+      RETURN_IF_ERROR(CheckAttentionQkv(xs, 3));
+      return TensorType{DType::kF32, xs[0].dims};
+    case Opcode::kAttentionLse:
+      RETURN_IF_ERROR(CheckAttentionQkv(xs, 2));
+      return TensorType{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}};
+    case Opcode::kAttentionDelta: {
+      const TensorType& o = xs[0];
+      if (o.dtype != DType::kF32 || o.rank() != 4) {
+        return Invalid(absl::StrCat("attention_delta o ", o.ToString(), " must be f32 [B,H,T,D]"));
+      }
+      if (!IsFloat(xs[1].dtype) || xs[1].dims != o.dims) {
+        return Invalid(absl::StrCat("attention_delta do ", xs[1].ToString(), " must be a float tensor of o's shape ",
+                                    o.ToString()));
+      }
+      return TensorType{DType::kF32, {o.dims[0], o.dims[1], o.dims[2]}};
+    }
+    case Opcode::kAttentionGrad: {
+      RETURN_IF_ERROR(CheckAttentionQkv(xs, 3));
+      const TensorType rows{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}};
+      if (xs[3] != TensorType{DType::kBF16, xs[0].dims}) {
+        return Invalid(absl::StrCat("attention_grad do ", xs[3].ToString(), " must be bf16 of q's shape"));
+      }
+      if (xs[4] != rows || xs[5] != rows) {
+        return Invalid(absl::StrCat("attention_grad lse ", xs[4].ToString(), " and delta ", xs[5].ToString(),
+                                    " must be ", rows.ToString()));
+      }
+      ASSIGN_OR_RETURN(std::string result, attrs.GetSymbol("result"));
+      if (result == "q") return TensorType{DType::kF32, xs[0].dims};
+      if (result == "k" || result == "v") return TensorType{DType::kF32, xs[1].dims};
+      return Invalid(absl::StrCat("attention_grad result must be q, k or v, not '", result, "'"));
+    }
+    default:
+      break;
+  }
+  return Invalid("not an attention op");
+}
+
 }  // namespace
 
 absl::StatusOr<AdamWResult> GetAdamWResult(const AttrMap& attrs) {
@@ -420,6 +483,11 @@ absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorTyp
     }
     case Opcode::kAdamWUpdate:
       return InferAdamWUpdate(xs, attrs);
+    case Opcode::kAttention:
+    case Opcode::kAttentionLse:
+    case Opcode::kAttentionDelta:
+    case Opcode::kAttentionGrad:
+      return InferAttentionFamily(op, xs, attrs);
   }
   return Invalid("unknown opcode");
 }

@@ -9,6 +9,7 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/fusion.h"
+#include "passes/select_flash_attention.h"
 
 namespace kiln {
 namespace {
@@ -46,11 +47,14 @@ std::unique_ptr<Pass> MakeSinglePass(absl::string_view name) {
   if (name == "cse") return std::make_unique<CsePass>();
   if (name == "dce") return std::make_unique<DcePass>();
   if (name == "fuse-loops") return std::make_unique<FusionPass>();
+  if (name == "select-flash-attention") return std::make_unique<SelectFlashAttentionPass>();
   return nullptr;
 }
 }  // namespace
 
-std::vector<std::string> SinglePassNames() { return {"canonicalize", "cse", "dce", "fuse-loops"}; }
+std::vector<std::string> SinglePassNames() {
+  return {"canonicalize", "cse", "dce", "fuse-loops", "select-flash-attention"};
+}
 
 absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& names,
                                                 const CompileOptions& options) {
@@ -69,6 +73,17 @@ absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& 
 
 absl::StatusOr<PipelineReport> RunDefaultPipeline(Module& module, const CompileOptions& options) {
   return BuildDefaultPipeline(options).Run(module, options);
+}
+
+Pipeline BuildForwardPipeline(const CompileOptions& options) {
+  Pipeline p("forward");
+  p.Add(std::make_unique<SelectFlashAttentionPass>());
+  p.Add(std::make_unique<DcePass>());  // the decomposed attention it replaced
+  return p;
+}
+
+absl::StatusOr<PipelineReport> RunForwardPipeline(Module& module, const CompileOptions& options) {
+  return BuildForwardPipeline(options).Run(module, options);
 }
 
 }  // namespace kiln

@@ -25,4 +25,9 @@ absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& 
 // BuildDefaultPipeline(options).Run(module, options).
 absl::StatusOr<PipelineReport> RunDefaultPipeline(Module& module, const CompileOptions& options);
 
+// What runs on a model's forward function before autodiff appends the backward: passes
+// whose replacement ops bring their own VJP (select-flash-attention), then dce.
+Pipeline BuildForwardPipeline(const CompileOptions& options);
+absl::StatusOr<PipelineReport> RunForwardPipeline(Module& module, const CompileOptions& options);
+
 }  // namespace kiln

@@ -520,6 +520,28 @@ absl::StatusOr<Grads> RmsNormGradWeightVjp(const VjpArgs& a) {
   return g;
 }
 
+// attention(q, k, v): the flash backward. The LSE is recomputed (one q kᵀ pass) rather than
+// kept from the forward, dO is rounded to bf16 once (the kernels' products take bf16), and
+// each of dq, dk, dv is an attention_grad node.
+absl::StatusOr<Grads> AttentionVjp(const VjpArgs& a) {
+  Builder& b = *a.builder;
+  Node* q = a.node->operand(0);
+  Node* k = a.node->operand(1);
+  Node* v = a.node->operand(2);
+  ASSIGN_OR_RETURN(double scale, a.node->attrs().GetFloat("scale"));
+  ASSIGN_OR_RETURN(Node * lse, b.Op(Opcode::kAttentionLse, {q, k}, {{"scale", scale}}));
+  ASSIGN_OR_RETURN(Node * dout, b.Convert(a.cotangent, DType::kBF16));
+  ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {a.node, dout}));
+  Grads g(3, nullptr);
+  const char* results[] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    if (!a.wanted[i]) continue;
+    ASSIGN_OR_RETURN(g[i], b.Op(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
+                                {{"scale", scale}, {"result", Symbol{results[i]}}}));
+  }
+  return g;
+}
+
 absl::StatusOr<Grads> SoftmaxVjp(const VjpArgs& a) {
   ASSIGN_OR_RETURN(Node * dx, a.builder->Op(Opcode::kSoftmaxGrad, {a.node, a.cotangent}));
   return Grads{dx};
@@ -635,6 +657,11 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kCrossEntropyGrad, CrossEntropyGradVjp, kNode},
     VjpRow{Opcode::kRope, RopeVjp, kNode},
     VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
+    VjpRow{Opcode::kAttention, AttentionVjp, kNode},
+    // Used only inside attention's VJP: a second derivative of attention is not supported.
+    VjpRow{Opcode::kAttentionLse, NoCotangents, kNode},
+    VjpRow{Opcode::kAttentionDelta, NoCotangents, kNode},
+    VjpRow{Opcode::kAttentionGrad, NoCotangents, kNode},
 };
 
 }  // namespace

@@ -59,6 +59,10 @@ OpKernel KernelFor(Opcode op) {
     case Opcode::kCrossEntropyGrad: return EvalCrossEntropyGrad;
     case Opcode::kRope: return EvalRope;
     case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
+    case Opcode::kAttention: return EvalAttention;
+    case Opcode::kAttentionLse: return EvalAttentionLse;
+    case Opcode::kAttentionDelta: return EvalAttentionDelta;
+    case Opcode::kAttentionGrad: return EvalAttentionGrad;
   }
   return nullptr;
 }

@@ -239,6 +239,22 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));
          return b.Select(lowered, p[1], p[2]);
        }},
+      {"attention_family_feeding_compare",
+       {{F32({1, 2, 4, 4})}, {F32({1, 2, 4, 4})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // attention's inputs are bf16 and its definition rounds P and dS to bf16, so a finite
+         // difference cannot see its gradient; tests/select_flash_attention_test.cc checks its
+         // VJP against the decomposed attention's instead. Here, like adamw_update, the family
+         // is covered by a use whose result carries no gradient.
+         ASSIGN_OR_RETURN(Node * q, b.Convert(p[0], DType::kBF16));
+         ASSIGN_OR_RETURN(Node * o, b.Op(Opcode::kAttention, {q, q, q}, AttrMap{{"scale", 0.5}}));
+         ASSIGN_OR_RETURN(Node * lse, b.Op(Opcode::kAttentionLse, {q, q}, AttrMap{{"scale", 0.5}}));
+         ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {o, q}));
+         ASSIGN_OR_RETURN(Node * dq, b.Op(Opcode::kAttentionGrad, {q, q, q, q, lse, delta},
+                                          AttrMap{{"scale", 0.5}, {"result", Symbol{"q"}}}));
+         ASSIGN_OR_RETURN(Node * positive, b.Compare(dq, o, "lt"));
+         return b.Select(positive, p[0], p[1]);
+       }},
   };
 }
 

@@ -282,6 +282,28 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}}});
   }
+  // The attention family at a GQA shape with head dim 128 (@attention of the all-ops module
+  // has 64): forward, statistics, delta and the three backward results.
+  cases.push_back({"attention_family_hd128", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
+                     const DType bf16 = DType::kBF16;
+                     std::vector<Node*> p = Params(b, {{bf16, {1, 4, 128, 128}}, {bf16, {1, 2, 128, 128}},
+                                                       {bf16, {1, 2, 128, 128}}, {bf16, {1, 4, 128, 128}}});
+                     const AttrMap scale{{"scale", 0.088388347648318}};
+                     absl::StatusOr<Node*> o = b.Op(Opcode::kAttention, {p[0], p[1], p[2]}, scale);
+                     absl::StatusOr<Node*> lse = b.Op(Opcode::kAttentionLse, {p[0], p[1]}, scale);
+                     if (!o.ok() || !lse.ok()) return o.ok() ? lse.status() : o.status();
+                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {*o, p[3]});
+                     if (!delta.ok()) return delta.status();
+                     std::vector<Node*> outs = {*o, *lse, *delta};
+                     for (const char* result : {"q", "k", "v"}) {
+                       absl::StatusOr<Node*> g = b.Op(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], *lse, *delta},
+                                                      AttrMap{{"scale", 0.088388347648318}, {"result", Symbol{result}}});
+                       if (!g.ok()) return g.status();
+                       outs.push_back(*g);
+                     }
+                     return b.Return(outs);
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   cases.push_back({"add_large", kExact, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{bf16, {(1 << 20) + 3}}, {bf16, {(1 << 20) + 3}}});
                      return Ret(b, b.Add(p[0], p[1]));
@@ -349,6 +371,20 @@ TEST(GpuOps, AllOpsModuleMatchesTheReference) {
   for (uint64_t seed : {3, 4, 5}) {
     // Chains of transcendental ops compound their few ulps.
     ExpectMatchesReference(f, RandomArgs(f, seed, ranges), [](int) { return Tolerance{1e-5, 1e-5}; });
+  }
+}
+
+// The attention family (the flash kernels) against the reference's double-precision
+// definition. Differences: fp32 accumulation order, and where P or dS sits at a bf16
+// rounding boundary the two sides may round it to neighbouring values (one bf16 ulp of a
+// term, times the other factor); tests/flash_attention_kernel_test.cc bounds each element.
+TEST(GpuOps, AttentionFunctionMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  const Function& f = *m->FindFunction("attention");
+  for (uint64_t seed : {5, 6}) {
+    ExpectMatchesReference(f, RandomArgs(f, seed, {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}),
+                           [](int) { return Tolerance{2e-3, 2e-2}; });
   }
 }
 

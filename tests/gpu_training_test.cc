@@ -38,10 +38,11 @@ struct TrainingRun {
 // `steps` steps of llama-tiny at batch 4 x seq 32 on one backend, from the same weights and
 // batches; the step is compiled by the default pipeline as `kiln train` would.
 // `profile_step` >= 0: that step runs through CudaExecutable::Profile instead of Run.
-TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device, const CudaExecutableOptions& options = {},
-                      int profile_step = -1, std::vector<StepTiming>* profile = nullptr) {
-  ModelConfig config = *PresetConfig("llama-tiny");
-  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 4, .seq_len = 32, .precision = precision});
+TrainingRun TrainModel(const ModelConfig& config, int batch, int seq, Precision precision, int steps,
+                       CudaDevice* device, const CudaExecutableOptions& options = {}, int profile_step = -1,
+                       std::vector<StepTiming>* profile = nullptr) {
+  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision});
+  EXPECT_TRUE(RunForwardPipeline(*m, {}).ok());  // as kiln train: flash attention where it applies
   TrainingStepLayout layout;
   Function* step = *BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
   EXPECT_TRUE(RunDefaultPipeline(*m, {}).ok());
@@ -61,13 +62,29 @@ TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device, const 
   TrainingRun run;
   for (int i = 0; i < steps; ++i) {
     if (cuda != nullptr && i == profile_step) cuda->ProfileNextStep();
-    absl::StatusOr<double> loss = trainer->Step({SampleBatch(data, 3, i, 4, 32)}, 3e-3);
+    absl::StatusOr<double> loss = trainer->Step({SampleBatch(data, 3, i, batch, seq)}, 3e-3);
     EXPECT_TRUE(loss.ok()) << loss.status();
     run.losses.push_back(loss.ok() ? *loss : NAN);
     if (cuda != nullptr && i == profile_step && profile != nullptr) *profile = cuda->last_profile();
   }
   run.state = *trainer->State();
   return run;
+}
+
+TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device, const CudaExecutableOptions& options = {},
+                      int profile_step = -1, std::vector<StepTiming>* profile = nullptr) {
+  return TrainModel(*PresetConfig("llama-tiny"), 4, 32, precision, steps, device, options, profile_step, profile);
+}
+
+// llama-tiny with head dim 64 and 64-token sequences: shapes the flash kernels take, so
+// select-flash-attention replaces every layer's attention (GQA 4:2).
+ModelConfig FlashTinyConfig() {
+  ModelConfig c = *PresetConfig("llama-tiny");
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.d_model = 256;
+  return c;
 }
 
 // ||a - b|| / ||a|| over every element of every tensor.
@@ -147,6 +164,30 @@ TEST_F(GpuTrainingTest, CudaGraphReplayMatchesEagerLaunches) {
   }
   EXPECT_GT(total, 0);
   EXPECT_FALSE(GroupTimes(profile).empty());
+}
+
+// The flash attention kernels inside a whole bf16 training step, against the reference's
+// definition of the attention ops: one step's gradients (seen through m = 0.1 g), then ten
+// steps of losses. Bounds as for the decomposed model below (bf16 rounding flips), measured
+// and justified there.
+TEST_F(GpuTrainingTest, FlashAttentionTrainingMatchesReference) {
+  TrainingRun cpu = TrainModel(FlashTinyConfig(), 2, 64, Precision::kBf16, 10, nullptr);
+  TrainingRun gpu = TrainModel(FlashTinyConfig(), 2, 64, Precision::kBf16, 10, device_);
+  ASSERT_EQ(gpu.losses.size(), 10u);
+  TrainingRun cpu1 = TrainModel(FlashTinyConfig(), 2, 64, Precision::kBf16, 1, nullptr);
+  TrainingRun gpu1 = TrainModel(FlashTinyConfig(), 2, 64, Precision::kBf16, 1, device_);
+  const double grads = RelativeNormDifference(cpu1.state.m, gpu1.state.m);
+  double worst = 0;
+  for (int i = 0; i < 10; ++i) {
+    worst = std::max(worst, std::abs(gpu.losses[i] / cpu.losses[i] - 1));
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-2 * cpu.losses[i]) << "step " << i + 1;
+  }
+  std::printf("[ flash bf16 ] one step: loss cpu %.7f gpu %.7f, gradient rel norm diff %.2e; 10 steps: loss %.4f -> "
+              "%.4f (cpu %.4f), worst loss rel diff %.2e\n",
+              cpu1.losses[0], gpu1.losses[0], grads, gpu.losses[0], gpu.losses[9], cpu.losses[9], worst);
+  EXPECT_NEAR(gpu1.losses[0], cpu1.losses[0], 1e-5 * cpu1.losses[0]);
+  EXPECT_LT(grads, 2e-3);
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front() - 0.5);
 }
 
 // fp32: both backends compute the same IR in f32; they differ only in accumulation order

@@ -135,8 +135,9 @@ TEST(Dot, ParametersAreEllipsesOutputsHighlightedEdgesTyped) {
       EXPECT_TRUE(absl::StrContains(line, "penwidth=2")) << line;
     }
   }
-  EXPECT_EQ(ellipses, 6);
-  EXPECT_EQ(outputs, static_cast<int>(m->functions()[0]->outputs().size()));
+  // @main's 6 parameters and 9 outputs, @attention's 4 and 6.
+  EXPECT_EQ(ellipses, 6 + 4);
+  EXPECT_EQ(outputs, static_cast<int>(m->functions()[0]->outputs().size() + m->functions()[1]->outputs().size()));
   EXPECT_TRUE(absl::StrContains(text, "[label=\"x\\nparameter\\nf32[2,3,4]\", shape=ellipse"));
   EXPECT_TRUE(absl::StrContains(text, "\"f0n0\" -> \"f0n6\" [label=\"f32[2,3,4]\"]")) << "x feeds neg";
 }

@@ -106,30 +106,32 @@ TEST(IrText, AllOpsModuleRoundTripsByteForByte) {
 // operands, parses back to the same line: every op kind round-trips on its own.
 TEST(IrText, EveryOpLineRoundTripsAlone) {
   std::unique_ptr<Module> m = testing::BuildAllOpsModule();
-  const Function& f = *m->functions()[0];
-  std::string parameters;
-  for (const Node* p : f.parameters()) absl::StrAppend(&parameters, "  ", PrintNode(*p), "\n");
-  const int64_t num_parameters = static_cast<int64_t>(f.parameters().size());
   std::set<Opcode> covered;
-  for (const auto& node : f.nodes()) {
-    std::string body = parameters;
-    std::set<std::string> stubbed;
-    int64_t next_index = num_parameters;
-    for (const Node* o : node->operands()) {
-      if (o->opcode() == Opcode::kParameter || !stubbed.insert(o->name()).second) continue;
-      absl::StrAppend(&body, "  %", o->name(), " = parameter() {index=", next_index++, "} : ",
-                      o->type().ToString(), "\n");
+  for (const auto& function : m->functions()) {  // @main, then @attention
+    const Function& f = *function;
+    std::string parameters;
+    for (const Node* p : f.parameters()) absl::StrAppend(&parameters, "  ", PrintNode(*p), "\n");
+    const int64_t num_parameters = static_cast<int64_t>(f.parameters().size());
+    for (const auto& node : f.nodes()) {
+      std::string body = parameters;
+      std::set<std::string> stubbed;
+      int64_t next_index = num_parameters;
+      for (const Node* o : node->operands()) {
+        if (o->opcode() == Opcode::kParameter || !stubbed.insert(o->name()).second) continue;
+        absl::StrAppend(&body, "  %", o->name(), " = parameter() {index=", next_index++, "} : ",
+                        o->type().ToString(), "\n");
+      }
+      const std::string line = PrintNode(*node);
+      if (node->opcode() != Opcode::kParameter) absl::StrAppend(&body, "  ", line, "\n");
+      const std::string text = absl::StrCat("module @one\n\nfunc @f {\n", body, "  return %", node->name(), "\n}\n");
+      absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
+      ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+      const Node* reparsed = (*parsed)->functions()[0]->FindNode(node->name());
+      ASSERT_NE(reparsed, nullptr);
+      EXPECT_EQ(PrintNode(*reparsed), line);
+      EXPECT_EQ(PrintModule(**parsed), text);
+      covered.insert(node->opcode());
     }
-    const std::string line = PrintNode(*node);
-    if (node->opcode() != Opcode::kParameter) absl::StrAppend(&body, "  ", line, "\n");
-    const std::string text = absl::StrCat("module @one\n\nfunc @f {\n", body, "  return %", node->name(), "\n}\n");
-    absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
-    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
-    const Node* reparsed = (*parsed)->functions()[0]->FindNode(node->name());
-    ASSERT_NE(reparsed, nullptr);
-    EXPECT_EQ(PrintNode(*reparsed), line);
-    EXPECT_EQ(PrintModule(**parsed), text);
-    covered.insert(node->opcode());
   }
   EXPECT_EQ(covered.size(), static_cast<size_t>(kNumOpcodes));
 }

@@ -8,6 +8,7 @@
 #include "ir/file_util.h"
 #include "ir/module_io.h"
 #include "ir/status_macros.h"
+#include "passes/default_pipeline.h"
 
 namespace kiln::cli {
 
@@ -69,6 +70,10 @@ absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_fi
       return absl::InvalidArgumentError(absl::StrCat(model_or_file, ": --training needs a function @forward whose "
                                                      "output 0 is the loss"));
     }
+    // Before autodiff, as kiln train does: the flash attention op brings its own backward.
+    ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+    RETURN_IF_ERROR(RunForwardPipeline(*loaded.module, options).status());
+    forward = loaded.module->FindFunction("forward");
     TrainingStepLayout layout;
     RETURN_IF_ERROR(BuildTrainingStep(*loaded.module, *forward, {}, &layout).status());
     loaded.training = layout;

@@ -242,6 +242,10 @@ absl::Status RunTrain(const ParsedArgs& args) {
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
                    BuildLlamaModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
+  CompileOptions compile_options;
+  compile_options.precision = s.precision;
+  // Before autodiff: the flash attention op brings its own backward.
+  ASSIGN_OR_RETURN(PipelineReport forward_report, RunForwardPipeline(*module, compile_options));
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
   step_options.adamw.weight_decay = s.weight_decay;
@@ -250,13 +254,12 @@ absl::Status RunTrain(const ParsedArgs& args) {
   RETURN_IF_ERROR(BuildTrainingStep(*module, *module->FindFunction("forward"), step_options, &layout).status());
   // The compiler's pipeline, as `kiln compile --training` runs it (`kiln check` proves it
   // changes no value); the step keeps its name and signature.
-  CompileOptions compile_options;
-  compile_options.precision = s.precision;
   end_phase("model build + autodiff");
   ASSIGN_OR_RETURN(PipelineReport pipeline_report, RunDefaultPipeline(*module, compile_options));
   end_phase("pass pipeline");
   const Function* step_fn = module->FindFunction(step_options.name);
   if (report) {
+    std::fprintf(stderr, "kiln train: forward pipeline (before autodiff)\n%s\n", forward_report.ToString().c_str());
     std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
                  pipeline_report.ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
   }

@@ -65,6 +65,11 @@ absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, c
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);
 // optimizer_ops.cc
 absl::StatusOr<HostTensor> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
+// attention_ops.cc
+absl::StatusOr<HostTensor> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalAttentionLse(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx);
 
 // --- Shared helpers (tensor_layout.cc) ---
 

@@ -91,6 +91,27 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   b.set_scope("");
   absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro});
   if (!st.ok()) std::abort();
+
+  // The attention family in a function of its own: the flash kernels take head dims 64 and
+  // 128 and sequences in multiples of 64 only, shapes @main's small tensors do not have.
+  Builder a(m->AddFunction("attention"));
+  const DType bf16 = DType::kBF16;
+  Node* q = Must(a.Parameter("q", {bf16, {1, 2, 64, 64}}));
+  Node* k = Must(a.Parameter("k", {bf16, {1, 1, 64, 64}}));
+  Node* kv = Must(a.Parameter("v", {bf16, {1, 1, 64, 64}}));
+  Node* dout = Must(a.Parameter("dout", {bf16, {1, 2, 64, 64}}));
+  const AttrMap scale{{"scale", 0.125}};
+  a.set_scope("layers.0.attn");
+  Node* o = Must(a.Op(Opcode::kAttention, {q, k, kv}, scale));
+  Node* lse = Must(a.Op(Opcode::kAttentionLse, {q, k}, scale));
+  Node* delta = Must(a.Op(Opcode::kAttentionDelta, {o, dout}));
+  std::vector<Node*> outputs = {o, lse, delta};
+  for (const char* result : {"q", "k", "v"}) {
+    outputs.push_back(Must(a.Op(Opcode::kAttentionGrad, {q, k, kv, dout, lse, delta},
+                                AttrMap{{"scale", 0.125}, {"result", Symbol{result}}})));
+  }
+  a.set_scope("");
+  if (!a.Return(outputs).ok()) std::abort();
   return m;
 }
 

@@ -65,6 +65,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> CrossEntropyStep();
   absl::StatusOr<Node*> RopeStep();
   absl::StatusOr<Node*> AdamWStep();
+  absl::StatusOr<Node*> AttentionStep();
   absl::StatusOr<Node*> IotaStep();
   absl::StatusOr<Node*> DuplicateStep();
   absl::StatusOr<Node*> IdentityArithmeticStep();
@@ -291,6 +292,33 @@ absl::StatusOr<Node*> GraphGenerator::AdamWStep() {
                AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{kResults[Uniform(3)]}}});
 }
 
+// The attention family on the rope-shaped value [B,T,H,D] seen as [B,H,T,D] (one kv head
+// per query head): the forward, its statistics and the three backward results, summed back
+// into one [B,T,H,D] value.
+absl::StatusOr<Node*> GraphGenerator::AttentionStep() {
+  const std::vector<int64_t> swap = {0, 2, 1, 3};
+  auto as_bf16_heads = [&](Node* x) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * t, b_.Transpose(x, swap));
+    return b_.Convert(t, DType::kBF16);
+  };
+  ASSIGN_OR_RETURN(Node * q, as_bf16_heads(rope_x_));
+  ASSIGN_OR_RETURN(Node * k, as_bf16_heads(Partner(rope_x_)));
+  ASSIGN_OR_RETURN(Node * v, as_bf16_heads(Partner(rope_x_)));
+  ASSIGN_OR_RETURN(Node * dout, as_bf16_heads(Partner(rope_x_)));
+  const double scale = 0.25 * static_cast<double>(1 + Uniform(4));
+  ASSIGN_OR_RETURN(Node * o, b_.Op(Opcode::kAttention, {q, k, v}, AttrMap{{"scale", scale}}));
+  ASSIGN_OR_RETURN(Node * lse, b_.Op(Opcode::kAttentionLse, {q, k}, AttrMap{{"scale", scale}}));
+  ASSIGN_OR_RETURN(Node * delta, b_.Op(Opcode::kAttentionDelta, {o, dout}));
+  static constexpr const char* kResults[] = {"q", "k", "v"};
+  ASSIGN_OR_RETURN(Node * g, b_.Op(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
+                                   AttrMap{{"scale", scale}, {"result", Symbol{kResults[Uniform(3)]}}}));
+  ASSIGN_OR_RETURN(Node * rows, b_.Add(lse, delta));
+  ASSIGN_OR_RETURN(Node * rows_b, b_.Broadcast(rows, {0, 1, 2}, o->type().dims));
+  ASSIGN_OR_RETURN(Node * og, b_.Add(o, g));
+  ASSIGN_OR_RETURN(Node * sum, b_.Add(og, rows_b));
+  return b_.Transpose(sum, swap);
+}
+
 absl::StatusOr<Node*> GraphGenerator::IotaStep() {
   Node* x = Pick([](const Node* n) { return n->type().rank() >= 1; });
   ASSIGN_OR_RETURN(Node * io, b_.Iota({DType::kI32, x->type().dims}, Uniform(x->type().rank())));
@@ -372,7 +400,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
       &GraphGenerator::NormStep,         &GraphGenerator::SoftmaxStep,      &GraphGenerator::CrossEntropyStep,
       &GraphGenerator::RopeStep,         &GraphGenerator::IotaStep,         &GraphGenerator::DuplicateStep,
       &GraphGenerator::DuplicateStep,    &GraphGenerator::IdentityArithmeticStep,
-      &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,
+      &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,      &GraphGenerator::AttentionStep,
   };
   constexpr int kNumSteps = sizeof(kSteps) / sizeof(kSteps[0]);
   for (int i = 0; i < options.num_steps; ++i) {

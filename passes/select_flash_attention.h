@@ -1,0 +1,40 @@
+// select-flash-attention: the decomposed causal attention that frontends/nn.cc builds
+//
+//   %s  = dot_general(%q, %k) {batch [0,1], contract [3] x [3]} : f32[B,H,T,T]
+//   %ss = mul(%s, broadcast(constant scale))
+//   %m  = select(broadcast(compare(iota dim 0, iota dim 1, ge)), %ss, broadcast(-inf))
+//   %p  = convert(softmax(%m)) : bf16
+//   %o  = dot_general(%p, %v) {batch [0,1], contract [3] x [2]} : f32[B,H,T,D]
+//
+// becomes %o = attention(%q, %k0, %v0) {scale}: one flash kernel (kernels/flash_attention.cuh)
+// that never stores the T x T scores, with its own backward (the attention row of
+// passes/vjp_rules.cc). A GQA repeat of k and v (broadcast + reshape of [B,Hkv,T,D]) is
+// undone: the kernels read each kv head once for its group of query heads.
+//
+// It runs on the forward function before autodiff (BuildForwardPipeline), so that the
+// backward is attention's, not the decomposed pattern's. Meaning: exact in the forward up to
+// rounding order (P is bf16(softmax) in both); the backward's Delta is rowsum(bf16(dO) O)
+// instead of rowsum(dP P), a difference of bf16 rounding noise of P (ir/op_table.h).
+// Shapes the kernels cannot take (head dim not 64 or 128, T not a multiple of 64) are left
+// decomposed, and the reason is recorded in `last_decisions()`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "passes/pass.h"
+
+namespace kiln {
+
+class SelectFlashAttentionPass : public Pass {
+ public:
+  absl::string_view name() const override { return "select-flash-attention"; }
+  absl::StatusOr<bool> Run(Module& module) override;
+  // One line per matched pattern of the last Run: "%o: attention" or why not.
+  const std::vector<std::string>& last_decisions() const { return decisions_; }
+
+ private:
+  std::vector<std::string> decisions_;
+};
+
+}  // namespace kiln
