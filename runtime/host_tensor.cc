@@ -7,6 +7,7 @@
 #include "ir/attributes.h"
 #include "ir/status_macros.h"
 #include "runtime/numerics.h"
+#include "runtime/thread_pool.h"
 
 namespace kiln {
 
@@ -17,7 +18,10 @@ HostTensor HostTensor::FromValues(TensorType type, std::vector<double> values) {
   HostTensor t;
   t.type_ = std::move(type);
   t.values_ = std::move(values);
-  RoundValuesToDType(t.values_.data(), t.num_elements(), t.type_.dtype);
+  // On all cores for large tensors; each value rounds alone, so the split changes nothing.
+  ThreadPool::Shared(0).ParallelFor(t.num_elements(), int64_t{1} << 18, [&](int64_t begin, int64_t end) {
+    RoundValuesToDType(t.values_.data() + begin, end - begin, t.type_.dtype);
+  });
   return t;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/numerics.h"
+#include "runtime/thread_pool.h"
 
 namespace kiln {
 namespace {
@@ -13,12 +14,17 @@ namespace {
 // host (every machine kiln targets, and every GPU).
 static_assert(std::endian::native == std::endian::little, "tensor bytes are little-endian");
 
+// On all cores for large tensors (a model's weights go through here on their way to the
+// GPU); each element is encoded alone, so the bytes do not depend on the split.
 template <typename Bits, typename Encode>
 void EncodeEach(const std::vector<double>& values, char* out, Encode encode) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    const Bits bits = encode(values[i]);
-    std::memcpy(out + i * sizeof(Bits), &bits, sizeof(Bits));
-  }
+  ThreadPool::Shared(0).ParallelFor(static_cast<int64_t>(values.size()), int64_t{1} << 18,
+                                    [&](int64_t begin, int64_t end) {
+                                      for (int64_t i = begin; i < end; ++i) {
+                                        const Bits bits = encode(values[i]);
+                                        std::memcpy(out + i * sizeof(Bits), &bits, sizeof(Bits));
+                                      }
+                                    });
 }
 
 template <typename Bits, typename Decode>
