@@ -1,19 +1,70 @@
 #!/usr/bin/env bash
-# The benchmark, run on the GPU machine in one go: kiln and PyTorch eager on llama-S and
-# llama-M, same shapes, same GPU, same run. kiln comes prebuilt (the GPU machine has no
-# Abseil): KILN=path/to/kiln. Results land in OUT_DIR; the summary table goes to stdout.
-#   KILN=.carry/kiln OUT_DIR=/tmp/bench bash bench/run_h200.sh
-set -euo pipefail
+# The benchmark of DESIGN.md's bar, in one run on the GPU machine: for llama-S and llama-M,
+# kiln and PyTorch (eager and torch.compile) train the same model from the same initial
+# weights on the same batches with the same learning rates:
+#   1. `kiln export-inputs` writes kiln's initial weights (safetensors), batches and schedule;
+#   2. `kiln train --backend cuda` runs from the same seed (so the same weights and batches);
+#   3. bench/torch_llama.py --inputs runs eager, then torch.compile, on the exported files;
+#   4. bench/summarize.py prints the tables (tok/s, ratios, MFU, peak memory, time to first
+#      step) and checks that the first losses agree (exit 1 when they do not, or a run failed).
+# kiln comes prebuilt (the GPU machine has no Abseil): KILN=path/to/kiln. Logs, JSON and the
+# summary land in OUT_DIR. About 5-6 minutes on the H200 (torch.compile of llama-M alone
+# takes ~80 s to its first step).
+#   KILN=.carry/bench/kiln OUT_DIR=/tmp/kiln-bench bash bench/run_h200.sh
+# Knobs: PRESETS="llama-S llama-M", WARMUP=5, STEPS=30 (timed steps after the warm-up),
+# SEED=1337, MODES="eager compile", KEEP_WEIGHTS=1 keeps the exported safetensors (3.5 GB
+# for llama-M), KILN_COMMIT names the commit kiln was built from (default: this tree's).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 KILN=${KILN:-build/kiln}
 OUT_DIR=${OUT_DIR:-/tmp/kiln-bench}
-KILN_STEPS=${KILN_STEPS:-30}
+PRESETS=${PRESETS:-llama-S llama-M}
+WARMUP=${WARMUP:-5}
+STEPS=${STEPS:-30}
+SEED=${SEED:-1337}
+MODES=${MODES:-eager compile}
+TOTAL=$((WARMUP + STEPS))
+PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT_DIR"
+rm -f "$OUT_DIR"/kiln_*.log "$OUT_DIR"/torch_*.json "$OUT_DIR"/torch_*.log "$OUT_DIR"/export_*.log
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT_DIR/gpu.txt"
-for preset in llama-S llama-M; do
-  "$KILN" train "$preset" --backend cuda --steps "$KILN_STEPS" > "$OUT_DIR/kiln_$preset.log" 2>&1 || true
-  python3 bench/torch_llama.py --preset "$preset" --steps 20 --warmup 5 > "$OUT_DIR/torch_eager_$preset.json" || true
+export PYTHONUNBUFFERED=1
+
+if [ -n "${KILN_COMMIT:-}" ]; then
+  commit=$KILN_COMMIT
+else
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit (with uncommitted changes)"; fi
+fi
+{
+  echo "commit: $commit"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -1)"
+  echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>&1)"
+  echo "steps: $WARMUP warm-up + $STEPS timed, seed $SEED"
+} > "$OUT_DIR/meta.txt"
+
+for preset in $PRESETS; do
+  inputs="$OUT_DIR/inputs_$preset"
+  t0=$(date +%s)
+  "$KILN" export-inputs "$preset" --steps "$TOTAL" --seed "$SEED" --out "$inputs" > "$OUT_DIR/export_$preset.log" 2>&1 ||
+    echo "run_h200: kiln export-inputs $preset failed (see $OUT_DIR/export_$preset.log)"
+  t1=$(date +%s)
+  "$KILN" train "$preset" --backend cuda --steps "$TOTAL" --seed "$SEED" > "$OUT_DIR/kiln_$preset.log" 2>&1 ||
+    echo "run_h200: kiln train $preset failed (see $OUT_DIR/kiln_$preset.log)"
+  t2=$(date +%s)
+  echo "run_h200: $preset: export $((t1 - t0)) s, kiln train $((t2 - t1)) s"
+  for mode in $MODES; do
+    flag=""
+    [ "$mode" = compile ] && flag="--compile"
+    t0=$(date +%s)
+    "$PYTHON" bench/torch_llama.py --preset "$preset" --inputs "$inputs" --warmup "$WARMUP" --steps "$STEPS" $flag \
+      > "$OUT_DIR/torch_${mode}_$preset.json" 2> "$OUT_DIR/torch_${mode}_$preset.log" ||
+      echo "run_h200: torch $mode $preset failed (see $OUT_DIR/torch_${mode}_$preset.log)"
+    echo "run_h200: $preset: torch $mode $(($(date +%s) - t0)) s"
+  done
+  [ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -f "$inputs/model.safetensors"
 done
-cat "$OUT_DIR/gpu.txt"
-python3 bench/summarize.py "$OUT_DIR"
+
+"$PYTHON" bench/summarize.py "$OUT_DIR" --skip "$WARMUP" | tee "$OUT_DIR/summary.md"
+exit "${PIPESTATUS[0]}"

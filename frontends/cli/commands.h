@@ -23,5 +23,6 @@ Command TrainCommand();
 Command EvalCommand();
 Command CompileCommand();
 Command CheckCommand();
+Command ExportInputsCommand();
 
 }  // namespace kiln::cli

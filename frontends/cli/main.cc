@@ -11,12 +11,12 @@ namespace {
 std::vector<kiln::cli::Command> AllCommands() {
   return {kiln::cli::ModelsCommand(), kiln::cli::DumpCommand(), kiln::cli::VerifyCommand(),
           kiln::cli::TrainCommand(), kiln::cli::EvalCommand(),
-          kiln::cli::CompileCommand(), kiln::cli::CheckCommand()};
+          kiln::cli::CompileCommand(), kiln::cli::CheckCommand(), kiln::cli::ExportInputsCommand()};
 }
 
 void PrintTopLevelHelp(const std::vector<kiln::cli::Command>& commands) {
   std::printf("usage: kiln <command> [options]\n\ncommands:\n");
-  for (const auto& c : commands) std::printf("  %-10s %s\n", c.spec.name.c_str(), c.spec.summary.c_str());
+  for (const auto& c : commands) std::printf("  %-13s %s\n", c.spec.name.c_str(), c.spec.summary.c_str());
   std::printf("\n'kiln <command> --help' describes a command.\n");
 }
 

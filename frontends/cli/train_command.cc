@@ -86,13 +86,13 @@ absl::StatusOr<std::map<std::string, std::string>> ResolveRunSettings(const Pars
   set("lr", "0.003");
   double lr = 0;
   if (!absl::SimpleAtod(v["lr"], &lr)) return absl::InvalidArgumentError(absl::StrCat("--lr expects a number, got '", v["lr"], "'"));
-  set("min-lr", ExactText(lr / 10));
+  set("min-lr", ExactText(LrSchedule::Default(lr, steps).min_lr));
   set("lr-decay-steps", absl::StrCat(steps));
   int64_t horizon = 0;
   if (!absl::SimpleAtoi(v["lr-decay-steps"], &horizon)) {
     return absl::InvalidArgumentError(absl::StrCat("--lr-decay-steps expects an integer, got '", v["lr-decay-steps"], "'"));
   }
-  set("warmup", absl::StrCat(std::min<int64_t>(10, horizon / 10 + 1)));
+  set("warmup", absl::StrCat(LrSchedule::Default(lr, horizon).warmup_steps));
   set("weight-decay", "0.1");
   set("clip", "1.0");
   return v;

@@ -13,4 +13,9 @@ double LrSchedule::At(int64_t step) const {
   return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+LrSchedule LrSchedule::Default(double peak_lr, int64_t horizon) {
+  return {.peak_lr = peak_lr, .min_lr = peak_lr / 10, .warmup_steps = std::min<int64_t>(10, horizon / 10 + 1),
+          .total_steps = horizon};
+}
+
 }  // namespace kiln

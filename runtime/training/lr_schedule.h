@@ -16,6 +16,10 @@ struct LrSchedule {
   // min + (peak - min) (1 + cos(pi * progress)) / 2 with progress from 0 to 1 over the
   // remaining steps.
   double At(int64_t step) const;
+
+  // kiln train's defaults for a peak and a horizon: min lr peak / 10, warmup
+  // min(10, horizon / 10 + 1) steps.
+  static LrSchedule Default(double peak_lr, int64_t horizon);
 };
 
 }  // namespace kiln
