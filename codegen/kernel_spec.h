@@ -30,6 +30,8 @@ enum class LoweringKind {
   kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
   kGemm,     // dot_general: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
   kFused,    // computed inside its kernel group's kernel (codegen/kernel_group.h): no work, no buffer
+  kSideOutput,  // written by the kernel of an earlier sibling (codegen/lower_composite.h's
+                // multi-result ops): a buffer of its own, no launch
 };
 
 struct LoweredNode {
@@ -38,6 +40,13 @@ struct LoweredNode {
   // The nodes whose buffers the kernels take after the output, in order; empty: the node's
   // own operands. A kernel group's root lists the group's inputs here.
   std::vector<const Node*> inputs;
+  // Nodes whose buffers the kernels also write, passed after the inputs (null when the node
+  // is not computed): the siblings of a multi-result op.
+  std::vector<const Node*> side_outputs;
+  // The kernels read each element of their operands only to write the same element of their
+  // outputs, before writing it: an output may take an operand's buffer (a donated parameter
+  // updated in place).
+  bool elementwise_in_place = false;
 };
 
 }  // namespace kiln

@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -509,6 +511,85 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 
+// ------------------------------------------------------------------ multi-result ops
+
+// The attributes that make two nodes siblings: all but `result`.
+AttrMap WithoutResult(const Node& node) {
+  AttrMap attrs;
+  for (const auto& [name, value] : node.attrs().entries()) {
+    if (name != "result") attrs.Set(name, value);
+  }
+  return attrs;
+}
+
+bool IsMultiResult(const Node& node) {
+  if (node.opcode() == Opcode::kAdamWUpdate) return true;
+  // attention_grad's dk and dv come from one kernel; dq has its own.
+  absl::StatusOr<std::string> result = node.attrs().GetSymbol("result");
+  return node.opcode() == Opcode::kAttentionGrad && result.ok() && (*result == "k" || *result == "v");
+}
+
+// adamw_update: one AdamWUpdateAll writing p', m', v' (null where a result has no node).
+absl::StatusOr<LoweredNode> LowerAdamWSiblings(const std::vector<const Node*>& siblings,
+                                               const CodegenOptions& options) {
+  const Node& node = *siblings[0];
+  ASSIGN_OR_RETURN(double beta1, FiniteFloatAttr(node, "beta1"));
+  ASSIGN_OR_RETURN(double beta2, FiniteFloatAttr(node, "beta2"));
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const int64_t n = node.type().num_elements();
+  LoweredNode lowered{LoweringKind::kKernels, {}, {}, {siblings.begin() + 1, siblings.end()}, true};
+  if (n == 0) return lowered;
+  // The kernel's outputs in (p', m', v') order: "out" is siblings[0], "side<i>" the others.
+  std::string outputs[3] = {"static_cast<float*>(nullptr)", "static_cast<float*>(nullptr)",
+                            "static_cast<float*>(nullptr)"};
+  for (size_t i = 0; i < siblings.size(); ++i) {
+    ASSIGN_OR_RETURN(AdamWResult result, GetAdamWResult(siblings[i]->attrs()));
+    outputs[static_cast<int>(result)] = i == 0 ? "out" : absl::StrCat("side", i);
+  }
+  const int vec = ChunkWidth(n, {DType::kF32});
+  const int threads = options.threads_per_block;
+  const int64_t blocks = std::min(CeilDiv(n / vec, threads), kMaxGridStrideBlocks);
+  Wrapper wrapper;
+  wrapper.header = "adamw";
+  wrapper.comment = absl::StrCat("adamw p', m', v' at once (in place) over ", Count(n, "element"), ", ",
+                                 Count(vec, "element"), " per access, grid-stride over ", Count(blocks, "block"));
+  for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2"}) {
+    wrapper.params.push_back(Param(DType::kF32, name));
+  }
+  for (size_t i = 1; i < siblings.size(); ++i) wrapper.params.push_back(absl::StrCat("float* side", i));
+  wrapper.call = absl::StrCat("AdamWUpdateAll<", n, "LL, ", vec, ">(", outputs[0], ", ", outputs[1], ", ", outputs[2],
+                              ", p, g, m, v, step_size, decay, sqrt_bc2, ", FloatLiteral(beta1), ", ",
+                              FloatLiteral(1 - beta1), ", ", FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ",
+                              FloatLiteral(eps), ")");
+  lowered.kernels.push_back(Emit(node, codegen::KernelName(node), wrapper, blocks, threads));
+  return lowered;
+}
+
+// attention_grad k and v: one dk/dv kernel writing both.
+absl::StatusOr<LoweredNode> LowerAttentionGradSiblings(const std::vector<const Node*>& siblings) {
+  const Node& node = *siblings[0];
+  if (siblings.size() != 2) return absl::InternalError(absl::StrCat(Where(node), ": expected the k and v results"));
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  ASSIGN_OR_RETURN(std::string first, node.attrs().GetSymbol("result"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const FlashAttentionLaunch launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+  Wrapper w{"flash_attention",
+            absl::StrCat("flash attention dk and dv, ", launch.block_m, " keys per block, query tiles of ",
+                         launch.block_n),
+            "",
+            {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v"), Param(DType::kBF16, "dout"),
+             Param(DType::kF32, "lse"), Param(DType::kF32, "delta"), "float* side1"},
+            absl::StrCat("FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
+                         ">(", first == "k" ? "out, side1" : "side1, out", ", q, k, v, dout, lse, delta, ",
+                         FloatLiteral(scale), ")")};
+  LoweredNode lowered{LoweringKind::kKernels, {EmitFlash(node, codegen::KernelName(node), w, launch)}, {},
+                      {siblings[1]}};
+  return lowered;
+}
+
 absl::Status CheckOptions(const Node& node, const CodegenOptions& options) {
   const int t = options.threads_per_block;
   if (t < kWarpSize || t > kMaxThreadsPerBlock || t % kWarpSize != 0) {
@@ -553,6 +634,47 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
   }
   return absl::InvalidArgumentError(
       absl::StrCat(Where(node), " is not a composite op: LowerNode lowers it elsewhere"));
+}
+
+std::vector<std::vector<const Node*>> FindResultSiblings(const Function& f) {
+  // Candidates bucketed by (op, operands), in definition order; a bucket splits by the
+  // attributes other than `result`.
+  std::map<std::pair<Opcode, std::vector<const Node*>>, std::vector<const Node*>> buckets;
+  std::vector<const std::vector<const Node*>*> order;
+  for (const auto& n : f.nodes()) {
+    if (!IsMultiResult(*n)) continue;
+    auto [it, inserted] = buckets.try_emplace({n->opcode(), {n->operands().begin(), n->operands().end()}});
+    if (inserted) order.push_back(&it->second);
+    it->second.push_back(n.get());
+  }
+  std::vector<std::vector<const Node*>> sets;
+  for (const std::vector<const Node*>* bucket : order) {
+    std::vector<bool> used(bucket->size(), false);
+    for (size_t i = 0; i < bucket->size(); ++i) {
+      if (used[i]) continue;
+      std::vector<const Node*> set = {(*bucket)[i]};
+      std::set<std::string> results = {(*bucket)[i]->attrs().GetSymbol("result").value_or("")};
+      const AttrMap key = WithoutResult(*(*bucket)[i]);
+      for (size_t j = i + 1; j < bucket->size(); ++j) {
+        const Node* b = (*bucket)[j];
+        if (!used[j] && WithoutResult(*b) == key && results.insert(b->attrs().GetSymbol("result").value_or("")).second) {
+          used[j] = true;
+          set.push_back(b);
+        }
+      }
+      if (set.size() >= 2) sets.push_back(std::move(set));
+    }
+  }
+  return sets;
+}
+
+absl::StatusOr<LoweredNode> LowerResultSiblings(const std::vector<const Node*>& siblings,
+                                                const CodegenOptions& options) {
+  if (siblings.empty()) return absl::InternalError("no siblings to lower");
+  RETURN_IF_ERROR(CheckOptions(*siblings[0], options));
+  if (siblings[0]->opcode() == Opcode::kAdamWUpdate) return LowerAdamWSiblings(siblings, options);
+  if (siblings[0]->opcode() == Opcode::kAttentionGrad) return LowerAttentionGradSiblings(siblings);
+  return absl::InternalError(absl::StrCat(Where(*siblings[0]), " has no multi-result lowering"));
 }
 
 }  // namespace kiln

@@ -86,6 +86,58 @@ std::string BufferPlan::LargestBuffers(const Function& f, int rows) const {
   return out;
 }
 
+namespace {
+
+// For each node, the index of the parameter node whose buffer it takes (an in-place
+// donation), or -1. See "in place" in the header.
+std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest& request,
+                                      const absl::flat_hash_map<const Node*, int64_t>& index_of) {
+  const int64_t num_nodes = f.num_nodes();
+  std::vector<int64_t> in_place(num_nodes, -1);
+  if (request.elementwise_in_place.empty() || f.output_aliases().empty()) return in_place;
+  auto step_of = [&](int64_t i) { return request.run_step.empty() ? i : request.run_step[i]; };
+  const std::vector<Node*> params = f.parameters();
+  // Parameters returned as themselves (or through an alias) are read at the finish.
+  absl::flat_hash_map<const Node*, int> returned;
+  for (const Node* out : f.outputs()) {
+    const Node* root = out;
+    while (request.roles[index_of.at(root)] == BufferRole::kAlias) root = root->operand(0);
+    ++returned[root];
+  }
+  for (size_t o = 0; o < f.output_aliases().size(); ++o) {
+    const int64_t p = f.output_aliases()[o];
+    if (p < 0 || p >= static_cast<int64_t>(params.size())) continue;
+    const Node* param = params[p];
+    const Node* out = f.outputs()[o];
+    const int64_t n = index_of.at(out);
+    const BufferRole role = request.roles[n];
+    if ((role != BufferRole::kOwn && role != BufferRole::kSideOutput) || !request.elementwise_in_place[n] ||
+        returned.contains(param) || returned[out] != 1 || out->type().num_bytes() != param->type().num_bytes() ||
+        std::find(out->operands().begin(), out->operands().end(), param) == out->operands().end()) {
+      continue;
+    }
+    // Every reader of the parameter (or of an alias of it) runs before this node's kernel,
+    // or is that kernel (a sibling computed with it).
+    bool last = true;
+    std::vector<const Node*> values = {param};
+    for (size_t v = 0; v < values.size() && last; ++v) {
+      for (const Node* user : values[v]->users()) {
+        const int64_t u = index_of.at(user);
+        if (request.roles[u] == BufferRole::kNone || request.roles[u] == BufferRole::kSideOutput) continue;
+        if (request.roles[u] == BufferRole::kAlias) {
+          values.push_back(user);
+          continue;
+        }
+        last &= step_of(u) < step_of(n) || (step_of(u) == step_of(n) && request.elementwise_in_place[u]);
+      }
+    }
+    if (last) in_place[n] = index_of.at(param);
+  }
+  return in_place;
+}
+
+}  // namespace
+
 absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanRequest& request) {
   const int64_t num_nodes = f.num_nodes();
   const int64_t finish = num_nodes;  // step N: outputs read, donations copied
@@ -93,6 +145,8 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
   if (static_cast<int64_t>(request.roles.size()) != num_nodes ||
       (!request.scratch_bytes.empty() && static_cast<int64_t>(request.scratch_bytes.size()) != num_nodes) ||
       (!request.run_step.empty() && static_cast<int64_t>(request.run_step.size()) != num_nodes) ||
+      (!request.elementwise_in_place.empty() &&
+       static_cast<int64_t>(request.elementwise_in_place.size()) != num_nodes) ||
       alignment <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", request.roles.size(),
                                                    " roles and ", request.scratch_bytes.size(),
@@ -119,12 +173,25 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
     plan.node_buffer[i] = b;
   }
 
+  auto step_of = [&](int64_t i) { return request.run_step.empty() ? i : request.run_step[i]; };
+  const std::vector<int64_t> in_place = InPlaceDonations(f, request, index_of);
+
   // Values in step order; each read extends the lifetime of the buffer it reads.
   for (int64_t i = 0; i < num_nodes; ++i) {
     const Node& n = *f.nodes()[i];
     const BufferRole role = request.roles[i];
     if (n.opcode() == Opcode::kParameter || role == BufferRole::kNone) continue;
-    const int64_t read_step = request.run_step.empty() ? i : request.run_step[i];
+    if (role == BufferRole::kSideOutput) {
+      // Written at its sibling's step, which reads the operands.
+      if (step_of(i) > i) {
+        return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": side output ", NodeLabel(n),
+                                                       " is written at step ", step_of(i), ", after it is defined"));
+      }
+      plan.node_buffer[i] = in_place[i] >= 0 ? plan.node_buffer[in_place[i]]
+                                             : add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), step_of(i));
+      continue;
+    }
+    const int64_t read_step = step_of(i);
     if (read_step < i || read_step >= num_nodes) {
       return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
                                                      " is run at step ", read_step, ", before it is defined"));
@@ -154,6 +221,8 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
                                                        n.num_operands() ? n.operand(0)->type().ToString() : "none"));
       }
       plan.node_buffer[i] = plan.node_buffer[index_of.at(n.operand(0))];
+    } else if (in_place[i] >= 0) {
+      plan.node_buffer[i] = plan.node_buffer[in_place[i]];
     } else {
       plan.node_buffer[i] = add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), i);
     }
@@ -171,7 +240,11 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
           absl::StrCat("buffer plan for @", f.name(), ": output ", NodeLabel(*out), " is not computed"));
     }
     plan.buffers[b].last_step = finish;
-    if (plan.buffers[b].kind == PlannedBuffer::Kind::kParameter) {
+    if (in_place[i] >= 0) {  // already in the parameter it is donated to
+      ++plan.in_place_outputs;
+      plan.output_copy_source.push_back(-1);
+      plan.output_buffer.push_back(b);
+    } else if (plan.buffers[b].kind == PlannedBuffer::Kind::kParameter) {
       plan.output_copy_source.push_back(b);
       plan.output_buffer.push_back(add_buffer(PlannedBuffer::Kind::kOutputCopy, i, out->type().num_bytes(), finish));
     } else {

@@ -16,6 +16,9 @@
 //   output copy  an output whose bytes are a parameter's (the parameter itself, or an alias
 //                of it) is copied at step N into a buffer of its own, so that donations,
 //                which overwrite parameters at step N, cannot change what it reads
+//   in place     a donated output computed element by element from its parameter, after
+//                every other reader of that parameter, takes the parameter's buffer: the
+//                donation then needs no copy (AdamW's p', m', v')
 //
 // Placement is greedy by size (largest first) with best fit among the gaps left by the
 // already placed buffers whose lifetimes overlap; every offset and size is a multiple of
@@ -37,6 +40,8 @@ enum class BufferRole : uint8_t {
   kAlias,  // reinterprets operand 0's buffer
   kFused,  // computed inside another node's kernel (a kernel group member): no buffer; its
            // operands are read when that kernel runs (BufferPlanRequest::run_step)
+  kSideOutput,  // a buffer of its own, written by an earlier sibling's kernel at run_step,
+                // which also reads the operands: the node itself reads nothing
 };
 
 struct BufferPlanRequest {
@@ -45,6 +50,11 @@ struct BufferPlanRequest {
   // One per node, or empty: the step at which the node's operands are read, when that is
   // not its own (a kFused member's: its group root's step, which is later).
   std::vector<int64_t> run_step;
+  // One per node, or empty: the node's kernel reads each operand element only to write the
+  // same element of its result, before writing it. A donated output of such a node is then
+  // placed in its parameter's buffer (updated in place, no copy at the finish) when no other
+  // reader of the parameter runs after it.
+  std::vector<bool> elementwise_in_place;
   int64_t alignment = 256;
 };
 
@@ -67,6 +77,7 @@ struct BufferPlan {
   int64_t arena_bytes = 0;              // the peak: every offset + bytes fits below it
   int64_t total_buffer_bytes = 0;       // the sum of all sizes: what no reuse would need
   int64_t live_peak_bytes = 0;          // the most bytes live at one step: no placement needs less
+  int64_t in_place_outputs = 0;         // donated outputs written straight into their parameters
 
   int64_t offset_of_node(int64_t node_index) const { return buffers[node_buffer[node_index]].offset; }
   // "arena 1.20 GiB (parameters 500.0 MiB; live peak 1.10 GiB), 812 buffers, 6.10 GiB without reuse".

@@ -144,6 +144,72 @@ TEST(BufferPlan, ReshapeAliasesAndParameterOutputsAreCopied) {
   EXPECT_EQ(plan->parameter_bytes, 2 * 256);  // 128 and 6 bytes, each rounded up to the alignment
 }
 
+// step(p, g) = p + p * g with the result donated to p, its kernel elementwise: after the
+// last reader of p it takes p's buffer, and the donation needs no copy.
+TEST(BufferPlan, ElementwiseDonatedOutputAfterTheLastReaderIsUpdatedInPlace) {
+  for (bool later_reader : {false, true}) {
+    Function f("in_place");
+    Builder b(&f);
+    Node* p = *b.Parameter("p", {DType::kF32, {64}});
+    Node* g = *b.Parameter("g", {DType::kF32, {64}});
+    Node* a = *b.Mul(p, g);
+    Node* q = *b.Add(p, a);
+    std::vector<Node*> outputs = {q};
+    if (later_reader) outputs.push_back(*b.Unary(Opcode::kExp, p));  // reads the old p after q
+    ASSERT_TRUE(b.Return(outputs, later_reader ? std::vector<int64_t>{0, -1} : std::vector<int64_t>{0}).ok());
+    BufferPlanRequest r = RequestFor(f);
+    r.elementwise_in_place.assign(f.num_nodes(), true);
+    absl::StatusOr<BufferPlan> plan = PlanBuffers(f, r);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    if (!later_reader) {
+      EXPECT_EQ(plan->node_buffer[3], plan->node_buffer[0]) << "q takes p's bytes";
+      EXPECT_EQ(plan->output_buffer[0], plan->node_buffer[0]);
+      EXPECT_EQ(plan->output_copy_source[0], -1);
+      EXPECT_EQ(plan->in_place_outputs, 1);
+    } else {
+      EXPECT_NE(plan->node_buffer[3], plan->node_buffer[0]) << "exp(p) runs after q: p must stay";
+      EXPECT_EQ(plan->in_place_outputs, 0);
+    }
+  }
+  // Without the kernel's promise, never.
+  Function f("not_elementwise");
+  Builder b(&f);
+  Node* p = *b.Parameter("p", {DType::kF32, {64}});
+  Node* q = *b.Unary(Opcode::kExp, p);
+  ASSERT_TRUE(b.Return({q}, {0}).ok());
+  absl::StatusOr<BufferPlan> plan = PlanBuffers(f, RequestFor(f));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->in_place_outputs, 0);
+}
+
+// A side output (a sibling written by an earlier node's kernel) is live from that kernel's
+// step, so nothing live in between may share its bytes, and it reads nothing itself.
+TEST(BufferPlan, SideOutputsAreLiveFromTheirSiblingsStep) {
+  Function f("siblings");
+  Builder b(&f);
+  Node* x = *b.Parameter("x", {DType::kF32, {256}});
+  Node* main = *b.Unary(Opcode::kExp, x);       // step 1: also writes `side`
+  Node* between = *b.Unary(Opcode::kNeg, main);  // step 2
+  Node* side = *b.Unary(Opcode::kTanh, x);       // step 3: no work of its own
+  Node* sum = *b.Add(between, side);
+  ASSERT_TRUE(b.Return({sum}).ok());
+  BufferPlanRequest r = RequestFor(f);
+  r.roles[3] = BufferRole::kSideOutput;
+  r.run_step = {0, 1, 2, 1, 4};
+  absl::StatusOr<BufferPlan> plan = PlanBuffers(f, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PlannedBuffer& s = plan->buffers[plan->node_buffer[3]];
+  EXPECT_EQ(s.first_step, 1);
+  EXPECT_EQ(s.last_step, 4);
+  for (int64_t other : {1, 2}) {
+    const PlannedBuffer& o = plan->buffers[plan->node_buffer[other]];
+    EXPECT_TRUE(o.offset + o.bytes <= s.offset || s.offset + s.bytes <= o.offset) << other;
+  }
+  // A side output written after it is defined is a malformed request.
+  r.run_step = {0, 1, 2, 4, 4};
+  EXPECT_FALSE(PlanBuffers(f, r).ok());
+}
+
 TEST(BufferPlan, RandomGraphsHaveNoOverlapsAmongLiveBuffers) {
   int64_t checked_pairs = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {

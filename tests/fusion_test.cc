@@ -8,6 +8,7 @@
 
 #include "codegen/compile_function.h"
 #include "codegen/kernel_group.h"
+#include "codegen/lower_composite.h"
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/default_pipeline.h"
@@ -223,6 +224,49 @@ TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
   ASSERT_TRUE(pass.Run(*all_ops).ok());
   absl::StatusOr<KernelCompileReport> ops = CompileFunctionKernels(*all_ops->functions()[0], {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(ops.ok()) << ops.status();
+}
+
+// Multi-result ops (codegen/lower_composite.h): a parameter's three adamw_update nodes
+// become one in-place kernel, attention_grad's k and v one dk/dv kernel; the others are
+// side outputs with no launch of their own, and the kernels compile.
+TEST(KernelGroups, SiblingResultsShareOneKernel) {
+  ModelConfig config = *PresetConfig("llama-tiny");
+  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 2, .seq_len = 16, .precision = Precision::kBf16});
+  TrainingStepLayout layout;
+  ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout).ok());
+  ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
+  const Function& step = *m->FindFunction("train_step");
+  const std::vector<std::vector<const Node*>> sets = FindResultSiblings(step);
+  ASSERT_EQ(sets.size(), static_cast<size_t>(layout.num_params));
+  for (const auto& set : sets) {
+    ASSERT_EQ(set.size(), 3u);
+    EXPECT_EQ(set[0]->opcode(), Opcode::kAdamWUpdate);
+  }
+  absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(step, {.arch = "sm_90a"}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  int merged = 0, sides = 0;
+  for (const NodeKernels& n : report->nodes) {
+    if (n.node->opcode() != Opcode::kAdamWUpdate) continue;
+    if (n.lowered.kind == LoweringKind::kSideOutput) {
+      ++sides;
+    } else {
+      ++merged;
+      EXPECT_EQ(n.lowered.side_outputs.size(), 2u);
+      EXPECT_TRUE(n.lowered.elementwise_in_place);
+      ASSERT_EQ(n.lowered.kernels.size(), 1u);
+      EXPECT_NE(n.lowered.kernels[0].source.find("AdamWUpdateAll<"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(merged, layout.num_params);
+  EXPECT_EQ(sides, 2 * layout.num_params);
+
+  std::unique_ptr<Module> all_ops = testing::BuildAllOpsModule();
+  const Function& attention = *all_ops->FindFunction("attention");
+  const std::vector<std::vector<const Node*>> grads = FindResultSiblings(attention);
+  ASSERT_EQ(grads.size(), 1u);  // dk and dv; dq has a kernel of its own
+  ASSERT_EQ(grads[0].size(), 2u);
+  absl::StatusOr<KernelCompileReport> attention_kernels = CompileFunctionKernels(attention, {.arch = "sm_90a"}, nullptr);
+  ASSERT_TRUE(attention_kernels.ok()) << attention_kernels.status();
 }
 
 }  // namespace

@@ -191,9 +191,14 @@ TEST_F(GpuTrainingTest, FlashAttentionTrainingMatchesReference) {
 }
 
 // fp32: both backends compute the same IR in f32; they differ only in accumulation order
-// and a few ulps in exp/log/tanh, which 20 AdamW steps amplify a little.
+// and a few ulps in exp/log/tanh, which 20 AdamW steps amplify a little. Measured on the
+// H200 (weights of seed 3, counter-based init): losses within 2.4e-6, weights within 2.2e-5
+// by relative norm. Per tensor the worst element is 4.3e-3 of its tensor's largest: AdamW
+// moves a weight by about lr per step whatever its gradient's size, so a near-zero gradient
+// whose sign the accumulation order flips moves its weight the other way; the norm bound is
+// the sharp one.
 TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp32) {
-  ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-3, /*per_tensor=*/true, device_);
+  ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-4, /*per_tensor=*/false, device_);
 }
 
 // bf16, one step: the gradients (seen through AdamW's first moment, m = (1 - b1) g) agree

@@ -81,11 +81,17 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
       Lap(&phase_start));
 
   // Buffer roles from the lowering; GEMM plans (and so their scratch sizes) before the plan.
-  const std::vector<bool> needed = NeededNodes(f, exe->index_of_);
+  std::vector<bool> needed = NeededNodes(f, exe->index_of_);
+  for (int64_t i = 0; i < f.num_nodes(); ++i) {  // a needed side output needs its sibling's kernel
+    for (const Node* side : report.nodes[i].lowered.side_outputs) {
+      if (needed[exe->index_of_.at(side)]) needed[i] = true;
+    }
+  }
   BufferPlanRequest request;
   request.roles.assign(f.num_nodes(), BufferRole::kNone);
   request.scratch_bytes.assign(f.num_nodes(), 0);
   request.run_step.resize(f.num_nodes());
+  request.elementwise_in_place.assign(f.num_nodes(), false);
   absl::flat_hash_map<std::string, int64_t> index_of_name;
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     request.run_step[i] = i;
@@ -97,9 +103,15 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     const LoweredNode& lowered = report.nodes[i].lowered;
     if (report.nodes[i].node != &node) return absl::InternalError("codegen reported the nodes out of order");
     if (!needed[i] && node.opcode() != Opcode::kParameter) continue;
-    request.roles[i] = lowered.kind == LoweringKind::kAlias   ? BufferRole::kAlias
-                       : lowered.kind == LoweringKind::kFused ? BufferRole::kFused
-                                                              : BufferRole::kOwn;
+    request.roles[i] = lowered.kind == LoweringKind::kAlias        ? BufferRole::kAlias
+                       : lowered.kind == LoweringKind::kFused      ? BufferRole::kFused
+                       : lowered.kind == LoweringKind::kSideOutput ? BufferRole::kSideOutput
+                                                                   : BufferRole::kOwn;
+    if (lowered.kind != LoweringKind::kSideOutput) request.elementwise_in_place[i] = lowered.elementwise_in_place;
+    for (const Node* side : lowered.side_outputs) {  // written by this node's kernel, at its step
+      request.run_step[exe->index_of_.at(side)] = i;
+      request.elementwise_in_place[exe->index_of_.at(side)] = lowered.elementwise_in_place;
+    }
     if (lowered.kind == LoweringKind::kFused) {
       // Its operands are read when its group's root runs.
       const auto root = index_of_name.find(KernelGroupOf(node));
@@ -159,6 +171,9 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
         nk.lowered.inputs.empty() ? std::vector<const Node*>(node.operands().begin(), node.operands().end())
                                   : nk.lowered.inputs;
     for (const Node* input : inputs) pointers.push_back(NodeAddress(input));
+    for (const Node* side : nk.lowered.side_outputs) {  // null where the sibling is not computed
+      pointers.push_back(roles[index_of_.at(side)] == BufferRole::kNone ? nullptr : NodeAddress(side));
+    }
     for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
       const int compiled = nk.compiled[k];
       if (library_of[compiled] == nullptr) {
