@@ -149,9 +149,14 @@ TEST_F(GpuTrainingTest, CudaGraphReplayMatchesEagerLaunches) {
   ASSERT_EQ(graph.losses.size(), 6u);
   ASSERT_EQ(plain.losses.size(), 6u);
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(graph.losses[i], plain.losses[i], 1e-6 * plain.losses[i]) << "step " << i + 1;
-  // Measured on the H200: 2.1e-5 after 6 steps (the atomics' order, amplified by AdamW's
-  // normalized update on near-zero gradients); the CPU-vs-GPU fp32 test allows 1e-3.
-  EXPECT_LT(MaxRelativeDifference(plain.state.params, graph.state.params), 1e-4);
+  // The atomics' order changes a few gradients in their last bits, and AdamW's normalized
+  // update can turn a near-zero one into a full-size step the other way (the per-tensor
+  // worst element ranged from 2e-5 to 1e-4 over runs on the H200), so the weights are
+  // compared by relative norm, as the fp32 CPU-vs-GPU test does.
+  const double norm_diff = RelativeNormDifference(plain.state.params, graph.state.params);
+  std::printf("[ graph vs eager ] 6 fp32 steps: weights rel norm diff %.2e, max per-tensor %.2e\n", norm_diff,
+              MaxRelativeDifference(plain.state.params, graph.state.params));
+  EXPECT_LT(norm_diff, 1e-5);
   // The profile covers every launch of the step, each with a non-negative duration, in order.
   ASSERT_FALSE(profile.empty());
   double previous_start = -1, total = 0;
