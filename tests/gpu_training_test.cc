@@ -17,6 +17,7 @@
 #include "runtime/reference_backend.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/models.h"
 
 namespace kiln {
 namespace {
@@ -76,16 +77,7 @@ TrainingRun TrainTiny(Precision precision, int steps, CudaDevice* device, const 
   return TrainModel(*PresetConfig("llama-tiny"), 4, 32, precision, steps, device, options, profile_step, profile);
 }
 
-// llama-tiny with head dim 64 and 64-token sequences: shapes the flash kernels take, so
-// select-flash-attention replaces every layer's attention (GQA 4:2).
-ModelConfig FlashTinyConfig() {
-  ModelConfig c = *PresetConfig("llama-tiny");
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.d_model = 256;
-  return c;
-}
+using testing::FlashTinyConfig;
 
 // ||a - b|| / ||a|| over every element of every tensor.
 double RelativeNormDifference(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {

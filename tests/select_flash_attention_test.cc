@@ -18,18 +18,14 @@
 #include "passes/training_step.h"
 #include "runtime/reference_backend.h"
 #include "runtime/training/dataset.h"
+#include "tests/testing/models.h"
 
 namespace kiln {
 namespace {
 
-// llama-tiny with the head dim and sequence length the flash kernels take (64, 64), GQA 4:2.
+// The flash kernels' shapes (head dim 64, 64-token sequences), batch 2.
 ModelConfig FlashTiny() {
-  ModelConfig c = *PresetConfig("llama-tiny");
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.d_model = 256;
-  c.seq_len = 64;
+  ModelConfig c = testing::FlashTinyConfig();
   c.batch = 2;
   return c;
 }
