@@ -151,7 +151,9 @@ absl::StatusOr<std::vector<KernelGroup>> FindKernelGroups(const Function& f) {
     if (group.root->name() != id) return malformed(*group.root, "is the group's last node but not its root");
     absl::flat_hash_set<const Node*> seen_inputs;
     for (const Node* m : group.members) {
-      if (!IsLoopFusible(*m)) return malformed(*m, "cannot be computed in a loop kernel");
+      if (!IsLoopFusible(*m) && !(m == group.root && IsFusibleReduction(*m))) {
+        return malformed(*m, "cannot be computed in a loop kernel");
+      }
       if (m != group.root) {
         if (outputs.contains(m)) return malformed(*m, "is returned, so it must be stored, but is not the root");
         for (const Node* user : m->users()) {
@@ -169,8 +171,54 @@ absl::StatusOr<std::vector<KernelGroup>> FindKernelGroups(const Function& f) {
   return groups;
 }
 
+// A group rooted at a reduction: the reduction's kernel (reduction_lowering.cc) reads its
+// operand through a GroupInput that computes each element from the group's inputs.
+absl::StatusOr<LoweredNode> LowerReductionGroup(const KernelGroup& group, const CodegenOptions& options) {
+  const Node& root = *group.root;
+  const Node* operand = root.operand(0);
+  GroupEmitter emitter(group);
+  ASSIGN_OR_RETURN(const std::string value, emitter.Value(operand, "i"));
+  std::vector<DType> dtypes = {root.type().dtype};
+  FusedReduceInput fused;
+  fused.kernel_name = absl::StrCat(KernelName(root), "_group");
+  std::string fields, names;
+  for (size_t i = 0; i < group.inputs.size(); ++i) {
+    const char* type = CudaTypeName(group.inputs[i]->type().dtype);
+    dtypes.push_back(group.inputs[i]->type().dtype);
+    absl::StrAppend(&fused.params, ", const ", type, "* __restrict__ in", i);
+    absl::StrAppend(&fields, "  const ", type, "* __restrict__ in", i, ";\n");
+    absl::StrAppend(&names, "in", i, ", ");
+  }
+  for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
+  std::string members_comment;
+  for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
+  fused.opening = absl::StrCat("// kernel group of", members_comment, "\n", SourceOpening(root, dtypes));
+  fused.definition = absl::StrCat(
+      "// The reduced operand, computed element by element from the group's inputs.\n"
+      "struct GroupInput {\n"
+      "  typedef long long Index;\n",
+      fields,
+      "  Index base;\n"
+      "  __device__ __forceinline__ GroupInput operator+(Index d) const {\n"
+      "    GroupInput g = *this;\n"
+      "    g.base += d;\n"
+      "    return g;\n"
+      "  }\n"
+      "  __device__ __forceinline__ ", CudaTypeName(operand->type().dtype), " operator[](Index j) const {\n"
+      "    const Index i = base + j;\n",
+      emitter.code(),
+      "    return ", value, ";\n"
+      "  }\n"
+      "};\n\n");
+  fused.construct = absl::StrCat("  const GroupInput in{", names, "0};\n");
+  ASSIGN_OR_RETURN(LoweredNode lowered, LowerReduce(root, options, &fused));
+  lowered.inputs = group.inputs;
+  return lowered;
+}
+
 absl::StatusOr<LoweredNode> LowerKernelGroup(const KernelGroup& group, const CodegenOptions& options) {
   const Node& root = *group.root;
+  if (IsFusibleReduction(root)) return LowerReductionGroup(group, options);
   const int64_t count = root.type().num_elements();
   LoweredNode lowered{LoweringKind::kKernels, {}, group.inputs};
   if (count == 0) return lowered;

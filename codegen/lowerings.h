@@ -3,6 +3,9 @@
 // so errors here are only malformed attributes.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "codegen/kernel_spec.h"
 #include "codegen/lower_node.h"
@@ -28,7 +31,16 @@ absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vecto
 absl::StatusOr<LoweredNode> LowerStridedCopy(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerConcatenate(const Node& node, const CodegenOptions& options);
 
-// reduction_lowering.cc: reduce_sum, reduce_max.
-absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& options);
+// reduction_lowering.cc: reduce_sum, reduce_max. With `fused`, the operand is not read from
+// a buffer but computed element by element (a kernel group rooted at the reduction).
+struct FusedReduceInput {
+  std::string kernel_name;
+  std::string opening;     // the source's opening (comments, headers, device library)
+  std::string definition;  // module-scope code defining GroupInput: operator[](i) and + offset
+  std::string params;      // the kernel's parameters after `out`, each with its leading ", "
+  std::string construct;   // the kernel's first statement, defining `const GroupInput in`
+};
+absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& options,
+                                        const FusedReduceInput* fused = nullptr);
 
 }  // namespace kiln::codegen

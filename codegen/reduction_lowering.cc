@@ -118,11 +118,26 @@ std::string OffsetCode(const std::vector<DimGroup>& groups, const std::string& v
 
 struct Reduction {
   std::string name;
-  std::string type;
+  std::string type;      // the operand's element type
+  std::string out_type;  // the result's
+  std::string params;    // kernel parameters after `out`, each with its leading ", "
+  std::string construct; // the kernel's first statements: defines `in` for a fused operand
+  bool fused = false;    // `in` is a GroupInput (FusedReduceInput), not a pointer
   int64_t outputs;
   int64_t reduced;  // elements per output
   int64_t input_elements;
 };
+
+// The loop body folding `width` elements at index i of `p` (a pointer: one vector access;
+// a fused operand: one computed element).
+std::string FoldLoads(const Reduction& r, int width, const std::string& indent) {
+  if (r.fused) return absl::StrCat(indent, "acc = Fold(acc, ToAcc(p[i]));\n");
+  return absl::StrFormat(
+      "%sconst kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p, i);\n"
+      "#pragma unroll\n"
+      "%sfor (int j = 0; j < %d; ++j) acc = Fold(acc, ToAcc(x.v[j]));\n",
+      indent, r.type, width, width, indent, width);
+}
 
 KernelSpec ThreadPerOutput(const Reduction& r, const std::vector<DimGroup>& groups, std::string source,
                            int threads) {
@@ -130,8 +145,8 @@ KernelSpec ThreadPerOutput(const Reduction& r, const std::vector<DimGroup>& grou
   for (const DimGroup& g : groups) (g.reduced ? reduced : kept).push_back(g);
   const std::array<uint32_t, 3> grid = GridFor(r.outputs, threads);
   absl::StrAppendFormat(&source,
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, const %s* in) {\n"
-                        "  typedef %s Index;\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
+                        "  typedef %s Index;\n%s"
                         "  for (Index o = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; o < %d;\n"
                         "       o += static_cast<Index>(gridDim.x) * blockDim.x) {\n"
                         "    Index base = 0;\n"
@@ -145,10 +160,11 @@ KernelSpec ThreadPerOutput(const Reduction& r, const std::vector<DimGroup>& grou
                         "    out[o] = kiln::Round<%s>::From(acc);\n"
                         "  }\n"
                         "}\n",
-                        threads, r.name, r.type, r.type,
-                        IndexTypeFor(std::max(r.outputs, r.input_elements) + int64_t{grid[0]} * threads), r.outputs,
+                        threads, r.name, r.out_type, r.params,
+                        IndexTypeFor(std::max(r.outputs, r.input_elements) + int64_t{grid[0]} * threads), r.construct,
+                        r.outputs,
                         kept.empty() ? "" : OffsetCode(kept, "o", "base"), r.reduced,
-                        reduced.empty() || r.reduced == 0 ? "" : OffsetCode(reduced, "i", "src"), r.type);
+                        reduced.empty() || r.reduced == 0 ? "" : OffsetCode(reduced, "i", "src"), r.out_type);
   return MakeKernel(r.name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1});
 }
 
@@ -173,31 +189,29 @@ std::string GroupCombineCode(int group) {
 KernelSpec RowReduce(const Reduction& r, int dtype_bytes, std::string source) {
   const int group = r.reduced <= kWarpPerRowMaxReduced ? 32 : (r.outputs >= kBlocksToFillGpu ? 256 : 1024);
   const int rows_per_block = group == 32 ? 8 : 1;
-  const int width = VectorWidth(dtype_bytes, {r.reduced});
+  const int width = r.fused ? 1 : VectorWidth(dtype_bytes, {r.reduced});
   const std::array<uint32_t, 3> grid = {
       static_cast<uint32_t>((r.outputs + rows_per_block - 1) / rows_per_block), 1, 1};
   absl::StrAppendFormat(&source,
                         "// %d threads per row of %d elements, %d rows per block.\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, const %s* in) {\n"
-                        "  typedef %s Index;\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
+                        "  typedef %s Index;\n%s"
                         "  const Index row = static_cast<Index>(blockIdx.x) * %d + threadIdx.y;\n"
                         "  Acc acc = Init();\n"
                         "  if (row < %d) {\n"
-                        "    const %s* p = in + row * %d;\n"
+                        "    const auto p = in + row * %d;\n"
                         "#pragma unroll 4\n"
                         "    for (Index i = threadIdx.x; i < %d; i += %d) {\n"
-                        "      const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p, i);\n"
-                        "#pragma unroll\n"
-                        "      for (int j = 0; j < %d; ++j) acc = Fold(acc, ToAcc(x.v[j]));\n"
+                        "%s"
                         "    }\n"
                         "  }\n"
                         "%s"
                         "  if (threadIdx.x == 0 && row < %d) out[row] = kiln::Round<%s>::From(acc);\n"
                         "}\n",
-                        group, r.reduced, rows_per_block, group * rows_per_block, r.name, r.type, r.type,
-                        IndexTypeFor(r.input_elements + group), rows_per_block, r.outputs, r.type, r.reduced,
-                        r.reduced / width, group, r.type, width, width, width, GroupCombineCode(group), r.outputs,
-                        r.type);
+                        group, r.reduced, rows_per_block, group * rows_per_block, r.name, r.out_type, r.params,
+                        IndexTypeFor(r.input_elements + group), r.construct, rows_per_block, r.outputs, r.reduced,
+                        r.reduced / width, group, FoldLoads(r, width, "      "), GroupCombineCode(group), r.outputs,
+                        r.out_type);
   return MakeKernel(r.name, std::move(source), grid,
                     {static_cast<uint32_t>(group), static_cast<uint32_t>(rows_per_block), 1});
 }
@@ -222,18 +236,16 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
                         "// module: launches of this cubin must not overlap.\n"
                         "static __device__ Acc g_partials[%d];\n"
                         "static __device__ unsigned int g_blocks_done = 0;\n\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, const %s* in) {\n"
-                        "  typedef %s Index;\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
+                        "  typedef %s Index;\n%s"
                         "  const Index row = static_cast<Index>(blockIdx.x) / %d;\n"
                         "  const Index begin = (static_cast<Index>(blockIdx.x) %% %d) * %d;\n"
                         "  const Index end = begin + %d < %d ? begin + %d : %d;\n"
-                        "  const %s* p = in + row * %d;\n"
+                        "  const auto p = in + row * %d;\n"
                         "  Acc acc = Init();\n"
                         "#pragma unroll 4\n"
                         "  for (Index i = begin + threadIdx.x; i < end; i += %d) {\n"
-                        "    const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p, i);\n"
-                        "#pragma unroll\n"
-                        "    for (int j = 0; j < %d; ++j) acc = Fold(acc, ToAcc(x.v[j]));\n"
+                        "%s"
                         "  }\n"
                         "%s"
                         "  __shared__ bool is_last;\n"
@@ -252,10 +264,10 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
                         "  }\n"
                         "  if (threadIdx.x == 0) g_blocks_done = 0;\n"
                         "}\n",
-                        splits, r.reduced, chunk, width, r.outputs * splits, kSplitThreads, r.name, r.type, r.type,
-                        IndexTypeFor(r.input_elements + kSplitThreads), splits, splits, chunk, chunk, vectors, chunk,
-                        vectors, r.type, r.reduced, kSplitThreads, r.type, width, width, width,
-                        GroupCombineCode(kSplitThreads), r.outputs, kSplitThreads, splits, splits, r.type);
+                        splits, r.reduced, chunk, width, r.outputs * splits, kSplitThreads, r.name, r.out_type,
+                        r.params, IndexTypeFor(r.input_elements + kSplitThreads), r.construct, splits, splits, chunk,
+                        chunk, vectors, chunk, vectors, r.reduced, kSplitThreads, FoldLoads(r, width, "    "),
+                        GroupCombineCode(kSplitThreads), r.outputs, kSplitThreads, splits, splits, r.out_type);
   return MakeKernel(r.name, std::move(source), {static_cast<uint32_t>(r.outputs * splits), 1, 1},
                     {static_cast<uint32_t>(kSplitThreads), 1, 1});
 }
@@ -269,13 +281,13 @@ KernelSpec ColumnReduce(const Reduction& r, const ThreeDims& t, std::string sour
   const int64_t tiles = (t.inner + tile - 1) / tile;
   absl::StrAppendFormat(&source,
                         "// Tiles of %d columns; %d row groups each sum every %d-th of the %d rows.\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, const %s* in) {\n"
-                        "  typedef %s Index;\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
+                        "  typedef %s Index;\n%s"
                         "  const Index outer = blockIdx.x / %d;\n"
                         "  const Index col = (blockIdx.x %% %d) * %d + threadIdx.x;\n"
                         "  Acc acc = Init();\n"
                         "  if (col < %d) {\n"
-                        "    const %s* p = in + outer * %d + col;\n"
+                        "    const auto p = in + outer * %d + col;\n"
                         "#pragma unroll 4\n"
                         "    for (Index row = threadIdx.y; row < %d; row += %d) acc = Fold(acc, ToAcc(p[row * %d]));\n"
                         "  }\n"
@@ -291,30 +303,37 @@ KernelSpec ColumnReduce(const Reduction& r, const ThreeDims& t, std::string sour
                         "  }\n"
                         "  if (threadIdx.y == 0 && col < %d) out[outer * %d + col] = kiln::Round<%s>::From(partial[0][threadIdx.x]);\n"
                         "}\n",
-                        tile, row_groups, row_groups, t.reduced, tile * row_groups, r.name, r.type, r.type,
-                        IndexTypeFor(r.input_elements), tiles, tiles, tile, t.inner, r.type, t.reduced * t.inner,
-                        t.reduced, row_groups, t.inner, row_groups, tile, row_groups / 2, t.inner, t.inner, r.type);
+                        tile, row_groups, row_groups, t.reduced, tile * row_groups, r.name, r.out_type, r.params,
+                        IndexTypeFor(r.input_elements), r.construct, tiles, tiles, tile, t.inner, t.reduced * t.inner,
+                        t.reduced, row_groups, t.inner, row_groups, tile, row_groups / 2, t.inner, t.inner, r.out_type);
   return MakeKernel(r.name, std::move(source), {static_cast<uint32_t>(blocks(tile)), 1, 1},
                     {static_cast<uint32_t>(tile), static_cast<uint32_t>(row_groups), 1});
 }
 
 }  // namespace
 
-absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& options) {
+absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& options,
+                                        const FusedReduceInput* fused) {
   ASSIGN_OR_RETURN(std::vector<int64_t> reduced_dims, node.attrs().GetInts("dims"));
   const TensorType& x = node.operand(0)->type();
   const int64_t outputs = node.type().num_elements();
   if (outputs == 0) return LoweredNode{LoweringKind::kKernels, {}};
-  const Reduction r{KernelName(node), CudaTypeName(x.dtype), outputs, x.num_elements() / outputs, x.num_elements()};
+  Reduction r{fused ? fused->kernel_name : KernelName(node), CudaTypeName(x.dtype), CudaTypeName(node.type().dtype),
+              fused ? fused->params : absl::StrCat(", const ", CudaTypeName(x.dtype), "* in"),
+              fused ? fused->construct : "", fused != nullptr};
+  r.outputs = outputs;
+  r.reduced = x.num_elements() / outputs;
+  r.input_elements = x.num_elements();
   const std::vector<DimGroup> groups = GroupDims(x, reduced_dims);
   const std::optional<ThreeDims> three = AsThreeDims(groups);
 
-  std::string source = SourceOpening(node, {x.dtype}) + AccumulatorLibrary(node, r.type);
+  std::string source = fused ? fused->opening : SourceOpening(node, {x.dtype});
+  absl::StrAppend(&source, AccumulatorLibrary(node, r.type), fused ? fused->definition : "");
   LoweredNode lowered{LoweringKind::kKernels, {}};
   if (!three.has_value() || r.reduced <= kThreadPerOutputMaxReduced) {
     lowered.kernels.push_back(ThreadPerOutput(r, groups, std::move(source), options.threads_per_block));
   } else if (three->inner == 1) {
-    const int width = VectorWidth(DTypeBytes(x.dtype), {r.reduced});
+    const int width = fused ? 1 : VectorWidth(DTypeBytes(x.dtype), {r.reduced});
     const int64_t splits = SplitsPerRow(r, width);
     lowered.kernels.push_back(splits > 1 ? SplitRowReduce(r, width, splits, std::move(source))
                                          : RowReduce(r, DTypeBytes(x.dtype), std::move(source)));

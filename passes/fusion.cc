@@ -51,7 +51,7 @@ std::string WhyNotFusible(const Node& producer) {
   if (IsFp8(producer.type().dtype)) return "fp8 values are not fused";
   if (!IsLoopFusible(producer)) {
     const OpCategory category = GetOpInfo(producer.opcode()).category;
-    if (category == OpCategory::kReduction) return "a reduction: a kernel of its own (input fusion not implemented)";
+    if (category == OpCategory::kReduction) return "a reduction: it roots a kernel of its own";
     if (category == OpCategory::kComposite) return "a hand-written kernel template";
     return absl::StrCat(producer.op_name(), " is not a loop op");
   }
@@ -80,6 +80,11 @@ bool IsLoopFusible(const Node& node) {
   }
 }
 
+bool IsFusibleReduction(const Node& node) {
+  return (node.opcode() == Opcode::kReduceSum || node.opcode() == Opcode::kReduceMax) && !IsFp8(node.type().dtype) &&
+         !IsFp8(node.operand(0)->type().dtype);
+}
+
 std::string KernelGroupOf(const Node& node) {
   absl::StatusOr<std::string> group = node.attrs().GetString(kKernelGroupAttr);
   return group.ok() ? *group : "";
@@ -95,8 +100,9 @@ absl::StatusOr<bool> FusionPass::Run(Module& module) {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* root = *it;
       // A root computes something from memory: leaves and reshapes alone are not kernels.
-      if (grouped.contains(root) || !KernelGroupOf(*root).empty() || !IsLoopFusible(*root) ||
-          root->num_operands() == 0 || root->opcode() == Opcode::kReshape) {
+      if (grouped.contains(root) || !KernelGroupOf(*root).empty() ||
+          !(IsLoopFusible(*root) || IsFusibleReduction(*root)) || root->num_operands() == 0 ||
+          root->opcode() == Opcode::kReshape) {
         continue;
       }
       absl::flat_hash_set<const Node*> members = {root};

@@ -35,6 +35,9 @@ inline constexpr absl::string_view kKernelGroupAttr = "kernel_group";
 
 // Whether `node` can be computed element by element inside a loop kernel.
 bool IsLoopFusible(const Node& node);
+// A reduction that can root a kernel group: its operand is then computed inside the
+// reduction's kernel instead of being stored (reduce_sum(mul(g, g)) reads g once).
+bool IsFusibleReduction(const Node& node);
 
 // The group a node belongs to (its root's name), or "" for none.
 std::string KernelGroupOf(const Node& node);

@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
 #include "codegen/compile_function.h"
 #include "codegen/kernel_group.h"
 #include "codegen/lower_composite.h"
@@ -168,6 +171,53 @@ func @main {
   ASSERT_EQ(groups->size(), 2u);
   for (const codegen::KernelGroup& g : *groups) {
     ASSERT_EQ(g.inputs.size(), 1u) << g.root->name();  // only %s or %g comes from memory
+  }
+}
+
+// A reduction roots a group: the squares of a gradient norm are never stored.
+TEST(Fusion, AReductionRootsTheGroupOfItsOperandChain) {
+  const std::string out = RunFusion(R"(module @m
+func @main {
+  %g = parameter() {index=0} : f32[64,1000]
+  %c = parameter() {index=1} : f32[]
+  %cb = broadcast(%c) {dims=[]} : f32[64,1000]
+  %s = mul(%g, %cb) : f32[64,1000]
+  %sq = mul(%s, %s) : f32[64,1000]
+  %r = reduce_sum(%sq) {dims=[1]} : f32[64]
+  return %r
+})");
+  EXPECT_TRUE(testing::FileCheck(out, R"(
+    CHECK: %cb = broadcast(%c) {dims=[], kernel_group="r"}
+    CHECK: %s = mul(%g, %cb) {kernel_group="r"}
+    CHECK: %sq = mul(%s, %s) {kernel_group="r"}
+    CHECK: %r = reduce_sum(%sq) {dims=[1], kernel_group="r"}
+  )").ok()) << out;
+}
+
+// Every reduction scheme (a thread, a warp or block, several blocks per row; columns) reads
+// a fused operand through the group's accessor and compiles.
+TEST(KernelGroups, FusedReductionsOfEveryShapeCompile) {
+  for (const auto& [shape, dims, result] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"[8,16]", "[1]", "[8]"},
+                                                                       {"[64,1000]", "[1]", "[64]"},
+                                                                       {"[2,1048576]", "[1]", "[2]"},
+                                                                       {"[1000,64]", "[0]", "[64]"},
+                                                                       {"[4,100,8]", "[0,2]", "[100]"}}) {
+    std::unique_ptr<Module> m = FuseText(absl::StrCat(R"(module @m
+func @main {
+  %g = parameter() {index=0} : bf16)", shape, R"(
+  %f = convert(%g) : f32)", shape, R"(
+  %sq = mul(%f, %f) : f32)", shape, R"(
+  %r = reduce_sum(%sq) {dims=)", dims, R"(} : f32)", result, R"(
+  %m = reduce_max(%f) {dims=)", dims, R"(} : f32)", result, R"(
+  return %r, %m
+})"));
+    const Function& f = *m->functions()[0];
+    absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(f);
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    ASSERT_EQ(groups->size(), 1u) << shape << "\n" << PrintModule(*m);  // %f has two users: only %sq joins %r
+    absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(f, {.arch = "sm_90a"}, nullptr);
+    ASSERT_TRUE(report.ok()) << shape << ": " << report.status();
   }
 }
 

@@ -12,6 +12,8 @@
 // Without a GPU every test skips, saying why.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -24,6 +26,7 @@
 #include "ir/builder.h"
 #include "ir/verifier.h"
 #include "passes/training_step.h"
+#include "ir/text_format.h"
 #include "passes/fusion.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
@@ -401,6 +404,38 @@ TEST(GpuOps, FusedAllOpsModuleMatchesTheReference) {
   const std::vector<std::pair<double, double>> ranges = {{-2, 2}, {-2, 2}, {0, 5}, {-2, 2}, {0, 4}, {0, 64}};
   for (uint64_t seed : {3, 4}) {
     ExpectMatchesReference(f, RandomArgs(f, seed, ranges), [](int) { return Tolerance{1e-5, 1e-5}; });
+  }
+}
+
+// Reductions rooting kernel groups (their operand computed inside the reduction, never
+// stored) against the reference, in every reduction scheme.
+TEST(GpuOps, FusedReductionsMatchTheReference) {
+  KILN_REQUIRE_GPU();
+  for (const auto& [shape, dims, result] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"[8,16]", "[1]", "[8]"},
+                                                                       {"[64,1000]", "[1]", "[64]"},
+                                                                       {"[2,1048576]", "[1]", "[2]"},
+                                                                       {"[1000,64]", "[0]", "[64]"},
+                                                                       {"[4,100,8]", "[0,2]", "[100]"}}) {
+    SCOPED_TRACE(shape);
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat(R"(module @m
+func @main {
+  %g = parameter() {index=0} : bf16)", shape, R"(
+  %c = parameter() {index=1} : f32[]
+  %cb = broadcast(%c) {dims=[]} : f32)", shape, R"(
+  %f = convert(%g) : f32)", shape, R"(
+  %s = mul(%f, %cb) : f32)", shape, R"(
+  %sq = mul(%s, %s) : f32)", shape, R"(
+  %r = reduce_sum(%sq) {dims=)", dims, R"(} : f32)", result, R"(
+  %n = neg(%f) : f32)", shape, R"(
+  %x = reduce_max(%n) {dims=)", dims, R"(} : f32)", result, R"(
+  return %r, %x
+})"));
+    ASSERT_TRUE(m.ok()) << m.status();
+    FusionPass fusion;
+    ASSERT_TRUE(fusion.Run(**m).ok());
+    const Function& f = *(*m)->functions()[0];
+    ExpectMatchesReference(f, RandomArgs(f, 7, {{-2, 2}, {0.5, 1.5}}), [](int) { return kSums; });
   }
 }
 

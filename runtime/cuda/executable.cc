@@ -336,7 +336,9 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
     switch (step.kind) {
       case Step::Kind::kKernel:
         t.name = step.launch->name;
-        t.group = !KernelGroupOf(*step.node).empty() ? "fused loop" : std::string(step.node->op_name());
+        t.group = KernelGroupOf(*step.node).empty() ? std::string(step.node->op_name())
+                  : IsFusibleReduction(*step.node)   ? absl::StrCat("fused ", step.node->op_name())
+                                                     : "fused loop";
         break;
       case Step::Kind::kGemm:
         t.name = GemmName(step.gemm->layout());
