@@ -27,6 +27,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -565,6 +566,29 @@ absl::StatusOr<LoweredNode> LowerAdamWSiblings(const std::vector<const Node*>& s
   return lowered;
 }
 
+// attention and its attention_lse: the forward kernel, storing the LSE it computes anyway.
+absl::StatusOr<LoweredNode> LowerAttentionWithLse(const std::vector<const Node*>& siblings) {
+  const Node& node = *siblings[0];
+  if (siblings.size() != 2 || siblings[1]->opcode() != Opcode::kAttentionLse) {
+    return absl::InternalError(absl::StrCat(Where(node), ": expected attention and its attention_lse"));
+  }
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
+  Wrapper w{"flash_attention",
+            absl::StrCat("causal flash attention and its LSE, ", launch.block_m, " queries per block of ",
+                         launch.block_threads, " threads, key tiles of ", launch.block_n),
+            "",
+            {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v"), "float* side1"},
+            absl::StrCat("FlashAttentionForward<float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
+                         ">(out, side1, q, k, v, ", FloatLiteral(scale), ")")};
+  return LoweredNode{LoweringKind::kKernels, {EmitFlash(node, codegen::KernelName(node), w, launch)}, {},
+                     {siblings[1]}};
+}
+
 // attention_grad k and v: one dk/dv kernel writing both.
 absl::StatusOr<LoweredNode> LowerAttentionGradSiblings(const std::vector<const Node*>& siblings) {
   const Node& node = *siblings[0];
@@ -648,6 +672,22 @@ std::vector<std::vector<const Node*>> FindResultSiblings(const Function& f) {
     it->second.push_back(n.get());
   }
   std::vector<std::vector<const Node*>> sets;
+  // attention_lse(q, k) is the other result of an earlier attention(q, k, v) of the same
+  // scale: the forward kernel writes the LSE anyway.
+  std::map<std::tuple<const Node*, const Node*, double>, const Node*> attention_of;
+  for (const auto& n : f.nodes()) {
+    const absl::StatusOr<double> scale = n->attrs().GetFloat("scale");
+    if (!scale.ok()) continue;
+    const auto key = std::make_tuple(n->operand(0), n->operand(1), *scale);
+    if (n->opcode() == Opcode::kAttention) {
+      attention_of.try_emplace(key, n.get());
+    } else if (n->opcode() == Opcode::kAttentionLse) {
+      const auto it = attention_of.find(key);
+      if (it == attention_of.end() || it->second == nullptr) continue;
+      sets.push_back({it->second, n.get()});
+      it->second = nullptr;  // one LSE per forward kernel
+    }
+  }
   for (const std::vector<const Node*>* bucket : order) {
     std::vector<bool> used(bucket->size(), false);
     for (size_t i = 0; i < bucket->size(); ++i) {
@@ -674,6 +714,7 @@ absl::StatusOr<LoweredNode> LowerResultSiblings(const std::vector<const Node*>& 
   RETURN_IF_ERROR(CheckOptions(*siblings[0], options));
   if (siblings[0]->opcode() == Opcode::kAdamWUpdate) return LowerAdamWSiblings(siblings, options);
   if (siblings[0]->opcode() == Opcode::kAttentionGrad) return LowerAttentionGradSiblings(siblings);
+  if (siblings[0]->opcode() == Opcode::kAttention) return LowerAttentionWithLse(siblings);
   return absl::InternalError(absl::StrCat(Where(*siblings[0]), " has no multi-result lowering"));
 }
 

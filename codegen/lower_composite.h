@@ -16,7 +16,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
 
 // Multi-result ops: the IR gives each node one result, so an op with several (adamw_update's
 // param/m/v, attention_grad's k/v) appears as sibling nodes with the same operands and the
-// same attributes but `result`. Each set of two or more, in definition order.
+// same attributes but `result`; attention_lse(q, k) is likewise the second result of an
+// earlier attention(q, k, v). Each set of two or more, in definition order.
 std::vector<std::vector<const Node*>> FindResultSiblings(const Function& f);
 // One kernel for a set of siblings: the first node's lowering, writing the others' buffers
 // as side outputs (LoweredNode::side_outputs).

@@ -286,9 +286,9 @@ TEST(KernelGroups, SiblingResultsShareOneKernel) {
   ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout).ok());
   ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
   const Function& step = *m->FindFunction("train_step");
-  const std::vector<std::vector<const Node*>> sets = FindResultSiblings(step);
-  ASSERT_EQ(sets.size(), static_cast<size_t>(layout.num_params));
-  for (const auto& set : sets) {
+  const std::vector<std::vector<const Node*>> adamw = FindResultSiblings(step);
+  ASSERT_EQ(adamw.size(), static_cast<size_t>(layout.num_params));
+  for (const auto& set : adamw) {
     ASSERT_EQ(set.size(), 3u);
     EXPECT_EQ(set[0]->opcode(), Opcode::kAdamWUpdate);
   }
@@ -312,9 +312,12 @@ TEST(KernelGroups, SiblingResultsShareOneKernel) {
 
   std::unique_ptr<Module> all_ops = testing::BuildAllOpsModule();
   const Function& attention = *all_ops->FindFunction("attention");
-  const std::vector<std::vector<const Node*>> grads = FindResultSiblings(attention);
-  ASSERT_EQ(grads.size(), 1u);  // dk and dv; dq has a kernel of its own
-  ASSERT_EQ(grads[0].size(), 2u);
+  const std::vector<std::vector<const Node*>> sets = FindResultSiblings(attention);
+  ASSERT_EQ(sets.size(), 2u);  // attention with its LSE, and dk with dv; dq has a kernel of its own
+  EXPECT_EQ(sets[0][0]->opcode(), Opcode::kAttention);
+  EXPECT_EQ(sets[0][1]->opcode(), Opcode::kAttentionLse);
+  EXPECT_EQ(sets[1][0]->opcode(), Opcode::kAttentionGrad);
+  ASSERT_EQ(sets[1].size(), 2u);
   absl::StatusOr<KernelCompileReport> attention_kernels = CompileFunctionKernels(attention, {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(attention_kernels.ok()) << attention_kernels.status();
 }
