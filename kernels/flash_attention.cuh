@@ -368,6 +368,22 @@ __device__ __forceinline__ void GemmABt(float (&acc)[kN / 8][4], const unsigned 
   }
 }
 
+// acc (16 x kN) += a (16 x kK) * bᵀ where a is this warp's 16 rows (from `row0`) of the
+// swizzled tile `a_tile`: held in `a_regs` when kInRegisters (loaded once by the caller),
+// else loaded from shared memory here (a k or v tile of the dk/dv kernel, which keeps them
+// in registers only for small head dims).
+template <bool kInRegisters, int kN, int kK, int kRegRows>
+__device__ __forceinline__ void GemmWarpRowsBt(float (&acc)[kN / 8][4], const unsigned (&a_regs)[kRegRows][4],
+                                               const __nv_bfloat16* a_tile, int row0, const __nv_bfloat16* tile) {
+  if constexpr (kInRegisters) {
+    GemmABt<kN, kK>(acc, a_regs, tile);
+  } else {
+    unsigned a[kK / 16][4];
+    LoadA<kK, kK>(a, a_tile, row0);
+    GemmABt<kN, kK>(acc, a, tile);
+  }
+}
+
 // acc (16 x kN) += a (16 x kK) * b, where b is the kK x kN swizzled tile `tile` (rows of
 // b are the reduction index: v in O = P v).
 template <int kN, int kK>
@@ -782,13 +798,7 @@ __device__ __forceinline__ void FlashAttentionBackwardDkDv(TDKV* __restrict__ dk
     // Sᵀ (16 keys x kM queries) = k qᵀ, and Pᵀ from it.
     float acc_s[kM / 8][4];
     fa::Zero(acc_s);
-    if constexpr (Config::kKvInRegisters) {
-      fa::GemmABt<kM, kD>(acc_s, ka, q_tile);
-    } else {
-      unsigned a[kD / 16][4];
-      fa::LoadA<kD, kD>(a, k_tile, warp * fa::kRowsPerWarp);
-      fa::GemmABt<kM, kD>(acc_s, a, q_tile);
-    }
+    fa::GemmWarpRowsBt<Config::kKvInRegisters, kM, kD>(acc_s, ka, k_tile, warp * fa::kRowsPerWarp, q_tile);
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 lse_pair = *reinterpret_cast<const float2*>(lse_tiles + buffer * kM + j * 8 + col_in_tile);
@@ -808,13 +818,7 @@ __device__ __forceinline__ void FlashAttentionBackwardDkDv(TDKV* __restrict__ dk
     // dPᵀ (16 keys x kM queries) = v dOᵀ; dSᵀ = Pᵀ (dPᵀ - Delta) scale; dk += bf16(dSᵀ) q.
     float acc_dp[kM / 8][4];
     fa::Zero(acc_dp);
-    if constexpr (Config::kKvInRegisters) {
-      fa::GemmABt<kM, kD>(acc_dp, va, do_tile);
-    } else {
-      unsigned a[kD / 16][4];
-      fa::LoadA<kD, kD>(a, v_tile, warp * fa::kRowsPerWarp);
-      fa::GemmABt<kM, kD>(acc_dp, a, do_tile);
-    }
+    fa::GemmWarpRowsBt<Config::kKvInRegisters, kM, kD>(acc_dp, va, v_tile, warp * fa::kRowsPerWarp, do_tile);
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 delta_pair = *reinterpret_cast<const float2*>(delta_tiles + buffer * kM + j * 8 + col_in_tile);

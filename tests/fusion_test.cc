@@ -6,8 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <tuple>
-
 #include "absl/strings/str_cat.h"
 #include "codegen/compile_function.h"
 #include "codegen/kernel_group.h"
@@ -19,6 +17,7 @@
 #include "passes/training_step.h"
 #include "tests/testing/all_ops.h"
 #include "tests/testing/filecheck.h"
+#include "tests/testing/reduction_shapes.h"
 #include "tests/testing/pass_test.h"
 
 namespace kiln {
@@ -197,12 +196,7 @@ func @main {
 // Every reduction scheme (a thread, a warp or block, several blocks per row; columns) reads
 // a fused operand through the group's accessor and compiles.
 TEST(KernelGroups, FusedReductionsOfEveryShapeCompile) {
-  for (const auto& [shape, dims, result] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{{"[8,16]", "[1]", "[8]"},
-                                                                       {"[64,1000]", "[1]", "[64]"},
-                                                                       {"[2,1048576]", "[1]", "[2]"},
-                                                                       {"[1000,64]", "[0]", "[64]"},
-                                                                       {"[4,100,8]", "[0,2]", "[100]"}}) {
+  for (const auto& [shape, dims, result] : testing::ReductionShapesOfEveryScheme()) {
     std::unique_ptr<Module> m = FuseText(absl::StrCat(R"(module @m
 func @main {
   %g = parameter() {index=0} : bf16)", shape, R"(

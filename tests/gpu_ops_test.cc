@@ -12,8 +12,6 @@
 // Without a GPU every test skips, saying why.
 #include <gtest/gtest.h>
 
-#include <tuple>
-
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -31,6 +29,7 @@
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/reduction_shapes.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/all_ops.h"
 
@@ -411,12 +410,7 @@ TEST(GpuOps, FusedAllOpsModuleMatchesTheReference) {
 // stored) against the reference, in every reduction scheme.
 TEST(GpuOps, FusedReductionsMatchTheReference) {
   KILN_REQUIRE_GPU();
-  for (const auto& [shape, dims, result] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{{"[8,16]", "[1]", "[8]"},
-                                                                       {"[64,1000]", "[1]", "[64]"},
-                                                                       {"[2,1048576]", "[1]", "[2]"},
-                                                                       {"[1000,64]", "[0]", "[64]"},
-                                                                       {"[4,100,8]", "[0,2]", "[100]"}}) {
+  for (const auto& [shape, dims, result] : testing::ReductionShapesOfEveryScheme()) {
     SCOPED_TRACE(shape);
     absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat(R"(module @m
 func @main {
