@@ -499,6 +499,35 @@ TEST(GpuExecutable, ErrorsNameTheParameterAndTheTypes) {
   EXPECT_EQ((*exe)->Output(1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A capture that cannot happen (the stream is already being captured by someone else) is an
+// error naming the function, never a silent run without the graph; once the stream is free,
+// the same executable captures, replays and computes the right values.
+TEST(GpuExecutable, CaptureFailureIsAnErrorNotAFallback) {
+  KILN_REQUIRE_GPU();
+  Function f("neg");
+  Builder b(&f);
+  Node* x = *b.Parameter("x", {DType::kF32, {4}});
+  ASSERT_TRUE(b.Return({*b.Unary(Opcode::kNeg, x)}).ok());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_TRUE((*exe)->SetInput(0, HostTensor::FromValues({DType::kF32, {4}}, {1, -2, 3, -4})).ok());
+  const cudaStream_t stream = Device()->stream();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = (*exe)->Run();
+  cudaGraph_t foreign = nullptr;
+  cudaStreamEndCapture(stream, &foreign);  // may report the capture invalidated: either way it ends
+  if (foreign != nullptr) cudaGraphDestroy(foreign);
+  cudaGetLastError();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("capturing @neg into a CUDA graph"), absl::string_view::npos) << st;
+  EXPECT_EQ((*exe)->stats().graph_nodes, 0);
+  ASSERT_TRUE((*exe)->Run().ok());
+  EXPECT_GT((*exe)->stats().graph_nodes, 0);
+  absl::StatusOr<HostTensor> y = (*exe)->Output(0);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->values(), (std::vector<double>{-1, 2, -3, 4}));
+}
+
 // llama-tiny's whole training step (forward, backward, clipping, AdamW) on the GPU against the
 // reference: same loss, same updated state, up to bf16 GEMM accumulation order.
 TEST(GpuExecutable, LlamaTinyTrainingStepMatchesTheReference) {
