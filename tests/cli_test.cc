@@ -218,7 +218,7 @@ TEST_F(CliTest, CompileDumpsVerifiableIrAndReportsEveryPass) {
 // `kiln check` for the default pipeline and for every pass alone, on llama-tiny's forward
 // and training step (small shapes, for speed).
 TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
-  for (const char* passes : {"default", "canonicalize", "cse", "dce"}) {
+  for (const char* passes : {"default", "canonicalize", "cse", "dce", "fuse-loops"}) {
     auto r = RunCommand(absl::StrCat(Kiln(), " check llama-tiny --training --batch 2 --seq 16 --passes ", passes));
     EXPECT_EQ(r.exit_code, 0) << passes << ": " << r.output;
     EXPECT_TRUE(absl::StrContains(r.output, "meaning preserved")) << r.output;
@@ -227,6 +227,21 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
   auto bad = RunCommand(Kiln() + " check llama-tiny --passes cse,bogus");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(bad.output, "unknown pass 'bogus'")) << bad.output;
+}
+
+// select-flash-attention is not an exact rewrite (the attention op rounds P to bf16 from an
+// unrounded S): `kiln check` proves it against the precision policy with a tolerance, on
+// llama-S's forward at 64 tokens (the loss within 1e-4 relative), and reports it as beyond
+// an exact tolerance, so the check sees that the pass did change the graph.
+TEST_F(CliTest, CheckProvesFlashAttentionWithinTolerance) {
+  const std::string command =
+      absl::StrCat(Kiln(), " check llama-S --passes select-flash-attention --batch 1 --seq 64 --rel-tolerance ");
+  auto within = RunCommand(command + "1e-4");
+  EXPECT_EQ(within.exit_code, 0) << within.output;
+  EXPECT_TRUE(absl::StrContains(within.output, "meaning preserved")) << within.output;
+  auto exact = RunCommand(command + "0");
+  EXPECT_NE(exact.exit_code, 0) << exact.output;
+  EXPECT_TRUE(absl::StrContains(exact.output, "BEYOND TOLERANCE")) << exact.output;
 }
 
 }  // namespace
