@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "codegen/kernel_group.h"
-#include "codegen/lower_composite.h"
 
 namespace kiln {
 namespace {
@@ -33,22 +32,12 @@ absl::Status LowerAll(const std::vector<const Function*>& functions, const Codeg
     for (const codegen::KernelGroup& g : *groups) {
       for (const Node* m : g.members) group_of[m] = &g;
     }
-    // Multi-result ops: the first sibling's kernel writes every sibling's result.
-    const std::vector<std::vector<const Node*>> sibling_sets = FindResultSiblings(*f);
-    absl::flat_hash_map<const Node*, const std::vector<const Node*>*> siblings_of;
-    for (const auto& set : sibling_sets) {
-      for (const Node* n : set) siblings_of[n] = &set;
-    }
     for (const auto& node : f->nodes()) {
       const auto group = group_of.find(node.get());
-      const auto siblings = siblings_of.find(node.get());
       absl::StatusOr<LoweredNode> lowered =
           group != group_of.end()
               ? (group->second->root == node.get() ? codegen::LowerKernelGroup(*group->second, codegen)
                                                    : LoweredNode{LoweringKind::kFused, {}, {}})
-          : siblings != siblings_of.end()
-              ? (siblings->second->front() == node.get() ? LowerResultSiblings(*siblings->second, codegen)
-                                                         : LoweredNode{LoweringKind::kSideOutput, {}, {}})
               : LowerNode(*node, codegen);
       if (!lowered.ok()) {
         auto& [count, first] = failures[std::string(node->op_name())];

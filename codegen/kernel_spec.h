@@ -1,10 +1,11 @@
 // What codegen makes of one IR node (codegen/lower_node.h), for the GPU runtime to run.
 //
 // A kernel is a complete CUDA C++ translation unit with one `extern "C" __global__`
-// function whose parameters are, in order: the node's output buffer, then one pointer per
-// operand (device memory, row-major, the operand's dtype), and nothing else: every shape is
-// a compile-time constant in the source (kiln shapes are static). Launch geometry is decided
-// here, at compile time.
+// function whose parameters are, in order: the node's output buffer (for a node of several
+// results, one buffer per result, in result order, null where a result is not needed), then
+// one pointer per operand (device memory, row-major, the operand's dtype), and nothing else:
+// every shape is a compile-time constant in the source (kiln shapes are static). Launch
+// geometry is decided here, at compile time.
 #pragma once
 
 #include <array>
@@ -30,8 +31,7 @@ enum class LoweringKind {
   kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
   kGemm,     // dot_general: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
   kFused,    // computed inside its kernel group's kernel (codegen/kernel_group.h): no work, no buffer
-  kSideOutput,  // written by the kernel of an earlier sibling (codegen/lower_composite.h's
-                // multi-result ops): a buffer of its own, no launch
+  kResult,   // get_result: written by its multi-result node's kernels; a buffer of its own, no launch
 };
 
 struct LoweredNode {
@@ -40,9 +40,6 @@ struct LoweredNode {
   // The nodes whose buffers the kernels take after the output, in order; empty: the node's
   // own operands. A kernel group's root lists the group's inputs here.
   std::vector<const Node*> inputs;
-  // Nodes whose buffers the kernels also write, passed after the inputs (null when the node
-  // is not computed): the siblings of a multi-result op.
-  std::vector<const Node*> side_outputs;
   // The kernels read each element of their operands only to write the same element of their
   // outputs, before writing it: an output may take an operand's buffer (a donated parameter
   // updated in place).

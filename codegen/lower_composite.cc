@@ -69,6 +69,9 @@ struct Wrapper {
   std::vector<std::string> params; // one per operand, e.g. "const float* w"
   std::string call;                // "RmsNormForward<...>(out, x, w, eps)"
   std::string out_type;            // the output pointer's type; empty: the node's dtype
+  // A multi-result node's output parameters, one per result in order (e.g. "float* lse");
+  // empty for a node of one result, whose output is "T* out".
+  std::vector<std::string> outputs;
 };
 
 std::string Param(DType t, absl::string_view name) { return absl::StrCat("const ", CudaTypeName(t), "* ", name); }
@@ -165,8 +168,10 @@ absl::Status CheckGrid(const Node& node, int64_t blocks) {
 KernelSpec Emit(const Node& node, const std::string& name, const Wrapper& w, int64_t blocks, int threads) {
   const std::string function = node.parent() != nullptr ? node.parent()->name() : "";
   const std::string line = absl::StrReplaceAll(PrintNode(node), {{"\n", " "}, {"\r", " "}});
-  const std::string out_type = w.out_type.empty() ? CudaTypeName(node.type().dtype) : w.out_type;
-  std::vector<std::string> params = {absl::StrCat(out_type, "* out")};
+  std::vector<std::string> params = w.outputs;
+  if (params.empty()) {
+    params.push_back(absl::StrCat(w.out_type.empty() ? CudaTypeName(node.type().dtype) : w.out_type, "* out"));
+  }
   params.insert(params.end(), w.params.begin(), w.params.end());
   std::string source =
       absl::StrCat("// ", name, ": node %", node.name(), " of @", function, "\n// ", line, "\n// ", w.comment,
@@ -316,31 +321,32 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
 }
 
-// One grid-stride kernel per node; the three per-step scalars stay operands (device memory).
+// One grid-stride kernel writing p', m', v' in place (each may be null where that result is
+// not needed); the three per-step scalars stay operands (device memory).
 absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double beta1, FiniteFloatAttr(node, "beta1"));
   ASSIGN_OR_RETURN(double beta2, FiniteFloatAttr(node, "beta2"));
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
-  ASSIGN_OR_RETURN(AdamWResult result, GetAdamWResult(node.attrs()));
-  const char* which = result == AdamWResult::kM ? "kM" : result == AdamWResult::kV ? "kV" : "kParam";
-  const char* state = result == AdamWResult::kM ? "m" : result == AdamWResult::kV ? "v" : "p";
-  const int64_t n = node.type().num_elements();
-  if (n == 0) return Kernels({});
+  const int64_t n = node.result_type(0).num_elements();
+  LoweredNode lowered = Kernels({});
+  lowered.elementwise_in_place = true;
+  if (n == 0) return lowered;
   const int vec = ChunkWidth(n, {DType::kF32});
   const int threads = options.threads_per_block;
   const int64_t blocks = std::min(CeilDiv(n / vec, threads), kMaxGridStrideBlocks);
   Wrapper wrapper;
   wrapper.header = "adamw";
-  wrapper.comment = absl::StrCat("adamw ", state, "' of ", Count(n, "element"), ", ", Count(vec, "element"),
-                                 " per access, grid-stride over ", Count(blocks, "block"));
+  wrapper.comment = absl::StrCat("adamw p', m', v' at once (in place) over ", Count(n, "element"), ", ",
+                                 Count(vec, "element"), " per access, grid-stride over ", Count(blocks, "block"));
+  wrapper.outputs = {"float* p_new", "float* m_new", "float* v_new"};
   for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2"}) {
     wrapper.params.push_back(Param(DType::kF32, name));
   }
-  wrapper.call = absl::StrCat("AdamWUpdate<kiln::kernels::AdamWResult::", which, ", ", n, "LL, ", vec,
-                              ">(out, p, g, m, v, step_size, decay, sqrt_bc2, ", FloatLiteral(beta1), ", ",
-                              FloatLiteral(1 - beta1), ", ", FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ",
-                              FloatLiteral(eps), ")");
-  return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
+  wrapper.call = absl::StrCat("AdamWUpdate<", n, "LL, ", vec, ">(p_new, m_new, v_new, p, g, m, v, step_size, ",
+                              "decay, sqrt_bc2, ", FloatLiteral(beta1), ", ", FloatLiteral(1 - beta1), ", ",
+                              FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ", FloatLiteral(eps), ")");
+  lowered.kernels.push_back(Emit(node, codegen::KernelName(node), wrapper, blocks, threads));
+  return lowered;
 }
 
 // The widest of 16/8/4/2/1 bytes dividing `bytes`, as the type the copy moves.
@@ -446,55 +452,55 @@ KernelSpec EmitFlash(const Node& node, const std::string& name, const Wrapper& w
   return spec;
 }
 
+// attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
+// no backward reads it).
 absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
   const TensorType& q = node.operand(0)->type();
   const TensorType& kv = node.operand(1)->type();
   RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
   const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
-  const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
-  const std::string bf16 = "__nv_bfloat16";
-  if (node.opcode() == Opcode::kAttention || node.opcode() == Opcode::kAttentionLse) {
-    const bool lse = node.opcode() == Opcode::kAttentionLse;
-    const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
-    // attention_lse runs the forward's statistics pass alone (o null).
-    Wrapper w{"flash_attention",
-              absl::StrCat(lse ? "the LSE pass of causal flash attention, " : "causal flash attention, ", launch.block_m,
-                           " queries per block of ", launch.block_threads, " threads, key tiles of ", launch.block_n),
-              "",
-              lse ? std::vector<std::string>{Param(DType::kBF16, "q"), Param(DType::kBF16, "k")}
-                  : std::vector<std::string>{Param(DType::kBF16, "q"), Param(DType::kBF16, "k"),
-                                             Param(DType::kBF16, "v")},
-              lse ? absl::StrCat("FlashAttentionForward<float, ", shape, ">(static_cast<float*>(nullptr), out, q, k, ",
-                                 "static_cast<const ", bf16, "*>(nullptr), ", FloatLiteral(scale), ")")
-                  : absl::StrCat("FlashAttentionForward<float, ", shape, ">(out, static_cast<float*>(nullptr), q, k, v, ",
-                                 FloatLiteral(scale), ")")};
-    return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
-  }
-  // attention_grad: dq, or the dk/dv kernel storing only the node's result.
-  const std::string operands = "q, k, v, dout, lse, delta";
-  const std::vector<std::string> params = {Param(DType::kBF16, "q"),     Param(DType::kBF16, "k"),
-                                           Param(DType::kBF16, "v"),     Param(DType::kBF16, "dout"),
-                                           Param(DType::kF32, "lse"),    Param(DType::kF32, "delta")};
-  ASSIGN_OR_RETURN(std::string result, node.attrs().GetSymbol("result"));
-  if (result == "q") {
-    const FlashAttentionLaunch launch = FlashAttentionBackwardDqLaunch(b, h, t, d);
-    Wrapper w{"flash_attention",
-              absl::StrCat("flash attention dq, ", launch.block_m, " queries per block, key tiles of ", launch.block_n),
-              "", params,
-              absl::StrCat("FlashAttentionBackwardDq<", bf16, ", float, ", shape, ">(out, ", operands, ", ",
-                           FloatLiteral(scale), ")")};
-    return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
-  }
-  const FlashAttentionLaunch launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
-  const std::string outputs = result == "k" ? "out, static_cast<float*>(nullptr)" : "static_cast<float*>(nullptr), out";
-  Wrapper w{"flash_attention",
-            absl::StrCat("flash attention d", result, " (the dk/dv kernel, storing d", result, " only), ",
-                         launch.block_m, " keys per block, query tiles of ", launch.block_n),
-            "", params,
-            absl::StrCat("FlashAttentionBackwardDkDv<", bf16, ", float, ", shape, ">(", outputs, ", ", operands, ", ",
-                         FloatLiteral(scale), ")")};
+  const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
+  Wrapper w;
+  w.header = "flash_attention";
+  w.comment = absl::StrCat("causal flash attention and its LSE, ", launch.block_m, " queries per block of ",
+                           launch.block_threads, " threads, key tiles of ", launch.block_n);
+  w.outputs = {"float* out", "float* lse"};
+  w.params = {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v")};
+  w.call = absl::StrCat("FlashAttentionForward<float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
+                        ">(out, lse, q, k, v, ", FloatLiteral(scale), ")");
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+}
+
+// attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv.
+absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node) {
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
+  const std::string operands = "q, k, v, dout, lse, delta";
+  Wrapper w;
+  w.header = "flash_attention";
+  w.outputs = {"float* dq", "float* dk", "float* dv"};
+  w.params = {Param(DType::kBF16, "q"),    Param(DType::kBF16, "k"),   Param(DType::kBF16, "v"),
+              Param(DType::kBF16, "dout"), Param(DType::kF32, "lse"), Param(DType::kF32, "delta")};
+
+  const FlashAttentionLaunch dq_launch = FlashAttentionBackwardDqLaunch(b, h, t, d);
+  w.comment = absl::StrCat("flash attention dq, ", dq_launch.block_m, " queries per block, key tiles of ",
+                           dq_launch.block_n);
+  w.call = absl::StrCat("FlashAttentionBackwardDq<__nv_bfloat16, float, ", shape, ">(dq, ", operands, ", ",
+                        FloatLiteral(scale), ")");
+  KernelSpec dq = EmitFlash(node, codegen::KernelName(node) + "_dq", w, dq_launch);
+
+  const FlashAttentionLaunch dkdv_launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+  w.comment = absl::StrCat("flash attention dk and dv, ", dkdv_launch.block_m, " keys per block, query tiles of ",
+                           dkdv_launch.block_n);
+  w.call = absl::StrCat("FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", shape, ">(dk, dv, ", operands, ", ",
+                        FloatLiteral(scale), ")");
+  KernelSpec dkdv = EmitFlash(node, codegen::KernelName(node) + "_dkdv", w, dkdv_launch);
+  return Kernels({std::move(dq), std::move(dkdv)});
 }
 
 absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options) {
@@ -510,108 +516,6 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
             absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", float, ", rows, "LL, ", d,
                          ">(out, dout, o)")};
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
-}
-
-// ------------------------------------------------------------------ multi-result ops
-
-// The attributes that make two nodes siblings: all but `result`.
-AttrMap WithoutResult(const Node& node) {
-  AttrMap attrs;
-  for (const auto& [name, value] : node.attrs().entries()) {
-    if (name != "result") attrs.Set(name, value);
-  }
-  return attrs;
-}
-
-bool IsMultiResult(const Node& node) {
-  if (node.opcode() == Opcode::kAdamWUpdate) return true;
-  // attention_grad's dk and dv come from one kernel; dq has its own.
-  absl::StatusOr<std::string> result = node.attrs().GetSymbol("result");
-  return node.opcode() == Opcode::kAttentionGrad && result.ok() && (*result == "k" || *result == "v");
-}
-
-// adamw_update: one AdamWUpdateAll writing p', m', v' (null where a result has no node).
-absl::StatusOr<LoweredNode> LowerAdamWSiblings(const std::vector<const Node*>& siblings,
-                                               const CodegenOptions& options) {
-  const Node& node = *siblings[0];
-  ASSIGN_OR_RETURN(double beta1, FiniteFloatAttr(node, "beta1"));
-  ASSIGN_OR_RETURN(double beta2, FiniteFloatAttr(node, "beta2"));
-  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
-  const int64_t n = node.type().num_elements();
-  LoweredNode lowered{LoweringKind::kKernels, {}, {}, {siblings.begin() + 1, siblings.end()}, true};
-  if (n == 0) return lowered;
-  // The kernel's outputs in (p', m', v') order: "out" is siblings[0], "side<i>" the others.
-  std::string outputs[3] = {"static_cast<float*>(nullptr)", "static_cast<float*>(nullptr)",
-                            "static_cast<float*>(nullptr)"};
-  for (size_t i = 0; i < siblings.size(); ++i) {
-    ASSIGN_OR_RETURN(AdamWResult result, GetAdamWResult(siblings[i]->attrs()));
-    outputs[static_cast<int>(result)] = i == 0 ? "out" : absl::StrCat("side", i);
-  }
-  const int vec = ChunkWidth(n, {DType::kF32});
-  const int threads = options.threads_per_block;
-  const int64_t blocks = std::min(CeilDiv(n / vec, threads), kMaxGridStrideBlocks);
-  Wrapper wrapper;
-  wrapper.header = "adamw";
-  wrapper.comment = absl::StrCat("adamw p', m', v' at once (in place) over ", Count(n, "element"), ", ",
-                                 Count(vec, "element"), " per access, grid-stride over ", Count(blocks, "block"));
-  for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2"}) {
-    wrapper.params.push_back(Param(DType::kF32, name));
-  }
-  for (size_t i = 1; i < siblings.size(); ++i) wrapper.params.push_back(absl::StrCat("float* side", i));
-  wrapper.call = absl::StrCat("AdamWUpdateAll<", n, "LL, ", vec, ">(", outputs[0], ", ", outputs[1], ", ", outputs[2],
-                              ", p, g, m, v, step_size, decay, sqrt_bc2, ", FloatLiteral(beta1), ", ",
-                              FloatLiteral(1 - beta1), ", ", FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ",
-                              FloatLiteral(eps), ")");
-  lowered.kernels.push_back(Emit(node, codegen::KernelName(node), wrapper, blocks, threads));
-  return lowered;
-}
-
-// attention and its attention_lse: the forward kernel, storing the LSE it computes anyway.
-absl::StatusOr<LoweredNode> LowerAttentionWithLse(const std::vector<const Node*>& siblings) {
-  const Node& node = *siblings[0];
-  if (siblings.size() != 2 || siblings[1]->opcode() != Opcode::kAttentionLse) {
-    return absl::InternalError(absl::StrCat(Where(node), ": expected attention and its attention_lse"));
-  }
-  const TensorType& q = node.operand(0)->type();
-  const TensorType& kv = node.operand(1)->type();
-  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
-  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
-  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
-  const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
-  Wrapper w{"flash_attention",
-            absl::StrCat("causal flash attention and its LSE, ", launch.block_m, " queries per block of ",
-                         launch.block_threads, " threads, key tiles of ", launch.block_n),
-            "",
-            {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v"), "float* side1"},
-            absl::StrCat("FlashAttentionForward<float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
-                         ">(out, side1, q, k, v, ", FloatLiteral(scale), ")")};
-  return LoweredNode{LoweringKind::kKernels, {EmitFlash(node, codegen::KernelName(node), w, launch)}, {},
-                     {siblings[1]}};
-}
-
-// attention_grad k and v: one dk/dv kernel writing both.
-absl::StatusOr<LoweredNode> LowerAttentionGradSiblings(const std::vector<const Node*>& siblings) {
-  const Node& node = *siblings[0];
-  if (siblings.size() != 2) return absl::InternalError(absl::StrCat(Where(node), ": expected the k and v results"));
-  const TensorType& q = node.operand(0)->type();
-  const TensorType& kv = node.operand(1)->type();
-  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
-  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
-  ASSIGN_OR_RETURN(std::string first, node.attrs().GetSymbol("result"));
-  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
-  const FlashAttentionLaunch launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
-  Wrapper w{"flash_attention",
-            absl::StrCat("flash attention dk and dv, ", launch.block_m, " keys per block, query tiles of ",
-                         launch.block_n),
-            "",
-            {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v"), Param(DType::kBF16, "dout"),
-             Param(DType::kF32, "lse"), Param(DType::kF32, "delta"), "float* side1"},
-            absl::StrCat("FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
-                         ">(", first == "k" ? "out, side1" : "side1, out", ", q, k, v, dout, lse, delta, ",
-                         FloatLiteral(scale), ")")};
-  LoweredNode lowered{LoweringKind::kKernels, {EmitFlash(node, codegen::KernelName(node), w, launch)}, {},
-                      {siblings[1]}};
-  return lowered;
 }
 
 absl::Status CheckOptions(const Node& node, const CodegenOptions& options) {
@@ -648,9 +552,9 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
     case Opcode::kScatterAdd:
       return LowerScatterAdd(node, options);
     case Opcode::kAttention:
-    case Opcode::kAttentionLse:
-    case Opcode::kAttentionGrad:
       return LowerAttention(node);
+    case Opcode::kAttentionGrad:
+      return LowerAttentionGrad(node);
     case Opcode::kAttentionDelta:
       return LowerAttentionDelta(node, options);
     default:
@@ -658,64 +562,6 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
   }
   return absl::InvalidArgumentError(
       absl::StrCat(Where(node), " is not a composite op: LowerNode lowers it elsewhere"));
-}
-
-std::vector<std::vector<const Node*>> FindResultSiblings(const Function& f) {
-  // Candidates bucketed by (op, operands), in definition order; a bucket splits by the
-  // attributes other than `result`.
-  std::map<std::pair<Opcode, std::vector<const Node*>>, std::vector<const Node*>> buckets;
-  std::vector<const std::vector<const Node*>*> order;
-  for (const auto& n : f.nodes()) {
-    if (!IsMultiResult(*n)) continue;
-    auto [it, inserted] = buckets.try_emplace({n->opcode(), {n->operands().begin(), n->operands().end()}});
-    if (inserted) order.push_back(&it->second);
-    it->second.push_back(n.get());
-  }
-  std::vector<std::vector<const Node*>> sets;
-  // attention_lse(q, k) is the other result of an earlier attention(q, k, v) of the same
-  // scale: the forward kernel writes the LSE anyway.
-  std::map<std::tuple<const Node*, const Node*, double>, const Node*> attention_of;
-  for (const auto& n : f.nodes()) {
-    const absl::StatusOr<double> scale = n->attrs().GetFloat("scale");
-    if (!scale.ok()) continue;
-    const auto key = std::make_tuple(n->operand(0), n->operand(1), *scale);
-    if (n->opcode() == Opcode::kAttention) {
-      attention_of.try_emplace(key, n.get());
-    } else if (n->opcode() == Opcode::kAttentionLse) {
-      const auto it = attention_of.find(key);
-      if (it == attention_of.end() || it->second == nullptr) continue;
-      sets.push_back({it->second, n.get()});
-      it->second = nullptr;  // one LSE per forward kernel
-    }
-  }
-  for (const std::vector<const Node*>* bucket : order) {
-    std::vector<bool> used(bucket->size(), false);
-    for (size_t i = 0; i < bucket->size(); ++i) {
-      if (used[i]) continue;
-      std::vector<const Node*> set = {(*bucket)[i]};
-      std::set<std::string> results = {(*bucket)[i]->attrs().GetSymbol("result").value_or("")};
-      const AttrMap key = WithoutResult(*(*bucket)[i]);
-      for (size_t j = i + 1; j < bucket->size(); ++j) {
-        const Node* b = (*bucket)[j];
-        if (!used[j] && WithoutResult(*b) == key && results.insert(b->attrs().GetSymbol("result").value_or("")).second) {
-          used[j] = true;
-          set.push_back(b);
-        }
-      }
-      if (set.size() >= 2) sets.push_back(std::move(set));
-    }
-  }
-  return sets;
-}
-
-absl::StatusOr<LoweredNode> LowerResultSiblings(const std::vector<const Node*>& siblings,
-                                                const CodegenOptions& options) {
-  if (siblings.empty()) return absl::InternalError("no siblings to lower");
-  RETURN_IF_ERROR(CheckOptions(*siblings[0], options));
-  if (siblings[0]->opcode() == Opcode::kAdamWUpdate) return LowerAdamWSiblings(siblings, options);
-  if (siblings[0]->opcode() == Opcode::kAttentionGrad) return LowerAttentionGradSiblings(siblings);
-  if (siblings[0]->opcode() == Opcode::kAttention) return LowerAttentionWithLse(siblings);
-  return absl::InternalError(absl::StrCat(Where(*siblings[0]), " has no multi-result lowering"));
 }
 
 }  // namespace kiln

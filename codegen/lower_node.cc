@@ -19,6 +19,7 @@ enum class Lowering {
   kConcatenate,
   kReduce,
   kComposite,  // hand-written templates: codegen/lower_composite.cc
+  kResult,     // get_result: written by its multi-result node's kernels
   kNone,       // not an op of the table (a corrupt value): LowerNode reports it
 };
 
@@ -75,10 +76,11 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kRope:
     case Opcode::kAdamWUpdate:
     case Opcode::kAttention:
-    case Opcode::kAttentionLse:
     case Opcode::kAttentionDelta:
     case Opcode::kAttentionGrad:
       return Lowering::kComposite;
+    case Opcode::kGetResult:
+      return Lowering::kResult;
   }
   return Lowering::kNone;
 }
@@ -93,6 +95,8 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
       return LoweredNode{LoweringKind::kAlias, {}};
     case Lowering::kGemm:
       return LoweredNode{LoweringKind::kGemm, {}};
+    case Lowering::kResult:
+      return LoweredNode{LoweringKind::kResult, {}};
     case Lowering::kConstant:
       return codegen::LowerConstant(node, options);
     case Lowering::kIota:

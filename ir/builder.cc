@@ -18,33 +18,92 @@ std::string FormatLocation(const std::source_location& loc) {
   return absl::StrCat(file, ":", loc.line());
 }
 
-absl::StatusOr<Node*> Builder::Op(Opcode op, std::vector<Node*> operands, AttrMap attrs,
-                                  const TensorType* declared, std::string name, Loc loc) {
-  if (name.empty()) name = std::move(next_name_);
-  next_name_.clear();
-  std::vector<TensorType> types;
-  for (Node* operand : operands) {
-    if (operand == nullptr || operand->parent() != function_) {
+namespace {
+
+// Checks the operands of a new node and gives their types; the error names the op and the
+// caller's line.
+absl::StatusOr<std::vector<TensorType>> CheckedOperandTypes(const Function* function, Opcode op,
+                                                            const std::vector<Node*>& operands,
+                                                            const std::source_location& loc) {
+  for (size_t i = 0; i < operands.size(); ++i) {
+    const Node* operand = operands[i];
+    if (operand == nullptr || operand->parent() != function) {
       return absl::InvalidArgumentError(absl::StrCat(
-          OpName(op), " at ", FormatLocation(loc), ": operand ", types.size(),
+          OpName(op), " at ", FormatLocation(loc), ": operand ", i,
           operand == nullptr ? " is null" : absl::StrCat(" (%", operand->name(), ") belongs to another function")));
     }
-    types.push_back(operand->type());
   }
-  absl::StatusOr<TensorType> type = InferResultType(op, types, attrs, declared);
-  if (!type.ok()) {
+  absl::StatusOr<std::vector<TensorType>> types = OperandTypes(op, operands);
+  if (!types.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": ", types.status().message()));
+  }
+  return types;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorType>> Builder::Infer(Opcode op, const std::vector<Node*>& operands,
+                                                       const AttrMap& attrs, const TensorType* declared, Loc loc) {
+  if (op == Opcode::kGetResult) {
+    return absl::InvalidArgumentError(absl::StrCat("get_result at ", FormatLocation(loc),
+                                                   ": results come with their node (Builder::MultiResultOp)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<TensorType> types, CheckedOperandTypes(function_, op, operands, loc));
+  absl::StatusOr<std::vector<TensorType>> results = InferResultTypes(op, types, attrs, declared);
+  if (!results.ok()) {
     std::vector<std::string> shown;
     for (const TensorType& t : types) shown.push_back(t.ToString());
     std::string attr_text = attrs.empty() ? "" : absl::StrCat(" ", attrs.ToString());
     std::string result_text = declared ? absl::StrCat(" -> ", declared->ToString()) : "";
     return absl::InvalidArgumentError(absl::StrCat(OpName(op), "(", absl::StrJoin(shown, ", "), ")", attr_text,
                                                    result_text, " at ", FormatLocation(loc), ": ",
-                                                   type.status().message()));
+                                                   results.status().message()));
   }
+  return results;
+}
+
+absl::StatusOr<Node*> Builder::Op(Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                  const TensorType* declared, std::string name, Loc loc) {
+  if (name.empty()) name = std::move(next_name_);
+  next_name_.clear();
+  if (HasMultipleResults(op)) {
+    return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": has ",
+                                                   GetOpInfo(op).num_results,
+                                                   " results: build it with Builder::MultiResultOp"));
+  }
+  ASSIGN_OR_RETURN(std::vector<TensorType> types, Infer(op, operands, attrs, declared, loc));
   if (!name.empty()) name = function_->UniqueName(name);
-  Node* node = function_->AppendNode(op, std::move(operands), std::move(attrs), *std::move(type), name, scope_);
+  Node* node = function_->AppendNode(op, std::move(operands), std::move(attrs), std::move(types[0]), name, scope_);
   KILN_CHECK(node != nullptr);
   return node;
+}
+
+absl::StatusOr<std::vector<Node*>> Builder::MultiResultOp(Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                                          std::vector<std::string> names, Loc loc) {
+  next_name_.clear();
+  if (!HasMultipleResults(op)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": has one result: build it with Builder::Op"));
+  }
+  ASSIGN_OR_RETURN(std::vector<TensorType> types, Infer(op, operands, attrs, nullptr, loc));
+  if (!names.empty() && names.size() != types.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": ", names.size(),
+                                                   " names for ", types.size(), " results"));
+  }
+  names.resize(types.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) continue;
+    std::string unique = function_->UniqueName(names[i]);
+    for (size_t j = 0; j < i; ++j) {  // distinct from the results named before it, too
+      for (int k = 1; unique == names[j]; ++k) unique = function_->UniqueName(absl::StrCat(names[i], ".", k));
+    }
+    names[i] = std::move(unique);
+  }
+  std::vector<Node*> results = function_->AppendMultiResultNode(op, std::move(operands), std::move(attrs),
+                                                                std::move(types), std::move(names), scope_);
+  KILN_CHECK(!results.empty());
+  return results;
 }
 
 absl::StatusOr<Node*> Builder::Parameter(std::string name, TensorType type, Loc loc) {
@@ -88,14 +147,23 @@ absl::StatusOr<Node*> Builder::Select(Node* pred, Node* a, Node* b, Loc loc) {
   return Op(Opcode::kSelect, {pred, a, b}, {}, nullptr, "", loc);
 }
 
+namespace {
+// The type of a node that may be passed as an operand; null for null or a multi-result node,
+// which Builder::Op then rejects with the caller's line.
+const TensorType* OperandType(const Node* x) {
+  return x != nullptr && !x->has_multiple_results() ? &x->type() : nullptr;
+}
+}  // namespace
+
 absl::StatusOr<Node*> Builder::Convert(Node* x, DType to, Loc loc) {
-  if (x != nullptr && x->type().dtype == to) return x;  // a no-op convert is never built
-  TensorType t{to, x ? x->type().dims : std::vector<int64_t>{}};
+  const TensorType* xt = OperandType(x);
+  if (xt != nullptr && xt->dtype == to) return x;  // a no-op convert is never built
+  TensorType t{to, xt ? xt->dims : std::vector<int64_t>{}};
   return Op(Opcode::kConvert, {x}, {}, &t, "", loc);
 }
 
 absl::StatusOr<Node*> Builder::Broadcast(Node* x, std::vector<int64_t> dims, std::vector<int64_t> shape, Loc loc) {
-  TensorType t{x ? x->type().dtype : DType::kF32, std::move(shape)};
+  TensorType t{OperandType(x) ? OperandType(x)->dtype : DType::kF32, std::move(shape)};
   return Op(Opcode::kBroadcast, {x}, AttrMap{{"dims", std::move(dims)}}, &t, "", loc);
 }
 
@@ -104,7 +172,7 @@ absl::StatusOr<Node*> Builder::BroadcastScalar(Node* x, std::vector<int64_t> sha
 }
 
 absl::StatusOr<Node*> Builder::Reshape(Node* x, std::vector<int64_t> shape, Loc loc) {
-  TensorType t{x ? x->type().dtype : DType::kF32, std::move(shape)};
+  TensorType t{OperandType(x) ? OperandType(x)->dtype : DType::kF32, std::move(shape)};
   return Op(Opcode::kReshape, {x}, {}, &t, "", loc);
 }
 
@@ -138,7 +206,7 @@ absl::StatusOr<Node*> Builder::DotGeneral(Node* a, Node* b, const DotDims& dims,
                 {"rhs_batch", dims.rhs_batch},
                 {"lhs_contract", dims.lhs_contract},
                 {"rhs_contract", dims.rhs_contract}};
-  if (out_dtype && a && *out_dtype != a->type().dtype) {
+  if (out_dtype && OperandType(a) && *out_dtype != OperandType(a)->dtype) {
     attrs.Set("out_dtype", Symbol{std::string(DTypeName(*out_dtype))});
   }
   return Op(Opcode::kDotGeneral, {a, b}, std::move(attrs), nullptr, "", loc);

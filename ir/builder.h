@@ -29,10 +29,16 @@ class Builder {
   const std::string& scope() const { return scope_; }
   void set_scope(std::string scope) { scope_ = std::move(scope); }
 
-  // The general form: any op, with attributes and (for kDeclared ops) the result type.
+  // The general form: any op of one result, with attributes and (for kDeclared ops) the
+  // result type.
   absl::StatusOr<Node*> Op(Opcode op, std::vector<Node*> operands, AttrMap attrs = {},
                            const TensorType* declared = nullptr, std::string name = "",
                            Loc loc = Loc::current());
+  // An op of several results (adamw_update, attention, attention_grad): the node and its
+  // get_result nodes, which are returned in result order. `names` (one per result, or
+  // empty) are made unique if taken.
+  absl::StatusOr<std::vector<Node*>> MultiResultOp(Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                                   std::vector<std::string> names = {}, Loc loc = Loc::current());
 
   // Parameter number `index` is the next unused index.
   absl::StatusOr<Node*> Parameter(std::string name, TensorType type, Loc loc = Loc::current());
@@ -84,6 +90,8 @@ class Builder {
   }
 
  private:
+  absl::StatusOr<std::vector<TensorType>> Infer(Opcode op, const std::vector<Node*>& operands, const AttrMap& attrs,
+                                                const TensorType* declared, Loc loc);
   Function* function_;
   std::string scope_;
   std::string next_name_;

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace kiln {
@@ -127,8 +128,10 @@ class DotWriter {
       if (Hidden(*node)) continue;
       for (const Node* operand : node->operands()) {
         if (Hidden(*operand)) continue;
-        absl::StrAppend(&edges_, "  ", DotId(*operand), " -> ", DotId(*node),
-                        " [label=", Quoted(operand->type().ToString()), "];\n");
+        const std::string label = operand->has_multiple_results()
+                                      ? absl::StrCat("result ", node->result_index())
+                                      : operand->type().ToString();
+        absl::StrAppend(&edges_, "  ", DotId(*operand), " -> ", DotId(*node), " [label=", Quoted(label), "];\n");
       }
     }
   }
@@ -145,7 +148,9 @@ class DotWriter {
   }
 
   void WriteNode(const Node& n, const std::string& indent) {
-    std::string label = absl::StrCat(n.name(), "\n", n.op_name(), "\n", n.type().ToString());
+    std::vector<std::string> types;
+    for (const TensorType& t : n.result_types()) types.push_back(t.ToString());
+    std::string label = absl::StrCat(n.name(), "\n", n.op_name(), "\n", absl::StrJoin(types, "\n"));
     std::string style;
     if (n.opcode() == Opcode::kParameter) style = ", shape=ellipse, fillcolor=\"#dae8fc\"";
     auto output = output_index_.find(&n);

@@ -36,6 +36,19 @@ void Node::ReplaceAllUsesWith(Node* value) {
   }
 }
 
+Node* Node::result(int i) const {
+  for (Node* user : users_) {
+    if (user->opcode() == Opcode::kGetResult && user->result_index() == i) return user;
+  }
+  return nullptr;
+}
+
+int Node::result_index() const {
+  KILN_CHECK(opcode_ == Opcode::kGetResult);
+  const absl::StatusOr<int64_t> index = attrs_.GetInt("index");
+  return index.ok() ? static_cast<int>(*index) : -1;
+}
+
 std::vector<Node*> Function::parameters() const {
   std::vector<std::pair<int64_t, Node*>> params;
   for (const auto& n : nodes_) {
@@ -51,7 +64,7 @@ std::vector<Node*> Function::parameters() const {
 }
 
 std::unique_ptr<Node> Function::MakeNode(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
-                                         TensorType type, std::string name, std::string scope) {
+                                         std::vector<TensorType> types, std::string name, std::string scope) {
   if (id < 0 || ids_.contains(id)) return nullptr;
   if (name.empty()) name = UniqueName(absl::StrCat(id));
   if (names_.contains(name)) return nullptr;
@@ -62,7 +75,7 @@ std::unique_ptr<Node> Function::MakeNode(int64_t id, Opcode op, std::vector<Node
   node->opcode_ = op;
   node->operands_ = std::move(operands);
   node->attrs_ = std::move(attrs);
-  node->type_ = std::move(type);
+  node->types_ = std::move(types);
   node->name_ = std::move(name);
   node->scope_ = std::move(scope);
   node->parent_ = this;
@@ -80,17 +93,64 @@ Node* Function::AppendNode(Opcode op, std::vector<Node*> operands, AttrMap attrs
 Node* Function::AppendNodeWithId(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
                                  TensorType type, std::string name, std::string scope) {
   std::unique_ptr<Node> node =
-      MakeNode(id, op, std::move(operands), std::move(attrs), std::move(type), std::move(name), std::move(scope));
+      MakeNode(id, op, std::move(operands), std::move(attrs), {std::move(type)}, std::move(name), std::move(scope));
   if (!node) return nullptr;
   nodes_.push_back(std::move(node));
   return nodes_.back().get();
+}
+
+Node* Function::AppendNodeWithTypes(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                            std::vector<TensorType> types, std::string name, std::string scope) {
+  std::unique_ptr<Node> node =
+      MakeNode(id, op, std::move(operands), std::move(attrs), std::move(types), std::move(name), std::move(scope));
+  if (!node) return nullptr;
+  nodes_.push_back(std::move(node));
+  return nodes_.back().get();
+}
+
+std::vector<Node*> Function::AppendMultiResultNode(Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                                   std::vector<TensorType> types, std::vector<std::string> result_names,
+                                                   std::string scope, Node* before) {
+  KILN_CHECK(result_names.size() == types.size());
+  for (size_t i = 0; i < result_names.size(); ++i) {
+    // An unnamed result is named by its id, as AppendNode does: the multi-result node takes
+    // next_id_, its results the ids after it.
+    if (result_names[i].empty()) result_names[i] = UniqueName(absl::StrCat(next_id_ + 1 + static_cast<int64_t>(i)));
+    if (names_.contains(result_names[i])) return {};
+    for (size_t j = 0; j < i; ++j) {
+      if (result_names[j] == result_names[i]) return {};
+    }
+  }
+  auto position = nodes_.end();
+  if (before != nullptr) {
+    position = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == before; });
+    KILN_CHECK(position != nodes_.end());
+  }
+  const std::vector<TensorType> result_types = types;
+  // Named after its first result, so that a module read back from text (which does not
+  // print this name) names it the same.
+  std::unique_ptr<Node> multi = MakeNode(next_id_, op, std::move(operands), std::move(attrs), std::move(types),
+                                         UniqueName(absl::StrCat(result_names[0], ".results")), scope);
+  KILN_CHECK(multi != nullptr);
+  Node* parent = multi.get();
+  position = nodes_.insert(position, std::move(multi)) + 1;
+  std::vector<Node*> results;
+  for (size_t i = 0; i < result_types.size(); ++i) {
+    std::unique_ptr<Node> r = MakeNode(next_id_, Opcode::kGetResult, {parent},
+                                       AttrMap{{"index", static_cast<int64_t>(i)}}, {result_types[i]},
+                                       std::move(result_names[i]), scope);
+    KILN_CHECK(r != nullptr);  // names checked above
+    results.push_back(r.get());
+    position = nodes_.insert(position, std::move(r)) + 1;
+  }
+  return results;
 }
 
 Node* Function::InsertNodeBefore(Node* before, Opcode op, std::vector<Node*> operands, AttrMap attrs,
                                  TensorType type, std::string name, std::string scope) {
   auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == before; });
   KILN_CHECK(it != nodes_.end());
-  std::unique_ptr<Node> node = MakeNode(next_id_, op, std::move(operands), std::move(attrs), std::move(type),
+  std::unique_ptr<Node> node = MakeNode(next_id_, op, std::move(operands), std::move(attrs), {std::move(type)},
                                         std::move(name), std::move(scope));
   if (!node) return nullptr;
   return nodes_.insert(it, std::move(node))->get();
@@ -165,7 +225,8 @@ std::unique_ptr<Module> CloneModule(const Module& module) {
     for (const auto& n : f->nodes()) {
       std::vector<Node*> operands;
       for (Node* o : n->operands()) operands.push_back(map.at(o));
-      map[n.get()] = g->AppendNodeWithId(n->id(), n->opcode(), operands, n->attrs(), n->type(), n->name(), n->scope());
+      map[n.get()] = g->AppendNodeWithTypes(n->id(), n->opcode(), operands, n->attrs(), n->result_types(),
+                                                    n->name(), n->scope());
     }
     std::vector<Node*> outputs;
     for (Node* o : f->outputs()) outputs.push_back(map.at(o));

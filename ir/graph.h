@@ -2,6 +2,13 @@
 // value: it knows its operands and its users, and has an id that is stable for the life of
 // the function (never reused). Nodes are kept in definition order: every operand of a node
 // comes before it (the verifier checks this).
+//
+// A node of an op with several results (adamw_update, attention, attention_grad: one kernel
+// computing several tensors) has one type per result and is followed directly by one
+// get_result node per result, in order; those are the values everything else uses (XLA's
+// tuple and get-tuple-element, kept as one line in the text form). The multi-result node
+// itself is used by its get_result nodes only, holds no value of its own, and is removed
+// together with them. Function::AppendMultiResultNode makes the group.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "ir/attributes.h"
 #include "ir/op_table.h"
+#include "ir/status_macros.h"
 #include "ir/types.h"
 
 namespace kiln {
@@ -25,7 +33,20 @@ class Node {
   int64_t id() const { return id_; }
   Opcode opcode() const { return opcode_; }
   absl::string_view op_name() const { return OpName(opcode_); }
-  const TensorType& type() const { return type_; }
+  // The type of a single-result node (every node but a multi-result one).
+  const TensorType& type() const {
+    KILN_CHECK(types_.size() == 1);
+    return types_[0];
+  }
+  int num_results() const { return static_cast<int>(types_.size()); }
+  bool has_multiple_results() const { return types_.size() > 1; }
+  const TensorType& result_type(int i) const { return types_[i]; }
+  const std::vector<TensorType>& result_types() const { return types_; }
+  // The get_result node reading result `i` of this multi-result node (nullptr if absent,
+  // which the verifier rejects).
+  Node* result(int i) const;
+  // For a get_result node, which result of its operand it reads.
+  int result_index() const;
   const std::vector<Node*>& operands() const { return operands_; }
   Node* operand(int i) const { return operands_[i]; }
   int num_operands() const { return static_cast<int>(operands_.size()); }
@@ -45,7 +66,7 @@ class Node {
   // Makes every user of this node use `value` instead (outputs included).
   void ReplaceAllUsesWith(Node* value);
   // For passes that retype a value in place (e.g. narrowing); the verifier re-checks.
-  void set_type(TensorType t) { type_ = std::move(t); }
+  void set_type(TensorType t) { types_ = {std::move(t)}; }
 
  private:
   friend class Function;
@@ -53,7 +74,7 @@ class Node {
 
   int64_t id_ = 0;
   Opcode opcode_ = Opcode::kParameter;
-  TensorType type_;
+  std::vector<TensorType> types_;  // one per result
   std::vector<Node*> operands_;
   std::vector<Node*> users_;
   AttrMap attrs_;
@@ -91,6 +112,18 @@ class Function {
   // Inserts a node just before `before` (same checks as AppendNode).
   Node* InsertNodeBefore(Node* before, Opcode op, std::vector<Node*> operands, AttrMap attrs,
                          TensorType type, std::string name = "", std::string scope = "");
+  // Appends a multi-result node of `types` and its get_result nodes, named `result_names`
+  // (one per type; an empty entry is named by the result's id), all in `scope`. Returns the get_result nodes,
+  // or an empty vector if a name is taken. The multi-result node is named after the first
+  // result (`<first>.results`, made unique). With `before`, the group is inserted just
+  // before that node instead of appended.
+  std::vector<Node*> AppendMultiResultNode(Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                           std::vector<TensorType> types, std::vector<std::string> result_names,
+                                           std::string scope = "", Node* before = nullptr);
+  // As AppendNodeWithId with one type per result, for any node (the protobuf reader and
+  // clones keep ids); a multi-result node's get_result nodes are appended separately.
+  Node* AppendNodeWithTypes(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
+                                    std::vector<TensorType> types, std::string name, std::string scope);
   // Removes a node that has no users and is not an output.
   void RemoveNode(Node* node);
   // Removes every node in `dead` (none may be used by a node outside the set).
@@ -107,7 +140,7 @@ class Function {
  private:
   friend class Node;
   std::unique_ptr<Node> MakeNode(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
-                                 TensorType type, std::string name, std::string scope);
+                                 std::vector<TensorType> types, std::string name, std::string scope);
   std::string name_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<Node*> outputs_;

@@ -3,12 +3,17 @@
 // tests/op_table_test.cc fails until the op has shape inference, reference semantics, a VJP
 // rule and a lowering.
 //
-// Columns: X(Enum, "text_name", arity, category, result)
+// Columns: X(Enum, "text_name", arity, category, result, results)
 //   arity     number of operands; kVariadic for one or more
 //   category  what kind of computation (drives generic passes and codegen)
 //   result    kInferred: type follows from operands and attributes;
 //             kDeclared: the node's written type is part of its meaning (a parameter's
 //             shape, a reshape's target) and inference checks it against the operands.
+//   results   how many typed results a node of the op has. An op with several (AdamW's
+//             p', m', v'; attention's output and LSE) is one node whose results are read
+//             through get_result nodes that follow it directly, one per result, in order
+//             (ir/graph.h); the text form writes them as one line,
+//               %p2, %m2, %v2 = adamw_update(...) {...} : (f32[..], f32[..], f32[..])
 //
 // Semantics and attributes (all shapes static; "x" is operand 0):
 //   parameter()            {index}                     function input number `index`
@@ -46,18 +51,20 @@
 //                          1 - lr wd or 1, sqrt(1 - beta2^t)):
 //                            m' = beta1 m + (1 - beta1) g;  v' = beta2 v + (1 - beta2) g^2
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
-//                          result=param|m|v picks which of p', m', v' the node is (the IR has
-//                          one result per node). Not differentiable.
+//                          results (p', m', v'), written by one kernel in place. Not
+//                          differentiable.
+//   get_result(x)          {index}  result `index` of the multi-result node x; always placed
+//                          right after x, every result of x present once (the verifier checks)
 //   attention(q, k, v)     {scale}  causal softmax attention under the bf16 policy; q bf16
 //                          [B,H,T,D], k and v bf16 [B,Hkv,T,D], H a multiple of Hkv (query head
 //                          h reads kv head h / (H/Hkv)); f32 [B,H,T,D]:
 //                            S = (q kᵀ) scale, key > query masked; P = softmax(S) (f32);
 //                            O = bf16(P) v, accumulated in f32
+//                            LSE = logsumexp of each masked, scaled row of S (the backward's)
 //                          (select-flash-attention makes it from the decomposed pattern;
 //                          kernels/flash_attention.cuh never stores S or P)
-//   attention_lse(q, k)    {scale}  f32 [B,H,T]: logsumexp of each masked, scaled row of S
 //   attention_delta(o, do) f32 [B,H,T]: rowsum(bf16(do) * o), o and do [B,H,T,D]
-//   attention_grad(q, k, v, do, lse, delta)  {scale, result=q|k|v}  with do bf16 [B,H,T,D]:
+//   attention_grad(q, k, v, do, lse, delta)  {scale}  with do bf16 [B,H,T,D]; results (dq, dk, dv):
 //                            P = exp(S - lse) (f32); dS = P (do vᵀ - delta) scale
 //                            dq = bf16(dS) k; dk = bf16(dS)ᵀ q, dv = bf16(P)ᵀ do (summed over the
 //                            query heads of each kv head); f32, q's or k's shape. Not
@@ -82,62 +89,63 @@ enum class OpCategory {
   kContraction,  // dot_general
   kIndexing,     // gather, scatter_add
   kComposite,    // one kernel is the natural unit: norms, softmax, cross-entropy, RoPE, AdamW
+  kResult,       // get_result: one result of a multi-result node, no computation
 };
 
 enum class ResultRule { kInferred, kDeclared };
 
 #define KILN_OPS(X)                                                       \
-  X(kParameter, "parameter", 0, kLeaf, kDeclared)                         \
-  X(kConstant, "constant", 0, kLeaf, kDeclared)                           \
-  X(kIota, "iota", 0, kLeaf, kDeclared)                                   \
-  X(kNeg, "neg", 1, kUnary, kInferred)                                    \
-  X(kAbs, "abs", 1, kUnary, kInferred)                                    \
-  X(kExp, "exp", 1, kUnary, kInferred)                                    \
-  X(kLog, "log", 1, kUnary, kInferred)                                    \
-  X(kSqrt, "sqrt", 1, kUnary, kInferred)                                  \
-  X(kRsqrt, "rsqrt", 1, kUnary, kInferred)                                \
-  X(kTanh, "tanh", 1, kUnary, kInferred)                                  \
-  X(kSigmoid, "sigmoid", 1, kUnary, kInferred)                            \
-  X(kAdd, "add", 2, kBinary, kInferred)                                   \
-  X(kSub, "sub", 2, kBinary, kInferred)                                   \
-  X(kMul, "mul", 2, kBinary, kInferred)                                   \
-  X(kDiv, "div", 2, kBinary, kInferred)                                   \
-  X(kMax, "max", 2, kBinary, kInferred)                                   \
-  X(kMin, "min", 2, kBinary, kInferred)                                   \
-  X(kCompare, "compare", 2, kCompare, kInferred)                          \
-  X(kSelect, "select", 3, kSelect, kInferred)                             \
-  X(kConvert, "convert", 1, kConvert, kDeclared)                          \
-  X(kBroadcast, "broadcast", 1, kDataMovement, kDeclared)                 \
-  X(kReshape, "reshape", 1, kDataMovement, kDeclared)                     \
-  X(kTranspose, "transpose", 1, kDataMovement, kInferred)                 \
-  X(kSlice, "slice", 1, kDataMovement, kInferred)                         \
-  X(kConcatenate, "concatenate", kVariadic, kDataMovement, kInferred)     \
-  X(kReduceSum, "reduce_sum", 1, kReduction, kInferred)                   \
-  X(kReduceMax, "reduce_max", 1, kReduction, kInferred)                   \
-  X(kDotGeneral, "dot_general", 2, kContraction, kInferred)               \
-  X(kGather, "gather", 2, kIndexing, kInferred)                           \
-  X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared)                  \
-  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred)                       \
-  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred)   \
-  X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred) \
-  X(kSoftmax, "softmax", 1, kComposite, kInferred)                        \
-  X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred)               \
-  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred)             \
-  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred)    \
-  X(kRope, "rope", 2, kComposite, kInferred)                              \
-  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred)             \
-  X(kAttention, "attention", 3, kComposite, kInferred)                    \
-  X(kAttentionLse, "attention_lse", 2, kComposite, kInferred)             \
-  X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred)         \
-  X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred)
+  X(kParameter, "parameter", 0, kLeaf, kDeclared, 1)                         \
+  X(kConstant, "constant", 0, kLeaf, kDeclared, 1)                           \
+  X(kIota, "iota", 0, kLeaf, kDeclared, 1)                                   \
+  X(kNeg, "neg", 1, kUnary, kInferred, 1)                                    \
+  X(kAbs, "abs", 1, kUnary, kInferred, 1)                                    \
+  X(kExp, "exp", 1, kUnary, kInferred, 1)                                    \
+  X(kLog, "log", 1, kUnary, kInferred, 1)                                    \
+  X(kSqrt, "sqrt", 1, kUnary, kInferred, 1)                                  \
+  X(kRsqrt, "rsqrt", 1, kUnary, kInferred, 1)                                \
+  X(kTanh, "tanh", 1, kUnary, kInferred, 1)                                  \
+  X(kSigmoid, "sigmoid", 1, kUnary, kInferred, 1)                            \
+  X(kAdd, "add", 2, kBinary, kInferred, 1)                                   \
+  X(kSub, "sub", 2, kBinary, kInferred, 1)                                   \
+  X(kMul, "mul", 2, kBinary, kInferred, 1)                                   \
+  X(kDiv, "div", 2, kBinary, kInferred, 1)                                   \
+  X(kMax, "max", 2, kBinary, kInferred, 1)                                   \
+  X(kMin, "min", 2, kBinary, kInferred, 1)                                   \
+  X(kCompare, "compare", 2, kCompare, kInferred, 1)                          \
+  X(kSelect, "select", 3, kSelect, kInferred, 1)                             \
+  X(kConvert, "convert", 1, kConvert, kDeclared, 1)                          \
+  X(kBroadcast, "broadcast", 1, kDataMovement, kDeclared, 1)                 \
+  X(kReshape, "reshape", 1, kDataMovement, kDeclared, 1)                     \
+  X(kTranspose, "transpose", 1, kDataMovement, kInferred, 1)                 \
+  X(kSlice, "slice", 1, kDataMovement, kInferred, 1)                         \
+  X(kConcatenate, "concatenate", kVariadic, kDataMovement, kInferred, 1)     \
+  X(kReduceSum, "reduce_sum", 1, kReduction, kInferred, 1)                   \
+  X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1)                   \
+  X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1)               \
+  X(kGather, "gather", 2, kIndexing, kInferred, 1)                           \
+  X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1)                  \
+  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1)                       \
+  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1)   \
+  X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1) \
+  X(kSoftmax, "softmax", 1, kComposite, kInferred, 1)                        \
+  X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1)               \
+  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1)             \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1)    \
+  X(kRope, "rope", 2, kComposite, kInferred, 1)                              \
+  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3)               \
+  X(kAttention, "attention", 3, kComposite, kInferred, 2)                    \
+  X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1)         \
+  X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3)           \
+  X(kGetResult, "get_result", 1, kResult, kInferred, 1)
 
 enum class Opcode {
-#define KILN_OP_ENUM(e, name, arity, cat, rule) e,
+#define KILN_OP_ENUM(e, name, arity, cat, rule, results) e,
   KILN_OPS(KILN_OP_ENUM)
 #undef KILN_OP_ENUM
 };
 
-#define KILN_OP_COUNT(e, name, arity, cat, rule) +1
+#define KILN_OP_COUNT(e, name, arity, cat, rule, results) +1
 inline constexpr int kNumOpcodes = 0 KILN_OPS(KILN_OP_COUNT);
 #undef KILN_OP_COUNT
 
@@ -147,6 +155,7 @@ struct OpInfo {
   int arity;
   OpCategory category;
   ResultRule result;
+  int num_results;  // typed results of a node of this op (see `results` above)
 };
 
 const OpInfo& GetOpInfo(Opcode op);
@@ -154,5 +163,7 @@ inline absl::string_view OpName(Opcode op) { return GetOpInfo(op).name; }
 // nullptr when `name` is not an op.
 const OpInfo* FindOpByName(absl::string_view name);
 bool IsElementwise(Opcode op);  // unary, binary, compare, select, convert
+// A node of `op` has several results, read through get_result nodes.
+inline bool HasMultipleResults(Opcode op) { return GetOpInfo(op).num_results > 1; }
 
 }  // namespace kiln

@@ -57,7 +57,11 @@ ir::ModuleProto ModuleToProto(const Module& module) {
       np->set_name(node->name());
       np->set_opcode(std::string(node->op_name()));
       for (const Node* operand : node->operands()) np->add_operand_ids(operand->id());
-      TypeToProto(node->type(), np->mutable_type());
+      if (node->has_multiple_results()) {
+        for (const TensorType& t : node->result_types()) TypeToProto(t, np->add_result_types());
+      } else {
+        TypeToProto(node->type(), np->mutable_type());
+      }
       // AttrMap is a std::map, so attributes come out sorted by name.
       for (const auto& [name, value] : node->attrs().entries()) {
         ir::AttrProto* attr = np->add_attrs();
@@ -151,9 +155,25 @@ absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
     if (np.name().empty()) return NodeError(fp, np, "node has no name");
     const OpInfo* op = FindOpByName(np.opcode());
     if (op == nullptr) return NodeError(fp, np, absl::StrCat("unknown opcode '", absl::CHexEscape(np.opcode()), "'"));
-    if (!np.has_type()) return NodeError(fp, np, "node has no type");
-    absl::StatusOr<TensorType> type = TypeFromProto(np.type());
-    if (!type.ok()) return NodeError(fp, np, type.status().message());
+    std::vector<TensorType> types;
+    if (op->num_results > 1) {
+      if (np.has_type()) return NodeError(fp, np, "a multi-result node has result_types, not a type");
+      if (np.result_types_size() != op->num_results) {
+        return NodeError(fp, np, absl::StrCat(op->name, " has ", op->num_results, " results, but ",
+                                              np.result_types_size(), " result types are given"));
+      }
+      for (const ir::TensorTypeProto& t : np.result_types()) {
+        absl::StatusOr<TensorType> type = TypeFromProto(t);
+        if (!type.ok()) return NodeError(fp, np, type.status().message());
+        types.push_back(*std::move(type));
+      }
+    } else {
+      if (!np.has_type()) return NodeError(fp, np, "node has no type");
+      if (np.result_types_size() != 0) return NodeError(fp, np, "a node of one result has no result_types");
+      absl::StatusOr<TensorType> type = TypeFromProto(np.type());
+      if (!type.ok()) return NodeError(fp, np, type.status().message());
+      types.push_back(*std::move(type));
+    }
     absl::StatusOr<AttrMap> attrs = AttrsFromProto(np);
     if (!attrs.ok()) return NodeError(fp, np, attrs.status().message());
     std::vector<Node*> operands;
@@ -166,8 +186,8 @@ absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
       }
       operands.push_back(it->second);
     }
-    Node* node = function->AppendNodeWithId(np.id(), op->opcode, std::move(operands), *std::move(attrs),
-                                            *std::move(type), np.name(), np.scope());
+    Node* node = function->AppendNodeWithTypes(np.id(), op->opcode, std::move(operands), *std::move(attrs),
+                                               std::move(types), np.name(), np.scope());
     if (node == nullptr) return NodeError(fp, np, "duplicate name");  // the id was checked above
     by_id[np.id()] = node;
   }

@@ -216,15 +216,15 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
 }
 
 // adamw_update(p, g, m, v, step_size, decay, sqrt_bc2): the state tensors share one f32
-// type (master weights and optimizer state), the per-step values are f32 scalars.
-absl::StatusOr<TensorType> InferAdamWUpdate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+// type (master weights and optimizer state), the per-step values are f32 scalars; the
+// results p', m', v' have that type.
+absl::StatusOr<std::vector<TensorType>> InferAdamWUpdate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
   for (absl::string_view beta : {"beta1", "beta2"}) {
     ASSIGN_OR_RETURN(double value, attrs.GetFloat(beta));
     if (!(value >= 0 && value < 1)) return Invalid(absl::StrCat(beta, "=", value, " must be in [0, 1)"));
   }
   ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
   if (!(eps >= 0) || std::isinf(eps)) return Invalid(absl::StrCat("eps=", eps, " must be finite and >= 0"));
-  RETURN_IF_ERROR(GetAdamWResult(attrs).status());
   const TensorType& p = xs[0];
   if (p.dtype != DType::kF32) return Invalid(absl::StrCat("p must be f32 (master weights), got ", p.ToString()));
   static constexpr absl::string_view kState[] = {"p", "g", "m", "v"};
@@ -239,7 +239,7 @@ absl::StatusOr<TensorType> InferAdamWUpdate(absl::Span<const TensorType> xs, con
       return Invalid(absl::StrCat(kScalars[i - 4], " must be an f32[] scalar, got ", xs[i].ToString()));
     }
   }
-  return p;
+  return std::vector<TensorType>{p, p, p};
 }
 
 // q bf16 [B,H,T,D]; k (and v) bf16 [B,Hkv,T,D] with H a multiple of Hkv.
@@ -261,7 +261,8 @@ absl::Status CheckAttentionQkv(absl::Span<const TensorType> xs, int count) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs) {
+absl::StatusOr<std::vector<TensorType>> InferAttentionFamily(Opcode op, absl::Span<const TensorType> xs,
+                                                             const AttrMap& attrs) {
   if (op != Opcode::kAttentionDelta) {
     ASSIGN_OR_RETURN(double scale, attrs.GetFloat("scale"));
     if (!(scale > 0) || !std::isfinite(scale)) return Invalid("attention scale must be finite and > 0");
@@ -269,10 +270,8 @@ absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const Tens
   switch (op) {
     case Opcode::kAttention:
       RETURN_IF_ERROR(CheckAttentionQkv(xs, 3));
-      return TensorType{DType::kF32, xs[0].dims};
-    case Opcode::kAttentionLse:
-      RETURN_IF_ERROR(CheckAttentionQkv(xs, 2));
-      return TensorType{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}};
+      return std::vector<TensorType>{TensorType{DType::kF32, xs[0].dims},
+                                     TensorType{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}}};
     case Opcode::kAttentionDelta: {
       const TensorType& o = xs[0];
       if (o.dtype != DType::kF32 || o.rank() != 4) {
@@ -282,7 +281,7 @@ absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const Tens
         return Invalid(absl::StrCat("attention_delta do ", xs[1].ToString(), " must be a float tensor of o's shape ",
                                     o.ToString()));
       }
-      return TensorType{DType::kF32, {o.dims[0], o.dims[1], o.dims[2]}};
+      return std::vector<TensorType>{TensorType{DType::kF32, {o.dims[0], o.dims[1], o.dims[2]}}};
     }
     case Opcode::kAttentionGrad: {
       RETURN_IF_ERROR(CheckAttentionQkv(xs, 3));
@@ -294,10 +293,8 @@ absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const Tens
         return Invalid(absl::StrCat("attention_grad lse ", xs[4].ToString(), " and delta ", xs[5].ToString(),
                                     " must be ", rows.ToString()));
       }
-      ASSIGN_OR_RETURN(std::string result, attrs.GetSymbol("result"));
-      if (result == "q") return TensorType{DType::kF32, xs[0].dims};
-      if (result == "k" || result == "v") return TensorType{DType::kF32, xs[1].dims};
-      return Invalid(absl::StrCat("attention_grad result must be q, k or v, not '", result, "'"));
+      return std::vector<TensorType>{TensorType{DType::kF32, xs[0].dims}, TensorType{DType::kF32, xs[1].dims},
+                                     TensorType{DType::kF32, xs[2].dims}};
     }
     default:
       break;
@@ -305,26 +302,10 @@ absl::StatusOr<TensorType> InferAttentionFamily(Opcode op, absl::Span<const Tens
   return Invalid("not an attention op");
 }
 
-}  // namespace
-
-absl::StatusOr<AdamWResult> GetAdamWResult(const AttrMap& attrs) {
-  ASSIGN_OR_RETURN(std::string result, attrs.GetSymbol("result"));
-  if (result == "param") return AdamWResult::kParam;
-  if (result == "m") return AdamWResult::kM;
-  if (result == "v") return AdamWResult::kV;
-  return Invalid(absl::StrCat("adamw_update result '", result, "' is not one of param, m, v"));
-}
-
-bool IsCompareDirection(absl::string_view d) {
-  return d == "eq" || d == "ne" || d == "lt" || d == "le" || d == "gt" || d == "ge";
-}
-
-absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs,
-                                           const TensorType* declared) {
+// The type of a node of a single-result op (arity already checked).
+absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs,
+                                          const TensorType* declared) {
   const OpInfo& info = GetOpInfo(op);
-  if (info.arity != kVariadic && static_cast<int>(xs.size()) != info.arity) {
-    return Invalid(absl::StrCat("expects ", info.arity, " operand(s), got ", xs.size()));
-  }
   if (info.result == ResultRule::kDeclared) {
     if (declared == nullptr) return Invalid("needs a declared result type");
     RETURN_IF_ERROR(RequireNonNegativeDims(*declared));
@@ -481,15 +462,81 @@ absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorTyp
       }
       return x;
     }
+    case Opcode::kAttentionDelta: {
+      ASSIGN_OR_RETURN(std::vector<TensorType> types, InferAttentionFamily(op, xs, attrs));
+      return types[0];
+    }
+    case Opcode::kAdamWUpdate:
+    case Opcode::kAttention:
+    case Opcode::kAttentionGrad:
+    case Opcode::kGetResult:
+      break;  // several results: InferResultTypes
+  }
+  return Invalid("unknown opcode");
+}
+
+}  // namespace
+
+bool IsCompareDirection(absl::string_view d) {
+  return d == "eq" || d == "ne" || d == "lt" || d == "le" || d == "gt" || d == "ge";
+}
+
+absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<const TensorType> xs,
+                                                         const AttrMap& attrs, const TensorType* declared) {
+  const OpInfo& info = GetOpInfo(op);
+  if (op == Opcode::kGetResult) {  // xs: every result of the one multi-result operand
+    ASSIGN_OR_RETURN(int64_t index, attrs.GetInt("index"));
+    if (xs.size() < 2) return Invalid("get_result reads a result of a multi-result node");
+    if (index < 0 || index >= static_cast<int64_t>(xs.size())) {
+      return Invalid(absl::StrCat("get_result index ", index, " out of range for ", xs.size(), " results"));
+    }
+    return std::vector<TensorType>{xs[index]};
+  }
+  if (info.arity != kVariadic && static_cast<int>(xs.size()) != info.arity) {
+    return Invalid(absl::StrCat("expects ", info.arity, " operand(s), got ", xs.size()));
+  }
+  for (const TensorType& x : xs) RETURN_IF_ERROR(RequireNonNegativeDims(x));
+  switch (op) {
     case Opcode::kAdamWUpdate:
       return InferAdamWUpdate(xs, attrs);
     case Opcode::kAttention:
-    case Opcode::kAttentionLse:
-    case Opcode::kAttentionDelta:
     case Opcode::kAttentionGrad:
       return InferAttentionFamily(op, xs, attrs);
+    default: {
+      ASSIGN_OR_RETURN(TensorType type, InferOneResult(op, xs, attrs, declared));
+      return std::vector<TensorType>{std::move(type)};
+    }
   }
-  return Invalid("unknown opcode");
+}
+
+
+absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorType> operands, const AttrMap& attrs,
+                                           const TensorType* declared) {
+  ASSIGN_OR_RETURN(std::vector<TensorType> types, InferResultTypes(op, operands, attrs, declared));
+  if (types.size() != 1) {
+    return absl::InternalError(absl::StrCat(OpName(op), " has ", types.size(), " results: use InferResultTypes"));
+  }
+  return std::move(types[0]);
+}
+
+absl::StatusOr<std::vector<TensorType>> OperandTypes(Opcode op, absl::Span<Node* const> operands) {
+  std::vector<TensorType> types;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    const Node* o = operands[i];
+    if (!o->has_multiple_results()) {
+      if (op == Opcode::kGetResult) {
+        return Invalid(absl::StrCat("get_result operand %", o->name(), " (", o->op_name(), ") has one result"));
+      }
+      types.push_back(o->type());
+      continue;
+    }
+    if (op != Opcode::kGetResult) {
+      return Invalid(absl::StrCat("operand ", i, " %", o->name(), " is a multi-result ", o->op_name(),
+                                  ": use one of its results"));
+    }
+    types.insert(types.end(), o->result_types().begin(), o->result_types().end());
+  }
+  return types;
 }
 
 }  // namespace kiln

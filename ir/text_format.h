@@ -14,7 +14,10 @@
 // Grammar (whitespace between tokens is free; `//` starts a comment to end of line):
 //   module    := 'module' '@' NAME function*
 //   function  := 'func' '@' NAME '{' node* return '}'
-//   node      := '%' NAME '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' type ['@' SCOPE]
+//   node      := results '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' types ['@' SCOPE]
+//   results   := '%' NAME (',' '%' NAME)*   (one name per result of the op, e.g.
+//                `%o, %lse = attention(%q, %k, %v) {scale=0.125} : (f32[1,2,8,64], f32[1,2,8])`)
+//   types     := type | '(' type (',' type)* ')'   (the list for an op of several results)
 //   operand   := '%' NAME            (defined by an earlier line of the same function)
 //   attrs     := '{' NAME '=' value (',' NAME '=' value)* '}'   (printed sorted by name)
 //   value     := INT | FLOAT | '"' string '"' | IDENT | '[' [INT (',' INT)*] ']'

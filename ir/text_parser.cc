@@ -5,6 +5,7 @@
 // Every node is type-checked as soon as its line is read, so a meaning error carries the
 // exact line:column of the node; function-level checks (parameter indices, outputs,
 // aliases) come from the verifier when the function closes, positioned at its `return`.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -291,19 +292,39 @@ class Parser {
     return it->second.node;
   }
 
-  // '%' NAME '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' type ['@' SCOPE]
+  // results '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' types ['@' SCOPE]
   absl::Status ParseNode(Function& function) {
     const Token start = Peek();
-    RETURN_IF_ERROR(ExpectPunct('%'));
-    ASSIGN_OR_RETURN(std::string name, ParseName("node name"));
-    if (auto it = defined_.find(name); it != defined_.end()) {
-      return ErrorAt(start, absl::StrCat("duplicate name %", name, " (first defined on line ", it->second.line, ")"));
+    std::vector<std::string> names;
+    while (true) {
+      const Token sigil = Peek();
+      RETURN_IF_ERROR(ExpectPunct('%'));
+      ASSIGN_OR_RETURN(std::string name, ParseName("node name"));
+      if (auto it = defined_.find(name); it != defined_.end()) {
+        return ErrorAt(sigil, absl::StrCat("duplicate name %", name, " (first defined on line ", it->second.line, ")"));
+      }
+      if (std::find(names.begin(), names.end(), name) != names.end()) {
+        return ErrorAt(sigil, absl::StrCat("duplicate name %", name, " on one line"));
+      }
+      if (function.FindNode(name) != nullptr) {  // a multi-result node's own (unprinted) name
+        return ErrorAt(sigil, absl::StrCat("name %", name, " is taken by the multi-result node of an earlier line"));
+      }
+      names.push_back(std::move(name));
+      if (!PeekPunct(',')) break;
+      Next();
     }
     RETURN_IF_ERROR(ExpectPunct('='));
     const Token op_token = Peek();
     if (op_token.kind != TokenKind::kWord) return Expected("op name");
     const OpInfo* op = FindOpByName(op_token.text);
     if (op == nullptr) return ErrorAt(op_token, absl::StrCat("unknown op ", text::DescribeToken(op_token)));
+    if (op->opcode == Opcode::kGetResult) {
+      return ErrorAt(op_token, "get_result is written as the results of its node (%a, %b = op(...))");
+    }
+    if (static_cast<int>(names.size()) != op->num_results) {
+      return ErrorAt(start, absl::StrCat(op->name, " has ", op->num_results, " result(s), but ", names.size(),
+                                         " name(s) are written"));
+    }
     Next();
     RETURN_IF_ERROR(ExpectPunct('('));
     std::vector<Node*> operands;
@@ -321,38 +342,62 @@ class Parser {
       ASSIGN_OR_RETURN(attrs, ParseAttrs());
     }
     RETURN_IF_ERROR(ExpectPunct(':'));
-    ASSIGN_OR_RETURN(TensorType type, ParseType());
+    std::vector<TensorType> types;
+    if (names.size() > 1) {  // '(' type (',' type)* ')'
+      RETURN_IF_ERROR(ExpectPunct('('));
+      while (true) {
+        ASSIGN_OR_RETURN(TensorType type, ParseType());
+        types.push_back(std::move(type));
+        if (!PeekPunct(',')) break;
+        Next();
+      }
+      RETURN_IF_ERROR(ExpectPunct(')'));
+    } else {
+      ASSIGN_OR_RETURN(TensorType type, ParseType());
+      types.push_back(std::move(type));
+    }
     std::string scope;
     if (PeekPunct('@')) {
       Next();
       ASSIGN_OR_RETURN(scope, ParseName("scope"));
     }
-    RETURN_IF_ERROR(CheckNode(start, name, *op, operands, attrs, type));
+    RETURN_IF_ERROR(CheckNode(start, names, *op, operands, attrs, types));
 
-    Node* node = function.AppendNode(op->opcode, std::move(operands), std::move(attrs), std::move(type), name,
-                                     std::move(scope));
-    if (node == nullptr) return absl::InternalError(absl::StrCat("text parser: could not append %", name));
-    defined_[name] = Defined{node, start.line};
+    if (names.size() == 1) {
+      Node* node = function.AppendNode(op->opcode, std::move(operands), std::move(attrs), std::move(types[0]),
+                                       names[0], std::move(scope));
+      if (node == nullptr) return absl::InternalError(absl::StrCat("text parser: could not append %", names[0]));
+      defined_[names[0]] = Defined{node, start.line};
+      return absl::OkStatus();
+    }
+    std::vector<Node*> results = function.AppendMultiResultNode(op->opcode, std::move(operands), std::move(attrs),
+                                                                std::move(types), names, std::move(scope));
+    if (results.empty()) return absl::InternalError(absl::StrCat("text parser: could not append %", names[0]));
+    for (size_t i = 0; i < names.size(); ++i) defined_[names[i]] = Defined{results[i], start.line};
     return absl::OkStatus();
   }
 
   // What the verifier would say about this node, said now so the position is exact.
-  absl::Status CheckNode(const Token& start, const std::string& name, const OpInfo& op,
-                         const std::vector<Node*>& operands, const AttrMap& attrs, const TensorType& type) {
-    const std::string what = absl::StrCat("%", name, " = ", op.name, ": ");
-    std::vector<TensorType> operand_types;
-    operand_types.reserve(operands.size());
-    for (const Node* o : operands) operand_types.push_back(o->type());
-    absl::StatusOr<TensorType> inferred = InferResultType(op.opcode, operand_types, attrs, &type);
-    if (!inferred.ok()) {
+  absl::Status CheckNode(const Token& start, const std::vector<std::string>& names, const OpInfo& op,
+                         const std::vector<Node*>& operands, const AttrMap& attrs,
+                         const std::vector<TensorType>& types) {
+    const std::string what = absl::StrCat("%", absl::StrJoin(names, ", %"), " = ", op.name, ": ");
+    absl::StatusOr<std::vector<TensorType>> operand_types = OperandTypes(op.opcode, operands);
+    if (!operand_types.ok()) return ErrorAt(start, absl::StrCat(what, operand_types.status().message()));
+    const TensorType* declared = types.size() == 1 ? &types[0] : nullptr;
+    absl::StatusOr<std::vector<TensorType>> inferred = InferResultTypes(op.opcode, *operand_types, attrs, declared);
+    auto show = [](const std::vector<TensorType>& ts) {
       std::vector<std::string> shown;
-      for (const TensorType& t : operand_types) shown.push_back(t.ToString());
-      return ErrorAt(start, absl::StrCat(what, "operands (", absl::StrJoin(shown, ", "),
-                                         "): ", inferred.status().message()));
+      for (const TensorType& t : ts) shown.push_back(t.ToString());
+      return absl::StrJoin(shown, ", ");
+    };
+    if (!inferred.ok()) {
+      return ErrorAt(start, absl::StrCat(what, "operands (", show(*operand_types), "): ", inferred.status().message()));
     }
-    if (*inferred != type) {
-      return ErrorAt(start, absl::StrCat(what, "written type ", type.ToString(), " but operands give ",
-                                         inferred->ToString()));
+    if (*inferred != types) {
+      return ErrorAt(start, absl::StrCat(what, "written type ", types.size() == 1 ? show(types) : "(" + show(types) + ")",
+                                         " but operands give ",
+                                         types.size() == 1 ? show(*inferred) : "(" + show(*inferred) + ")"));
     }
     if (op.opcode == Opcode::kParameter) {
       const int64_t index = *attrs.GetInt("index");  // inference has checked it

@@ -8,20 +8,40 @@
 namespace kiln {
 
 std::string PrintNode(const Node& node) {
-  std::string line = absl::StrCat("%", node.name(), " = ", node.op_name(), "(");
+  // A multi-result node is written as its results, `%a, %b = op(...) : (ta, tb)`; its
+  // get_result nodes print nothing of their own.
+  std::string line;
+  if (node.has_multiple_results()) {
+    for (int i = 0; i < node.num_results(); ++i) {
+      const Node* result = node.result(i);
+      absl::StrAppend(&line, i ? ", %" : "%", result != nullptr ? result->name() : absl::StrCat(node.name(), ".", i));
+    }
+  } else {
+    absl::StrAppend(&line, "%", node.name());
+  }
+  absl::StrAppend(&line, " = ", node.op_name(), "(");
   for (int i = 0; i < node.num_operands(); ++i) {
     absl::StrAppend(&line, i ? ", %" : "%", node.operand(i)->name());
   }
   line += ")";
   if (!node.attrs().empty()) absl::StrAppend(&line, " ", node.attrs().ToString());
-  absl::StrAppend(&line, " : ", node.type().ToString());
+  if (node.has_multiple_results()) {
+    std::vector<std::string> types;
+    for (const TensorType& t : node.result_types()) types.push_back(t.ToString());
+    absl::StrAppend(&line, " : (", absl::StrJoin(types, ", "), ")");
+  } else {
+    absl::StrAppend(&line, " : ", node.type().ToString());
+  }
   if (!node.scope().empty()) absl::StrAppend(&line, " @", node.scope());
   return line;
 }
 
 std::string PrintFunction(const Function& function) {
   std::string out = absl::StrCat("func @", function.name(), " {\n");
-  for (const auto& node : function.nodes()) absl::StrAppend(&out, "  ", PrintNode(*node), "\n");
+  for (const auto& node : function.nodes()) {
+    if (node->opcode() == Opcode::kGetResult) continue;  // part of its node's line
+    absl::StrAppend(&out, "  ", PrintNode(*node), "\n");
+  }
   out += "  return";
   for (size_t i = 0; i < function.outputs().size(); ++i) {
     absl::StrAppend(&out, i ? ", %" : " %", function.outputs()[i]->name());

@@ -26,6 +26,34 @@ absl::Status NodeError(const Function& f, const Node& n, absl::string_view why) 
       absl::StrCat("verifier: @", f.name(), " %", n.name(), " = ", n.op_name(), ": ", why));
 }
 
+// A multi-result node is followed directly by its get_result nodes, one per result in
+// order, in its scope, and used by nothing else: the text form writes the group as one line
+// and every pass can find a result without a search.
+absl::Status VerifyResults(const Function& f, const Node& n, size_t index) {
+  if (n.opcode() == Opcode::kGetResult) {
+    const size_t parent = index - 1 - static_cast<size_t>(n.result_index());
+    if (n.result_index() > static_cast<int>(index) - 1 || f.nodes()[parent].get() != n.operand(0)) {
+      return NodeError(f, n, absl::StrCat("must follow %", n.operand(0)->name(), " directly, as its result ",
+                                          n.result_index()));
+    }
+    if (n.scope() != n.operand(0)->scope()) return NodeError(f, n, "must be in its multi-result node's scope");
+    return absl::OkStatus();
+  }
+  if (!n.has_multiple_results()) return absl::OkStatus();
+  if (n.users().size() != static_cast<size_t>(n.num_results())) {
+    return NodeError(f, n, absl::StrCat("has ", n.num_results(), " results, so exactly ", n.num_results(),
+                                        " get_result users, not ", n.users().size()));
+  }
+  for (int i = 0; i < n.num_results(); ++i) {
+    const size_t at = index + 1 + i;
+    if (at >= f.nodes().size() || f.nodes()[at]->opcode() != Opcode::kGetResult ||
+        f.nodes()[at]->operand(0) != &n || f.nodes()[at]->result_index() != i) {
+      return NodeError(f, n, absl::StrCat("result ", i, " must be read by a get_result right after it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status VerifyFunction(const Function& f) {
@@ -36,14 +64,13 @@ absl::Status VerifyFunction(const Function& f) {
   absl::flat_hash_set<absl::string_view> names;
   absl::flat_hash_set<int64_t> ids;
   absl::flat_hash_map<int64_t, const Node*> params;
-  for (const auto& node : f.nodes()) {
-    const Node& n = *node;
+  for (size_t index = 0; index < f.nodes().size(); ++index) {
+    const Node& n = *f.nodes()[index];
     if (!IsValidName(n.name())) return NodeError(f, n, "name must match [A-Za-z0-9_.-]+");
     if (!n.scope().empty() && !IsValidName(n.scope())) return NodeError(f, n, "scope must match [A-Za-z0-9_.-]+");
     if (!names.insert(n.name()).second) return NodeError(f, n, "duplicate name");
     if (!ids.insert(n.id()).second) return NodeError(f, n, absl::StrCat("duplicate id ", n.id()));
     if (n.parent() != &f) return NodeError(f, n, "node belongs to another function");
-    std::vector<TensorType> types;
     for (int i = 0; i < n.num_operands(); ++i) {
       const Node* o = n.operand(i);
       if (o == nullptr || !defined.contains(o)) {
@@ -51,18 +78,26 @@ absl::Status VerifyFunction(const Function& f) {
                          absl::StrCat("operand ", i, o ? absl::StrCat(" %", o->name()) : "",
                                       " is not defined before its use"));
       }
-      types.push_back(o->type());
     }
-    absl::StatusOr<TensorType> inferred = InferResultType(n.opcode(), types, n.attrs(), &n.type());
+    absl::StatusOr<std::vector<TensorType>> types = OperandTypes(n.opcode(), n.operands());
+    if (!types.ok()) return NodeError(f, n, types.status().message());
+    const TensorType* declared = n.has_multiple_results() ? nullptr : &n.type();
+    absl::StatusOr<std::vector<TensorType>> inferred = InferResultTypes(n.opcode(), *types, n.attrs(), declared);
     if (!inferred.ok()) {
       std::vector<std::string> shown;
-      for (const TensorType& t : types) shown.push_back(t.ToString());
+      for (const TensorType& t : *types) shown.push_back(t.ToString());
       return NodeError(f, n, absl::StrCat("operands (", absl::StrJoin(shown, ", "), "): ", inferred.status().message()));
     }
-    if (*inferred != n.type()) {
-      return NodeError(f, n, absl::StrCat("written type ", n.type().ToString(), " but operands give ",
-                                          inferred->ToString()));
+    if (*inferred != n.result_types()) {
+      auto show = [](const std::vector<TensorType>& ts) {
+        std::vector<std::string> shown;
+        for (const TensorType& t : ts) shown.push_back(t.ToString());
+        return ts.size() == 1 ? shown[0] : absl::StrCat("(", absl::StrJoin(shown, ", "), ")");
+      };
+      return NodeError(f, n, absl::StrCat("written type ", show(n.result_types()), " but operands give ",
+                                          show(*inferred)));
     }
+    RETURN_IF_ERROR(VerifyResults(f, n, index));
     if (n.opcode() == Opcode::kParameter) {
       int64_t index = *n.attrs().GetInt("index");  // checked by inference
       if (!params.emplace(index, &n).second) {
@@ -84,6 +119,11 @@ absl::Status VerifyFunction(const Function& f) {
     if (!defined.contains(f.outputs()[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat("verifier: @", f.name(), ": output ", i, " is not a node of this function"));
+    }
+    if (f.outputs()[i]->has_multiple_results()) {
+      return absl::InvalidArgumentError(absl::StrCat("verifier: @", f.name(), ": output ", i, " %",
+                                                     f.outputs()[i]->name(),
+                                                     " has several results: return them, not the node"));
     }
   }
   const auto& aliases = f.output_aliases();

@@ -5,75 +5,27 @@
 // step_size = lr / (1 - beta1^t), decay = 1 - lr wd (or 1) and sqrt_bc2 = sqrt(1 - beta2^t)
 // change every step, so they are read from device memory (an f32[] each, computed by the
 // step's IR); beta1, beta2, eps and the 1 - beta constants are literals of the wrapper,
-// the latter computed in double there. The IR gives a node one result, so AdamWUpdate writes
-// one of p', m', v' (kResult) and loads only the operands that result needs: m' reads g and
-// m, v' reads g and v, p' reads all four. Codegen merges a parameter's three nodes into one
-// AdamWUpdateAll, which writes all three in place.
+// the latter computed in double there. One adamw_update node gives p', m' and v' (its three
+// results), written by one kernel in place.
 #pragma once
 
 #include "kernels/common.cuh"
 
 namespace kiln::kernels {
 
-enum class AdamWResult { kParam, kM, kV };
-
 // ------------------------------------------------------------------------------- kernels
 
-// out = the kResult of one AdamW step over kN elements. Launch: any grid and block size;
-// a grid-stride loop over chunks of kVec elements (kVec = 4, one 16-byte access per tensor,
-// needs kN % 4 == 0; kVec = 1 otherwise).
-template <AdamWResult kResult, long long kN, int kVec>
-__device__ __forceinline__ void AdamWUpdate(float* out, const float* p, const float* g, const float* m,
-                                            const float* v, const float* step_size, const float* decay,
-                                            const float* sqrt_bc2, float beta1, float one_minus_beta1,
-                                            float beta2, float one_minus_beta2, float eps) {
-  static_assert(kVec == 1 || kVec == Packed128<float>::kSize, "a chunk is one float or one 16-byte access");
-  static_assert(kN % kVec == 0, "chunks never straddle the end");
-  constexpr long long kChunks = kN / kVec;
-  const float lr = *step_size, keep = *decay, bc2 = *sqrt_bc2;
-  auto new_m = [&](float m_old, float g_i) { return beta1 * m_old + one_minus_beta1 * g_i; };
-  auto new_v = [&](float v_old, float g_i) { return beta2 * v_old + one_minus_beta2 * g_i * g_i; };
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long chunk = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; chunk < kChunks;
-       chunk += stride) {
-    const long long first = chunk * kVec;
-    float grad[kVec], result[kVec];
-    LoadFloats(g + first, grad);
-    if constexpr (kResult == AdamWResult::kM) {
-      float moment[kVec];
-      LoadFloats(m + first, moment);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) result[j] = new_m(moment[j], grad[j]);
-    } else if constexpr (kResult == AdamWResult::kV) {
-      float second[kVec];
-      LoadFloats(v + first, second);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) result[j] = new_v(second[j], grad[j]);
-    } else {
-      float param[kVec], moment[kVec], second[kVec];
-      LoadFloats(p + first, param);
-      LoadFloats(m + first, moment);
-      LoadFloats(v + first, second);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float denom = sqrtf(new_v(second[j], grad[j])) / bc2 + eps;
-        result[j] = param[j] * keep - lr * new_m(moment[j], grad[j]) / denom;
-      }
-    }
-    StoreFloats(out + first, result);
-  }
-}
-
-// p', m' and v' of one AdamW step at once (the three adamw_update nodes of a parameter,
-// merged by codegen): p, g, m and v are read once per element and the three results are
-// written at that same element, so each output may be the very buffer of its input (the
-// update runs in place). A null output is not stored. Launch: as AdamWUpdate.
+// p', m' and v' of one AdamW step over kN elements: p, g, m and v are read once per element
+// and the three results are written at that same element, so each output may be the very
+// buffer of its input (the update runs in place). A null output is not stored. Launch: any
+// grid and block size; a grid-stride loop over chunks of kVec elements (kVec = 4, one
+// 16-byte access per tensor, needs kN % 4 == 0; kVec = 1 otherwise).
 template <long long kN, int kVec>
-__device__ __forceinline__ void AdamWUpdateAll(float* p_out, float* m_out, float* v_out, const float* p,
-                                               const float* g, const float* m, const float* v,
-                                               const float* step_size, const float* decay, const float* sqrt_bc2,
-                                               float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
-                                               float eps) {
+__device__ __forceinline__ void AdamWUpdate(float* p_out, float* m_out, float* v_out, const float* p,
+                                            const float* g, const float* m, const float* v,
+                                            const float* step_size, const float* decay, const float* sqrt_bc2,
+                                            float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                                            float eps) {
   static_assert(kVec == 1 || kVec == Packed128<float>::kSize, "a chunk is one float or one 16-byte access");
   static_assert(kN % kVec == 0, "chunks never straddle the end");
   constexpr long long kChunks = kN / kVec;
@@ -89,7 +41,6 @@ __device__ __forceinline__ void AdamWUpdateAll(float* p_out, float* m_out, float
     LoadFloats(v + first, second);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      // The same expressions as AdamWUpdate, so merged and separate kernels agree bit for bit.
       moment[j] = beta1 * moment[j] + one_minus_beta1 * grad[j];
       second[j] = beta2 * second[j] + one_minus_beta2 * grad[j] * grad[j];
       const float denom = sqrtf(second[j]) / bc2 + eps;

@@ -39,12 +39,20 @@ absl::Status CheckRequest(const Function& f, const Node* loss, absl::Span<Node* 
   return absl::OkStatus();
 }
 
+// Whether any result of `n` is a float value (a multi-result node is active through them).
+bool HasFloatResult(const Node& n) {
+  for (const TensorType& t : n.result_types()) {
+    if (IsFloat(t.dtype)) return true;
+  }
+  return false;
+}
+
 // The float nodes on some path from a wrt node to the loss: only these get cotangents.
 absl::flat_hash_set<const Node*> ActiveNodes(const std::vector<Node*>& forward, const Node* loss,
                                              absl::Span<Node* const> wrt) {
   absl::flat_hash_set<const Node*> depends_on_wrt(wrt.begin(), wrt.end());
   for (const Node* n : forward) {
-    if (!IsFloat(n->type().dtype)) continue;
+    if (!HasFloatResult(*n)) continue;
     for (const Node* operand : n->operands()) {
       if (depends_on_wrt.contains(operand)) {
         depends_on_wrt.insert(n);
@@ -106,8 +114,16 @@ absl::Status Backpropagate(Builder& b, const std::vector<Node*>& forward, Node* 
   const auto loss_at = std::find(forward.begin(), forward.end(), loss);
   for (auto it = std::make_reverse_iterator(loss_at + 1); it != forward.rend(); ++it) {
     Node* node = *it;
-    Node* cotangent = cotangents.Get(node);
-    if (!active.contains(node) || cotangent == nullptr) continue;
+    // A get_result's cotangent is its multi-result node's, for that result: the node's rule
+    // takes one per result.
+    if (node->opcode() == Opcode::kGetResult || !active.contains(node)) continue;
+    std::vector<Node*> results_cotangents(node->num_results(), nullptr);
+    bool any = false;
+    for (int r = 0; r < node->num_results(); ++r) {
+      results_cotangents[r] = cotangents.Get(node->has_multiple_results() ? node->result(r) : node);
+      any |= results_cotangents[r] != nullptr;
+    }
+    if (!any) continue;
     const VjpRow* row = FindVjpRow(node->opcode());
     if (row == nullptr) {
       return absl::UnimplementedError(absl::StrCat("AppendBackward in @", node->parent()->name(), ": op ",
@@ -115,9 +131,12 @@ absl::Status Backpropagate(Builder& b, const std::vector<Node*>& forward, Node* 
     }
     b.set_scope(node->scope());
     if (row->cotangent_type == CotangentType::kNodeType) {
-      ASSIGN_OR_RETURN(cotangent, b.Convert(cotangent, node->type().dtype));
+      for (int r = 0; r < node->num_results(); ++r) {
+        if (results_cotangents[r] == nullptr) continue;
+        ASSIGN_OR_RETURN(results_cotangents[r], b.Convert(results_cotangents[r], node->result_type(r).dtype));
+      }
     }
-    VjpArgs args{&b, node, cotangent, std::vector<bool>(node->num_operands())};
+    VjpArgs args{&b, node, results_cotangents[0], std::vector<bool>(node->num_operands()), results_cotangents};
     for (int i = 0; i < node->num_operands(); ++i) args.wanted[i] = active.contains(node->operand(i));
     absl::StatusOr<std::vector<Node*>> contributions = row->rule(args);
     if (!contributions.ok()) {
@@ -202,8 +221,8 @@ absl::StatusOr<Function*> BuildGradientFunction(Module& m, const Function& forwa
   for (const auto& n : forward.nodes()) {
     std::vector<Node*> operands;
     for (const Node* operand : n->operands()) operands.push_back(copy_of.at(operand));
-    Node* copy = g->AppendNodeWithId(n->id(), n->opcode(), std::move(operands), n->attrs(), n->type(), n->name(),
-                                     n->scope());
+    Node* copy = g->AppendNodeWithTypes(n->id(), n->opcode(), std::move(operands), n->attrs(), n->result_types(),
+                                        n->name(), n->scope());
     KILN_CHECK(copy != nullptr);  // ids and names were unique in `forward`
     copy_of[n.get()] = copy;
   }

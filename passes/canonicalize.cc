@@ -245,6 +245,8 @@ void ReplaceWithNew(Node* node, NewNode spec) {
 // Applies rules to `node` until none fires or it is replaced (and removed). Returns whether
 // any fired.
 bool RewriteNode(Node* node, const RewriteContext& ctx) {
+  // A multi-result node and its results stay one group: no rule folds or replaces them.
+  if (node->has_multiple_results() || node->opcode() == Opcode::kGetResult) return false;
   bool changed = false;
   for (bool again = true; again;) {
     again = false;

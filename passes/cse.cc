@@ -35,7 +35,8 @@ std::string ValueKey(const Node& node) {
   if (IsCommutative(node)) std::sort(operand_ids.begin(), operand_ids.end());
   std::string key = absl::StrCat(static_cast<int>(node.opcode()), "(");
   for (int64_t id : operand_ids) absl::StrAppend(&key, id, ",");
-  absl::StrAppend(&key, ")", node.attrs().ToString(), ":", node.type().ToString());
+  absl::StrAppend(&key, ")", node.attrs().ToString(), ":");
+  for (const TensorType& t : node.result_types()) absl::StrAppend(&key, t.ToString(), ";");
   return key;
 }
 
@@ -45,7 +46,9 @@ bool EliminateCommonSubexpressions(Function& function) {
   absl::flat_hash_map<std::string, Node*> first_with_key;
   std::vector<Node*> duplicates;
   // Operands of a node are replaced by their survivors before the node is keyed (they come
-  // earlier), so chains of duplicates collapse in this one sweep.
+  // earlier), so chains of duplicates collapse in this one sweep. A duplicate multi-result
+  // node hands its get_result nodes to the survivor, and they, coming next, are duplicates
+  // of the survivor's own: the group goes as a whole.
   for (const auto& owned : function.nodes()) {
     Node* node = owned.get();
     if (node->opcode() == Opcode::kParameter) continue;

@@ -45,6 +45,8 @@ std::string WhyNotFusible(const Node& producer) {
     case Opcode::kConstant:
       if (!IsSplatConstant(producer)) return "a dense constant: read from its own buffer";
       break;
+    case Opcode::kGetResult:
+      return absl::StrCat("a result of ", producer.operand(0)->op_name(), ": its kernel stores it");
     default:
       break;
   }
@@ -62,6 +64,8 @@ std::string WhyNotFusible(const Node& producer) {
 }  // namespace
 
 bool IsLoopFusible(const Node& node) {
+  // A multi-result kernel stores each result, so a result is read from memory.
+  if (node.has_multiple_results() || node.opcode() == Opcode::kGetResult) return false;
   if (IsFp8(node.type().dtype)) return false;  // no storage literal or rounding path here yet
   for (const Node* o : node.operands()) {
     if (IsFp8(o->type().dtype)) return false;

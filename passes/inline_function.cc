@@ -15,10 +15,12 @@ absl::StatusOr<std::vector<Node*>> InlineFunction(Function& dst, const Function&
   }
   absl::flat_hash_map<const Node*, Node*> map;
   for (size_t i = 0; i < params.size(); ++i) {
-    if (args[i] == nullptr || args[i]->parent() != &dst || args[i]->type() != params[i]->type()) {
+    if (args[i] == nullptr || args[i]->parent() != &dst || args[i]->has_multiple_results() ||
+        args[i]->type() != params[i]->type()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "inlining @", src.name(), ": argument ", i, " must be a node of @", dst.name(), " of type ",
-          params[i]->type().ToString(), args[i] ? absl::StrCat(", got ", args[i]->type().ToString()) : ""));
+          params[i]->type().ToString(),
+          args[i] && !args[i]->has_multiple_results() ? absl::StrCat(", got ", args[i]->type().ToString()) : ""));
     }
     map[params[i]] = args[i];
   }
@@ -27,7 +29,10 @@ absl::StatusOr<std::vector<Node*>> InlineFunction(Function& dst, const Function&
     std::vector<Node*> operands;
     for (Node* o : n->operands()) operands.push_back(map.at(o));
     std::string name = dst.UniqueName(absl::StrCat(name_prefix, n->name()));
-    map[n.get()] = dst.AppendNode(n->opcode(), std::move(operands), n->attrs(), n->type(), name, n->scope());
+    // Node by node, multi-result nodes and their get_result nodes included, so the copy
+    // keeps the group's order.
+    map[n.get()] = dst.AppendNodeWithTypes(dst.next_id(), n->opcode(), std::move(operands), n->attrs(),
+                                           n->result_types(), name, n->scope());
   }
   std::vector<Node*> outputs;
   for (Node* o : src.outputs()) outputs.push_back(map.at(o));

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
 #include "kernels/flash_attention.cuh"  // which shapes the kernels take (plain C++ here)
 
 namespace kiln {
@@ -108,9 +109,14 @@ absl::StatusOr<bool> SelectFlashAttentionPass::Run(Module& module) {
       }
       AttrMap attrs;
       attrs.Set("scale", scale);
-      Node* attention = f.InsertNodeBefore(out, Opcode::kAttention, {q, k0, v0}, attrs, out->type(),
-                                           f.UniqueName(absl::StrCat(out->name(), ".flash")), out->scope());
-      out->ReplaceAllUsesWith(attention);
+      // Results: the output, and the LSE that the backward reads (the kernel computes it anyway).
+      const TensorType lse{DType::kF32, {qd[0], qd[1], qd[2]}};
+      const std::vector<Node*> results = f.AppendMultiResultNode(
+          Opcode::kAttention, {q, k0, v0}, attrs, {out->type(), lse},
+          {f.UniqueName(absl::StrCat(out->name(), ".flash")), f.UniqueName(absl::StrCat(out->name(), ".lse"))},
+          out->scope(), out);
+      KILN_CHECK(!results.empty());
+      out->ReplaceAllUsesWith(results[0]);
       decisions_.push_back(absl::StrCat(where, ": attention, ", qd[1], " query heads on ", k0->type().dims[1],
                                         " kv heads, scale ", scale));
       changed = true;

@@ -180,23 +180,21 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   ASSIGN_OR_RETURN(Node * decay, a.AddConst(neg_lr_wd, 1.0));
   ASSIGN_OR_RETURN(Node * no_decay, a.Scalar(1.0));
 
-  // Three adamw_update nodes per parameter (the IR has one result per node), each one kernel
-  // (kernels/adamw.cuh) sharing the per-step scalars above.
+  // One adamw_update per parameter, its results p', m', v' (one kernel, kernels/adamw.cuh,
+  // updating the three in place), sharing the per-step scalars above.
   std::vector<Node*> new_params, new_ms, new_vs;
   for (int64_t i = 0; i < layout.num_params; ++i) {
     Node* p = params[i];
     Node* p_decay = p->type().rank() >= 2 && h.weight_decay != 0 ? decay : no_decay;
-    auto update = [&](absl::string_view result, const std::string& name) -> absl::StatusOr<Node*> {
-      AttrMap attrs{{"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps}, {"result", Symbol{std::string(result)}}};
-      return b.Named(name).Op(Opcode::kAdamWUpdate, {p, grads[i], ms[i], vs[i], step_size, p_decay, sqrt_bc2},
-                              std::move(attrs));
-    };
-    ASSIGN_OR_RETURN(Node * p_new, update("param", absl::StrCat(p->name(), ".new")));
-    ASSIGN_OR_RETURN(Node * m_new, update("m", absl::StrCat(ms[i]->name(), ".new")));
-    ASSIGN_OR_RETURN(Node * v_new, update("v", absl::StrCat(vs[i]->name(), ".new")));
-    new_params.push_back(p_new);
-    new_ms.push_back(m_new);
-    new_vs.push_back(v_new);
+    AttrMap attrs{{"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps}};
+    ASSIGN_OR_RETURN(std::vector<Node*> updated,
+                     b.MultiResultOp(Opcode::kAdamWUpdate, {p, grads[i], ms[i], vs[i], step_size, p_decay, sqrt_bc2},
+                                     std::move(attrs),
+                                     {absl::StrCat(p->name(), ".new"), absl::StrCat(ms[i]->name(), ".new"),
+                                      absl::StrCat(vs[i]->name(), ".new")}));
+    new_params.push_back(updated[0]);
+    new_ms.push_back(updated[1]);
+    new_vs.push_back(updated[2]);
   }
   b.set_scope("");
 

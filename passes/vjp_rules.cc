@@ -520,24 +520,29 @@ absl::StatusOr<Grads> RmsNormGradWeightVjp(const VjpArgs& a) {
   return g;
 }
 
-// attention(q, k, v): the flash backward. The LSE is recomputed (one q kᵀ pass) rather than
-// kept from the forward, dO is rounded to bf16 once (the kernels' products take bf16), and
-// each of dq, dk, dv is an attention_grad node.
+// attention(q, k, v) -> (O, LSE): the flash backward, reading the LSE the forward kernel
+// stored. dO is rounded to bf16 once (the kernels' products take bf16); one attention_grad
+// node gives dq, dk and dv.
 absl::StatusOr<Grads> AttentionVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
+  if (a.cotangents[1] != nullptr) {
+    return absl::UnimplementedError("the LSE result of attention is not differentiable (only its output is)");
+  }
   Node* q = a.node->operand(0);
   Node* k = a.node->operand(1);
   Node* v = a.node->operand(2);
+  Node* out = a.node->result(0);
+  Node* lse = a.node->result(1);
   ASSIGN_OR_RETURN(double scale, a.node->attrs().GetFloat("scale"));
-  ASSIGN_OR_RETURN(Node * lse, b.Op(Opcode::kAttentionLse, {q, k}, {{"scale", scale}}));
-  ASSIGN_OR_RETURN(Node * dout, b.Convert(a.cotangent, DType::kBF16));
-  ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {a.node, dout}));
+  ASSIGN_OR_RETURN(Node * dout, b.Convert(a.cotangents[0], DType::kBF16));
+  ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {out, dout}));
+  std::vector<std::string> names;
+  for (const char* which : {"dq", "dk", "dv"}) names.push_back(absl::StrCat(out->name(), ".", which));
+  ASSIGN_OR_RETURN(std::vector<Node*> grads, b.MultiResultOp(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
+                                                             {{"scale", scale}}, std::move(names)));
   Grads g(3, nullptr);
-  const char* results[] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i) {
-    if (!a.wanted[i]) continue;
-    ASSIGN_OR_RETURN(g[i], b.Op(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
-                                {{"scale", scale}, {"result", Symbol{results[i]}}}));
+    if (a.wanted[i]) g[i] = grads[i];
   }
   return g;
 }
@@ -659,9 +664,10 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
     VjpRow{Opcode::kAttention, AttentionVjp, kNode},
     // Used only inside attention's VJP: a second derivative of attention is not supported.
-    VjpRow{Opcode::kAttentionLse, NoCotangents, kNode},
     VjpRow{Opcode::kAttentionDelta, NoCotangents, kNode},
     VjpRow{Opcode::kAttentionGrad, NoCotangents, kNode},
+    // A get_result's cotangent goes to its multi-result node's rule (passes/autodiff.cc).
+    VjpRow{Opcode::kGetResult, NoCotangents, kNode},
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 // a rule only builds nodes, it never decides what is differentiated.
 //
 // Conventions every rule follows:
+//   - a multi-result node's rule receives one cotangent per result (get_result nodes have
+//     no rule of their own: their cotangents are their node's);
 //   - the cotangent it receives is typed like its node (except for `convert`, which sees the
 //     cotangent as accumulated: an f32 cotangent of a bf16 autocast copy stays f32, so the
 //     convert back to the f32 master weight is a no-op);
@@ -29,8 +31,11 @@ namespace kiln {
 struct VjpArgs {
   Builder* builder;          // appends to the node's function, already in the node's scope
   Node* node;                // the forward node
-  Node* cotangent;           // dL/d(node)
+  Node* cotangent;           // dL/d(node); for a multi-result node, dL/d(result 0) or null
   std::vector<bool> wanted;  // wanted[i]: operand i needs a contribution
+  // One per result of the node, each typed like its result, null where that result has no
+  // cotangent (at least one has). For a single-result node, {cotangent}.
+  std::vector<Node*> cotangents;
 };
 
 using VjpRule = absl::StatusOr<std::vector<Node*>> (*)(const VjpArgs&);

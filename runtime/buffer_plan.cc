@@ -111,19 +111,21 @@ std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest
     const Node* out = f.outputs()[o];
     const int64_t n = index_of.at(out);
     const BufferRole role = request.roles[n];
-    if ((role != BufferRole::kOwn && role != BufferRole::kSideOutput) || !request.elementwise_in_place[n] ||
+    // The node whose kernel computes the output: itself, or a result's multi-result node.
+    const Node* writer = role == BufferRole::kResult ? out->operand(0) : out;
+    if ((role != BufferRole::kOwn && role != BufferRole::kResult) || !request.elementwise_in_place[index_of.at(writer)] ||
         returned.contains(param) || returned[out] != 1 || out->type().num_bytes() != param->type().num_bytes() ||
-        std::find(out->operands().begin(), out->operands().end(), param) == out->operands().end()) {
+        std::find(writer->operands().begin(), writer->operands().end(), param) == writer->operands().end()) {
       continue;
     }
     // Every reader of the parameter (or of an alias of it) runs before this node's kernel,
-    // or is that kernel (a sibling computed with it).
+    // or is that kernel.
     bool last = true;
     std::vector<const Node*> values = {param};
     for (size_t v = 0; v < values.size() && last; ++v) {
       for (const Node* user : values[v]->users()) {
         const int64_t u = index_of.at(user);
-        if (request.roles[u] == BufferRole::kNone || request.roles[u] == BufferRole::kSideOutput) continue;
+        if (request.roles[u] == BufferRole::kNone) continue;
         if (request.roles[u] == BufferRole::kAlias) {
           values.push_back(user);
           continue;
@@ -181,10 +183,10 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
     const Node& n = *f.nodes()[i];
     const BufferRole role = request.roles[i];
     if (n.opcode() == Opcode::kParameter || role == BufferRole::kNone) continue;
-    if (role == BufferRole::kSideOutput) {
-      // Written at its sibling's step, which reads the operands.
+    if (role == BufferRole::kResult) {
+      // Written at its multi-result node's step, which reads the operands.
       if (step_of(i) > i) {
-        return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": side output ", NodeLabel(n),
+        return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": result ", NodeLabel(n),
                                                        " is written at step ", step_of(i), ", after it is defined"));
       }
       plan.node_buffer[i] = in_place[i] >= 0 ? plan.node_buffer[in_place[i]]
@@ -213,7 +215,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       }
       plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, read_step);
     }
-    if (role == BufferRole::kFused) continue;
+    if (role == BufferRole::kFused || role == BufferRole::kMultiResult) continue;
     if (role == BufferRole::kAlias) {
       if (n.num_operands() < 1 || n.operand(0)->type().num_bytes() != n.type().num_bytes()) {
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),

@@ -13,11 +13,29 @@
 namespace kiln {
 namespace {
 
+using reference::MultiResultKernel;
 using reference::OpKernel;
+
+// What computes a node: a kernel of one result, one of several, or (get_result) picking a
+// result its operand already computed.
+struct Semantics {
+  Semantics() = default;
+  Semantics(OpKernel kernel) : single(kernel) {}  // NOLINT: every row of one result
+  Semantics(MultiResultKernel kernel) : multi(kernel) {}  // NOLINT
+  static Semantics PicksResult() {
+    Semantics s;
+    s.picks_result = true;
+    return s;
+  }
+  OpKernel single = nullptr;
+  MultiResultKernel multi = nullptr;
+  bool picks_result = false;
+  bool defined() const { return single != nullptr || multi != nullptr || picks_result; }
+};
 
 // The one dispatch switch: no default, so -Wswitch flags an op added to the table without
 // semantics here, and ReferenceSupports (hence tests/op_table_test.cc) reports it.
-OpKernel KernelFor(Opcode op) {
+Semantics KernelFor(Opcode op) {
   using namespace reference;
   switch (op) {
     case Opcode::kParameter: return EvalParameter;
@@ -60,17 +78,17 @@ OpKernel KernelFor(Opcode op) {
     case Opcode::kRope: return EvalRope;
     case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
     case Opcode::kAttention: return EvalAttention;
-    case Opcode::kAttentionLse: return EvalAttentionLse;
     case Opcode::kAttentionDelta: return EvalAttentionDelta;
     case Opcode::kAttentionGrad: return EvalAttentionGrad;
+    case Opcode::kGetResult: return Semantics::PicksResult();
   }
-  return nullptr;
+  return {};
 }
 
 // Ops that only move or pick existing values already hold representable results (and
 // parameters must keep the caller's f32 values under f32_as_f64); the rest are rounded.
 bool ResultNeedsRounding(Opcode op) {
-  return op != Opcode::kParameter && op != Opcode::kSelect && op != Opcode::kGather &&
+  return op != Opcode::kParameter && op != Opcode::kSelect && op != Opcode::kGather && op != Opcode::kGetResult &&
          GetOpInfo(op).category != OpCategory::kDataMovement;
 }
 
@@ -100,7 +118,7 @@ absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor> args
 
 }  // namespace
 
-bool ReferenceSupports(Opcode op) { return KernelFor(op) != nullptr; }
+bool ReferenceSupports(Opcode op) { return KernelFor(op).defined(); }
 
 absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl::Span<const HostTensor> args,
                                                          const ReferenceOptions& options) {
@@ -137,45 +155,69 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
 
   ThreadPool& pool = ThreadPool::Shared(options.num_threads);
   const reference::EvalContext ctx{options, pool, args};
-  std::vector<std::optional<HostTensor>> values(num_nodes);
+  // One tensor per result of each computed node; a get_result moves its result out of its
+  // multi-result node (it is that result's only reader).
+  std::vector<std::vector<HostTensor>> values(num_nodes);
   std::vector<const HostTensor*> operands;
-  std::vector<TensorType> operand_types;
   for (int64_t i = 0; i < num_nodes; ++i) {
     if (!live[i]) continue;
     const Node& node = *nodes[i];
-    operands.clear();
-    operand_types.clear();
-    for (const Node* operand : node.operands()) {
-      operands.push_back(&*values[position[operand]]);
-      operand_types.push_back(operand->type());
-    }
     // Kernels trust shapes and attributes, so re-check them (the graph may be unverified).
-    absl::StatusOr<TensorType> inferred = InferResultType(node.opcode(), operand_types, node.attrs(), &node.type());
-    if (!inferred.ok() || *inferred != node.type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          NodeLabel(f, node), ": ill-typed node: ",
-          inferred.ok() ? absl::StrCat("inferred ", inferred->ToString(), " but typed ", node.type().ToString())
-                        : std::string(inferred.status().message())));
+    absl::StatusOr<std::vector<TensorType>> operand_types = OperandTypes(node.opcode(), node.operands());
+    if (!operand_types.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(NodeLabel(f, node), ": ill-typed node: ", operand_types.status().message()));
     }
-    const OpKernel kernel = KernelFor(node.opcode());
-    if (kernel == nullptr) {
+    const TensorType* declared = node.has_multiple_results() ? nullptr : &node.type();
+    absl::StatusOr<std::vector<TensorType>> inferred =
+        InferResultTypes(node.opcode(), *operand_types, node.attrs(), declared);
+    if (!inferred.ok() || *inferred != node.result_types()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(NodeLabel(f, node), ": ill-typed node: ",
+                       inferred.ok() ? "inferred types differ from the written ones"
+                                     : std::string(inferred.status().message())));
+    }
+    const Semantics semantics = KernelFor(node.opcode());
+    if (!semantics.defined()) {
       return absl::UnimplementedError(absl::StrCat(NodeLabel(f, node), ": no reference semantics"));
     }
-    absl::StatusOr<HostTensor> result = kernel(node, operands, ctx);
-    if (!result.ok()) {
-      return absl::Status(result.status().code(), absl::StrCat(NodeLabel(f, node), ": ", result.status().message()));
+    if (semantics.picks_result) {
+      std::vector<HostTensor>& from = values[position[node.operand(0)]];
+      values[i].push_back(std::move(from[node.result_index()]));
+    } else {
+      operands.clear();
+      for (const Node* operand : node.operands()) operands.push_back(&values[position[operand]][0]);
+      absl::StatusOr<std::vector<HostTensor>> result;
+      if (semantics.multi != nullptr) {
+        result = semantics.multi(node, operands, ctx);
+      } else {
+        absl::StatusOr<HostTensor> one = semantics.single(node, operands, ctx);
+        if (one.ok()) {
+          result.emplace();
+          result->push_back(*std::move(one));
+        } else {
+          result = one.status();
+        }
+      }
+      if (!result.ok()) {
+        return absl::Status(result.status().code(), absl::StrCat(NodeLabel(f, node), ": ", result.status().message()));
+      }
+      KILN_CHECK(result->size() == node.result_types().size());
+      for (size_t r = 0; r < result->size(); ++r) {
+        HostTensor& t = (*result)[r];
+        const TensorType& type = node.result_type(static_cast<int>(r));
+        KILN_CHECK(t.type() == type && t.num_elements() == type.num_elements());
+        if (!ResultNeedsRounding(node.opcode())) continue;
+        std::vector<double>& v = t.mutable_values();
+        pool.ParallelFor(static_cast<int64_t>(v.size()), reference::kElementsPerChunk, [&](int64_t begin, int64_t end) {
+          RoundValuesToDType(v.data() + begin, end - begin, type.dtype, options.f32_as_f64);
+        });
+      }
+      values[i] = *std::move(result);
     }
-    KILN_CHECK(result->type() == node.type() && result->num_elements() == node.type().num_elements());
-    if (ResultNeedsRounding(node.opcode())) {
-      std::vector<double>& v = result->mutable_values();
-      pool.ParallelFor(static_cast<int64_t>(v.size()), reference::kElementsPerChunk, [&](int64_t begin, int64_t end) {
-        RoundValuesToDType(v.data() + begin, end - begin, node.type().dtype, options.f32_as_f64);
-      });
-    }
-    values[i] = *std::move(result);
     for (const Node* operand : node.operands()) {
       const int64_t p = position[operand];
-      if (--remaining_uses[p] == 0 && !is_output[p]) values[p].reset();
+      if (--remaining_uses[p] == 0 && !is_output[p]) values[p].clear();
     }
   }
 
@@ -184,7 +226,7 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
   for (size_t i = 0; i < outs.size(); ++i) {
     const int64_t p = position[outs[i]];
     const bool used_again = std::find(outs.begin() + i + 1, outs.end(), outs[i]) != outs.end();
-    results.push_back(used_again ? *values[p] : std::move(*values[p]));
+    results.push_back(used_again ? values[p][0] : std::move(values[p][0]));
   }
   return results;
 }

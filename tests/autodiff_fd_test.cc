@@ -233,9 +233,10 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * step_size, b.Constant(0.1, F32({})));
          ASSIGN_OR_RETURN(Node * decay, b.Constant(0.9, F32({})));
          ASSIGN_OR_RETURN(Node * sqrt_bc2, b.Constant(0.5, F32({})));
-         ASSIGN_OR_RETURN(Node * p_new,
-                          b.Op(Opcode::kAdamWUpdate, {p[0], p[1], p[2], p[3], step_size, decay, sqrt_bc2},
-                               AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{"param"}}}));
+         ASSIGN_OR_RETURN(std::vector<Node*> updated,
+                          b.MultiResultOp(Opcode::kAdamWUpdate, {p[0], p[1], p[2], p[3], step_size, decay, sqrt_bc2},
+                                          AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}));
+         Node* p_new = updated[0];
          ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));
          return b.Select(lowered, p[1], p[2]);
        }},
@@ -247,11 +248,14 @@ std::vector<FdCase> AllCases() {
          // VJP against the decomposed attention's instead. Here, like adamw_update, the family
          // is covered by a use whose result carries no gradient.
          ASSIGN_OR_RETURN(Node * q, b.Convert(p[0], DType::kBF16));
-         ASSIGN_OR_RETURN(Node * o, b.Op(Opcode::kAttention, {q, q, q}, AttrMap{{"scale", 0.5}}));
-         ASSIGN_OR_RETURN(Node * lse, b.Op(Opcode::kAttentionLse, {q, q}, AttrMap{{"scale", 0.5}}));
+         ASSIGN_OR_RETURN(std::vector<Node*> attention,
+                          b.MultiResultOp(Opcode::kAttention, {q, q, q}, AttrMap{{"scale", 0.5}}));
+         Node* o = attention[0];
          ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {o, q}));
-         ASSIGN_OR_RETURN(Node * dq, b.Op(Opcode::kAttentionGrad, {q, q, q, q, lse, delta},
-                                          AttrMap{{"scale", 0.5}, {"result", Symbol{"q"}}}));
+         ASSIGN_OR_RETURN(std::vector<Node*> grads, b.MultiResultOp(Opcode::kAttentionGrad,
+                                                                    {q, q, q, q, attention[1], delta},
+                                                                    AttrMap{{"scale", 0.5}}));
+         Node* dq = grads[0];
          ASSIGN_OR_RETURN(Node * positive, b.Compare(dq, o, "lt"));
          return b.Select(positive, p[0], p[1]);
        }},

@@ -31,8 +31,18 @@ BufferPlanRequest RequestFor(const Function& f, int scratch_every = 0) {
   }
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     if (!needed[i]) continue;
-    r.roles[i] = f.nodes()[i]->opcode() == Opcode::kReshape ? BufferRole::kAlias : BufferRole::kOwn;
+    const Node& n = *f.nodes()[i];
+    r.roles[i] = n.opcode() == Opcode::kReshape       ? BufferRole::kAlias
+                 : n.opcode() == Opcode::kGetResult   ? BufferRole::kResult
+                 : n.has_multiple_results()          ? BufferRole::kMultiResult
+                                                      : BufferRole::kOwn;
     if (scratch_every > 0 && i % scratch_every == 0) r.scratch_bytes[i] = 100 + 37 * i;
+  }
+  // A result is written at its multi-result node's step.
+  r.run_step.resize(f.num_nodes());
+  for (int64_t i = 0; i < f.num_nodes(); ++i) {
+    const Node& n = *f.nodes()[i];
+    r.run_step[i] = n.opcode() == Opcode::kGetResult ? index_of[n.operand(0)] : i;
   }
   return r;
 }
@@ -68,8 +78,19 @@ int64_t CheckPlan(const Function& f, const BufferPlanRequest& r, const BufferPla
       EXPECT_EQ(plan.node_buffer[i], -1);
       continue;
     }
+    if (r.roles[i] == BufferRole::kMultiResult) {  // no bytes of its own; reads its operands now
+      EXPECT_EQ(plan.node_buffer[i], -1);
+      for (const Node* o : node.operands()) {
+        EXPECT_TRUE(LiveAt(plan.buffers[plan.node_buffer[index_of[o]]], i)) << node.name() << " reads " << o->name();
+      }
+      continue;
+    }
     const PlannedBuffer& mine = plan.buffers[plan.node_buffer[i]];
     EXPECT_GE(mine.bytes, node.type().num_bytes());
+    if (r.roles[i] == BufferRole::kResult) {  // written by its multi-result node, at that step
+      EXPECT_EQ(mine.first_step, index_of[node.operand(0)]) << node.name();
+      continue;
+    }
     if (r.roles[i] == BufferRole::kAlias) {
       EXPECT_EQ(plan.node_buffer[i], plan.node_buffer[index_of[node.operand(0)]]) << node.name();
     } else {
@@ -182,32 +203,39 @@ TEST(BufferPlan, ElementwiseDonatedOutputAfterTheLastReaderIsUpdatedInPlace) {
   EXPECT_EQ(plan->in_place_outputs, 0);
 }
 
-// A side output (a sibling written by an earlier node's kernel) is live from that kernel's
-// step, so nothing live in between may share its bytes, and it reads nothing itself.
-TEST(BufferPlan, SideOutputsAreLiveFromTheirSiblingsStep) {
-  Function f("siblings");
+// The results of a multi-result node are written by its kernel: each is live from that
+// node's step, so nothing live in between may share its bytes; the node itself owns none,
+// and a result nobody reads gets no buffer.
+TEST(BufferPlan, ResultsAreLiveFromTheirMultiResultNodesStep) {
+  Function f("results");
   Builder b(&f);
-  Node* x = *b.Parameter("x", {DType::kF32, {256}});
-  Node* main = *b.Unary(Opcode::kExp, x);       // step 1: also writes `side`
-  Node* between = *b.Unary(Opcode::kNeg, main);  // step 2
-  Node* side = *b.Unary(Opcode::kTanh, x);       // step 3: no work of its own
-  Node* sum = *b.Add(between, side);
+  std::vector<Node*> in;
+  for (const char* name : {"p", "g", "m", "v"}) in.push_back(*b.Parameter(name, {DType::kF32, {256}}));
+  for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(*b.Parameter(name, {DType::kF32, {}}));
+  // Steps 0-6 parameters, 7 the update, 8-10 its results, 11 `between`, 12 the sum.
+  std::vector<Node*> r = *b.MultiResultOp(Opcode::kAdamWUpdate, in, {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
+  Node* between = *b.Unary(Opcode::kNeg, r[0]);
+  Node* sum = *b.Add(between, r[2]);
   ASSERT_TRUE(b.Return({sum}).ok());
-  BufferPlanRequest r = RequestFor(f);
-  r.roles[3] = BufferRole::kSideOutput;
-  r.run_step = {0, 1, 2, 1, 4};
-  absl::StatusOr<BufferPlan> plan = PlanBuffers(f, r);
+  BufferPlanRequest request = RequestFor(f);
+  request.roles[7] = BufferRole::kMultiResult;
+  request.roles[8] = request.roles[10] = BufferRole::kResult;
+  request.roles[9] = BufferRole::kNone;
+  request.run_step = {0, 1, 2, 3, 4, 5, 6, 7, 7, 9, 7, 11, 12};
+  absl::StatusOr<BufferPlan> plan = PlanBuffers(f, request);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const PlannedBuffer& s = plan->buffers[plan->node_buffer[3]];
-  EXPECT_EQ(s.first_step, 1);
-  EXPECT_EQ(s.last_step, 4);
-  for (int64_t other : {1, 2}) {
+  EXPECT_EQ(plan->node_buffer[7], -1);
+  EXPECT_EQ(plan->node_buffer[9], -1);
+  const PlannedBuffer& v_new = plan->buffers[plan->node_buffer[10]];
+  EXPECT_EQ(v_new.first_step, 7);
+  EXPECT_EQ(v_new.last_step, 12);
+  for (int64_t other : {8, 11}) {
     const PlannedBuffer& o = plan->buffers[plan->node_buffer[other]];
-    EXPECT_TRUE(o.offset + o.bytes <= s.offset || s.offset + s.bytes <= o.offset) << other;
+    EXPECT_TRUE(o.offset + o.bytes <= v_new.offset || v_new.offset + v_new.bytes <= o.offset) << other;
   }
-  // A side output written after it is defined is a malformed request.
-  r.run_step = {0, 1, 2, 4, 4};
-  EXPECT_FALSE(PlanBuffers(f, r).ok());
+  // A result written after it is defined is a malformed request.
+  request.run_step[10] = 11;
+  EXPECT_FALSE(PlanBuffers(f, request).ok());
 }
 
 TEST(BufferPlan, RandomGraphsHaveNoOverlapsAmongLiveBuffers) {

@@ -101,8 +101,8 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
                                      out->append(f.first);
                                    })
                                 << report;
-  // Every op but the three without kernels (parameter, reshape, dot_general) made some.
-  EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 3));
+  // Every op but the four without kernels (parameter, reshape, dot_general, get_result) made some.
+  EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 4));
 }
 
 TEST(Codegen, LoweringKindsOfWorklessOps) {

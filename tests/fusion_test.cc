@@ -4,6 +4,7 @@
 // group kernel compiles with NVRTC for sm_90a.
 #include "passes/fusion.h"
 
+#include <map>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -270,50 +271,44 @@ TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
   ASSERT_TRUE(ops.ok()) << ops.status();
 }
 
-// Multi-result ops (codegen/lower_composite.h): a parameter's three adamw_update nodes
-// become one in-place kernel, attention_grad's k and v one dk/dv kernel; the others are
-// side outputs with no launch of their own, and the kernels compile.
-TEST(KernelGroups, SiblingResultsShareOneKernel) {
+// Multi-result ops: a parameter's update is one adamw_update node with three results, one
+// in-place kernel writing them all; its get_result nodes launch nothing. attention writes
+// its output and LSE in one kernel, attention_grad dq in one and dk, dv in another.
+TEST(KernelGroups, MultiResultNodesWriteEveryResultFromTheirKernels) {
   ModelConfig config = *PresetConfig("llama-tiny");
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 2, .seq_len = 16, .precision = Precision::kBf16});
   TrainingStepLayout layout;
   ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout).ok());
   ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
   const Function& step = *m->FindFunction("train_step");
-  const std::vector<std::vector<const Node*>> adamw = FindResultSiblings(step);
-  ASSERT_EQ(adamw.size(), static_cast<size_t>(layout.num_params));
-  for (const auto& set : adamw) {
-    ASSERT_EQ(set.size(), 3u);
-    EXPECT_EQ(set[0]->opcode(), Opcode::kAdamWUpdate);
-  }
   absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(step, {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
-  int merged = 0, sides = 0;
+  int updates = 0, results = 0;
   for (const NodeKernels& n : report->nodes) {
-    if (n.node->opcode() != Opcode::kAdamWUpdate) continue;
-    if (n.lowered.kind == LoweringKind::kSideOutput) {
-      ++sides;
-    } else {
-      ++merged;
-      EXPECT_EQ(n.lowered.side_outputs.size(), 2u);
-      EXPECT_TRUE(n.lowered.elementwise_in_place);
-      ASSERT_EQ(n.lowered.kernels.size(), 1u);
-      EXPECT_NE(n.lowered.kernels[0].source.find("AdamWUpdateAll<"), std::string::npos);
+    if (n.node->opcode() == Opcode::kGetResult && n.node->operand(0)->opcode() == Opcode::kAdamWUpdate) {
+      ++results;
+      EXPECT_EQ(n.lowered.kind, LoweringKind::kResult);
+      EXPECT_TRUE(n.lowered.kernels.empty());
     }
+    if (n.node->opcode() != Opcode::kAdamWUpdate) continue;
+    ++updates;
+    EXPECT_EQ(n.node->num_results(), 3);
+    EXPECT_TRUE(n.lowered.elementwise_in_place);
+    ASSERT_EQ(n.lowered.kernels.size(), 1u);
+    EXPECT_NE(n.lowered.kernels[0].source.find("AdamWUpdate<"), std::string::npos);
   }
-  EXPECT_EQ(merged, layout.num_params);
-  EXPECT_EQ(sides, 2 * layout.num_params);
+  EXPECT_EQ(updates, layout.num_params);
+  EXPECT_EQ(results, 3 * layout.num_params);
 
   std::unique_ptr<Module> all_ops = testing::BuildAllOpsModule();
   const Function& attention = *all_ops->FindFunction("attention");
-  const std::vector<std::vector<const Node*>> sets = FindResultSiblings(attention);
-  ASSERT_EQ(sets.size(), 2u);  // attention with its LSE, and dk with dv; dq has a kernel of its own
-  EXPECT_EQ(sets[0][0]->opcode(), Opcode::kAttention);
-  EXPECT_EQ(sets[0][1]->opcode(), Opcode::kAttentionLse);
-  EXPECT_EQ(sets[1][0]->opcode(), Opcode::kAttentionGrad);
-  ASSERT_EQ(sets[1].size(), 2u);
   absl::StatusOr<KernelCompileReport> attention_kernels = CompileFunctionKernels(attention, {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(attention_kernels.ok()) << attention_kernels.status();
+  std::map<Opcode, size_t> kernels_of;
+  for (const NodeKernels& n : attention_kernels->nodes) kernels_of[n.node->opcode()] += n.lowered.kernels.size();
+  EXPECT_EQ(kernels_of[Opcode::kAttention], 1u);
+  EXPECT_EQ(kernels_of[Opcode::kAttentionGrad], 2u);
+  EXPECT_EQ(kernels_of[Opcode::kGetResult], 0u);
 }
 
 }  // namespace

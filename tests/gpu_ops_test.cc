@@ -272,15 +272,10 @@ std::vector<OpCase> OpCases() {
     cases.push_back({absl::StrCat("adamw_update_", n), kSums, [n](Builder& b) -> absl::Status {
                        std::vector<Node*> p = Params(b, {{f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {}},
                                                          {f32, {}}, {f32, {}}});
-                       std::vector<Node*> outs;
-                       for (const char* result : {"param", "m", "v"}) {
-                         absl::StatusOr<Node*> out = b.Op(
-                             Opcode::kAdamWUpdate, p,
-                             AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{result}}});
-                         if (!out.ok()) return out.status();
-                         outs.push_back(*out);
-                       }
-                       return b.Return(outs);
+                       absl::StatusOr<std::vector<Node*>> outs = b.MultiResultOp(
+                           Opcode::kAdamWUpdate, p, AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
+                       if (!outs.ok()) return outs.status();
+                       return b.Return(*outs);
                      },
                      {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}}});
   }
@@ -291,18 +286,18 @@ std::vector<OpCase> OpCases() {
                      std::vector<Node*> p = Params(b, {{bf16, {1, 4, 128, 128}}, {bf16, {1, 2, 128, 128}},
                                                        {bf16, {1, 2, 128, 128}}, {bf16, {1, 4, 128, 128}}});
                      const AttrMap scale{{"scale", 0.088388347648318}};
-                     absl::StatusOr<Node*> o = b.Op(Opcode::kAttention, {p[0], p[1], p[2]}, scale);
-                     absl::StatusOr<Node*> lse = b.Op(Opcode::kAttentionLse, {p[0], p[1]}, scale);
-                     if (!o.ok() || !lse.ok()) return o.ok() ? lse.status() : o.status();
-                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {*o, p[3]});
+                     absl::StatusOr<std::vector<Node*>> attention =
+                         b.MultiResultOp(Opcode::kAttention, {p[0], p[1], p[2]}, scale);
+                     if (!attention.ok()) return attention.status();
+                     Node* o = (*attention)[0];
+                     Node* lse = (*attention)[1];
+                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {o, p[3]});
                      if (!delta.ok()) return delta.status();
-                     std::vector<Node*> outs = {*o, *lse, *delta};
-                     for (const char* result : {"q", "k", "v"}) {
-                       absl::StatusOr<Node*> g = b.Op(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], *lse, *delta},
-                                                      AttrMap{{"scale", 0.088388347648318}, {"result", Symbol{result}}});
-                       if (!g.ok()) return g.status();
-                       outs.push_back(*g);
-                     }
+                     absl::StatusOr<std::vector<Node*>> grads =
+                         b.MultiResultOp(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], lse, *delta}, scale);
+                     if (!grads.ok()) return grads.status();
+                     std::vector<Node*> outs = {o, lse, *delta};
+                     outs.insert(outs.end(), grads->begin(), grads->end());
                      return b.Return(outs);
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});

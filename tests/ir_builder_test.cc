@@ -44,9 +44,9 @@ TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
   Node* wide_v = *b.Parameter("wide_v", {DType::kF32, {4, 9}});
   Node* bf16_p = *b.Parameter("bf16_p", {DType::kBF16, {4, 8}});
   Node* vector_decay = *b.Parameter("vector_decay", {DType::kF32, {1}});
-  const AttrMap attrs{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{"param"}}};
+  const AttrMap attrs{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}};
   auto error = [&](std::vector<Node*> operands, AttrMap a) {
-    absl::StatusOr<Node*> n = b.Op(Opcode::kAdamWUpdate, std::move(operands), std::move(a));
+    absl::StatusOr<std::vector<Node*>> n = b.MultiResultOp(Opcode::kAdamWUpdate, std::move(operands), std::move(a));
     return n.ok() ? std::string("ok") : std::string(n.status().message());
   };
   auto with = [&](int i, Node* x) {
@@ -64,7 +64,9 @@ TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
   EXPECT_THAT(error(with(0, bf16_p), attrs), ::testing::HasSubstr("p must be f32 (master weights), got bf16[4,8]"));
   EXPECT_THAT(error(with(5, vector_decay), attrs), ::testing::HasSubstr("decay must be an f32[] scalar, got f32[1]"));
   EXPECT_THAT(error(in, attr("beta2", 1.0)), ::testing::HasSubstr("beta2=1 must be in [0, 1)"));
-  EXPECT_THAT(error(in, attr("result", Symbol{"w"})), ::testing::HasSubstr("result 'w' is not one of param, m, v"));
+  absl::StatusOr<Node*> single = b.Op(Opcode::kAdamWUpdate, in, attrs);
+  ASSERT_FALSE(single.ok());
+  EXPECT_THAT(single.status().message(), ::testing::HasSubstr("has 3 results: build it with Builder::MultiResultOp"));
   EXPECT_THAT(error(in, attr("eps", -1.0)), ::testing::HasSubstr("eps=-1 must be finite and >= 0"));
 }
 

@@ -44,7 +44,7 @@ void ExpectSameModule(const Module& a, const Module& b) {
       EXPECT_EQ(n.name(), m.name());
       EXPECT_EQ(n.opcode(), m.opcode());
       EXPECT_EQ(OperandNames(n), OperandNames(m));
-      EXPECT_EQ(n.type(), m.type());
+      EXPECT_EQ(n.result_types(), m.result_types());
       EXPECT_TRUE(n.attrs() == m.attrs()) << n.attrs().ToString() << " vs " << m.attrs().ToString();
       EXPECT_EQ(n.scope(), m.scope());
     }
@@ -209,7 +209,7 @@ std::vector<RejectCase> RejectCases() {
        },
        "proto: "},
       {"version 99", edit([](auto& p) { p.set_format_version(99); }),
-       "unsupported IR format version 99 (this build reads version 1)"},
+       "unsupported IR format version 99 (this build reads version 2)"},
       {"no version", edit([](auto& p) { p.clear_format_version(); }), "unsupported IR format version 0"},
       {"dangling operand", edit([](auto& p) { NodeNamed(p, "neg")->set_operand_ids(0, 12345); }),
        "function @main, node id 6 (%6): operand 0 refers to id 12345, which is not defined earlier"},

@@ -448,11 +448,10 @@ TEST(ReferenceBackend, AdamWUpdateByHand) {
   std::vector<Node*> in;
   for (const char* name : {"p", "g", "m", "v"}) in.push_back(f.Param(name, {kF32, {3}}));
   for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(f.Param(name, {kF32, {}}));
-  std::vector<Node*> outs;
-  for (const char* result : {"param", "m", "v"}) {
-    outs.push_back(Fn::Ok(f.b.Op(Opcode::kAdamWUpdate, in,
-                                 AttrMap{{"beta1", 0.5}, {"beta2", 0.75}, {"eps", 1.0}, {"result", Symbol{result}}})));
-  }
+  absl::StatusOr<std::vector<Node*>> updated =
+      f.b.MultiResultOp(Opcode::kAdamWUpdate, in, AttrMap{{"beta1", 0.5}, {"beta2", 0.75}, {"eps", 1.0}});
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  const std::vector<Node*> outs = *updated;
   auto r = f.Eval(outs,
                   {F32({3}, {2, -4, 1}), F32({3}, {2, -1, 0}), F32({3}, {1, 0, 0}), F32({3}, {4, 1, 0}),
                    F32({}, {0.5}), F32({}, {0.75}), F32({}, {0.5})},

@@ -81,12 +81,9 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
       Lap(&phase_start));
 
   // Buffer roles from the lowering; GEMM plans (and so their scratch sizes) before the plan.
+  // A needed result needs its multi-result node (its operand); an unneeded one gets no
+  // buffer, and the node's kernels are passed null for it.
   std::vector<bool> needed = NeededNodes(f, exe->index_of_);
-  for (int64_t i = 0; i < f.num_nodes(); ++i) {  // a needed side output needs its sibling's kernel
-    for (const Node* side : report.nodes[i].lowered.side_outputs) {
-      if (needed[exe->index_of_.at(side)]) needed[i] = true;
-    }
-  }
   BufferPlanRequest request;
   request.roles.assign(f.num_nodes(), BufferRole::kNone);
   request.scratch_bytes.assign(f.num_nodes(), 0);
@@ -103,14 +100,14 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     const LoweredNode& lowered = report.nodes[i].lowered;
     if (report.nodes[i].node != &node) return absl::InternalError("codegen reported the nodes out of order");
     if (!needed[i] && node.opcode() != Opcode::kParameter) continue;
-    request.roles[i] = lowered.kind == LoweringKind::kAlias        ? BufferRole::kAlias
-                       : lowered.kind == LoweringKind::kFused      ? BufferRole::kFused
-                       : lowered.kind == LoweringKind::kSideOutput ? BufferRole::kSideOutput
-                                                                   : BufferRole::kOwn;
-    if (lowered.kind != LoweringKind::kSideOutput) request.elementwise_in_place[i] = lowered.elementwise_in_place;
-    for (const Node* side : lowered.side_outputs) {  // written by this node's kernel, at its step
-      request.run_step[exe->index_of_.at(side)] = i;
-      request.elementwise_in_place[exe->index_of_.at(side)] = lowered.elementwise_in_place;
+    request.roles[i] = lowered.kind == LoweringKind::kAlias    ? BufferRole::kAlias
+                       : lowered.kind == LoweringKind::kFused  ? BufferRole::kFused
+                       : lowered.kind == LoweringKind::kResult ? BufferRole::kResult
+                       : node.has_multiple_results()          ? BufferRole::kMultiResult
+                                                               : BufferRole::kOwn;
+    request.elementwise_in_place[i] = lowered.elementwise_in_place;
+    if (lowered.kind == LoweringKind::kResult) {  // written by its node's kernels, at that node's step
+      request.run_step[i] = exe->index_of_.at(node.operand(0));
     }
     if (lowered.kind == LoweringKind::kFused) {
       // Its operands are read when its group's root runs.
@@ -152,7 +149,10 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     const Node& node = *f.nodes()[i];
     const NodeKernels& nk = report.nodes[i];
-    if (roles[i] == BufferRole::kNone || node.type().num_elements() == 0) continue;
+    if (roles[i] == BufferRole::kNone) continue;
+    bool empty = true;
+    for (const TensorType& t : node.result_types()) empty &= t.num_elements() == 0;
+    if (empty) continue;
     if (nk.lowered.kind == LoweringKind::kGemm) {
       void* scratch = plan_.scratch_buffer[i] >= 0 ? BufferAddress(plan_.scratch_buffer[i]) : nullptr;
       steps_.push_back({.kind = Step::Kind::kGemm,
@@ -166,14 +166,20 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
       continue;
     }
     if (nk.lowered.kind != LoweringKind::kKernels) continue;  // parameters and aliases do no work
-    std::vector<void*> pointers = {NodeAddress(&node)};
+    // The outputs (each result of a multi-result node, null where it is not needed), then the inputs.
+    std::vector<void*> pointers;
+    if (node.has_multiple_results()) {
+      for (int r = 0; r < node.num_results(); ++r) {
+        const Node* result = node.result(r);
+        pointers.push_back(roles[index_of_.at(result)] == BufferRole::kNone ? nullptr : NodeAddress(result));
+      }
+    } else {
+      pointers.push_back(NodeAddress(&node));
+    }
     const std::vector<const Node*> inputs =
         nk.lowered.inputs.empty() ? std::vector<const Node*>(node.operands().begin(), node.operands().end())
                                   : nk.lowered.inputs;
     for (const Node* input : inputs) pointers.push_back(NodeAddress(input));
-    for (const Node* side : nk.lowered.side_outputs) {  // null where the sibling is not computed
-      pointers.push_back(roles[index_of_.at(side)] == BufferRole::kNone ? nullptr : NodeAddress(side));
-    }
     for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
       const int compiled = nk.compiled[k];
       if (library_of[compiled] == nullptr) {

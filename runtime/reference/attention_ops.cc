@@ -60,31 +60,20 @@ void ForEachHead(const EvalContext& ctx, const AttentionDims& s, Fn fn) {
 
 }  // namespace
 
-absl::StatusOr<HostTensor> EvalAttentionLse(const Node& node, Operands xs, const EvalContext& ctx) {
-  ASSIGN_OR_RETURN(double scale, node.attrs().GetFloat("scale"));
-  const AttentionDims s = DimsOf(*xs[0], *xs[1]);
-  HostTensor out(node.type());
-  ForEachHead(ctx, s, [&](int64_t b, int64_t h) {
-    std::vector<double> row;
-    for (int64_t i = 0; i < s.t; ++i) {
-      ScoreRow(s, xs[0]->values().data(), xs[1]->values().data(), b, h, i, scale, row);
-      out.mutable_values()[(b * s.h + h) * s.t + i] = LogSumExpOf(row);
-    }
-  });
-  return out;
-}
-
-absl::StatusOr<HostTensor> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx) {
+// O and the LSE of each row, which the backward reads.
+absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(double scale, node.attrs().GetFloat("scale"));
   const AttentionDims s = DimsOf(*xs[0], *xs[1]);
   const double* v = xs[2]->values().data();
-  HostTensor out(node.type());
+  HostTensor out(node.result_type(0));
+  HostTensor lse_out(node.result_type(1));
   ForEachHead(ctx, s, [&](int64_t b, int64_t h) {
     std::vector<double> row;
     const double* vh = v + (b * s.hkv + h / s.group()) * s.t * s.d;
     for (int64_t i = 0; i < s.t; ++i) {
       ScoreRow(s, xs[0]->values().data(), xs[1]->values().data(), b, h, i, scale, row);
       const double lse = LogSumExpOf(row);
+      lse_out.mutable_values()[(b * s.h + h) * s.t + i] = lse;
       double* o = out.mutable_values().data() + ((b * s.h + h) * s.t + i) * s.d;
       for (int64_t j = 0; j <= i; ++j) {
         const double p = Bf16(std::exp(row[j] - lse));
@@ -92,7 +81,10 @@ absl::StatusOr<HostTensor> EvalAttention(const Node& node, Operands xs, const Ev
       }
     }
   });
-  return out;
+  std::vector<HostTensor> results;
+  results.push_back(std::move(out));
+  results.push_back(std::move(lse_out));
+  return results;
 }
 
 absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx) {
@@ -109,9 +101,8 @@ absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, con
   return out;
 }
 
-absl::StatusOr<HostTensor> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx) {
+absl::StatusOr<std::vector<HostTensor>> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(double scale, node.attrs().GetFloat("scale"));
-  ASSIGN_OR_RETURN(std::string result, node.attrs().GetSymbol("result"));
   const AttentionDims s = DimsOf(*xs[0], *xs[1]);
   const double* q = xs[0]->values().data();
   const double* k = xs[1]->values().data();
@@ -119,42 +110,47 @@ absl::StatusOr<HostTensor> EvalAttentionGrad(const Node& node, Operands xs, cons
   const double* dout = xs[3]->values().data();
   const double* lse = xs[4]->values().data();
   const double* delta = xs[5]->values().data();
-  HostTensor out(node.type());
-  double* g = out.mutable_values().data();
+  std::vector<HostTensor> results;
+  for (int r = 0; r < 3; ++r) results.emplace_back(node.result_type(r));
+  double* dq = results[0].mutable_values().data();
+  double* dk = results[1].mutable_values().data();
+  double* dv = results[2].mutable_values().data();
   // dq rows are per query head: heads in parallel. dk and dv rows sum over the heads of a
   // group: kv heads in parallel, each walking its group's heads in order (deterministic).
-  const bool per_query_head = result == "q";
-  const int64_t units = per_query_head ? s.b * s.h : s.b * s.hkv;
-  ctx.pool.ParallelFor(units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<double> row;
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = per_query_head ? unit / s.h : unit / s.hkv;
-      const int64_t first_head = per_query_head ? unit % s.h : (unit % s.hkv) * s.group();
-      const int64_t heads = per_query_head ? 1 : s.group();
-      for (int64_t h = first_head; h < first_head + heads; ++h) {
-        const int64_t kv_base = (b * s.hkv + h / s.group()) * s.t * s.d;
-        for (int64_t i = 0; i < s.t; ++i) {
-          const int64_t qrow = (b * s.h + h) * s.t + i;
-          ScoreRow(s, q, k, b, h, i, scale, row);
-          for (int64_t j = 0; j <= i; ++j) {
-            const double p = std::exp(row[j] - lse[qrow]);
-            double dp = 0;
-            for (int64_t x = 0; x < s.d; ++x) dp += dout[qrow * s.d + x] * v[kv_base + j * s.d + x];
-            const double ds = Bf16(p * (dp - delta[qrow]) * scale);
-            if (result == "q") {
-              for (int64_t x = 0; x < s.d; ++x) g[qrow * s.d + x] += ds * k[kv_base + j * s.d + x];
-            } else if (result == "k") {
-              for (int64_t x = 0; x < s.d; ++x) g[kv_base + j * s.d + x] += ds * q[qrow * s.d + x];
-            } else {
-              const double pb = Bf16(p);
-              for (int64_t x = 0; x < s.d; ++x) g[kv_base + j * s.d + x] += pb * dout[qrow * s.d + x];
+  for (const bool per_query_head : {true, false}) {
+    const int64_t units = per_query_head ? s.b * s.h : s.b * s.hkv;
+    ctx.pool.ParallelFor(units, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> row;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t b = per_query_head ? unit / s.h : unit / s.hkv;
+        const int64_t first_head = per_query_head ? unit % s.h : (unit % s.hkv) * s.group();
+        const int64_t heads = per_query_head ? 1 : s.group();
+        for (int64_t h = first_head; h < first_head + heads; ++h) {
+          const int64_t kv_base = (b * s.hkv + h / s.group()) * s.t * s.d;
+          for (int64_t i = 0; i < s.t; ++i) {
+            const int64_t qrow = (b * s.h + h) * s.t + i;
+            ScoreRow(s, q, k, b, h, i, scale, row);
+            for (int64_t j = 0; j <= i; ++j) {
+              const double p = std::exp(row[j] - lse[qrow]);
+              double dp = 0;
+              for (int64_t x = 0; x < s.d; ++x) dp += dout[qrow * s.d + x] * v[kv_base + j * s.d + x];
+              const double ds = Bf16(p * (dp - delta[qrow]) * scale);
+              if (per_query_head) {
+                for (int64_t x = 0; x < s.d; ++x) dq[qrow * s.d + x] += ds * k[kv_base + j * s.d + x];
+              } else {
+                const double pb = Bf16(p);
+                for (int64_t x = 0; x < s.d; ++x) {
+                  dk[kv_base + j * s.d + x] += ds * q[qrow * s.d + x];
+                  dv[kv_base + j * s.d + x] += pb * dout[qrow * s.d + x];
+                }
+              }
             }
           }
         }
       }
-    }
-  });
-  return out;
+    });
+  }
+  return results;
 }
 
 }  // namespace kiln::reference

@@ -27,6 +27,9 @@ using Operands = absl::Span<const HostTensor* const>;
 // a kernel reports only data-dependent errors (an index out of range), without the node
 // name, which the evaluator adds.
 using OpKernel = absl::StatusOr<HostTensor> (*)(const Node& node, Operands xs, const EvalContext& ctx);
+// The same for an op of several results: one tensor per result, in order.
+using MultiResultKernel = absl::StatusOr<std::vector<HostTensor>> (*)(const Node& node, Operands xs,
+                                                                      const EvalContext& ctx);
 
 // leaf_ops.cc
 absl::StatusOr<HostTensor> EvalParameter(const Node& node, Operands xs, const EvalContext& ctx);
@@ -64,12 +67,11 @@ absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, c
 // rope.cc
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);
 // optimizer_ops.cc
-absl::StatusOr<HostTensor> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
 // attention_ops.cc
-absl::StatusOr<HostTensor> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
-absl::StatusOr<HostTensor> EvalAttentionLse(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx);
-absl::StatusOr<HostTensor> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx);
 
 // --- Shared helpers (tensor_layout.cc) ---
 

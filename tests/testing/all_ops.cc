@@ -17,6 +17,14 @@ Node* Must(absl::StatusOr<Node*> n) {
   return *n;
 }
 
+std::vector<Node*> Must(absl::StatusOr<std::vector<Node*>> results) {
+  if (!results.ok()) {
+    std::fprintf(stderr, "all_ops: %s\n", std::string(results.status().message()).c_str());
+    std::abort();
+  }
+  return *results;
+}
+
 }  // namespace
 
 std::unique_ptr<Module> BuildAllOpsModule() {
@@ -79,9 +87,8 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* second = Must(b.Mul(x, x));
   Node* scalar = Must(b.Unary(Opcode::kSigmoid, Must(b.ReduceMax(w, {0}))));
   Node* state = nullptr;
-  for (const char* result : {"param", "m", "v"}) {
-    Node* updated = Must(b.Op(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar},
-                              AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{result}}}));
+  for (Node* updated : Must(b.MultiResultOp(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar},
+                                            AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}))) {
     state = state == nullptr ? updated : Must(b.Add(state, updated));
   }
 
@@ -102,13 +109,14 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* dout = Must(a.Parameter("dout", {bf16, {1, 2, 64, 64}}));
   const AttrMap scale{{"scale", 0.125}};
   a.set_scope("layers.0.attn");
-  Node* o = Must(a.Op(Opcode::kAttention, {q, k, kv}, scale));
-  Node* lse = Must(a.Op(Opcode::kAttentionLse, {q, k}, scale));
+  const std::vector<Node*> attention = Must(a.MultiResultOp(Opcode::kAttention, {q, k, kv}, scale, {"o", "lse"}));
+  Node* o = attention[0];
+  Node* lse = attention[1];
   Node* delta = Must(a.Op(Opcode::kAttentionDelta, {o, dout}));
   std::vector<Node*> outputs = {o, lse, delta};
-  for (const char* result : {"q", "k", "v"}) {
-    outputs.push_back(Must(a.Op(Opcode::kAttentionGrad, {q, k, kv, dout, lse, delta},
-                                AttrMap{{"scale", 0.125}, {"result", Symbol{result}}})));
+  for (Node* grad : Must(a.MultiResultOp(Opcode::kAttentionGrad, {q, k, kv, dout, lse, delta}, scale,
+                                         {"dq", "dk", "dv"}))) {
+    outputs.push_back(grad);
   }
   a.set_scope("");
   if (!a.Return(outputs).ok()) std::abort();

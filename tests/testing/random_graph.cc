@@ -287,9 +287,10 @@ absl::StatusOr<Node*> GraphGenerator::AdamWStep() {
   ASSIGN_OR_RETURN(Node * step_size, Scalar(0.01 * static_cast<double>(1 + Uniform(4))));
   ASSIGN_OR_RETURN(Node * decay, Scalar(Coin() ? 1.0 : 0.999));
   ASSIGN_OR_RETURN(Node * sqrt_bc2, Scalar(0.25 * static_cast<double>(1 + Uniform(4))));
-  static constexpr const char* kResults[] = {"param", "m", "v"};
-  return b_.Op(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2},
-               AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"result", Symbol{kResults[Uniform(3)]}}});
+  ASSIGN_OR_RETURN(std::vector<Node*> results,
+                   b_.MultiResultOp(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2},
+                                    AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}));
+  return results[Uniform(3)];
 }
 
 // The attention family on the rope-shaped value [B,T,H,D] seen as [B,H,T,D] (one kv head
@@ -306,12 +307,14 @@ absl::StatusOr<Node*> GraphGenerator::AttentionStep() {
   ASSIGN_OR_RETURN(Node * v, as_bf16_heads(Partner(rope_x_)));
   ASSIGN_OR_RETURN(Node * dout, as_bf16_heads(Partner(rope_x_)));
   const double scale = 0.25 * static_cast<double>(1 + Uniform(4));
-  ASSIGN_OR_RETURN(Node * o, b_.Op(Opcode::kAttention, {q, k, v}, AttrMap{{"scale", scale}}));
-  ASSIGN_OR_RETURN(Node * lse, b_.Op(Opcode::kAttentionLse, {q, k}, AttrMap{{"scale", scale}}));
+  ASSIGN_OR_RETURN(std::vector<Node*> attention,
+                   b_.MultiResultOp(Opcode::kAttention, {q, k, v}, AttrMap{{"scale", scale}}));
+  Node* o = attention[0];
+  Node* lse = attention[1];
   ASSIGN_OR_RETURN(Node * delta, b_.Op(Opcode::kAttentionDelta, {o, dout}));
-  static constexpr const char* kResults[] = {"q", "k", "v"};
-  ASSIGN_OR_RETURN(Node * g, b_.Op(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
-                                   AttrMap{{"scale", scale}, {"result", Symbol{kResults[Uniform(3)]}}}));
+  ASSIGN_OR_RETURN(std::vector<Node*> grads, b_.MultiResultOp(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
+                                                              AttrMap{{"scale", scale}}));
+  Node* g = grads[Uniform(3)];
   ASSIGN_OR_RETURN(Node * rows, b_.Add(lse, delta));
   ASSIGN_OR_RETURN(Node * rows_b, b_.Broadcast(rows, {0, 1, 2}, o->type().dims));
   ASSIGN_OR_RETURN(Node * og, b_.Add(o, g));
@@ -330,6 +333,11 @@ absl::StatusOr<Node*> GraphGenerator::IotaStep() {
 absl::StatusOr<Node*> GraphGenerator::DuplicateStep() {
   Node* x = Pick([](const Node* n) { return n->opcode() != Opcode::kParameter; });
   if (x->opcode() == Opcode::kParameter) return BinaryStep();
+  if (x->opcode() == Opcode::kGetResult) {  // the whole multi-result node again, and the same result of it
+    const Node* multi = x->operand(0);
+    ASSIGN_OR_RETURN(std::vector<Node*> results, b_.MultiResultOp(multi->opcode(), multi->operands(), multi->attrs()));
+    return results[x->result_index()];
+  }
   const TensorType type = x->type();
   return b_.Op(x->opcode(), x->operands(), x->attrs(), &type);
 }
