@@ -101,7 +101,7 @@ absl::StatusOr<LoweredNode> LowerStridedCopy(const Node& node, const CodegenOpti
   const std::string type = CudaTypeName(dtype);
   const int width = StridedVectorWidth(layout, DTypeBytes(dtype));
   const int threads = options.threads_per_block;
-  const std::array<uint32_t, 3> grid = GridFor(count / width, threads);
+  const std::array<uint32_t, 3> grid = GridFor(count / width, threads, options.target);
   const int64_t bound =
       std::max(count, node.operand(0)->type().num_elements()) + int64_t{grid[0]} * threads;
 
@@ -161,7 +161,7 @@ absl::StatusOr<LoweredNode> LowerConcatenate(const Node& node, const CodegenOpti
   const std::string type = CudaTypeName(dtype);
   const int width = VectorWidth(DTypeBytes(dtype), runs);
   const int threads = options.threads_per_block;
-  const std::array<uint32_t, 3> grid = GridFor(count / width, threads);
+  const std::array<uint32_t, 3> grid = GridFor(count / width, threads, options.target);
 
   std::string params = absl::StrCat(type, "* out");
   // if (r < R0) x = in0[...]; else if ((r -= R0) < R1) x = in1[...]; ...

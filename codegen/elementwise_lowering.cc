@@ -108,7 +108,7 @@ absl::StatusOr<LoweredNode> LowerElementwise(const Node& node, const CodegenOpti
   }
   const int width = VectorWidth(widest, {count});
   const int threads = options.threads_per_block;
-  const std::array<uint32_t, 3> grid = GridFor(count / width, threads);
+  const std::array<uint32_t, 3> grid = GridFor(count / width, threads, options.target);
   const std::string name = KernelName(node);
   const std::string out_type = CudaTypeName(node.type().dtype);
 

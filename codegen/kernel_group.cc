@@ -235,7 +235,7 @@ absl::StatusOr<LoweredNode> LowerKernelGroup(const KernelGroup& group, const Cod
   }
   const int threads = options.threads_per_block;
   const int64_t per_block = int64_t{threads} * kElementsPerThread;
-  const std::array<uint32_t, 3> grid = GridFor((count + kElementsPerThread - 1) / kElementsPerThread, threads);
+  const std::array<uint32_t, 3> grid = GridFor((count + kElementsPerThread - 1) / kElementsPerThread, threads, options.target);
   const std::string name = absl::StrCat(KernelName(root), "_group");
   std::string members_comment;
   for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());

@@ -11,9 +11,10 @@
 namespace kiln::codegen {
 namespace {
 
-// The grid of a grid-stride loop: enough blocks to fill an H200 several times over
-// (132 SMs x 2048 threads), not one per element, so huge tensors loop instead.
-constexpr int64_t kMaxGridBlocks = 4096;
+// The grid of a grid-stride loop: enough blocks to fill the GPU four times over (2048
+// resident threads per SM), not one per element, so huge tensors loop instead.
+constexpr int64_t kResidentThreadsPerSm = 2048;
+constexpr int64_t kGridWaves = 4;
 
 // Load overload and Round specialization of one dtype.
 std::string DTypeLibrary(DType t) {
@@ -141,9 +142,10 @@ int VectorWidth(int widest_dtype_bytes, const std::vector<int64_t>& multiples_of
   return width;
 }
 
-std::array<uint32_t, 3> GridFor(int64_t work_items, int threads) {
+std::array<uint32_t, 3> GridFor(int64_t work_items, int threads, const Target& target) {
   const int64_t blocks = (work_items + threads - 1) / threads;
-  return {static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, kMaxGridBlocks)), 1, 1};
+  const int64_t max_blocks = std::max<int64_t>(1, target.sm_count * kResidentThreadsPerSm / threads * kGridWaves);
+  return {static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, max_blocks)), 1, 1};
 }
 
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {

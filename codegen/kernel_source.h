@@ -27,6 +27,7 @@
 
 #include "codegen/kernel_spec.h"
 #include "ir/graph.h"
+#include "passes/target.h"
 
 namespace kiln::codegen {
 
@@ -53,8 +54,9 @@ const char* IndexTypeFor(int64_t bound);
 // is at most 16 bytes and the count divides every entry of `multiples_of`.
 int VectorWidth(int widest_dtype_bytes, const std::vector<int64_t>& multiples_of);
 
-// A 1-D grid covering `work_items` with `threads` per block, capped for grid-stride loops.
-std::array<uint32_t, 3> GridFor(int64_t work_items, int threads);
+// A 1-D grid covering `work_items` with `threads` per block, capped for grid-stride loops at
+// a few waves of `target`'s SMs.
+std::array<uint32_t, 3> GridFor(int64_t work_items, int threads, const Target& target);
 
 // Row-major strides of `dims`.
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);

@@ -92,7 +92,7 @@ absl::StatusOr<LoweredNode> LowerConstant(const Node& node, const CodegenOptions
   std::string source = SourceOpening(node, {dtype});
   if (!dense) {
     const int width = VectorWidth(DTypeBytes(dtype), {count});
-    const std::array<uint32_t, 3> grid = GridFor(count / width, threads);
+    const std::array<uint32_t, 3> grid = GridFor(count / width, threads, options.target);
     absl::StrAppendFormat(&source,
                           "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out) {\n"
                           "  typedef %s Index;\n"
@@ -113,7 +113,7 @@ absl::StatusOr<LoweredNode> LowerConstant(const Node& node, const CodegenOptions
   for (int64_t i = 0; i < count; ++i) {
     absl::StrAppend(&literals, i % 8 == 0 ? "\n    " : " ", BitsLiteral(BitsOf(values[i], dtype), dtype), ",");
   }
-  const std::array<uint32_t, 3> grid = GridFor(count, threads);
+  const std::array<uint32_t, 3> grid = GridFor(count, threads, options.target);
   absl::StrAppendFormat(&source,
                         "__device__ const %s kValues[%d] = {%s\n};\n\n"
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out) {\n"
@@ -160,7 +160,7 @@ absl::StatusOr<LoweredNode> LowerIota(const Node& node, const CodegenOptions& op
   const std::string name = KernelName(node);
   const std::string type = CudaTypeName(t.dtype);
   const int threads = options.threads_per_block;
-  const std::array<uint32_t, 3> grid = GridFor(count, threads);
+  const std::array<uint32_t, 3> grid = GridFor(count, threads, options.target);
   std::string source = SourceOpening(node, {t.dtype});
   // The index along `dim` of element i is (i / inner) % dims[dim]; it rounds into the dtype
   // from a double, like the reference (bf16 holds integers exactly only up to 256).

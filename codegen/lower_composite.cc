@@ -50,9 +50,9 @@ constexpr int kRowElementsPerThread = 32;
 constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
-// Grid-stride kernels (AdamW): enough blocks to fill an H200's 132 SMs several times over;
+// Grid-stride kernels (AdamW): enough blocks to fill the target's SMs several times over;
 // past that, each thread loops instead of the grid growing.
-constexpr int64_t kMaxGridStrideBlocks = 132 * 16;
+constexpr int64_t kGridStrideBlocksPerSm = 16;
 
 // Row lengths are `int` template arguments and chunk offsets are computed in int.
 constexpr int64_t kMaxRowLength = int64_t{1} << 30;
@@ -333,7 +333,7 @@ absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOpti
   if (n == 0) return lowered;
   const int vec = ChunkWidth(n, {DType::kF32});
   const int threads = options.threads_per_block;
-  const int64_t blocks = std::min(CeilDiv(n / vec, threads), kMaxGridStrideBlocks);
+  const int64_t blocks = std::min(CeilDiv(n / vec, threads), kGridStrideBlocksPerSm * options.target.sm_count);
   Wrapper wrapper;
   wrapper.header = "adamw";
   wrapper.comment = absl::StrCat("adamw p', m', v' at once (in place) over ", Count(n, "element"), ", ",

@@ -6,11 +6,14 @@
 #include "absl/status/statusor.h"
 #include "codegen/kernel_spec.h"
 #include "ir/graph.h"
+#include "passes/target.h"
 
 namespace kiln {
 
 struct CodegenOptions {
   int threads_per_block = 256;
+  // The GPU the kernels are for: grids are sized by its SM count.
+  Target target;
 };
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});

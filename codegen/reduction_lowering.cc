@@ -35,11 +35,11 @@ namespace {
 
 constexpr int64_t kThreadPerOutputMaxReduced = 32;
 constexpr int64_t kWarpPerRowMaxReduced = 4096;
-// Enough blocks for two per SM of an H200 (132 SMs): below this, wider tiles starve it.
-constexpr int64_t kBlocksToFillGpu = 264;
+// Enough blocks for two per SM: below this, wider tiles starve the GPU.
+constexpr int64_t kBlocksPerSmToFill = 2;
 // Long rows split over blocks: aim for 8 blocks of 256 threads per SM, each thread folding
 // at least 4 vectors.
-constexpr int64_t kSplitTargetBlocks = 8 * 132;
+constexpr int64_t kSplitBlocksPerSm = 8;
 constexpr int kSplitThreads = 256;
 constexpr int64_t kSplitMinVectorsPerThread = 4;
 
@@ -126,6 +126,8 @@ struct Reduction {
   int64_t outputs;
   int64_t reduced;  // elements per output
   int64_t input_elements;
+  const Target* target;  // the GPU it runs on
+  int64_t blocks_to_fill() const { return kBlocksPerSmToFill * target->sm_count; }
 };
 
 // The loop body folding `width` elements at index i of `p` (a pointer: one vector access;
@@ -143,7 +145,7 @@ KernelSpec ThreadPerOutput(const Reduction& r, const std::vector<DimGroup>& grou
                            int threads) {
   std::vector<DimGroup> kept, reduced;
   for (const DimGroup& g : groups) (g.reduced ? reduced : kept).push_back(g);
-  const std::array<uint32_t, 3> grid = GridFor(r.outputs, threads);
+  const std::array<uint32_t, 3> grid = GridFor(r.outputs, threads, *r.target);
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
                         "  typedef %s Index;\n%s"
@@ -187,7 +189,7 @@ std::string GroupCombineCode(int group) {
 }
 
 KernelSpec RowReduce(const Reduction& r, int dtype_bytes, std::string source) {
-  const int group = r.reduced <= kWarpPerRowMaxReduced ? 32 : (r.outputs >= kBlocksToFillGpu ? 256 : 1024);
+  const int group = r.reduced <= kWarpPerRowMaxReduced ? 32 : (r.outputs >= r.blocks_to_fill() ? 256 : 1024);
   const int rows_per_block = group == 32 ? 8 : 1;
   const int width = r.fused ? 1 : VectorWidth(dtype_bytes, {r.reduced});
   const std::array<uint32_t, 3> grid = {
@@ -219,8 +221,8 @@ KernelSpec RowReduce(const Reduction& r, int dtype_bytes, std::string source) {
 // Blocks per row when a few long rows would leave most SMs idle (a gradient's squared norm
 // for clipping: [32000,768] -> []); 1 keeps a row in one block.
 int64_t SplitsPerRow(const Reduction& r, int width) {
-  if (r.outputs >= kBlocksToFillGpu) return 1;
-  const int64_t by_occupancy = (kSplitTargetBlocks + r.outputs - 1) / r.outputs;
+  if (r.outputs >= r.blocks_to_fill()) return 1;
+  const int64_t by_occupancy = (kSplitBlocksPerSm * r.target->sm_count + r.outputs - 1) / r.outputs;
   const int64_t by_work = r.reduced / width / (kSplitThreads * kSplitMinVectorsPerThread);
   return std::max<int64_t>(1, std::min(by_occupancy, by_work));
 }
@@ -274,7 +276,7 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
 
 KernelSpec ColumnReduce(const Reduction& r, const ThreeDims& t, std::string source) {
   auto blocks = [&](int64_t tile) { return t.outer * ((t.inner + tile - 1) / tile); };
-  int64_t tile = blocks(32) >= kBlocksToFillGpu ? 32 : blocks(16) >= kBlocksToFillGpu ? 16 : 8;
+  int64_t tile = blocks(32) >= r.blocks_to_fill() ? 32 : blocks(16) >= r.blocks_to_fill() ? 16 : 8;
   while (tile / 2 >= t.inner) tile /= 2;  // no idle columns when there are only a few
   int64_t row_groups = 1024 / tile;
   while (row_groups > t.reduced) row_groups /= 2;
@@ -324,6 +326,7 @@ absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& 
   r.outputs = outputs;
   r.reduced = x.num_elements() / outputs;
   r.input_elements = x.num_elements();
+  r.target = &options.target;
   const std::vector<DimGroup> groups = GroupDims(x, reduced_dims);
   const std::optional<ThreeDims> three = AsThreeDims(groups);
 

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "passes/backend_capabilities.h"
+#include "passes/target.h"
 
 namespace kiln {
 
@@ -28,8 +31,12 @@ inline absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
 }
 
 struct CompileOptions {
-  // CUDA architecture to generate code for, e.g. "sm_90"; empty: the device's.
-  std::string target_arch;
+  // The GPU to compile for (passes/target.h); empty: the device's, when there is one, else
+  // the nominal sm_90a.
+  std::optional<Target> target;
+  // What the code generator's kernels take (codegen/capabilities.h); null: passes that need
+  // an answer (select-flash-attention) select nothing, and say so in their decisions.
+  const BackendCapabilities* capabilities = nullptr;
   Precision precision = Precision::kBf16;
 
   // Pass names to skip (a group's name skips the whole group). An unknown name is an error

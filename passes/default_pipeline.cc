@@ -42,12 +42,14 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
 namespace {
 // One factory per pass that can run alone; the default pipeline's steps are built from the
 // same classes.
-std::unique_ptr<Pass> MakeSinglePass(absl::string_view name) {
+std::unique_ptr<Pass> MakeSinglePass(absl::string_view name, const CompileOptions& options) {
   if (name == "canonicalize") return std::make_unique<CanonicalizePass>();
   if (name == "cse") return std::make_unique<CsePass>();
   if (name == "dce") return std::make_unique<DcePass>();
   if (name == "fuse-loops") return std::make_unique<FusionPass>();
-  if (name == "select-flash-attention") return std::make_unique<SelectFlashAttentionPass>();
+  if (name == "select-flash-attention") {
+    return std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{}));
+  }
   return nullptr;
 }
 }  // namespace
@@ -61,7 +63,7 @@ absl::StatusOr<Pipeline> BuildPipelineFromNames(const std::vector<std::string>& 
   if (names.size() == 1 && names[0] == "default") return BuildDefaultPipeline(options);
   Pipeline p(absl::StrJoin(names, ","));
   for (const std::string& name : names) {
-    std::unique_ptr<Pass> pass = MakeSinglePass(name);
+    std::unique_ptr<Pass> pass = MakeSinglePass(name, options);
     if (!pass) {
       return absl::InvalidArgumentError(absl::StrCat("unknown pass '", name, "' (known: default, ",
                                                      absl::StrJoin(SinglePassNames(), ", "), ")"));
@@ -77,7 +79,7 @@ absl::StatusOr<PipelineReport> RunDefaultPipeline(Module& module, const CompileO
 
 Pipeline BuildForwardPipeline(const CompileOptions& options) {
   Pipeline p("forward");
-  p.Add(std::make_unique<SelectFlashAttentionPass>());
+  p.Add(std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{})));
   p.Add(std::make_unique<DcePass>());  // the decomposed attention it replaced
   return p;
 }

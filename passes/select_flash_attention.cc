@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
-#include "kernels/flash_attention.cuh"  // which shapes the kernels take (plain C++ here)
 
 namespace kiln {
 namespace {
@@ -97,7 +96,13 @@ absl::StatusOr<bool> SelectFlashAttentionPass::Run(Module& module) {
         continue;
       }
       const std::vector<int64_t>& qd = q->type().dims;
-      if (const char* why = kernels::FlashAttentionUnsupportedReason(qd[0], qd[1], qd[1], qd[2], qd[3])) {
+      if (capabilities_ == nullptr) {
+        decisions_.push_back(absl::StrCat(where, ": not selected: no backend capabilities were given to the compile"));
+        continue;
+      }
+      const std::string why =
+          capabilities_->AttentionUnsupportedReason({qd[0], qd[1], qd[1], qd[2], qd[3]}, target_);
+      if (!why.empty()) {
         decisions_.push_back(absl::StrCat(where, ": not selected: ", why));
         continue;
       }
@@ -118,7 +123,8 @@ absl::StatusOr<bool> SelectFlashAttentionPass::Run(Module& module) {
       KILN_CHECK(!results.empty());
       out->ReplaceAllUsesWith(results[0]);
       decisions_.push_back(absl::StrCat(where, ": attention, ", qd[1], " query heads on ", k0->type().dims[1],
-                                        " kv heads, scale ", scale));
+                                        " kv heads, scale ", scale, ": ",
+                                        capabilities_->AttentionImplementation(target_)));
       changed = true;
     }
   }

@@ -22,18 +22,25 @@
 #include <string>
 #include <vector>
 
+#include "passes/backend_capabilities.h"
 #include "passes/pass.h"
+#include "passes/target.h"
 
 namespace kiln {
 
 class SelectFlashAttentionPass : public Pass {
  public:
+  // `capabilities` (may be null: nothing is selected) says which shapes `target`'s kernels take.
+  SelectFlashAttentionPass(const BackendCapabilities* capabilities, Target target)
+      : capabilities_(capabilities), target_(std::move(target)) {}
   absl::string_view name() const override { return "select-flash-attention"; }
   absl::StatusOr<bool> Run(Module& module) override;
   // One line per matched pattern of the last Run: "%o: attention" or why not.
   const std::vector<std::string>& last_decisions() const { return decisions_; }
 
  private:
+  const BackendCapabilities* capabilities_;
+  Target target_;
   std::vector<std::string> decisions_;
 };
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "codegen/capabilities.h"
 #include "frontends/cuda_trainer.h"
 #include "frontends/hf_checkpoint.h"
 #include "frontends/llama.h"
@@ -43,7 +44,8 @@ TrainingRun TrainModel(const ModelConfig& config, int batch, int seq, Precision 
                        CudaDevice* device, const CudaExecutableOptions& options = {}, int profile_step = -1,
                        std::vector<StepTiming>* profile = nullptr) {
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision});
-  EXPECT_TRUE(RunForwardPipeline(*m, {}).ok());  // as kiln train: flash attention where it applies
+  // As kiln train: flash attention where it applies.
+  EXPECT_TRUE(RunForwardPipeline(*m, {.capabilities = &CodegenCapabilities()}).ok());
   TrainingStepLayout layout;
   Function* step = *BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
   EXPECT_TRUE(RunDefaultPipeline(*m, {}).ok());

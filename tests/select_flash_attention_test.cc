@@ -5,6 +5,8 @@
 // to the bf16 rounding noise the op's definition allows (ir/op_table.h).
 #include "passes/select_flash_attention.h"
 
+#include "codegen/capabilities.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,7 +48,7 @@ int Count(const Function& f, Opcode op) {
 TEST(SelectFlashAttention, EveryLayerBecomesOneAttentionOpOnTheKvHeads) {
   const ModelConfig c = FlashTiny();
   std::unique_ptr<Module> m = Build(c);
-  SelectFlashAttentionPass pass;
+  SelectFlashAttentionPass pass(&CodegenCapabilities(), Target{});
   absl::StatusOr<bool> changed = pass.Run(*m);
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
@@ -71,12 +73,45 @@ TEST(SelectFlashAttention, EveryLayerBecomesOneAttentionOpOnTheKvHeads) {
 
 TEST(SelectFlashAttention, ShapesTheKernelsCannotTakeStayDecomposedWithTheReason) {
   std::unique_ptr<Module> m = Build(*PresetConfig("llama-tiny"));  // head dim 32
-  SelectFlashAttentionPass pass;
+  SelectFlashAttentionPass pass(&CodegenCapabilities(), Target{});
   absl::StatusOr<bool> changed = pass.Run(*m);
   ASSERT_TRUE(changed.ok());
   EXPECT_FALSE(*changed);
   ASSERT_FALSE(pass.last_decisions().empty());
-  EXPECT_NE(pass.last_decisions()[0].find("not selected"), std::string::npos) << pass.last_decisions()[0];
+  EXPECT_NE(pass.last_decisions()[0].find("not selected: D must be 64 or 128"), std::string::npos)
+      << pass.last_decisions()[0];
+}
+
+// The choice is the target's: a GPU without bf16 tensor cores gets none, and a compile that
+// gives no capabilities selects nothing, saying why.
+TEST(SelectFlashAttention, TheTargetAndTheCapabilitiesDecide) {
+  const ModelConfig c = FlashTiny();
+  {
+    std::unique_ptr<Module> m = Build(c);
+    Target old_gpu = *TargetForArch("sm_80");
+    old_gpu.compute_capability = 75;
+    old_gpu.arch = "sm_75";
+    SelectFlashAttentionPass pass(&CodegenCapabilities(), old_gpu);
+    ASSERT_TRUE(pass.Run(*m).ok());
+    ASSERT_FALSE(pass.last_decisions().empty());
+    EXPECT_NE(pass.last_decisions()[0].find("not selected: sm_75 has no bf16 tensor cores"), std::string::npos)
+        << pass.last_decisions()[0];
+    EXPECT_EQ(Count(*m->FindFunction("forward"), Opcode::kAttention), 0);
+  }
+  {
+    std::unique_ptr<Module> m = Build(c);
+    SelectFlashAttentionPass pass(nullptr, Target{});
+    absl::StatusOr<bool> changed = pass.Run(*m);
+    ASSERT_TRUE(changed.ok());
+    EXPECT_FALSE(*changed);
+    EXPECT_NE(pass.last_decisions()[0].find("no backend capabilities"), std::string::npos) << pass.last_decisions()[0];
+  }
+  {
+    std::unique_ptr<Module> m = Build(c);
+    SelectFlashAttentionPass pass(&CodegenCapabilities(), *TargetForArch("sm_90a"));
+    ASSERT_TRUE(pass.Run(*m).ok());
+    EXPECT_NE(pass.last_decisions()[0].find("for sm_90a"), std::string::npos) << pass.last_decisions()[0];
+  }
 }
 
 // The training step's arguments: weights, zero moments, t, one batch, lr.
@@ -101,7 +136,7 @@ std::vector<HostTensor> StepArgs(const Function& step, const ModelConfig& c) {
 std::pair<double, std::vector<HostTensor>> LossAndGradients(bool flash) {
   const ModelConfig c = FlashTiny();
   std::unique_ptr<Module> m = Build(c);
-  if (flash) EXPECT_TRUE(RunForwardPipeline(*m, {}).ok());
+  if (flash) EXPECT_TRUE(RunForwardPipeline(*m, {.capabilities = &CodegenCapabilities()}).ok());
   TrainingStepLayout layout;
   absl::StatusOr<Function*> step = BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
   EXPECT_TRUE(step.ok()) << step.status();

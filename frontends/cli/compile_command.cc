@@ -11,6 +11,7 @@
 #include "passes/default_pipeline.h"
 #include "passes/fusion.h"
 #ifdef KILN_WITH_CUDA
+#include "codegen/capabilities.h"
 #include "codegen/compile_function.h"
 #include "runtime/cuda/device.h"
 #endif
@@ -21,6 +22,12 @@ namespace kiln::cli {
 absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
   CompileOptions options;
   ASSIGN_OR_RETURN(options.precision, ParsePrecision(args.Get("precision", "bf16")));
+  if (args.Has("target")) {
+    ASSIGN_OR_RETURN(options.target, TargetForArch(args.Get("target")));
+  }
+#ifdef KILN_WITH_CUDA
+  options.capabilities = &CodegenCapabilities();
+#endif
   options.dump_dir = args.Get("dump-dir");
   options.dump_regex = args.Get("dump-after", ".*");
   if (args.Has("disable-pass")) {
@@ -35,9 +42,9 @@ namespace {
 // kernel lowered and compiled with NVRTC, through the kernel cache.
 absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 #ifdef KILN_WITH_CUDA
-  NvrtcOptions nvrtc;
+  CodegenOptions codegen;
   if (args.Has("target")) {
-    nvrtc.arch = args.Get("target");
+    ASSIGN_OR_RETURN(codegen.target, TargetForArch(args.Get("target")));
   } else {
     absl::Status usable = CudaDevice::Available();
     if (!usable.ok()) {
@@ -45,10 +52,12 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Open(0));
-    nvrtc.arch = device->arch();
+    codegen.target = device->target();
   }
+  const NvrtcOptions nvrtc{.arch = codegen.target.arch};
+  std::printf("target %s\n", codegen.target.ToString().c_str());
   ASSIGN_OR_RETURN(KernelCache cache, KernelCache::Open());
-  ASSIGN_OR_RETURN(KernelCompileReport kernels, CompileModuleKernels(module, nvrtc, &cache));
+  ASSIGN_OR_RETURN(KernelCompileReport kernels, CompileModuleKernels(module, nvrtc, &cache, 0, codegen));
   int64_t gemms = 0;
   for (const NodeKernels& n : kernels.nodes) gemms += n.lowered.kind == LoweringKind::kGemm;
   std::printf("kernels for %s: %lld launches, %lld distinct (%lld from the cache in %s), %lld cuBLASLt GEMMs; "
@@ -58,7 +67,10 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
               kernels.nvrtc_seconds, kernels.wall_seconds);
   return absl::OkStatus();
 #else
-  if (args.Has("target")) return absl::UnimplementedError("--target: this kiln was built without the CUDA toolkit");
+  if (args.Has("target")) {
+    RETURN_IF_ERROR(TargetForArch(args.Get("target")).status());
+    return absl::UnimplementedError("--target: this kiln was built without the CUDA toolkit");
+  }
   return absl::OkStatus();
 #endif
 }
@@ -104,7 +116,9 @@ Command CompileCommand() {
                 {.name = "dump-after", .value_name = "REGEX", .help = "dump after passes whose name matches",
                  .default_value = ".*"},
                 {.name = "disable-pass", .value_name = "NAME,...", .help = "skip these passes"},
-                {.name = "target", .value_name = "ARCH", .help = "generate and NVRTC-compile every kernel for ARCH (e.g. sm_90a)",
+                {.name = "target", .value_name = "ARCH",
+                 .help = "generate and NVRTC-compile every kernel for ARCH: sm_90a, sm_90, sm_89, sm_86 or sm_80 "
+                         "(nominal SM count and shared memory of the family's data-centre part)",
                  .default_value = "the GPU's, if any"},
                 {.name = "report", .help = "print per pass: time, changed or not, nodes before/after"},
                 {.name = "output", .value_name = "FILE", .help = "write the compiled IR (text)", .short_name = 'o'}},

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "codegen/capabilities.h"
 #include "frontends/cli/backend_flag.h"
 #include "frontends/cli/commands.h"
 #include "frontends/hf_checkpoint.h"
@@ -244,6 +245,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
                    BuildLlamaModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
   CompileOptions compile_options;
   compile_options.precision = s.precision;
+#ifdef KILN_WITH_CUDA
+  compile_options.capabilities = &CodegenCapabilities();
+#endif
   // Before autodiff: the flash attention op brings its own backward.
   ASSIGN_OR_RETURN(PipelineReport forward_report, RunForwardPipeline(*module, compile_options));
   TrainingStepOptions step_options;

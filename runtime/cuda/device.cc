@@ -33,7 +33,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
   cudaDeviceProp props;
   KILN_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&props, ordinal), what);
   d->name_ = props.name;
-  d->arch_ = absl::StrCat("sm_", props.major, props.minor, props.major == 9 && props.minor == 0 ? "a" : "");
+  d->target_ = TargetForDevice(props.major, props.minor, props.multiProcessorCount,
+                               static_cast<int64_t>(props.sharedMemPerBlockOptin),
+                               absl::StrCat("device ", ordinal, ", ", props.name));
   d->total_bytes_ = static_cast<int64_t>(props.totalGlobalMem);
   KILN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking), what);
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtCreate(&d->cublas_), what);

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "passes/target.h"
 
 namespace kiln {
 
@@ -30,7 +31,9 @@ class CudaDevice {
   std::string name() const { return name_; }
   // The NVRTC target: "sm_90a" for compute capability 9.0 (kiln uses Hopper's 'a'
   // features), "sm_XY" otherwise.
-  std::string arch() const { return arch_; }
+  std::string arch() const { return target_.arch; }
+  // What codegen and the passes compile for on this device (SM count, shared memory, features).
+  const Target& target() const { return target_; }
   cudaStream_t stream() const { return stream_; }
   cublasLtHandle_t cublas() const { return cublas_; }
   int64_t free_bytes() const;
@@ -45,7 +48,8 @@ class CudaDevice {
  private:
   CudaDevice() = default;
   int ordinal_ = 0;
-  std::string name_, arch_;
+  std::string name_;
+  Target target_;
   int64_t total_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t cublas_ = nullptr;

@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
   KernelCache* cache_ptr = cache.ok() ? &*cache : nullptr;
   const NvrtcOptions nvrtc{.arch = device.arch()};
-  ASSIGN_OR_RETURN(KernelCompileReport report, CompileFunctionKernels(f, nvrtc, cache_ptr, options.compile_threads));
+  ASSIGN_OR_RETURN(KernelCompileReport report, CompileFunctionKernels(f, nvrtc, cache_ptr, options.compile_threads,
+                                                                      CodegenOptions{.target = device.target()}));
   if (static_cast<int64_t>(report.nodes.size()) != f.num_nodes()) {
     return absl::InternalError(absl::StrCat("codegen lowered ", report.nodes.size(), " of the ", f.num_nodes(),
                                             " nodes of @", f.name()));

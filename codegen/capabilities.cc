@@ -1,0 +1,32 @@
+#include "codegen/capabilities.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/flash_attention.cuh"  // the shapes the kernels take: plain C++ outside a CUDA compiler
+
+namespace kiln {
+namespace {
+
+class Capabilities final : public BackendCapabilities {
+ public:
+  std::string AttentionUnsupportedReason(const AttentionKernelShape& s, const Target& target) const override {
+    // The mma.sync kernels need bf16 tensor cores (sm_80 and later).
+    if (target.compute_capability < 80) {
+      return absl::StrCat(target.arch, " has no bf16 tensor cores (the flash kernels need sm_80 or later)");
+    }
+    const char* why = kernels::FlashAttentionUnsupportedReason(s.batch, s.heads, s.kv_heads, s.seq, s.head_dim);
+    return why == nullptr ? "" : why;
+  }
+
+  std::string AttentionImplementation(const Target& target) const override {
+    return absl::StrCat("mma.sync flash attention (kernels/flash_attention.cuh) for ", target.arch);
+  }
+};
+
+}  // namespace
+
+const BackendCapabilities& CodegenCapabilities() {
+  static const Capabilities capabilities;
+  return capabilities;
+}
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+// What the code generator's kernels can take, asked by passes before they choose an
+// implementation (select-flash-attention today; FP8 GEMMs and paged attention next). The
+// code generator answers (codegen/capabilities.h): passes/ includes nothing of kernels/ or
+// codegen/, and a compile that gives no answers selects nothing that needs one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "passes/target.h"
+
+namespace kiln {
+
+// Causal attention over q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, seq, head_dim].
+struct AttentionKernelShape {
+  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0;
+};
+
+class BackendCapabilities {
+ public:
+  virtual ~BackendCapabilities() = default;
+  // Why no attention kernel for `target` takes `shape`, or "" when one does.
+  virtual std::string AttentionUnsupportedReason(const AttentionKernelShape& shape, const Target& target) const = 0;
+  // The attention kernels `target` gets, in words ("mma.sync flash attention, 64x64 tiles").
+  virtual std::string AttentionImplementation(const Target& target) const = 0;
+};
+
+}  // namespace kiln
