@@ -136,7 +136,7 @@ class Pipeline {
 
   // A compile of this pipeline alone: checks options.disabled_passes against it, dumps the
   // input and runs every pass on `module` (see the top of this file). The first error stops
-  // the run; with verify_each the input is verified first ("input: ...").
+  // the run; with verify_each the input is verified before the first pass ("input: ...").
   absl::StatusOr<PipelineReport> Run(Module& module, const CompileOptions& options) const;
   // The same as one part of a longer compile, through its runner (the caller has checked the
   // disabled names against all of the compile's pipelines and dumped the input).

@@ -258,6 +258,10 @@ TEST_F(CliTest, CompileAndCheckBuildTheStepTrainRuns) {
   auto bad = RunCommand(Kiln() + " check llama-tiny" + small + " --accum 0");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(bad.output, "--accum must be >= 1")) << bad.output;
+  auto without_training = RunCommand(Kiln() + " compile llama-tiny --accum 2");
+  EXPECT_EQ(without_training.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(without_training.output, "--accum shapes the training step: it needs --training"))
+      << without_training.output;
   auto train_help = RunCommand(Kiln() + " train --help");
   EXPECT_TRUE(absl::StrContains(train_help.output, "--accum K")) << train_help.output;
 }

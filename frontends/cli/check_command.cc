@@ -38,6 +38,7 @@ void SetRealisticRanges(const LoadedModule& loaded, const Function& f, Different
 absl::Status RunCheck(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+  RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
   std::vector<std::string> names = absl::StrSplit(args.Get("passes", "default"), ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(Pipeline pipeline, BuildPipelineFromNames(names, options));
   const std::string pipeline_name = pipeline.name();

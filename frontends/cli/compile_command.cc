@@ -71,6 +71,7 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 absl::Status RunCompile(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+  RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
   int64_t nodes_before = 0;
   std::vector<PipelineReport> reports;
   if (args.Has("training")) {

@@ -52,6 +52,17 @@ absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs
   return options;
 }
 
+absl::Status CheckTrainingStepFlagsHaveTraining(const ParsedArgs& args) {
+  if (args.Has("training")) return absl::OkStatus();
+  for (const FlagSpec& flag : TrainingStepFlags()) {
+    if (args.Has(flag.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag.name, " shapes the training step: it needs --training"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 // An HF config.json is JSON with Llama config keys; a kiln JSON module has "functions".
 bool LooksLikeHuggingFaceConfig(absl::string_view content) {

@@ -33,6 +33,9 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args);
 // --training` take them too, so that they compile the step `train` runs.
 std::vector<FlagSpec> TrainingStepFlags();
 absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs& args);
+// For compile and check: a step flag without --training would change nothing, so it is an
+// error rather than silently ignored.
+absl::Status CheckTrainingStepFlagsHaveTraining(const ParsedArgs& args);
 
 // A module plus what is known about it, for commands that compile or check it.
 struct LoadedModule {
