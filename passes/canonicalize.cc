@@ -1,52 +1,31 @@
 #include "passes/canonicalize.h"
 
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ir/node_predicates.h"
+#include "ir/pattern_match.h"
 #include "ir/status_macros.h"
 #include "runtime/reference_backend.h"
 
 namespace kiln {
 namespace {
 
+namespace m = match;
+
 // ---------------------------------------------------------------------------------------
-// Matchers
-
-// The value every element of `node` holds, when it is a constant whose elements are all the
-// same (bitwise: -0.0 and 0.0 differ), or a broadcast of one.
-std::optional<double> SplatValue(const Node* node) {
-  if (node->opcode() == Opcode::kBroadcast) return SplatValue(node->operand(0));
-  if (node->opcode() != Opcode::kConstant) return std::nullopt;
-  if (node->attrs().Has("value")) {
-    absl::StatusOr<double> v = node->attrs().GetFloat("value");
-    return v.ok() ? std::optional<double>(*v) : std::nullopt;
-  }
-  absl::StatusOr<std::vector<double>> values = node->attrs().GetFloats("values");
-  if (!values.ok() || values->empty()) return std::nullopt;
-  for (double v : *values) {
-    if (std::memcmp(&v, &values->front(), sizeof(double)) != 0) return std::nullopt;
-  }
-  return values->front();
-}
-
-bool IsSplatOf(const Node* node, double want) {
-  std::optional<double> v = SplatValue(node);
-  return v && *v == want && std::signbit(*v) == std::signbit(want);
-}
-
-bool IsOne(const Node* node) { return IsSplatOf(node, 1.0); }
+// Predicates this pass alone needs; the shared ones (splats) are ir/node_predicates.h's.
 
 // x + z == x for every x, bit for bit: -0.0 for floats (+0.0 turns -0.0 into +0.0), 0 for
-// integers.
-bool IsAdditiveIdentity(const Node* node) {
-  return IsSplatOf(node, IsFloat(node->type().dtype) ? -0.0 : 0.0);
+// integers. (x - z == x needs +0.0 instead: x - -0.0 turns -0.0 into +0.0.)
+m::Pattern AdditiveIdentity() {
+  return m::Any().Where("the additive identity everywhere (-0.0 for floats, 0 for integers)", [](const Node& n) {
+    return IsSplatOf(n, IsFloat(n.type().dtype) ? -0.0 : 0.0);
+  });
 }
-// x - z == x for every x: +0.0 (x - -0.0 turns -0.0 into +0.0).
-bool IsSubtractiveIdentity(const Node* node) { return IsSplatOf(node, 0.0); }
 
 // Whether every value of dtype `narrow` is exactly a value of `wide`, so converting to
 // `wide` and on loses nothing.
@@ -75,7 +54,9 @@ bool IsIdentityPermutation(const std::vector<int64_t>& perm) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Rules. A rule looks at a node (the root) and its operands and decides one Rewrite.
+// Rules: a table of (pattern -> rewrite). The table is built once per Canonicalize call; its
+// patterns write their captures into one Captures, and a rewrite reads what its own pattern
+// captured.
 
 struct NoMatch {};
 struct InPlace {};  // the rule rewrote the root's operands or attributes itself
@@ -87,111 +68,60 @@ struct NewNode {    // the root becomes this node (same name, scope and type)
 // Node*: an existing node replaces the root.
 using Rewrite = std::variant<NoMatch, InPlace, Node*, NewNode>;
 
-struct RewriteContext {
-  int64_t max_fold_elements;
+struct Captures {
+  Node* x = nullptr;      // the value that survives the rewrite
+  Node* inner = nullptr;  // the inner node of a chain of two
 };
 
-using RuleFn = Rewrite (*)(Node& node, const RewriteContext& ctx);
+using RewriteFn = Rewrite (*)(Node& root, const Captures& captured);
 
 struct RewriteRule {
   absl::string_view name;
-  std::optional<Opcode> root;  // the op the rule matches; nullopt: any op
-  RuleFn apply;
+  std::optional<Opcode> root;  // the op the pattern is rooted at, to skip it quickly; nullopt: any
+  m::Pattern pattern;
+  RewriteFn rewrite;
 };
 
-Rewrite MulByOne(Node& node, const RewriteContext&) {
-  if (IsOne(node.operand(1))) return node.operand(0);
-  if (node.opcode() == Opcode::kMul && IsOne(node.operand(0))) return node.operand(1);
-  return NoMatch{};
-}
+Rewrite ReplaceByX(Node&, const Captures& captured) { return captured.x; }
 
-Rewrite AddZero(Node& node, const RewriteContext&) {
-  if (node.opcode() == Opcode::kSub) return IsSubtractiveIdentity(node.operand(1)) ? Rewrite(node.operand(0)) : NoMatch{};
-  if (IsAdditiveIdentity(node.operand(1))) return node.operand(0);
-  if (IsAdditiveIdentity(node.operand(0))) return node.operand(1);
-  return NoMatch{};
-}
-
-// Nodes whose result equals their operand when the types match: convert, reshape,
-// concatenate of one operand.
-Rewrite SameTypeIdentity(Node& node, const RewriteContext&) {
-  if (node.num_operands() != 1 || node.operand(0)->type() != node.type()) return NoMatch{};
-  return node.operand(0);
-}
-
-Rewrite ConvertChain(Node& node, const RewriteContext&) {
-  Node* middle = node.operand(0);
-  if (middle->opcode() != Opcode::kConvert) return NoMatch{};
-  Node* x = middle->operand(0);
-  if (!HoldsEveryValueOf(middle->type().dtype, x->type().dtype)) return NoMatch{};
-  node.ReplaceOperand(0, x);
+// convert(convert(x)) or reshape(reshape(x)) -> the outer one applied to x; its declared
+// result type stays.
+Rewrite SkipInner(Node& root, const Captures& captured) {
+  root.ReplaceOperand(0, captured.x);
   return InPlace{};
 }
 
-Rewrite ReshapeChain(Node& node, const RewriteContext&) {
-  Node* inner = node.operand(0);
-  if (inner->opcode() != Opcode::kReshape) return NoMatch{};
-  node.ReplaceOperand(0, inner->operand(0));  // the declared result type stays
-  return InPlace{};
-}
-
-Rewrite TransposeChain(Node& node, const RewriteContext&) {
-  const std::vector<int64_t> perm = IntsOr(node, "perm");
-  if (IsIdentityPermutation(perm)) return node.operand(0);
-  Node* inner = node.operand(0);
-  if (inner->opcode() != Opcode::kTranspose) return NoMatch{};
+Rewrite ComposeTransposes(Node& root, const Captures& captured) {
   // Result dim i is inner dim perm[i], which is x dim inner_perm[perm[i]].
-  const std::vector<int64_t> inner_perm = IntsOr(*inner, "perm");
+  const std::vector<int64_t> inner_perm = IntsOr(*captured.inner, "perm");
   std::vector<int64_t> composed;
-  for (int64_t p : perm) composed.push_back(inner_perm[p]);
-  node.ReplaceOperand(0, inner->operand(0));
-  node.mutable_attrs().Set("perm", composed);
+  for (int64_t p : IntsOr(root, "perm")) composed.push_back(inner_perm[p]);
+  root.ReplaceOperand(0, captured.x);
+  root.mutable_attrs().Set("perm", composed);
   return InPlace{};
 }
 
-Rewrite BroadcastChain(Node& node, const RewriteContext&) {
-  const std::vector<int64_t> dims = IntsOr(node, "dims");
-  Node* x = node.operand(0);
-  if (x->type() == node.type() && IsIdentityPermutation(dims)) return x;
-  if (x->opcode() != Opcode::kBroadcast) return NoMatch{};
+Rewrite ComposeBroadcasts(Node& root, const Captures& captured) {
   // Operand dim i of the inner broadcast lands on its result dim inner_dims[i], which the
   // outer one maps to dims[inner_dims[i]]. A dim of size 1 anywhere along the way repeats
   // one element either way, so the composition is exact.
-  const std::vector<int64_t> inner_dims = IntsOr(*x, "dims");
+  const std::vector<int64_t> dims = IntsOr(root, "dims");
   std::vector<int64_t> composed;
-  for (int64_t d : inner_dims) composed.push_back(dims[d]);
-  node.ReplaceOperand(0, x->operand(0));
-  node.mutable_attrs().Set("dims", composed);
+  for (int64_t d : IntsOr(*captured.inner, "dims")) composed.push_back(dims[d]);
+  root.ReplaceOperand(0, captured.x);
+  root.mutable_attrs().Set("dims", composed);
   return InPlace{};
 }
 
-Rewrite SliceIdentity(Node& node, const RewriteContext&) {
-  const Node* x = node.operand(0);
-  if (x->type() != node.type()) return NoMatch{};
-  // Same shape: every stride must be 1 (or the dim has one element) and every start 0.
-  const std::vector<int64_t> start = IntsOr(node, "start");
-  for (int64_t s : start) {
-    if (s != 0) return NoMatch{};
-  }
-  return node.operand(0);
-}
-
-Rewrite FoldConstants(Node& node, const RewriteContext& ctx) {
-  if (GetOpInfo(node.opcode()).category == OpCategory::kLeaf) return NoMatch{};
-  if (node.type().num_elements() > ctx.max_fold_elements) return NoMatch{};
-  for (const Node* operand : node.operands()) {
-    if (operand->opcode() != Opcode::kConstant || operand->type().num_elements() > ctx.max_fold_elements) {
-      return NoMatch{};
-    }
-  }
-  // Evaluate the op alone, with the reference backend's kernel for it.
+// The root's value, computed by the reference backend's kernel for its op.
+Rewrite FoldConstant(Node& root, const Captures&) {
   Module scratch("fold");
   Function* f = scratch.AddFunction("fold");
   std::vector<Node*> operands;
-  for (const Node* operand : node.operands()) {
+  for (const Node* operand : root.operands()) {
     operands.push_back(f->AppendNode(Opcode::kConstant, {}, operand->attrs(), operand->type()));
   }
-  f->SetOutputs({f->AppendNode(node.opcode(), operands, node.attrs(), node.type())});
+  f->SetOutputs({f->AppendNode(root.opcode(), operands, root.attrs(), root.type())});
   absl::StatusOr<std::vector<HostTensor>> result = EvaluateFunction(*f, {}, {.num_threads = 1});
   // An op that fails on these constants (integer division by zero, an index out of range)
   // is left for the program to report when it runs.
@@ -208,23 +138,57 @@ Rewrite FoldConstants(Node& node, const RewriteContext& ctx) {
   return NewNode{Opcode::kConstant, {}, std::move(attrs)};
 }
 
-const std::vector<RewriteRule>& Rules() {
-  static const std::vector<RewriteRule> rules = {
-      {"fold-constants", std::nullopt, FoldConstants},
-      {"mul-by-one", Opcode::kMul, MulByOne},
-      {"mul-by-one", Opcode::kDiv, MulByOne},
-      {"add-zero", Opcode::kAdd, AddZero},
-      {"add-zero", Opcode::kSub, AddZero},
-      {"convert-identity", Opcode::kConvert, SameTypeIdentity},
-      {"convert-chain", Opcode::kConvert, ConvertChain},
-      {"reshape-chain", Opcode::kReshape, SameTypeIdentity},
-      {"reshape-chain", Opcode::kReshape, ReshapeChain},
-      {"transpose-chain", Opcode::kTranspose, TransposeChain},
-      {"broadcast-chain", Opcode::kBroadcast, BroadcastChain},
-      {"slice-identity", Opcode::kSlice, SliceIdentity},
-      {"concatenate-single", Opcode::kConcatenate, SameTypeIdentity},
+// The rules of the header, in the order they are tried.
+std::vector<RewriteRule> MakeRules(Captures& c, int64_t max_fold_elements) {
+  const auto small = [max_fold_elements](const Node& n) { return n.type().num_elements() <= max_fold_elements; };
+  const m::Pattern foldable =
+      m::Any()
+          .Where("an op with operands", [](const Node& n) { return GetOpInfo(n.opcode()).category != OpCategory::kLeaf; })
+          .Where("small enough to fold", small)
+          .WithEveryOperand(m::Op(Opcode::kConstant).Where("small enough to fold", small));
+  // A node of one operand that has the node's own type: convert, reshape, concatenate.
+  const m::Pattern same_type_as_operand = m::Any().WithOperands({m::Any(&c.x)}).Where(
+      "of its operand's type", [](const Node& n) { return n.operand(0)->type() == n.type(); });
+  const m::Pattern lossless_convert =
+      m::Op(Opcode::kConvert, {m::Any(&c.x)}).Where("a convert that holds every value of its operand", [](const Node& n) {
+        return HoldsEveryValueOf(n.type().dtype, n.operand(0)->type().dtype);
+      });
+  const auto identity_perm = [](const Node& n) { return IsIdentityPermutation(IntsOr(n, "perm")); };
+  const auto broadcast_identity = [](const Node& n) {
+    return n.operand(0)->type() == n.type() && IsIdentityPermutation(IntsOr(n, "dims"));
   };
-  return rules;
+  // Same shape: every stride is 1 (or the dim has one element), so every start must be 0.
+  const auto slice_identity = [](const Node& n) {
+    if (n.operand(0)->type() != n.type()) return false;
+    for (int64_t start : IntsOr(n, "start")) {
+      if (start != 0) return false;
+    }
+    return true;
+  };
+  return {
+      {"fold-constants", std::nullopt, foldable, FoldConstant},
+      {"mul-by-one", Opcode::kMul, m::AnyOrder(Opcode::kMul, m::Any(&c.x), m::SplatOf(1.0)), ReplaceByX},
+      {"mul-by-one", Opcode::kDiv, m::Op(Opcode::kDiv, {m::Any(&c.x), m::SplatOf(1.0)}), ReplaceByX},
+      {"add-zero", Opcode::kAdd, m::AnyOrder(Opcode::kAdd, m::Any(&c.x), AdditiveIdentity()), ReplaceByX},
+      {"add-zero", Opcode::kSub, m::Op(Opcode::kSub, {m::Any(&c.x), m::SplatOf(0.0)}), ReplaceByX},
+      {"convert-identity", Opcode::kConvert, same_type_as_operand, ReplaceByX},
+      {"convert-chain", Opcode::kConvert, m::Op(Opcode::kConvert, {lossless_convert}), SkipInner},
+      {"reshape-chain", Opcode::kReshape, same_type_as_operand, ReplaceByX},
+      {"reshape-chain", Opcode::kReshape, m::Op(Opcode::kReshape, {m::Op(Opcode::kReshape, {m::Any(&c.x)})}),
+       SkipInner},
+      {"transpose-chain", Opcode::kTranspose,
+       m::Op(Opcode::kTranspose, {m::Any(&c.x)}).Where("an identity permutation", identity_perm), ReplaceByX},
+      {"transpose-chain", Opcode::kTranspose,
+       m::Op(Opcode::kTranspose, {m::Op(Opcode::kTranspose, {m::Any(&c.x)}).Capture(&c.inner)}), ComposeTransposes},
+      {"broadcast-chain", Opcode::kBroadcast,
+       m::Op(Opcode::kBroadcast, {m::Any(&c.x)}).Where("a broadcast to its operand's type", broadcast_identity),
+       ReplaceByX},
+      {"broadcast-chain", Opcode::kBroadcast,
+       m::Op(Opcode::kBroadcast, {m::Op(Opcode::kBroadcast, {m::Any(&c.x)}).Capture(&c.inner)}), ComposeBroadcasts},
+      {"slice-identity", Opcode::kSlice,
+       m::Op(Opcode::kSlice, {m::Any(&c.x)}).Where("a slice that keeps every element", slice_identity), ReplaceByX},
+      {"concatenate-single", Opcode::kConcatenate, same_type_as_operand, ReplaceByX},
+  };
 }
 
 // Replaces `node` by a new node that keeps its name, so dumps and tests still read %name.
@@ -244,15 +208,16 @@ void ReplaceWithNew(Node* node, NewNode spec) {
 
 // Applies rules to `node` until none fires or it is replaced (and removed). Returns whether
 // any fired.
-bool RewriteNode(Node* node, const RewriteContext& ctx) {
+bool RewriteNode(Node* node, const std::vector<RewriteRule>& rules, const Captures& captured) {
   // A multi-result node and its results stay one group: no rule folds or replaces them.
   if (node->has_multiple_results() || node->opcode() == Opcode::kGetResult) return false;
   bool changed = false;
   for (bool again = true; again;) {
     again = false;
-    for (const RewriteRule& rule : Rules()) {
+    for (const RewriteRule& rule : rules) {
       if (rule.root && *rule.root != node->opcode()) continue;
-      Rewrite rewrite = rule.apply(*node, ctx);
+      if (!m::Match(node, rule.pattern)) continue;
+      Rewrite rewrite = rule.rewrite(*node, captured);
       if (std::holds_alternative<NoMatch>(rewrite)) continue;
       changed = true;
       if (std::holds_alternative<InPlace>(rewrite)) {  // try every rule on the new form
@@ -274,7 +239,8 @@ bool RewriteNode(Node* node, const RewriteContext& ctx) {
 }  // namespace
 
 bool Canonicalize(Function& function, int64_t max_fold_elements) {
-  const RewriteContext ctx{max_fold_elements};
+  Captures captured;
+  const std::vector<RewriteRule> rules = MakeRules(captured, max_fold_elements);
   // Rules look only at a node and its operands, and operands come first, so one sweep in
   // definition order sees each node with its operands already rewritten. A node may be
   // removed while it is being visited; the snapshot only holds nodes not yet visited.
@@ -282,17 +248,13 @@ bool Canonicalize(Function& function, int64_t max_fold_elements) {
   for (const auto& n : function.nodes()) snapshot.push_back(n.get());
   bool changed = false;
   for (Node* node : snapshot) {
-    changed |= RewriteNode(node, ctx);
+    changed |= RewriteNode(node, rules, captured);
   }
   return changed;
 }
 
-absl::StatusOr<bool> CanonicalizePass::Run(Module& module) {
-  bool changed = false;
-  for (const auto& function : module.functions()) {
-    changed |= Canonicalize(*function, max_fold_elements_);
-  }
-  return changed;
+absl::StatusOr<bool> CanonicalizePass::RunOnFunction(Function& function) {
+  return Canonicalize(function, max_fold_elements_);
 }
 
 }  // namespace kiln

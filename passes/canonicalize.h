@@ -1,6 +1,7 @@
 // Canonicalization: local rewrites that make a graph smaller without changing any value, bit
 // for bit, in the CPU reference backend. It is a table of (pattern -> rewrite) rules
-// (tinygrad's PatternMatcher shape) applied by one sweep in definition order:
+// (tinygrad's PatternMatcher shape), the patterns written with ir/pattern_match.h, applied by
+// one sweep in definition order:
 //
 //   fold-constants      an op whose operands are all constants, with at most
 //                       max_fold_elements elements in and out, becomes a constant. The
@@ -20,7 +21,7 @@
 //   slice-identity      a slice that keeps every element -> x
 //   concatenate-single  concatenate(x) -> x
 // "1" and "0" mean a constant whose every element is exactly that (a splat, dense equal
-// values, or a broadcast of such a constant).
+// values, or a broadcast of such a constant: SplatValue in ir/node_predicates.h).
 //
 // Before:
 //   %x = parameter() {index=0} : f32[2,3]
@@ -48,13 +49,14 @@
 
 namespace kiln {
 
-class CanonicalizePass : public Pass {
+class CanonicalizePass : public FunctionPass {
  public:
+  static constexpr absl::string_view kName = "canonicalize";
   // Folding evaluates on the host, so it is kept to small tensors (masks, scalars, shapes).
   explicit CanonicalizePass(int64_t max_fold_elements = 1024) : max_fold_elements_(max_fold_elements) {}
 
-  absl::string_view name() const override { return "canonicalize"; }
-  absl::StatusOr<bool> Run(Module& module) override;
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
 
  private:
   int64_t max_fold_elements_;

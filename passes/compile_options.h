@@ -39,13 +39,16 @@ struct CompileOptions {
   const BackendCapabilities* capabilities = nullptr;
   Precision precision = Precision::kBf16;
 
-  // Pass names to skip (a group's name skips the whole group). An unknown name is an error
-  // that lists the known ones.
+  // Pass names to skip (a group's name skips the whole group), in whichever pipeline of the
+  // compile has them. A name that none of the compile's pipelines has is an error that lists
+  // theirs.
   std::vector<std::string> disabled_passes;
 
   // When non-empty, the module is printed into this folder before the first pass
   // ("000-input.kir") and after each pass whose name matches `dump_regex` (partial match,
-  // std::regex ECMAScript), numbered in execution order: "003-after-cse.kir".
+  // std::regex ECMAScript), numbered in execution order over the whole compile, all its
+  // pipelines together: "003-after-cse.kir". A dump_regex that does not compile is an error
+  // even when nothing is dumped.
   std::string dump_dir;
   std::string dump_regex = ".*";
 

@@ -62,10 +62,6 @@ bool EliminateCommonSubexpressions(Function& function) {
   return true;
 }
 
-absl::StatusOr<bool> CsePass::Run(Module& module) {
-  bool changed = false;
-  for (const auto& function : module.functions()) changed |= EliminateCommonSubexpressions(*function);
-  return changed;
-}
+absl::StatusOr<bool> CsePass::RunOnFunction(Function& function) { return EliminateCommonSubexpressions(function); }
 
 }  // namespace kiln

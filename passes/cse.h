@@ -21,10 +21,11 @@
 
 namespace kiln {
 
-class CsePass : public Pass {
+class CsePass : public FunctionPass {
  public:
-  absl::string_view name() const override { return "cse"; }
-  absl::StatusOr<bool> Run(Module& module) override;
+  static constexpr absl::string_view kName = "cse";
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
 };
 
 // The same on one function; returns whether anything was merged.

@@ -28,10 +28,6 @@ bool RemoveDeadNodes(Function& function) {
   return true;
 }
 
-absl::StatusOr<bool> DcePass::Run(Module& module) {
-  bool changed = false;
-  for (const auto& function : module.functions()) changed |= RemoveDeadNodes(*function);
-  return changed;
-}
+absl::StatusOr<bool> DcePass::RunOnFunction(Function& function) { return RemoveDeadNodes(function); }
 
 }  // namespace kiln

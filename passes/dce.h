@@ -18,10 +18,11 @@
 
 namespace kiln {
 
-class DcePass : public Pass {
+class DcePass : public FunctionPass {
  public:
-  absl::string_view name() const override { return "dce"; }
-  absl::StatusOr<bool> Run(Module& module) override;
+  static constexpr absl::string_view kName = "dce";
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
 };
 
 // The same on one function; returns whether anything was removed.

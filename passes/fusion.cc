@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "ir/node_predicates.h"
 
 namespace kiln {
 namespace {
@@ -14,10 +15,6 @@ bool IsOutput(const Node& node) {
     if (out == &node) return true;
   }
   return false;
-}
-
-bool IsSplatConstant(const Node& node) {
-  return node.opcode() == Opcode::kConstant && !node.attrs().Has("values");
 }
 
 // Reads no memory: an iota, a splat constant, or a loop op of such nodes only. Duplicating
@@ -94,50 +91,47 @@ std::string KernelGroupOf(const Node& node) {
   return group.ok() ? *group : "";
 }
 
-absl::StatusOr<bool> FusionPass::Run(Module& module) {
+absl::StatusOr<bool> FusionPass::RunOnFunction(Function& f) {
   bool changed = false;
-  for (const auto& function : module.functions()) {
-    Function& f = *function;
-    std::vector<Node*> order;
-    for (const auto& n : f.nodes()) order.push_back(n.get());
-    absl::flat_hash_set<const Node*> grouped;
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      Node* root = *it;
-      // A root computes something from memory: leaves and reshapes alone are not kernels.
-      if (grouped.contains(root) || !KernelGroupOf(*root).empty() ||
-          !(IsLoopFusible(*root) || IsFusibleReduction(*root)) || root->num_operands() == 0 ||
-          root->opcode() == Opcode::kReshape) {
-        continue;
-      }
-      absl::flat_hash_set<const Node*> members = {root};
-      std::vector<Node*> worklist = {root};
-      while (!worklist.empty()) {
-        Node* consumer = worklist.back();
-        worklist.pop_back();
-        for (int i = 0; i < consumer->num_operands(); ++i) {
-          Node* producer = consumer->operand(i);
-          if (members.contains(producer) || !WhyNotFusible(*producer).empty() || grouped.contains(producer)) continue;
-          bool all_uses_inside = true;
-          for (const Node* user : producer->users()) all_uses_inside &= members.contains(user);
-          if (!all_uses_inside) {
-            if (!ReadsNoMemory(*producer)) continue;
-            // Its own copy for this group; the original stays for its other users.
-            producer = f.InsertNodeBefore(consumer, producer->opcode(), producer->operands(), producer->attrs(),
-                                          producer->type(), f.UniqueName(absl::StrCat(producer->name(), ".dup")),
-                                          producer->scope());
-            consumer->ReplaceOperand(i, producer);
-          }
-          members.insert(producer);
-          worklist.push_back(producer);
-        }
-      }
-      if (members.size() < 2) continue;
-      for (const Node* m : members) {
-        grouped.insert(m);
-        const_cast<Node*>(m)->mutable_attrs().Set(std::string(kKernelGroupAttr), root->name());
-      }
-      changed = true;
+  std::vector<Node*> order;
+  for (const auto& n : f.nodes()) order.push_back(n.get());
+  absl::flat_hash_set<const Node*> grouped;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* root = *it;
+    // A root computes something from memory: leaves and reshapes alone are not kernels.
+    if (grouped.contains(root) || !KernelGroupOf(*root).empty() ||
+        !(IsLoopFusible(*root) || IsFusibleReduction(*root)) || root->num_operands() == 0 ||
+        root->opcode() == Opcode::kReshape) {
+      continue;
     }
+    absl::flat_hash_set<const Node*> members = {root};
+    std::vector<Node*> worklist = {root};
+    while (!worklist.empty()) {
+      Node* consumer = worklist.back();
+      worklist.pop_back();
+      for (int i = 0; i < consumer->num_operands(); ++i) {
+        Node* producer = consumer->operand(i);
+        if (members.contains(producer) || !WhyNotFusible(*producer).empty() || grouped.contains(producer)) continue;
+        bool all_uses_inside = true;
+        for (const Node* user : producer->users()) all_uses_inside &= members.contains(user);
+        if (!all_uses_inside) {
+          if (!ReadsNoMemory(*producer)) continue;
+          // Its own copy for this group; the original stays for its other users.
+          producer = f.InsertNodeBefore(consumer, producer->opcode(), producer->operands(), producer->attrs(),
+                                        producer->type(), f.UniqueName(absl::StrCat(producer->name(), ".dup")),
+                                        producer->scope());
+          consumer->ReplaceOperand(i, producer);
+        }
+        members.insert(producer);
+        worklist.push_back(producer);
+      }
+    }
+    if (members.size() < 2) continue;
+    for (const Node* m : members) {
+      grouped.insert(m);
+      const_cast<Node*>(m)->mutable_attrs().Set(std::string(kKernelGroupAttr), root->name());
+    }
+    changed = true;
   }
   return changed;
 }

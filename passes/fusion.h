@@ -55,10 +55,11 @@ std::vector<FusionDecision> ExplainFusion(const Function& f);
 // result (...), ..." and, when `list_all`, one line per decision that was not to fuse.
 std::string FormatFusionReport(const Function& f, bool list_all);
 
-class FusionPass : public Pass {
+class FusionPass : public FunctionPass {
  public:
-  absl::string_view name() const override { return "fuse-loops"; }
-  absl::StatusOr<bool> Run(Module& module) override;
+  static constexpr absl::string_view kName = "fuse-loops";
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
 };
 
 }  // namespace kiln

@@ -1,7 +1,9 @@
 // The pass interface (XLA's HloPassInterface shape): a pass has a short kebab-case name and
 // rewrites a module in place, saying whether it changed anything. Pipelines (passes/pipeline.h)
 // run passes in order and add verification, dumps, timing and change-reporting checks around
-// each one, so a pass itself only rewrites.
+// each one, so a pass itself only rewrites. Most passes rewrite one function at a time and
+// derive from FunctionPass, which does the loop over the module. Every pass kiln has is
+// listed, with a description and a factory, in passes/pass_registry.h.
 #pragma once
 
 #include <vector>
@@ -34,6 +36,22 @@ class Pass {
   // `runner`, so every member is verified, dumped, timed and can be disabled like a top-level
   // pass; a plain pass is simply Run.
   virtual absl::StatusOr<bool> RunWith(PassRunner& runner, Module& module) { return Run(module); }
+};
+
+// A pass that rewrites each function on its own, knowing nothing of the others: it says what
+// to do with one function, and Run visits them all in module order. The module changed if
+// any function did; the first error stops the run and names the function ("@train_step: ...";
+// the pipeline adds the pass's name in front).
+class FunctionPass : public Pass {
+ public:
+  absl::StatusOr<bool> Run(Module& module) final;
+  // Rewrites `function` alone; returns whether it changed.
+  virtual absl::StatusOr<bool> RunOnFunction(Function& function) = 0;
+
+ protected:
+  // Called once per Run, before the first function: a pass that keeps what it decided for the
+  // caller to read (select-flash-attention's decisions) starts afresh here.
+  virtual void StartRun() {}
 };
 
 }  // namespace kiln

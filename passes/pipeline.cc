@@ -4,7 +4,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,6 +31,38 @@ absl::Status InPass(const Pass& pass, const absl::Status& status) {
 }
 
 size_t HashPrinted(const Module& module) { return std::hash<std::string>()(PrintModule(module)); }
+
+// What is wrong with a regular expression, in words a user can act on (std::regex_error's
+// what() is the library's wording, and differs between standard libraries).
+absl::string_view RegexErrorInWords(std::regex_constants::error_type code) {
+  namespace rc = std::regex_constants;
+  switch (code) {
+    case rc::error_paren: return "an unmatched '(' or ')'";
+    case rc::error_brack: return "an unmatched '[' or ']'";
+    case rc::error_brace: return "an unmatched '{' or '}'";
+    case rc::error_badbrace: return "an invalid count inside '{...}'";
+    case rc::error_range: return "an invalid character range, such as [z-a]";
+    case rc::error_escape: return "an invalid escape, or a '\\' at the end";
+    case rc::error_backref: return "a back-reference to a group that does not exist";
+    case rc::error_badrepeat: return "a '*', '+', '?' or '{' with nothing before it to repeat";
+    case rc::error_collate: return "an invalid collating element name";
+    case rc::error_ctype: return "an invalid character class name";
+    case rc::error_space:
+    case rc::error_stack:
+    case rc::error_complexity: return "too complex to match";
+    default: return "not an ECMAScript regular expression";
+  }
+}
+
+std::string DescribePass(const Pass& pass) {
+  std::string out(pass.name());
+  const std::vector<Pass*> members = pass.members();
+  if (members.empty()) return out;
+  absl::StrAppend(&out, "(");
+  for (size_t i = 0; i < members.size(); ++i) absl::StrAppend(&out, i ? ", " : "", DescribePass(*members[i]));
+  absl::StrAppend(&out, ")");
+  return out;
+}
 
 }  // namespace
 
@@ -70,13 +104,15 @@ PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
 
 absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOptions& options) {
   std::unique_ptr<PassRunner> runner(new PassRunner(options));
-  if (options.dump_dir.empty()) return runner;
+  std::optional<std::regex> dump_regex;
   try {
-    runner->dump_regex_.emplace(options.dump_regex, std::regex::ECMAScript);
+    dump_regex.emplace(options.dump_regex, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dump regex '", options.dump_regex, "' is not a valid regular expression: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("dump regex '", options.dump_regex,
+                                                   "' is not a valid regular expression: ", RegexErrorInWords(e.code())));
   }
+  if (options.dump_dir.empty()) return runner;
+  runner->dump_regex_ = std::move(dump_regex);
   std::error_code ec;
   std::filesystem::create_directories(options.dump_dir, ec);
   if (ec) {
@@ -88,13 +124,19 @@ absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOpti
 
 absl::Status PassRunner::Dump(const Module& module, absl::string_view label) {
   const std::string path =
-      (std::filesystem::path(options_.dump_dir) / absl::StrFormat("%03d-%s.kir", passes_finished_, label)).string();
+      (std::filesystem::path(options_.dump_dir) / absl::StrFormat("%03d-%s.kir", steps_finished_, label)).string();
   return WriteFileAtomically(path, PrintModule(module));
 }
 
 absl::Status PassRunner::DumpInput(const Module& module) {
   if (!dump_regex_) return absl::OkStatus();
   return Dump(module, "input");
+}
+
+absl::Status PassRunner::DumpAfterStep(const Module& module, absl::string_view step) {
+  ++steps_finished_;
+  if (!dump_regex_) return absl::OkStatus();
+  return Dump(module, absl::StrCat("after-", step));
 }
 
 absl::StatusOr<bool> PassRunner::RunPass(Pass& pass, Module& module, int round) {
@@ -129,7 +171,7 @@ absl::StatusOr<bool> PassRunner::RunPass(Pass& pass, Module& module, int round) 
   record.nodes_after = CountNodes(module);
   record.outcome = *changed ? PassRecord::Outcome::kChanged : PassRecord::Outcome::kUnchanged;
   report_.passes[row] = record;
-  ++passes_finished_;
+  ++steps_finished_;
 
   if (check_reporting && !*changed && HashPrinted(module) != hash_before) {
     return absl::InternalError(absl::StrCat(pass.name(), " changed the module but reported no change"));
@@ -191,26 +233,47 @@ std::vector<std::string> Pipeline::PassNames() const {
   return names;
 }
 
-absl::StatusOr<PipelineReport> Pipeline::Run(Module& module, const CompileOptions& options) const {
-  const std::vector<std::string> known = PassNames();
+std::string Pipeline::Describe() const {
+  std::vector<std::string> parts;
+  for (const auto& pass : passes_) parts.push_back(DescribePass(*pass));
+  return absl::StrJoin(parts, ", ");
+}
+
+absl::Status CheckDisabledPasses(const CompileOptions& options, const std::vector<const Pipeline*>& pipelines) {
   for (const std::string& name : options.disabled_passes) {
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot disable unknown pass '", name, "'; pipeline ", name_,
-                                                     " has: ", absl::StrJoin(known, ", ")));
+    bool known = false;
+    std::vector<std::string> listing;
+    for (const Pipeline* pipeline : pipelines) {
+      const std::vector<std::string> names = pipeline->PassNames();
+      known |= std::find(names.begin(), names.end(), name) != names.end();
+      listing.push_back(absl::StrCat("pipeline ", pipeline->name(), " has: ", absl::StrJoin(names, ", ")));
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot disable unknown pass '", name, "'; ", absl::StrJoin(listing, "; ")));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PipelineReport> Pipeline::Run(Module& module, const CompileOptions& options) const {
+  RETURN_IF_ERROR(CheckDisabledPasses(options, {this}));
   ASSIGN_OR_RETURN(std::unique_ptr<PassRunner> runner, PassRunner::Create(options));
-  runner->report().pipeline = name_;
-  if (options.verify_each) {
+  RETURN_IF_ERROR(runner->DumpInput(module));
+  return Run(module, *runner);
+}
+
+absl::StatusOr<PipelineReport> Pipeline::Run(Module& module, PassRunner& runner) const {
+  runner.report() = PipelineReport{.pipeline = name_};
+  if (runner.options().verify_each) {
     absl::Status verified = VerifyModule(module);
     if (!verified.ok()) return absl::Status(verified.code(), absl::StrCat("input: ", verified.message()));
   }
-  RETURN_IF_ERROR(runner->DumpInput(module));
   const auto start = std::chrono::steady_clock::now();
-  for (const auto& pass : passes_) RETURN_IF_ERROR(runner->RunPass(*pass, module).status());
-  runner->report().total_ms =
+  for (const auto& pass : passes_) RETURN_IF_ERROR(runner.RunPass(*pass, module).status());
+  runner.report().total_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return std::move(runner->report());
+  return std::exchange(runner.report(), PipelineReport{});
 }
 
 }  // namespace kiln

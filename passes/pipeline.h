@@ -10,6 +10,12 @@
 // FixpointPass reruns a group until a round changes nothing; its members go through the
 // same checks, one report row per member per round.
 //
+// A compile may run several pipelines with work in between (the training step: the forward
+// pipeline, then BuildTrainingStep, then the default pipeline; passes/training_compile.h).
+// They share one PassRunner, so the dumps of the whole compile are numbered once, in the order
+// the passes ran, and a disabled pass name is checked against every pipeline of the compile
+// (CheckDisabledPasses): it is an error only when none of them has the pass.
+//
 // Usage:
 //   Pipeline p("simplify");
 //   p.Add(std::make_unique<CsePass>()).Add(std::make_unique<DcePass>());
@@ -59,12 +65,14 @@ struct PipelineReport {
   std::string ToString() const;
 };
 
-// The state of one pipeline run, handed to grouping passes so their members are run with
-// the same checks (see Pass::RunWith). Not used directly by callers of Pipeline.
+// The state of one compile's run of passes: the dump numbering, the compiled dump regex, the
+// report of the pipeline being run. Pipeline::Run(module, options) makes one for itself; a
+// compile of several pipelines makes one and runs each through it. Grouping passes get it to
+// run their members with the same checks (see Pass::RunWith).
 class PassRunner {
  public:
-  // `options` must outlive the runner. Fails on a dump_regex that does not compile or a
-  // dump_dir that cannot be created.
+  // Fails on a dump_regex that is not a regular expression (whether or not dumping is on, so
+  // a typo is caught before any work) or a dump_dir that cannot be created.
   static absl::StatusOr<std::unique_ptr<PassRunner>> Create(const CompileOptions& options);
 
   const CompileOptions& options() const { return options_; }
@@ -76,17 +84,21 @@ class PassRunner {
 
   // Writes 000-input.kir when dumping is on.
   absl::Status DumpInput(const Module& module);
+  // For a step of a compile that is not a pass (building the training step): takes the next
+  // number and, when dumping is on, writes NNN-after-<step>.kir whatever dump_regex says, so
+  // the dumps show what the next pipeline starts from.
+  absl::Status DumpAfterStep(const Module& module, absl::string_view step);
 
  private:
   explicit PassRunner(const CompileOptions& options);
   absl::Status Dump(const Module& module, absl::string_view label);
 
-  const CompileOptions& options_;
+  const CompileOptions options_;
   absl::flat_hash_set<std::string> disabled_;
   std::optional<std::regex> dump_regex_;
   PipelineReport report_;
   int depth_ = 0;
-  int passes_finished_ = 0;  // numbers the dump files
+  int steps_finished_ = 0;  // passes and other steps of the compile: numbers the dump files
 };
 
 // Reruns `members` in order until a whole round changes nothing, at most
@@ -118,15 +130,26 @@ class Pipeline {
   // The pass names, each once, in order of first appearance; members of groups included
   // (after their group). These are what disabled_passes may name.
   std::vector<std::string> PassNames() const;
+  // The passes in order, groups with their members: "simplify(canonicalize, cse, dce), dce,
+  // fuse-loops". For help texts, so they say what the code runs.
+  std::string Describe() const;
 
-  // Runs every pass on `module` (see the top of this file). The first error stops the run;
-  // with verify_each the input is verified first ("input: ...").
+  // A compile of this pipeline alone: checks options.disabled_passes against it, dumps the
+  // input and runs every pass on `module` (see the top of this file). The first error stops
+  // the run; with verify_each the input is verified before the first pass ("input: ...").
   absl::StatusOr<PipelineReport> Run(Module& module, const CompileOptions& options) const;
+  // The same as one part of a longer compile, through its runner (the caller has checked the
+  // disabled names against all of the compile's pipelines and dumped the input).
+  absl::StatusOr<PipelineReport> Run(Module& module, PassRunner& runner) const;
 
  private:
   std::string name_;
   std::vector<std::unique_ptr<Pass>> passes_;
 };
+
+// Fails when options.disabled_passes names a pass that none of `pipelines` has:
+//   "cannot disable unknown pass 'x'; pipeline forward has: ...; pipeline default has: ..."
+absl::Status CheckDisabledPasses(const CompileOptions& options, const std::vector<const Pipeline*>& pipelines);
 
 // Nodes over every function of `module`.
 int64_t CountNodes(const Module& module);

@@ -16,7 +16,9 @@
 // rounding order (P is bf16(softmax) in both); the backward's Delta is rowsum(bf16(dO) O)
 // instead of rowsum(dP P), a difference of bf16 rounding noise of P (ir/op_table.h).
 // Shapes the kernels cannot take (head dim not 64 or 128, T not a multiple of 64) are left
-// decomposed, and the reason is recorded in `last_decisions()`.
+// decomposed, and the reason is recorded in `last_decisions()`; so is, for a P·V-shaped GEMM
+// that is not the whole pattern, which part of it failed on which node (the pattern matcher's
+// explanation, ir/pattern_match.h).
 #pragma once
 
 #include <string>
@@ -28,17 +30,20 @@
 
 namespace kiln {
 
-class SelectFlashAttentionPass : public Pass {
+class SelectFlashAttentionPass : public FunctionPass {
  public:
+  static constexpr absl::string_view kName = "select-flash-attention";
   // `capabilities` (may be null: nothing is selected) says which shapes `target`'s kernels take.
   SelectFlashAttentionPass(const BackendCapabilities* capabilities, Target target)
       : capabilities_(capabilities), target_(std::move(target)) {}
-  absl::string_view name() const override { return "select-flash-attention"; }
-  absl::StatusOr<bool> Run(Module& module) override;
-  // One line per matched pattern of the last Run: "%o: attention" or why not.
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
+  // One line per candidate of the last Run (a GEMM shaped like P·V): "%o in @forward:
+  // attention, ..." or why not.
   const std::vector<std::string>& last_decisions() const { return decisions_; }
 
  private:
+  void StartRun() override;
   const BackendCapabilities* capabilities_;
   Target target_;
   std::vector<std::string> decisions_;

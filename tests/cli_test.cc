@@ -8,6 +8,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/file_util.h"
 #include "tests/testing/run_command.h"
@@ -213,6 +215,92 @@ TEST_F(CliTest, CompileDumpsVerifiableIrAndReportsEveryPass) {
   auto unknown = RunCommand(Kiln() + " compile llama-tiny --disable-pass cse,nope");
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(unknown.output, "nope")) << unknown.output;
+}
+
+// Issue 10, tried as a new user would: with --training a compile runs two pipelines (forward,
+// then default), and a disabled name reaches whichever has it.
+TEST_F(CliTest, CompileTrainingDisablesAPassOfEitherPipeline) {
+  auto cse = RunCommand(Kiln() + " compile llama-tiny --training --disable-pass cse --report");
+  ASSERT_EQ(cse.exit_code, 0) << cse.output;
+  EXPECT_TRUE(absl::StrContains(cse.output, "pipeline forward")) << cse.output;
+  EXPECT_TRUE(absl::StrContains(cse.output, "pipeline default")) << cse.output;
+  bool cse_disabled = false;
+  for (absl::string_view line : absl::StrSplit(cse.output, '\n')) {
+    cse_disabled |= absl::StartsWith(line, "  cse ") && absl::StrContains(line, "disabled");
+  }
+  EXPECT_TRUE(cse_disabled) << cse.output;
+  auto flash = RunCommand(Kiln() + " compile llama-tiny --training --disable-pass select-flash-attention --report");
+  ASSERT_EQ(flash.exit_code, 0) << flash.output;
+  EXPECT_TRUE(absl::StrContains(flash.output, "disabled")) << flash.output;
+  auto unknown = RunCommand(Kiln() + " compile llama-tiny --training --disable-pass cse,nope");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unknown.output,
+                                "cannot disable unknown pass 'nope'; pipeline forward has: select-flash-attention, "
+                                "dce; pipeline default has: "))
+      << unknown.output;
+}
+
+// compile --training and check --training build the step `kiln train` runs: they take its
+// step flags, which change the graph.
+TEST_F(CliTest, CompileAndCheckBuildTheStepTrainRuns) {
+  const std::string small = " --training --batch 2 --seq 16";
+  ASSERT_EQ(RunCommand(Kiln() + " compile llama-tiny" + small + " --accum 3 -o " + Path("accum.kir")).exit_code, 0);
+  const std::string accum = Read("accum.kir");
+  // The step's token inputs carry the three micro-batches.
+  EXPECT_TRUE(absl::StrContains(accum, ": i32[3,2,16]")) << accum;
+  ASSERT_EQ(RunCommand(Kiln() + " compile llama-tiny" + small + " --clip 0 -o " + Path("noclip.kir")).exit_code, 0);
+  ASSERT_EQ(RunCommand(Kiln() + " compile llama-tiny" + small + " -o " + Path("clip.kir")).exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(Read("clip.kir"), "@grad_clip"));
+  EXPECT_FALSE(absl::StrContains(Read("noclip.kir"), "@grad_clip"));
+  auto check = RunCommand(Kiln() + " check llama-tiny" + small + " --accum 2 --weight-decay 0.2");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_TRUE(absl::StrContains(check.output, "meaning preserved")) << check.output;
+  auto bad = RunCommand(Kiln() + " check llama-tiny" + small + " --accum 0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.output, "--accum must be >= 1")) << bad.output;
+  auto without_training = RunCommand(Kiln() + " compile llama-tiny --accum 2");
+  EXPECT_EQ(without_training.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(without_training.output, "--accum shapes the training step: it needs --training"))
+      << without_training.output;
+  auto train_help = RunCommand(Kiln() + " train --help");
+  EXPECT_TRUE(absl::StrContains(train_help.output, "--accum K")) << train_help.output;
+}
+
+// With --training the forward and the default pipeline dump into one folder: one numbering
+// for the whole compile, in the order the passes ran. The dump flags are checked up front.
+TEST_F(CliTest, TrainingDumpsAreNumberedOnceAndDumpFlagsAreChecked) {
+  auto r = RunCommand(Kiln() + " compile llama-tiny --training --dump-dir " + Path("dumps"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> dumps;
+  for (const auto& entry : std::filesystem::directory_iterator(Path("dumps"))) dumps.push_back(entry.path().filename());
+  std::sort(dumps.begin(), dumps.end());
+  ASSERT_GE(dumps.size(), 6u);
+  for (size_t i = 0; i < dumps.size(); ++i) {
+    EXPECT_EQ(dumps[i].substr(0, 4), absl::StrFormat("%03d-", i)) << absl::StrJoin(dumps, " ");
+  }
+  EXPECT_EQ(dumps[1], "001-after-select-flash-attention.kir");
+  EXPECT_EQ(dumps[3], "003-after-build-training-step.kir");
+  EXPECT_EQ(dumps[4], "004-after-canonicalize.kir");
+
+  auto bad_regex = RunCommand(Kiln() + " compile llama-tiny --dump-dir " + Path("d2") + " --dump-after '('");
+  EXPECT_EQ(bad_regex.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad_regex.output,
+                                "dump regex '(' is not a valid regular expression: an unmatched '(' or ')'"))
+      << bad_regex.output;
+  auto no_dir = RunCommand(Kiln() + " compile llama-tiny --dump-after cse");
+  EXPECT_EQ(no_dir.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(no_dir.output, "--dump-after selects which dumps to write: it needs --dump-dir"))
+      << no_dir.output;
+}
+
+TEST_F(CliTest, CompileHelpListsTheRegisteredPasses) {
+  auto help = RunCommand(Kiln() + " compile --help");
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  for (const char* line : {"  canonicalize  ", "  cse  ", "  dce  ", "  fuse-loops  ", "  select-flash-attention  ",
+                           "  simplify  ", "merges nodes that compute the same value"}) {
+    EXPECT_TRUE(absl::StrContains(help.output, line)) << line << "\n" << help.output;
+  }
+  EXPECT_TRUE(absl::StrContains(help.output, "simplify(canonicalize, cse, dce), dce, fuse-loops")) << help.output;
 }
 
 // `kiln check` for the default pipeline and for every pass alone, on llama-tiny's forward

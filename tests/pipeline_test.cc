@@ -200,6 +200,122 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
             "fuse-loops");
 }
 
+TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {
+  CompileOptions o = TestOptions();
+  o.dump_regex = "(";
+  absl::StatusOr<PipelineReport> bad = RunDefaultPipeline(*Parse(kRedundant), o);
+  EXPECT_EQ(bad.status(),
+            absl::InvalidArgumentError("dump regex '(' is not a valid regular expression: an unmatched '(' or ')'"));
+  o.dump_regex = "a{2,1}";
+  EXPECT_NE(RunDefaultPipeline(*Parse(kRedundant), o).status().message().find("not a valid regular expression: "),
+            std::string::npos);
+}
+
+constexpr absl::string_view kTwoFunctions = R"(module @m
+func @first {
+  %x = parameter() {index=0} : f32[4]
+  %dead = neg(%x) : f32[4]
+  return %x
+}
+func @second {
+  %x = parameter() {index=0} : f32[4]
+  return %x
+}
+func @third {
+  %x = parameter() {index=0} : f32[4]
+  return %x
+}
+)";
+
+// Visits functions through FunctionPass; fails on a function named `fail_on`.
+class RecordingPass : public FunctionPass {
+ public:
+  explicit RecordingPass(std::string fail_on = "") : fail_on_(std::move(fail_on)) {}
+  absl::string_view name() const override { return "recording"; }
+  absl::StatusOr<bool> RunOnFunction(Function& f) override {
+    visited_.push_back(f.name());
+    if (f.name() == fail_on_) return absl::InvalidArgumentError("no good");
+    return RemoveDeadNodes(f);
+  }
+  std::vector<std::string> visited_;
+  int runs_started_ = 0;
+
+ private:
+  void StartRun() override {
+    ++runs_started_;
+    visited_.clear();
+  }
+  std::string fail_on_;
+};
+
+TEST(FunctionPass, VisitsEveryFunctionInOrderAndReportsAnyChange) {
+  std::unique_ptr<Module> m = Parse(kTwoFunctions);
+  RecordingPass pass;
+  EXPECT_TRUE(pass.Run(*m).value_or(false));  // @first lost %dead
+  EXPECT_EQ(pass.visited_, (std::vector<std::string>{"first", "second", "third"}));
+  EXPECT_FALSE(pass.Run(*m).value_or(true));
+  EXPECT_EQ(pass.visited_.size(), 3u);  // started afresh
+  EXPECT_EQ(pass.runs_started_, 2);
+}
+
+TEST(FunctionPass, AnErrorStopsTheRunAndNamesTheFunctionAndThePass) {
+  Pipeline p;
+  auto failing = std::make_unique<RecordingPass>("second");
+  RecordingPass* pass = failing.get();
+  p.Add(std::move(failing));
+  absl::StatusOr<PipelineReport> report = p.Run(*Parse(kTwoFunctions), TestOptions());
+  EXPECT_EQ(report.status(), absl::InvalidArgumentError("recording: @second: no good"));
+  EXPECT_EQ(pass->visited_, (std::vector<std::string>{"first", "second"}));
+}
+
+// A compile of several pipelines with a step between them, as passes/training_compile.h
+// runs one: one numbering for all the dumps, one report per pipeline.
+TEST(Pipeline, PipelinesOfOneCompileShareTheDumpNumbering) {
+  const std::string dir = TempDir("shared");
+  CompileOptions o = TestOptions();
+  o.dump_dir = dir;
+  Pipeline first("first");
+  first.Add(std::make_unique<CsePass>());
+  Pipeline second("second");
+  second.Add(std::make_unique<CsePass>()).Add(std::make_unique<DcePass>());
+  ASSERT_TRUE(CheckDisabledPasses(o, {&first, &second}).ok());
+  absl::StatusOr<std::unique_ptr<PassRunner>> runner = PassRunner::Create(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  std::unique_ptr<Module> m = Parse(kRedundant);
+  ASSERT_TRUE((*runner)->DumpInput(*m).ok());
+  absl::StatusOr<PipelineReport> first_report = first.Run(*m, **runner);
+  ASSERT_TRUE(first_report.ok()) << first_report.status();
+  ASSERT_TRUE((*runner)->DumpAfterStep(*m, "build-something").ok());
+  absl::StatusOr<PipelineReport> second_report = second.Run(*m, **runner);
+  ASSERT_TRUE(second_report.ok()) << second_report.status();
+
+  EXPECT_EQ(first_report->pipeline, "first");
+  ASSERT_EQ(first_report->passes.size(), 1u);
+  EXPECT_EQ(second_report->pipeline, "second");
+  ASSERT_EQ(second_report->passes.size(), 2u);
+  EXPECT_EQ(second_report->passes[1].name, "dce");
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"000-input.kir", "001-after-cse.kir", "002-after-build-something.kir",
+                                             "003-after-cse.kir", "004-after-dce.kir"}));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Pipeline, ADisabledNameMustBeInSomePipelineOfTheCompile) {
+  Pipeline first("first");
+  first.Add(std::make_unique<CsePass>());
+  Pipeline second("second");
+  second.Add(std::make_unique<DcePass>());
+  CompileOptions o;
+  o.disabled_passes = {"dce", "cse"};  // each in one of them
+  EXPECT_TRUE(CheckDisabledPasses(o, {&first, &second}).ok());
+  o.disabled_passes = {"dce", "nope"};
+  EXPECT_EQ(CheckDisabledPasses(o, {&first, &second}),
+            absl::InvalidArgumentError(
+                "cannot disable unknown pass 'nope'; pipeline first has: cse; pipeline second has: dce"));
+}
+
 // A pass that always changes the module: appends one more unused constant.
 std::unique_ptr<Pass> NeverSettles() {
   return std::make_unique<LambdaPass>("never-settles", [](Module& m) -> absl::StatusOr<bool> {

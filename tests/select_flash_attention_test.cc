@@ -114,6 +114,27 @@ TEST(SelectFlashAttention, TheTargetAndTheCapabilitiesDecide) {
   }
 }
 
+// A GEMM shaped like P·V that is not the decomposed attention stays, and the decision says
+// which part of the pattern it failed (the matcher's explanation).
+TEST(SelectFlashAttention, ANearMissSaysWhichPartOfThePatternFailed) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @forward {
+  %p = parameter() {index=0} : bf16[1,2,64,64]
+  %v = parameter() {index=1} : bf16[1,2,64,64]
+  %o = dot_general(%p, %v) {lhs_batch=[0,1], lhs_contract=[3], out_dtype=f32, rhs_batch=[0,1], rhs_contract=[2]} : f32[1,2,64,64]
+  return %o
+}
+)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  SelectFlashAttentionPass pass(&CodegenCapabilities(), Target{});
+  absl::StatusOr<bool> changed = pass.Run(**m);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(*changed);
+  ASSERT_EQ(pass.last_decisions().size(), 1u);
+  EXPECT_EQ(pass.last_decisions()[0],
+            "%o in @forward: not the decomposed attention: operand 0 of %o (dot_general): %p is parameter, not convert");
+}
+
 // The training step's arguments: weights, zero moments, t, one batch, lr.
 std::vector<HostTensor> StepArgs(const Function& step, const ModelConfig& c) {
   std::vector<HostTensor> args = InitLlamaWeights(c, 5);

@@ -1,5 +1,6 @@
 // kiln check: prove on fresh random inputs that the compiler's passes preserve meaning.
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -7,6 +8,8 @@
 #include "frontends/cli/model_source.h"
 #include "ir/status_macros.h"
 #include "passes/default_pipeline.h"
+#include "passes/pass_registry.h"
+#include "passes/training_compile.h"
 #include "runtime/differential_check.h"
 
 namespace kiln::cli {
@@ -33,16 +36,31 @@ void SetRealisticRanges(const LoadedModule& loaded, const Function& f, Different
 }
 
 absl::Status RunCheck(const ParsedArgs& args) {
-  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args, args.Has("training")));
+  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+  RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
   std::vector<std::string> names = absl::StrSplit(args.Get("passes", "default"), ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(Pipeline pipeline, BuildPipelineFromNames(names, options));
+  const std::string pipeline_name = pipeline.name();
   ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 1));
   ASSIGN_OR_RETURN(double rel, args.GetDouble("rel-tolerance", 0.0));
   ASSIGN_OR_RETURN(double abs, args.GetDouble("abs-tolerance", 0.0));
 
+  // With --training, the step kiln train compiles (the same sequence and step options); what
+  // is checked is the pipeline that runs on it.
+  std::optional<TrainingCompile> training;
+  if (args.Has("training")) {
+    ASSIGN_OR_RETURN(TrainingStepOptions step_options, TrainingStepOptionsFromArgs(args));
+    ASSIGN_OR_RETURN(training, TrainingCompile::Create(step_options, options, std::move(pipeline)));
+    RETURN_IF_ERROR(training->BuildStep(*loaded.module));
+    loaded.training = training->layout();
+  }
   std::unique_ptr<Module> before = CloneModule(*loaded.module);
-  RETURN_IF_ERROR(pipeline.Run(*loaded.module, options).status());
+  if (training) {
+    RETURN_IF_ERROR(training->RunMainPipeline(*loaded.module));
+  } else {
+    RETURN_IF_ERROR(pipeline.Run(*loaded.module, options).status());
+  }
   bool all_ok = true;
   for (const auto& f : before->functions()) {
     const Function* after = loaded.module->FindFunction(f->name());
@@ -51,7 +69,7 @@ absl::Status RunCheck(const ParsedArgs& args) {
     SetRealisticRanges(loaded, *f, check);
     ASSIGN_OR_RETURN(DifferentialReport report, CompareFunctions(*f, *after, check));
     std::printf("@%s: %lld -> %lld nodes after %s\n", f->name().c_str(), static_cast<long long>(f->num_nodes()),
-                static_cast<long long>(after->num_nodes()), pipeline.name().c_str());
+                static_cast<long long>(after->num_nodes()), pipeline_name.c_str());
     for (const OutputDifference& d : report.outputs) {
       std::printf("  output %d %-40s max abs error %-10.3g max rel error %-10.3g %s\n", d.output,
                   absl::StrCat("(%", d.name, ")").c_str(), d.max_abs_error, d.max_rel_error,
@@ -61,7 +79,7 @@ absl::Status RunCheck(const ParsedArgs& args) {
   }
   if (!all_ok) {
     return absl::FailedPreconditionError(absl::StrCat("outputs differ beyond tolerance (abs ", abs, ", rel ", rel,
-                                                      ") after ", pipeline.name()));
+                                                      ") after ", pipeline_name));
   }
   std::printf("meaning preserved (seed %lld, tolerance abs %g rel %g)\n", static_cast<long long>(seed), abs, rel);
   return absl::OkStatus();
@@ -77,7 +95,9 @@ Command CheckCommand() {
       .details = "Both versions run in the CPU reference backend on the same fresh random inputs (token ids\n"
                  "inside the vocabulary). Prints max absolute and relative error per output and exits\n"
                  "non-zero beyond the tolerance. The default tolerance is exact: today's passes are pure\n"
-                 "rewrites.",
+                 "rewrites.\n\n"
+                 "passes (names for --passes):\n" +
+                 FormatPassTable(),
       .min_positionals = 1,
       .max_positionals = 1,
       .flags = {{.name = "training", .help = "also check the training step built from @forward"},
@@ -89,6 +109,7 @@ Command CheckCommand() {
                 {.name = "abs-tolerance", .value_name = "X", .help = "allowed |after-before|", .default_value = "0"}},
   };
   for (FlagSpec f : ModelBuildFlags()) spec.flags.push_back(std::move(f));
+  for (FlagSpec f : TrainingStepFlags()) spec.flags.push_back(std::move(f));
   return {std::move(spec), RunCheck};
 }
 

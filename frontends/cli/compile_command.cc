@@ -10,6 +10,8 @@
 #include "ir/text_format.h"
 #include "passes/default_pipeline.h"
 #include "passes/fusion.h"
+#include "passes/pass_registry.h"
+#include "passes/training_compile.h"
 #ifdef KILN_WITH_CUDA
 #include "codegen/capabilities.h"
 #include "codegen/compile_function.h"
@@ -30,6 +32,9 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
 #endif
   options.dump_dir = args.Get("dump-dir");
   options.dump_regex = args.Get("dump-after", ".*");
+  if (args.Has("dump-after") && !args.Has("dump-dir")) {
+    return absl::InvalidArgumentError("--dump-after selects which dumps to write: it needs --dump-dir (where)");
+  }
   if (args.Has("disable-pass")) {
     options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
@@ -76,12 +81,27 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 }
 
 absl::Status RunCompile(const ParsedArgs& args) {
-  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args, args.Has("training")));
+  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
-  const int64_t nodes_before = CountNodes(*loaded.module);
-  ASSIGN_OR_RETURN(PipelineReport report, RunDefaultPipeline(*loaded.module, options));
+  RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
+  int64_t nodes_before = 0;
+  std::vector<PipelineReport> reports;
+  if (args.Has("training")) {
+    ASSIGN_OR_RETURN(TrainingStepOptions step_options, TrainingStepOptionsFromArgs(args));
+    ASSIGN_OR_RETURN(TrainingCompile compile, TrainingCompile::Create(step_options, options));
+    RETURN_IF_ERROR(compile.BuildStep(*loaded.module));
+    nodes_before = CountNodes(*loaded.module);
+    RETURN_IF_ERROR(compile.RunMainPipeline(*loaded.module));
+    reports = {compile.forward_report(), compile.main_report()};
+  } else {
+    nodes_before = CountNodes(*loaded.module);
+    ASSIGN_OR_RETURN(PipelineReport report, RunDefaultPipeline(*loaded.module, options));
+    reports = {std::move(report)};
+  }
+  double total_ms = 0;
+  for (const PipelineReport& report : reports) total_ms += report.total_ms;
   if (args.Has("report")) {
-    std::printf("%s\n", report.ToString().c_str());
+    for (const PipelineReport& report : reports) std::printf("%s\n", report.ToString().c_str());
     // Every fusion decision, one line each (kiln train --report prints the counts only).
     std::printf("fusion:\n");
     for (const auto& f : loaded.module->functions()) std::printf("%s", FormatFusionReport(*f, true).c_str());
@@ -90,8 +110,7 @@ absl::Status RunCompile(const ParsedArgs& args) {
   std::string functions;
   for (const auto& f : loaded.module->functions()) absl::StrAppend(&functions, functions.empty() ? "@" : ", @", f->name());
   std::printf("compiled %s (%s): %lld -> %lld nodes in %.1f ms\n", loaded.module->name().c_str(), functions.c_str(),
-              static_cast<long long>(nodes_before), static_cast<long long>(CountNodes(*loaded.module)),
-              report.total_ms);
+              static_cast<long long>(nodes_before), static_cast<long long>(CountNodes(*loaded.module)), total_ms);
   if (!options.dump_dir.empty()) std::printf("IR dumps in %s\n", options.dump_dir.c_str());
   RETURN_IF_ERROR(GenerateKernels(*loaded.module, args));
   if (args.Has("output")) RETURN_IF_ERROR(WriteFileAtomically(args.Get("output"), PrintModule(*loaded.module)));
@@ -101,14 +120,21 @@ absl::Status RunCompile(const ParsedArgs& args) {
 }  // namespace
 
 Command CompileCommand() {
+  const CompileOptions defaults;
   CommandSpec spec{
       .name = "compile",
       .usage = "MODEL_OR_FILE [options]",
       .summary = "run the compiler's pass pipeline and report what each pass did",
-      .details = "Runs the default pipeline (simplify = canonicalize, cse, dce to a fixpoint; then dce)\n"
-                 "on @forward, and with --training on the training step built from it. The verifier runs\n"
-                 "after every pass that changed something. Then every kernel is generated and compiled\n"
-                 "with NVRTC for --target (no GPU needed), or for the GPU's architecture.",
+      .details = absl::StrCat(
+          "Runs the default pipeline (", BuildDefaultPipeline(defaults).Describe(), ")\n",
+          "on @forward. With --training, as kiln train does: the forward pipeline (",
+          BuildForwardPipeline(defaults).Describe(), ")\n",
+          "on @forward, then the training step is built from it (--accum, --weight-decay, --clip), then\n"
+          "the default pipeline runs on both. The verifier runs after every pass that changed something;\n"
+          "dumps are numbered in the order the passes ran. Then every kernel is generated and compiled\n"
+          "with NVRTC for --target (no GPU needed), or for the GPU's architecture.\n\n"
+          "passes (names for --disable-pass and --dump-after):\n",
+          FormatPassTable()),
       .min_positionals = 1,
       .max_positionals = 1,
       .flags = {{.name = "training", .help = "also build and compile the training step"},
@@ -124,6 +150,7 @@ Command CompileCommand() {
                 {.name = "output", .value_name = "FILE", .help = "write the compiled IR (text)", .short_name = 'o'}},
   };
   for (FlagSpec f : ModelBuildFlags()) spec.flags.push_back(std::move(f));
+  for (FlagSpec f : TrainingStepFlags()) spec.flags.push_back(std::move(f));
   return {std::move(spec), RunCompile};
 }
 

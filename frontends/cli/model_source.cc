@@ -8,7 +8,6 @@
 #include "ir/file_util.h"
 #include "ir/module_io.h"
 #include "ir/status_macros.h"
-#include "passes/default_pipeline.h"
 
 namespace kiln::cli {
 
@@ -32,6 +31,38 @@ absl::StatusOr<LlamaBuildOptions> LlamaBuildOptionsFromArgs(const ParsedArgs& ar
   return options;
 }
 
+std::vector<FlagSpec> TrainingStepFlags() {
+  return {
+      {.name = "accum", .value_name = "K", .help = "micro-batches per step (gradient accumulation)",
+       .default_value = "1"},
+      {.name = "weight-decay", .value_name = "X", .help = "AdamW decoupled weight decay", .default_value = "0.1"},
+      {.name = "clip", .value_name = "X", .help = "global gradient-norm clip (0: off)", .default_value = "1.0"},
+  };
+}
+
+absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs& args) {
+  TrainingStepOptions options;
+  ASSIGN_OR_RETURN(options.accum_steps, args.GetInt("accum", options.accum_steps));
+  ASSIGN_OR_RETURN(options.adamw.weight_decay, args.GetDouble("weight-decay", options.adamw.weight_decay));
+  ASSIGN_OR_RETURN(options.adamw.clip_norm, args.GetDouble("clip", options.adamw.clip_norm));
+  if (options.accum_steps < 1) return absl::InvalidArgumentError("--accum must be >= 1");
+  if (!(options.adamw.weight_decay >= 0) || !(options.adamw.clip_norm >= 0)) {
+    return absl::InvalidArgumentError("--weight-decay and --clip must be non-negative numbers");
+  }
+  return options;
+}
+
+absl::Status CheckTrainingStepFlagsHaveTraining(const ParsedArgs& args) {
+  if (args.Has("training")) return absl::OkStatus();
+  for (const FlagSpec& flag : TrainingStepFlags()) {
+    if (args.Has(flag.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag.name, " shapes the training step: it needs --training"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 // An HF config.json is JSON with Llama config keys; a kiln JSON module has "functions".
 bool LooksLikeHuggingFaceConfig(absl::string_view content) {
@@ -49,8 +80,7 @@ absl::StatusOr<bool> IsModuleFile(const std::string& model_or_file, std::string*
 }
 }  // namespace
 
-absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args,
-                                                  bool training) {
+absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args) {
   LoadedModule loaded;
   std::string content;
   ASSIGN_OR_RETURN(bool is_file, IsModuleFile(model_or_file, &content));
@@ -64,25 +94,11 @@ absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_fi
     ASSIGN_OR_RETURN(loaded.module, BuildLlamaModule(config, options));
     loaded.config = config;
   }
-  if (training) {
-    const Function* forward = loaded.module->FindFunction("forward");
-    if (forward == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(model_or_file, ": --training needs a function @forward whose "
-                                                     "output 0 is the loss"));
-    }
-    // Before autodiff, as kiln train does: the flash attention op brings its own backward.
-    ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
-    RETURN_IF_ERROR(RunForwardPipeline(*loaded.module, options).status());
-    forward = loaded.module->FindFunction("forward");
-    TrainingStepLayout layout;
-    RETURN_IF_ERROR(BuildTrainingStep(*loaded.module, *forward, {}, &layout).status());
-    loaded.training = layout;
-  }
   return loaded;
 }
 
 absl::StatusOr<std::unique_ptr<Module>> LoadOrBuildModule(const std::string& model_or_file, const ParsedArgs& args) {
-  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(model_or_file, args, /*training=*/false));
+  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(model_or_file, args));
   return std::move(loaded.module);
 }
 

@@ -28,6 +28,15 @@ absl::StatusOr<std::unique_ptr<Module>> LoadOrBuildModule(const std::string& mod
 // --dump-after and --disable-pass (defined in compile_command.cc).
 absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args);
 
+// The flags of `kiln train` that change the training step's graph (--accum, --weight-decay,
+// --clip; the model's shape comes from ModelBuildFlags). `compile --training` and `check
+// --training` take them too, so that they compile the step `train` runs.
+std::vector<FlagSpec> TrainingStepFlags();
+absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs& args);
+// For compile and check: a step flag without --training would change nothing, so it is an
+// error rather than silently ignored.
+absl::Status CheckTrainingStepFlagsHaveTraining(const ParsedArgs& args);
+
 // A module plus what is known about it, for commands that compile or check it.
 struct LoadedModule {
   std::unique_ptr<Module> module;
@@ -35,9 +44,8 @@ struct LoadedModule {
   std::optional<TrainingStepLayout> training;  // when @train_step was added
 };
 
-// As LoadOrBuildModule; with `training`, also adds @train_step (passes/training_step.h)
-// built from @forward.
-absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args,
-                                                  bool training);
+// As LoadOrBuildModule, keeping the model's config. `training` is left for the caller to
+// fill in: the step is built by passes/training_compile.h, as one compile with the pipelines.
+absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_file, const ParsedArgs& args);
 
 }  // namespace kiln::cli

@@ -1,6 +1,7 @@
 // kiln train: train a model on the built-in corpus or a file, with checkpoints and resume.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "codegen/capabilities.h"
 #include "frontends/cli/backend_flag.h"
 #include "frontends/cli/commands.h"
+#include "frontends/cli/model_source.h"
 #include "frontends/hf_checkpoint.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
@@ -19,9 +21,8 @@
 #include "frontends/weight_init.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
-#include "passes/default_pipeline.h"
 #include "passes/fusion.h"
-#include "passes/training_step.h"
+#include "passes/training_compile.h"
 #include "runtime/step_profile.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
@@ -248,24 +249,24 @@ absl::Status RunTrain(const ParsedArgs& args) {
 #ifdef KILN_WITH_CUDA
   compile_options.capabilities = &CodegenCapabilities();
 #endif
-  // Before autodiff: the flash attention op brings its own backward.
-  ASSIGN_OR_RETURN(PipelineReport forward_report, RunForwardPipeline(*module, compile_options));
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
   step_options.adamw.weight_decay = s.weight_decay;
   step_options.adamw.clip_norm = s.clip;
-  TrainingStepLayout layout;
-  RETURN_IF_ERROR(BuildTrainingStep(*module, *module->FindFunction("forward"), step_options, &layout).status());
-  // The compiler's pipeline, as `kiln compile --training` runs it (`kiln check` proves it
-  // changes no value); the step keeps its name and signature.
+  // The sequence `kiln compile --training` and `kiln check --training` run too (`kiln check`
+  // proves the pipeline changes no value); the step keeps its name and signature.
+  ASSIGN_OR_RETURN(TrainingCompile compile, TrainingCompile::Create(step_options, compile_options));
+  RETURN_IF_ERROR(compile.BuildStep(*module));
   end_phase("model build + autodiff");
-  ASSIGN_OR_RETURN(PipelineReport pipeline_report, RunDefaultPipeline(*module, compile_options));
+  RETURN_IF_ERROR(compile.RunMainPipeline(*module));
   end_phase("pass pipeline");
-  const Function* step_fn = module->FindFunction(step_options.name);
+  const Function* step_fn = compile.step();
+  const TrainingStepLayout layout = compile.layout();
   if (report) {
-    std::fprintf(stderr, "kiln train: forward pipeline (before autodiff)\n%s\n", forward_report.ToString().c_str());
+    std::fprintf(stderr, "kiln train: forward pipeline (before autodiff)\n%s\n",
+                 compile.forward_report().ToString().c_str());
     std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
-                 pipeline_report.ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
+                 compile.main_report().ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
   }
 
   std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
@@ -352,7 +353,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
 }  // namespace
 
 Command TrainCommand() {
-  return {{.name = "train",
+  CommandSpec spec{.name = "train",
            .usage = "MODEL [options]",
            .summary = "train a model (the default data is kiln's built-in corpus)",
            .details = "MODEL is a preset (see 'kiln models'), a Hugging Face config.json or a folder holding one.\n"
@@ -369,14 +370,10 @@ Command TrainCommand() {
                {.name = "steps", .value_name = "N", .help = "total optimizer steps", .default_value = "150"},
                {.name = "batch", .value_name = "B", .help = "sequences per micro-batch", .default_value = "the preset's"},
                {.name = "seq", .value_name = "T", .help = "tokens per sequence", .default_value = "the preset's"},
-               {.name = "accum", .value_name = "K", .help = "micro-batches per step (gradient accumulation)",
-                .default_value = "1"},
                {.name = "lr", .value_name = "X", .help = "peak learning rate", .default_value = "3e-3"},
                {.name = "min-lr", .value_name = "X", .help = "final learning rate", .default_value = "lr / 10"},
                {.name = "warmup", .value_name = "N", .help = "linear warmup steps", .default_value = "min(10, steps/10+1)"},
                {.name = "lr-decay-steps", .value_name = "N", .help = "cosine horizon", .default_value = "--steps"},
-               {.name = "weight-decay", .value_name = "X", .help = "AdamW decoupled weight decay", .default_value = "0.1"},
-               {.name = "clip", .value_name = "X", .help = "global gradient-norm clip (0: off)", .default_value = "1.0"},
                {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
                {.name = "data", .value_name = "FILE", .help = "training data (see above)", .default_value = "built-in corpus"},
                {.name = "seed", .value_name = "S", .help = "initial weights and batches", .default_value = "1337"},
@@ -386,8 +383,12 @@ Command TrainCommand() {
                                           "memory plan, and (GPU) where the last step's time went"},
                {.name = "trace", .value_name = "FILE.json", .help = "write the last step's launches as a Chrome trace (GPU)"},
                {.name = "no-cuda-graph", .help = "launch the step's kernels one by one instead of replaying a CUDA graph"},
-           }},
-          RunTrain};
+           }};
+  // The flags that shape the step's graph, shared with compile and check, listed after --seq.
+  const std::vector<FlagSpec> step_flags = TrainingStepFlags();
+  auto after_seq = std::find_if(spec.flags.begin(), spec.flags.end(), [](const FlagSpec& f) { return f.name == "seq"; });
+  spec.flags.insert(after_seq + 1, step_flags.begin(), step_flags.end());
+  return {std::move(spec), RunTrain};
 }
 
 }  // namespace kiln::cli

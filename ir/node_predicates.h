@@ -1,0 +1,26 @@
+// Questions about a single node that several passes ask. Each has one definition here, so
+// canonicalize, select-flash-attention and fusion cannot drift apart on what "a splat" is;
+// the pattern matcher (ir/pattern_match.h) builds its predicates on them.
+#pragma once
+
+#include <optional>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+// A constant stored as one value, `{value=...}`: it has no dense buffer, so a kernel can
+// write the literal instead of reading memory. (A dense constant whose values happen to be
+// equal is not one: it is still stored.)
+bool IsSplatConstant(const Node& node);
+
+// The value every element of `node` holds, when `node` is a constant whose elements are all
+// the same bits (a splat, or dense values that are all equal) or a broadcast, at any depth,
+// of such a node. nullopt otherwise. Bits, not numbers: dense [0.0, -0.0] is not a splat.
+std::optional<double> SplatValue(const Node& node);
+
+// Whether every element of `node` is exactly `want`, sign of zero included (-0.0 is not
+// 0.0; NaN is never matched).
+bool IsSplatOf(const Node& node, double want);
+
+}  // namespace kiln

@@ -1,0 +1,65 @@
+#include "passes/pass_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "passes/canonicalize.h"
+#include "passes/cse.h"
+#include "passes/dce.h"
+#include "passes/default_pipeline.h"
+#include "passes/fusion.h"
+#include "passes/select_flash_attention.h"
+
+namespace kiln {
+namespace {
+
+template <typename P>
+std::unique_ptr<Pass> Make(const CompileOptions&) {
+  return std::make_unique<P>();
+}
+
+std::unique_ptr<Pass> MakeSelectFlashAttention(const CompileOptions& options) {
+  return std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{}));
+}
+
+// Sorted by name.
+constexpr PassInfo kPasses[] = {
+    {CanonicalizePass::kName, "folds small constants; removes x*1, x+-0 and reshape/transpose/convert chains",
+     Make<CanonicalizePass>},
+    {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
+    {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
+    {FusionPass::kName, "groups elementwise and reduction chains into kernels, one generated kernel each",
+     Make<FusionPass>},
+    {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
+     MakeSelectFlashAttention},
+    {kSimplifyPassName, "canonicalize, cse and dce, rerun until a round changes nothing", BuildSimplifyPass},
+};
+
+}  // namespace
+
+absl::Span<const PassInfo> RegisteredPasses() { return kPasses; }
+
+const PassInfo* FindRegisteredPass(absl::string_view name) {
+  for (const PassInfo& info : kPasses) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+std::string RegisteredPassNames() {
+  return absl::StrJoin(kPasses, ", ", [](std::string* out, const PassInfo& info) { absl::StrAppend(out, info.name); });
+}
+
+std::string FormatPassTable() {
+  size_t width = 0;
+  for (const PassInfo& info : kPasses) width = std::max(width, info.name.size());
+  std::string out;
+  for (const PassInfo& info : kPasses) {
+    absl::StrAppendFormat(&out, "  %-*s  %s\n", static_cast<int>(width), info.name, info.description);
+  }
+  return out;
+}
+
+}  // namespace kiln
