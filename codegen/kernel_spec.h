@@ -29,7 +29,7 @@ enum class LoweringKind {
   kInput,    // parameter: bound to an input buffer by the executable; no work
   kAlias,    // the output is operand 0's bytes reinterpreted (reshape): no work, no buffer
   kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
-  kGemm,     // dot_general: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
+  kGemm,     // gemm: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
   kFused,    // computed inside its kernel group's kernel (codegen/kernel_group.h): no work, no buffer
   kResult,   // get_result: written by its multi-result node's kernels; a buffer of its own, no launch
 };

@@ -20,6 +20,7 @@ enum class Lowering {
   kReduce,
   kComposite,  // hand-written templates: codegen/lower_composite.cc
   kResult,     // get_result: written by its multi-result node's kernels
+  kByLowerGemm,  // dot_general: the lower-gemm pass makes it a gemm before codegen
   kNone,       // not an op of the table (a corrupt value): LowerNode reports it
 };
 
@@ -63,6 +64,8 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kReduceMax:
       return Lowering::kReduce;
     case Opcode::kDotGeneral:
+      return Lowering::kByLowerGemm;
+    case Opcode::kGemm:
       return Lowering::kGemm;
     case Opcode::kGather:
     case Opcode::kScatterAdd:
@@ -97,6 +100,10 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
       return LoweredNode{LoweringKind::kGemm, {}};
     case Lowering::kResult:
       return LoweredNode{LoweringKind::kResult, {}};
+    case Lowering::kByLowerGemm:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dot_general %", node.name(), " reached codegen: the lower-gemm pass (in the default pipeline, ",
+          "passes/lower_gemm.h) makes every dot_general a gemm first"));
     case Lowering::kConstant:
       return codegen::LowerConstant(node, options);
     case Lowering::kIota:

@@ -185,6 +185,15 @@ void Function::ReplaceOutput(int i, Node* value) {
   outputs_[i] = value;
 }
 
+bool Function::RenameNode(Node* node, std::string name) {
+  KILN_CHECK(node->parent_ == this);
+  if (names_.contains(name)) return false;
+  names_.erase(node->name_);
+  node->name_ = std::move(name);
+  names_[node->name_] = node;
+  return true;
+}
+
 Node* Function::FindNode(absl::string_view name) const {
   auto it = names_.find(name);
   return it == names_.end() ? nullptr : it->second;

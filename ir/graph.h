@@ -133,6 +133,9 @@ class Function {
   void ReplaceOutput(int i, Node* value);
 
   Node* FindNode(absl::string_view name) const;
+  // Gives `node` a name not used in this function (a pass that replaces a node keeps its
+  // name this way). Returns false, changing nothing, if the name is taken.
+  bool RenameNode(Node* node, std::string name);
   // A name not yet used in this function, derived from `base`.
   std::string UniqueName(absl::string_view base) const;
   int64_t next_id() const { return next_id_; }

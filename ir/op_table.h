@@ -33,6 +33,15 @@
 //   dot_general(a, b)      {lhs_batch, rhs_batch, lhs_contract, rhs_contract, [out_dtype]}
 //                          result dims: batch, a's free dims, b's free dims (in order);
 //                          out_dtype (default a's dtype) is the accumulate/result type
+//   gemm(a, b[, c])        {batch, m, n, k, a_layout=mk|km, b_layout=nk|kn, alpha, beta,
+//                          epilogue=none}  the backend form of dot_general (passes/lower_gemm.h):
+//                          for each of `batch` matrices, D = alpha A B + beta C with A M x K
+//                          and B K x N, each operand's bytes read as they lie in memory (a as
+//                          [batch, M, K] for mk or [batch, K, M] for km, b as [batch, N, K] for
+//                          nk or [batch, K, N] for kn), D row-major [batch, M, N] in the
+//                          declared result type (any dims of that element count; its dtype f32
+//                          or the operands'). c, of the result's type, is given iff beta != 0.
+//                          Products summed over K in order, in f32 for narrow operands.
 //   gather(table, idx)     rows of table along dim 0: idx.dims ++ table.dims[1:]
 //   scatter_add(idx, upd)  declared result [V, ...]: sums upd rows into row idx; the
 //                          gradient of gather (indices out of range are dropped)
@@ -123,6 +132,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kReduceSum, "reduce_sum", 1, kReduction, kInferred, 1)                   \
   X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1)                   \
   X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1)               \
+  X(kGemm, "gemm", kVariadic, kContraction, kDeclared, 1)                    \
   X(kGather, "gather", 2, kIndexing, kInferred, 1)                           \
   X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1)                  \
   X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1)                       \

@@ -215,6 +215,45 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
   return op == Opcode::kRmsNormGradInput ? x : w;
 }
 
+// gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
+// them; the declared result holds batch x M x N elements.
+absl::StatusOr<TensorType> InferGemm(absl::Span<const TensorType> xs, const AttrMap& attrs, const TensorType& declared) {
+  if (xs.size() != 2 && xs.size() != 3) return Invalid(absl::StrCat("gemm takes a, b and optionally c, got ", xs.size()));
+  int64_t size[4];
+  const char* const kSizes[] = {"batch", "m", "n", "k"};
+  for (int i = 0; i < 4; ++i) {
+    ASSIGN_OR_RETURN(size[i], attrs.GetInt(kSizes[i]));
+    if (size[i] < 0 || size[i] > (int64_t{1} << 40)) return Invalid(absl::StrCat("gemm ", kSizes[i], "=", size[i], " out of range"));
+  }
+  const int64_t batch = size[0], m = size[1], n = size[2], k = size[3];
+  ASSIGN_OR_RETURN(std::string a_layout, attrs.GetSymbol("a_layout"));
+  ASSIGN_OR_RETURN(std::string b_layout, attrs.GetSymbol("b_layout"));
+  if (a_layout != "mk" && a_layout != "km") return Invalid(absl::StrCat("gemm a_layout '", a_layout, "' is not mk or km"));
+  if (b_layout != "nk" && b_layout != "kn") return Invalid(absl::StrCat("gemm b_layout '", b_layout, "' is not nk or kn"));
+  ASSIGN_OR_RETURN(double alpha, attrs.GetFloat("alpha"));
+  ASSIGN_OR_RETURN(double beta, attrs.GetFloat("beta"));
+  if (!std::isfinite(alpha) || !std::isfinite(beta)) return Invalid("gemm alpha and beta must be finite");
+  ASSIGN_OR_RETURN(std::string epilogue, attrs.GetSymbol("epilogue"));
+  if (epilogue != "none") return Invalid(absl::StrCat("gemm epilogue '", epilogue, "' is not one kiln lowers (none)"));
+  const TensorType& a = xs[0];
+  const TensorType& b = xs[1];
+  RETURN_IF_ERROR(RequireFloat(a, "gemm a"));
+  if (b.dtype != a.dtype) return Invalid(absl::StrCat("gemm operands differ in dtype: ", a.ToString(), " vs ", b.ToString()));
+  if (a.num_elements() != batch * m * k || b.num_elements() != batch * n * k) {
+    return Invalid(absl::StrCat("gemm a ", a.ToString(), " and b ", b.ToString(), " must hold batch*m*k = ", batch * m * k,
+                                " and batch*n*k = ", batch * n * k, " elements"));
+  }
+  if (declared.num_elements() != batch * m * n || (declared.dtype != DType::kF32 && declared.dtype != a.dtype)) {
+    return Invalid(absl::StrCat("gemm result ", declared.ToString(), " must hold batch*m*n = ", batch * m * n,
+                                " elements of f32 or ", DTypeName(a.dtype)));
+  }
+  if ((beta != 0) != (xs.size() == 3)) return Invalid("gemm takes c exactly when beta != 0");
+  if (xs.size() == 3 && xs[2] != declared) {
+    return Invalid(absl::StrCat("gemm c ", xs[2].ToString(), " must have the result's type ", declared.ToString()));
+  }
+  return declared;
+}
+
 // adamw_update(p, g, m, v, step_size, decay, sqrt_bc2): the state tensors share one f32
 // type (master weights and optimizer state), the per-step values are f32 scalars; the
 // results p', m', v' have that type.
@@ -406,6 +445,8 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     }
     case Opcode::kDotGeneral:
       return InferDotGeneral(xs[0], xs[1], attrs);
+    case Opcode::kGemm:
+      return InferGemm(xs, attrs, *declared);
     case Opcode::kGather:
       if (xs[0].rank() < 1) return Invalid("gather table must have rank >= 1");
       RETURN_IF_ERROR(RequireInteger(xs[1], "gather indices"));

@@ -9,6 +9,7 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/fusion.h"
+#include "passes/lower_gemm.h"
 #include "passes/pass_registry.h"
 #include "passes/select_flash_attention.h"
 
@@ -31,6 +32,9 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   p.Add(BuildSimplifyPass(options));
   // Whatever the last round left unused.
   p.Add(std::make_unique<DcePass>());
+  // The backend form of every GEMM; before fusion, so that a transpose it inserts can be
+  // fused into the kernel that produces its operand.
+  p.Add(std::make_unique<LowerGemmPass>());
   // Last: it only marks kernel groups, which no pass above would keep track of.
   p.Add(std::make_unique<FusionPass>());
   return p;

@@ -10,6 +10,7 @@
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
 #include "passes/fusion.h"
+#include "passes/lower_gemm.h"
 #include "passes/select_flash_attention.h"
 
 namespace kiln {
@@ -32,6 +33,8 @@ constexpr PassInfo kPasses[] = {
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
     {FusionPass::kName, "groups elementwise and reduction chains into kernels, one generated kernel each",
      Make<FusionPass>},
+    {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
+     Make<LowerGemmPass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},
     {kSimplifyPassName, "canonicalize, cse and dce, rerun until a round changes nothing", BuildSimplifyPass},

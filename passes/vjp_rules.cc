@@ -620,6 +620,10 @@ absl::StatusOr<Grads> RopeVjp(const VjpArgs& a) {
   return Grads{dx, nullptr};
 }
 
+absl::StatusOr<Grads> GemmVjp(const VjpArgs&) {
+  return absl::UnimplementedError("gemm is a backend op made by lower-gemm after autodiff; differentiate dot_general");
+}
+
 constexpr CotangentType kNode = CotangentType::kNodeType;
 
 constexpr std::array kVjpRows = {
@@ -651,6 +655,9 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kReduceSum, ReduceSumVjp, kNode},
     VjpRow{Opcode::kReduceMax, ReduceMaxVjp, kNode},
     VjpRow{Opcode::kDotGeneral, DotGeneralVjp, kNode},
+    // gemm appears only after lower-gemm, which runs on the finished step: differentiate the
+    // dot_general it came from.
+    VjpRow{Opcode::kGemm, GemmVjp, kNode},
     VjpRow{Opcode::kGather, GatherVjp, kNode},
     VjpRow{Opcode::kScatterAdd, ScatterAddVjp, kNode},
     VjpRow{Opcode::kRmsNorm, RmsNormVjp, kNode},

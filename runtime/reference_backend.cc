@@ -66,6 +66,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kReduceSum: return EvalReduceSum;
     case Opcode::kReduceMax: return EvalReduceMax;
     case Opcode::kDotGeneral: return EvalDotGeneral;
+    case Opcode::kGemm: return EvalGemm;
     case Opcode::kGather: return EvalGather;
     case Opcode::kScatterAdd: return EvalScatterAdd;
     case Opcode::kRmsNorm: return EvalRmsNorm;

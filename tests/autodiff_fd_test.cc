@@ -240,6 +240,24 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));
          return b.Select(lowered, p[1], p[2]);
        }},
+      {"gemm_feeding_compare",
+       {{F32({4, 3})}, {F32({5, 3})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // gemm is the backend form lower-gemm makes after autodiff (its rule says to
+         // differentiate the dot_general); like compare it is covered by a use whose result
+         // carries no gradient.
+         const TensorType out = F32({4, 5});
+         ASSIGN_OR_RETURN(Node * d, b.Op(Opcode::kGemm, {p[0], p[1]},
+                                         AttrMap{{"batch", int64_t{1}}, {"m", int64_t{4}}, {"n", int64_t{5}},
+                                                 {"k", int64_t{3}}, {"a_layout", Symbol{"mk"}},
+                                                 {"b_layout", Symbol{"nk"}}, {"alpha", 1.0}, {"beta", 0.0},
+                                                 {"epilogue", Symbol{"none"}}},
+                                         &out));
+         ASSIGN_OR_RETURN(Node * zero, b.Constant(0.0, out));
+         ASSIGN_OR_RETURN(Node * positive, b.Compare(d, zero, "gt"));
+         ASSIGN_OR_RETURN(Node * ones, b.Constant(1.0, out));
+         return b.Select(positive, ones, zero);
+       }},
       {"attention_family_feeding_compare",
        {{F32({1, 2, 4, 4})}, {F32({1, 2, 4, 4})}},
        [](Builder& b, P p) -> absl::StatusOr<Node*> {

@@ -21,6 +21,7 @@
 #include "codegen/compile_function.h"
 #include "codegen/kernel_cache.h"
 #include "codegen/lower_node.h"
+#include "passes/lower_gemm.h"
 #include "codegen/nvrtc_compiler.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
@@ -71,6 +72,8 @@ void ExpectCompiles(const KernelSpec& k) {
 
 TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
   std::unique_ptr<Module> module = testing::BuildAllOpsModule();
+  // As every compile does before codegen: dot_general becomes gemm.
+  ASSERT_TRUE(LowerGemmPass().Run(*module).ok());
   std::map<std::string, std::string> failures;  // op -> first error
   std::set<std::string> compiled_ops;
   std::vector<const Node*> nodes;  // @main's, then @attention's (the shapes flash kernels take)
@@ -101,8 +104,9 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
                                      out->append(f.first);
                                    })
                                 << report;
-  // Every op but the four without kernels (parameter, reshape, dot_general, get_result) made some.
-  EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 4));
+  // Every op but dot_general (lowered away) and the four without kernels (parameter,
+  // reshape, gemm, get_result) made some.
+  EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 5));
 }
 
 TEST(Codegen, LoweringKindsOfWorklessOps) {
@@ -117,8 +121,21 @@ TEST(Codegen, LoweringKindsOfWorklessOps) {
     ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {16, 8}}));
     return b.DotGeneral(x, w, {{}, {}, {1}, {1}}, DType::kF32);
   });
-  absl::StatusOr<LoweredNode> gemm = LowerNode(dot.node());
-  ASSERT_TRUE(gemm.ok());
+  absl::StatusOr<LoweredNode> unlowered = LowerNode(dot.node());
+  ASSERT_FALSE(unlowered.ok());
+  EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), std::string::npos) << unlowered.status();
+  OneNode gemm_node([](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {4, 8}}));
+    ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {16, 8}}));
+    const TensorType out{DType::kF32, {4, 16}};
+    return b.Op(Opcode::kGemm, {x, w},
+                AttrMap{{"batch", int64_t{1}}, {"m", int64_t{4}}, {"n", int64_t{16}}, {"k", int64_t{8}},
+                        {"a_layout", Symbol{"mk"}}, {"b_layout", Symbol{"nk"}}, {"alpha", 1.0}, {"beta", 0.0},
+                        {"epilogue", Symbol{"none"}}},
+                &out);
+  });
+  absl::StatusOr<LoweredNode> gemm = LowerNode(gemm_node.node());
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
   EXPECT_EQ(gemm->kind, LoweringKind::kGemm);
   EXPECT_TRUE(gemm->kernels.empty());
 }

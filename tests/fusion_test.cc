@@ -14,6 +14,7 @@
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/default_pipeline.h"
+#include "passes/lower_gemm.h"
 #include "frontends/llama.h"
 #include "passes/training_step.h"
 #include "tests/testing/all_ops.h"
@@ -265,6 +266,7 @@ TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
   EXPECT_LT(fused->num_kernels, plain->num_kernels * 4 / 5);
 
   std::unique_ptr<Module> all_ops = testing::BuildAllOpsModule();
+  ASSERT_TRUE(LowerGemmPass().Run(*all_ops).ok());
   FusionPass pass;
   ASSERT_TRUE(pass.Run(*all_ops).ok());
   absl::StatusOr<KernelCompileReport> ops = CompileFunctionKernels(*all_ops->functions()[0], {.arch = "sm_90a"}, nullptr);

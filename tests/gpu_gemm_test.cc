@@ -1,6 +1,7 @@
-// dot_general on cuBLASLt (runtime/cuda/gemm.h). Without a GPU: the layout analysis, which
-// decides transposes, strides and copies. With one: every layout family against the CPU
-// reference in f32 (pedantic), bf16 -> f32, bf16 -> bf16 and f16 -> f32. The tolerance is
+// gemm on cuBLASLt (runtime/cuda/gemm.h): every dot_general layout family, lowered by
+// lower-gemm (whose layout analysis tests/lower_gemm_test.cc checks without a GPU), against
+// the CPU reference of the dot_general in f32 (pedantic), bf16 -> f32, bf16 -> bf16 and
+// f16 -> f32. The tolerance is
 // the worst case of f32 summation in any order, (K + 2)·2⁻²⁴·Σ|a||b| per element, plus one
 // bf16 ulp of a narrow result; integer-valued operands must give exact results.
 #include "runtime/cuda/gemm.h"
@@ -13,87 +14,31 @@
 #include "ir/builder.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
+#include "passes/lower_gemm.h"
+#include "tests/testing/dot_cases.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/lowered_for_gpu.h"
 
 namespace kiln {
 namespace {
 
+using testing::BuildDot;
+using testing::DotCase;
+using testing::DotCases;
+
 CudaDevice* Device() { return testing::TestDevice(); }
 
-struct DotCase {
-  std::string name;
-  std::vector<int64_t> a_dims, b_dims;
-  DotDims dims;
-};
-
-// The layouts a transformer step produces, and the awkward ones.
-std::vector<DotCase> DotCases() {
-  return {
-      {"x_times_w_transposed", {2, 3, 16}, {24, 16}, {{}, {}, {2}, {1}}},
-      {"weight_gradient", {2, 3, 24}, {2, 3, 16}, {{}, {}, {0, 1}, {0, 1}}},
-      {"attention_scores", {2, 3, 5, 8}, {2, 3, 5, 8}, {{0, 1}, {0, 1}, {3}, {3}}},
-      {"attention_times_values", {2, 3, 5, 5}, {2, 3, 5, 8}, {{0, 1}, {0, 1}, {3}, {2}}},
-      {"batch_dims_apart", {2, 5, 3, 8}, {2, 5, 3, 8}, {{0, 2}, {0, 2}, {3}, {3}}},
-      {"contracting_orders_differ", {4, 3, 5}, {5, 3, 6}, {{}, {}, {1, 2}, {1, 0}}},
-      {"both_transposed", {16, 4}, {6, 16}, {{}, {}, {0}, {1}}},
-      {"lhs_batch_not_leading", {3, 2, 4}, {2, 4, 5}, {{1}, {0}, {2}, {1}}},
-      {"batch_listed_in_reverse", {2, 3, 4, 5}, {3, 2, 5, 6}, {{1, 0}, {0, 1}, {3}, {2}}},
-      {"unit_dims", {1, 4, 1, 8}, {8, 1, 3}, {{}, {}, {3}, {0}}},
-      {"vector_dot", {16}, {16}, {{}, {}, {0}, {0}}},
-      {"outer_product", {5}, {7}, {{}, {}, {}, {}}},
-      {"large", {4, 128, 256}, {384, 256}, {{}, {}, {2}, {1}}},
-      {"large_weight_gradient", {4, 128, 384}, {4, 128, 256}, {{}, {}, {0, 1}, {0, 1}}},
-  };
+// The dot_general's function run on the GPU as every compile runs it: lowered to a gemm.
+absl::StatusOr<std::vector<HostTensor>> GemmOnGpu(const Function& f, const std::vector<HostTensor>& args) {
+  return EvaluateOnGpu(*testing::LoweredForGpu(f)->functions()[0], args, *Device(), {.poison_arena = true});
 }
 
-// One dot_general node over fresh parameters, in `f`.
-Node* BuildDot(Function& f, const DotCase& c, DType in, DType out) {
-  Builder b(&f);
-  Node* a = *b.Parameter("a", {in, c.a_dims});
-  Node* x = *b.Parameter("b", {in, c.b_dims});
-  absl::StatusOr<Node*> dot = b.Named("dot").DotGeneral(a, x, c.dims, out);
-  EXPECT_TRUE(dot.ok()) << c.name << ": " << dot.status();
-  EXPECT_TRUE(b.Return({*dot}).ok());
-  return *dot;
-}
-
-TEST(GemmLayout, CommonTransformerLayoutsNeedNoCopies) {
-  struct Expect { const char* name; int64_t batch, m, n, k; bool a_k_inner, b_k_inner; };
-  for (const Expect& e : {Expect{"x_times_w_transposed", 1, 6, 24, 16, true, true},
-                          Expect{"weight_gradient", 1, 24, 16, 6, false, false},
-                          Expect{"attention_scores", 6, 5, 5, 8, true, true},
-                          Expect{"attention_times_values", 6, 5, 8, 5, true, false},
-                          Expect{"both_transposed", 1, 4, 6, 16, false, true},
-                          Expect{"unit_dims", 1, 4, 3, 8, true, false},
-                          Expect{"outer_product", 1, 5, 7, 1, true, true}}) {
-    for (const DotCase& c : DotCases()) {
-      if (c.name != e.name) continue;
-      Function f(c.name);
-      absl::StatusOr<GemmLayout> g = AnalyzeDotGeneral(*BuildDot(f, c, DType::kBF16, DType::kF32));
-      ASSERT_TRUE(g.ok()) << g.status();
-      EXPECT_EQ(std::vector<int64_t>({g->batch, g->m, g->n, g->k}), std::vector<int64_t>({e.batch, e.m, e.n, e.k})) << e.name;
-      EXPECT_EQ(g->a_k_inner, e.a_k_inner) << e.name;
-      EXPECT_EQ(g->b_k_inner, e.b_k_inner) << e.name;
-      EXPECT_TRUE(g->a_permutation.empty() && g->b_permutation.empty()) << e.name;
-    }
+// The gemm node of a lowered one-dot function.
+const Node* GemmOf(const Function& f) {
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kGemm) return n.get();
   }
-}
-
-TEST(GemmLayout, UngroupedOperandsAreTransposedFirst) {
-  struct Expect { const char* name; std::vector<int64_t> a_perm, b_perm; };
-  for (const Expect& e : {Expect{"batch_dims_apart", {0, 2, 1, 3}, {0, 2, 1, 3}},
-                          Expect{"contracting_orders_differ", {0, 2, 1}, {}},  // a is smaller: a follows b's order
-                          Expect{"lhs_batch_not_leading", {1, 0, 2}, {}},
-                          Expect{"batch_listed_in_reverse", {1, 0, 2, 3}, {}}}) {
-    for (const DotCase& c : DotCases()) {
-      if (c.name != e.name) continue;
-      Function f(c.name);
-      absl::StatusOr<GemmLayout> g = AnalyzeDotGeneral(*BuildDot(f, c, DType::kF32, DType::kF32));
-      ASSERT_TRUE(g.ok()) << g.status();
-      EXPECT_EQ(g->a_permutation, e.a_perm) << e.name;
-      EXPECT_EQ(g->b_permutation, e.b_perm) << e.name;
-    }
-  }
+  return nullptr;
 }
 
 // Σ|a||b| per output element: the reference's dot of the absolute values.
@@ -127,7 +72,7 @@ TEST(GpuGemm, EveryLayoutMatchesTheReference) {
                                       HostTensor::Random(f.parameters()[1]->type(), 2)};
       absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
       ASSERT_TRUE(want.ok()) << want.status();
-      absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+      absl::StatusOr<std::vector<HostTensor>> got = GemmOnGpu(f, args);
       ASSERT_TRUE(got.ok()) << got.status();
       const HostTensor bound = AbsDot(f, args);
       int64_t k = 1;
@@ -159,38 +104,49 @@ TEST(GpuGemm, IntegerValuedOperandsAreExact) {
       args.push_back(std::move(t));
     }
     absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
-    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+    absl::StatusOr<std::vector<HostTensor>> got = GemmOnGpu(f, args);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     EXPECT_EQ((*got)[0].values(), (*want)[0].values());
   }
 }
 
-TEST(GpuGemm, PlansCountTransposesAndWorkspace) {
+// The plan reads the gemm node alone: its sizes and layouts are the lowering's, and the
+// scratch it asks for is cuBLASLt's workspace (transposes are IR nodes of their own now).
+TEST(GpuGemm, PlansReadTheGemmNode) {
   KILN_REQUIRE_GPU();
   for (const DotCase& c : DotCases()) {
+    SCOPED_TRACE(c.name);
     Function f(c.name);
     Node* dot = BuildDot(f, c, DType::kBF16, DType::kF32);
-    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*dot, *Device(), {.arch = Device()->arch()}, nullptr);
+    absl::StatusOr<GemmShape> shape = AnalyzeDotGeneral(*dot);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+    const Node* gemm = GemmOf(*lowered->functions()[0]);
+    ASSERT_NE(gemm, nullptr);
+    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*gemm, *Device());
     ASSERT_TRUE(plan.ok()) << plan.status();
     const GemmLayout& g = (*plan)->layout();
-    const int copies = !g.a_permutation.empty() + !g.b_permutation.empty();
-    EXPECT_EQ((*plan)->transpose_kernels() > 0, copies > 0) << c.name;
-    // Each transposed operand is held in scratch next to the workspace.
-    int64_t copy_bytes = 0;
-    if (!g.a_permutation.empty()) copy_bytes += dot->operand(0)->type().num_bytes();
-    if (!g.b_permutation.empty()) copy_bytes += dot->operand(1)->type().num_bytes();
-    EXPECT_GE((*plan)->scratch_bytes(), copy_bytes) << c.name;
+    EXPECT_EQ(std::vector<int64_t>({g.batch, g.m, g.n, g.k}),
+              std::vector<int64_t>({shape->batch, shape->m, shape->n, shape->k}));
+    EXPECT_EQ(g.a_k_inner, shape->a_k_inner);
+    EXPECT_EQ(g.b_k_inner, shape->b_k_inner);
+    EXPECT_EQ((*plan)->scratch_bytes() % 256, 0);
+    EXPECT_LE((*plan)->scratch_bytes(), int64_t{32} << 20);
   }
 }
 
-TEST(GpuGemm, UnsupportedDTypesFailNamingTheNode) {
+TEST(GpuGemm, UnsupportedDTypesAndUnloweredDotsFailNamingTheNode) {
   KILN_REQUIRE_GPU();
-  Function f("int_dot");
+  Function f("fp8_dot");
   Node* dot = BuildDot(f, DotCases()[0], DType::kF8E4M3, DType::kF32);  // FP8 GEMMs are not planned yet
-  absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*dot, *Device(), {.arch = Device()->arch()}, nullptr);
+  absl::StatusOr<std::unique_ptr<GemmPlan>> unlowered = GemmPlan::Create(*dot, *Device());
+  ASSERT_FALSE(unlowered.ok());
+  EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), absl::string_view::npos) << unlowered.status();
+  const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+  absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*GemmOf(*lowered->functions()[0]), *Device());
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(plan.status().message().find("%dot (dot_general)"), absl::string_view::npos) << plan.status();
+  EXPECT_NE(plan.status().message().find("%dot (gemm)"), absl::string_view::npos) << plan.status();
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "runtime/cuda/executable.h"
 #include "runtime/reference_backend.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/lowered_for_gpu.h"
 #include "tests/testing/reduction_shapes.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/all_ops.h"
@@ -86,7 +87,9 @@ void ExpectMatchesReference(const Function& f, const std::vector<HostTensor>& ar
                             const std::function<Tolerance(int)>& tolerance_of_output) {
   absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
   ASSERT_TRUE(want.ok()) << want.status();
-  absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+  const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+  absl::StatusOr<std::vector<HostTensor>> got =
+      EvaluateOnGpu(*lowered->functions()[0], args, *Device(), {.poison_arena = true});
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), want->size());
   for (size_t o = 0; o < want->size(); ++o) {
@@ -215,6 +218,17 @@ std::vector<OpCase> OpCases() {
   cases.push_back({"dot_general_f32", kSums, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{f32, {2, 3, 16}}, {f32, {2, 16, 5}}});
                      return Ret(b, b.DotGeneral(p[0], p[1], {{0}, {0}, {2}, {1}}));
+                   }});
+  cases.push_back({"gemm_accumulate_bf16", kSums, [](Builder& b) {
+                     // D = 0.5 A Bᵀ + 2 C, A [2, 24, 16] (km: [batch, K, M] = [2,16,24]), B [2, 8, 16] (nk).
+                     std::vector<Node*> p = Params(b, {{bf16, {2, 16, 24}}, {bf16, {2, 8, 16}}, {f32, {2, 24, 8}}});
+                     const TensorType out{f32, {2, 24, 8}};
+                     return Ret(b, b.Op(Opcode::kGemm, {p[0], p[1], p[2]},
+                                        AttrMap{{"batch", int64_t{2}}, {"m", int64_t{24}}, {"n", int64_t{8}},
+                                                {"k", int64_t{16}}, {"a_layout", Symbol{"km"}},
+                                                {"b_layout", Symbol{"nk"}}, {"alpha", 0.5}, {"beta", 2.0},
+                                                {"epilogue", Symbol{"none"}}},
+                                        &out));
                    }});
   cases.push_back({"gather", kExact, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{bf16, {10, 8}}, {i32, {3, 4}}});
@@ -549,7 +563,9 @@ TEST(GpuExecutable, LlamaTinyTrainingStepMatchesTheReference) {
   ASSERT_EQ(args.size(), f.parameters().size());
   absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
   ASSERT_TRUE(want.ok()) << want.status();
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device(), {.poison_arena = true});
+  const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe =
+      CudaExecutable::Create(*lowered->functions()[0], *Device(), {.poison_arena = true});
   ASSERT_TRUE(exe.ok()) << exe.status();
   for (size_t i = 0; i < args.size(); ++i) ASSERT_TRUE((*exe)->SetInput(i, args[i]).ok());
   ASSERT_TRUE((*exe)->Run().ok());
@@ -585,7 +601,8 @@ TEST(GpuExecutable, LlamaSTrainingStepFitsAndLearns) {
   TrainingStepLayout layout;
   absl::StatusOr<Function*> step = BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
   ASSERT_TRUE(step.ok()) << step.status();
-  const Function& f = **step;
+  const std::unique_ptr<Module> lowered = testing::LoweredForGpu(**step);
+  const Function& f = *lowered->functions()[0];
   absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
   ASSERT_TRUE(exe.ok()) << exe.status();
   std::printf("llama-S step: %s\n", (*exe)->buffer_plan().Summary().c_str());

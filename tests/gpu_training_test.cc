@@ -18,6 +18,7 @@
 #include "runtime/reference_backend.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/lowered_for_gpu.h"
 #include "tests/testing/models.h"
 
 namespace kiln {
@@ -243,7 +244,7 @@ TEST_F(GpuTrainingTest, HuggingFaceCheckpointEvaluatesToTheSameLossOnBothBackend
   args.insert(args.end(), hf->weights.begin(), hf->weights.end());
   const Function& forward = *m->FindFunction("forward");
   auto cpu = EvaluateFunction(forward, args);
-  auto gpu = EvaluateOnGpu(forward, args, *device_);
+  auto gpu = EvaluateOnGpu(*testing::LoweredForGpu(forward)->functions()[0], args, *device_);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_NEAR((*gpu)[0][0], (*cpu)[0][0], 1e-5 * std::abs((*cpu)[0][0]));

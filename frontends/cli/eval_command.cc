@@ -10,6 +10,7 @@
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "ir/status_macros.h"
+#include "passes/lower_gemm.h"
 #include "runtime/reference_backend.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda/executable.h"
@@ -61,7 +62,10 @@ class ForwardRunner {
       return runner;
     }
 #ifdef KILN_WITH_CUDA
-    ASSIGN_OR_RETURN(runner->gpu_, CudaExecutable::Create(*runner->module_->FindFunction("forward"), *backend.device));
+    // The GPU runs GEMMs as the backend's gemm op (what every compile does before codegen).
+    Function& forward = *runner->module_->FindFunction("forward");
+    RETURN_IF_ERROR(LowerGemmPass().RunOnFunction(forward).status());
+    ASSIGN_OR_RETURN(runner->gpu_, CudaExecutable::Create(forward, *backend.device));
     for (size_t i = 0; i < weights.size(); ++i) RETURN_IF_ERROR(runner->gpu_->SetInput(2 + i, weights[i]));
 #endif
     return runner;

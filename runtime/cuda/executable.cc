@@ -42,8 +42,7 @@ double Lap(std::chrono::steady_clock::time_point* since) {
 
 // "gemm 16x1024x1024x64 (batch x M x N x K)": GEMMs of one shape share a name in a trace.
 std::string GemmName(const GemmLayout& g) {
-  return absl::StrCat("gemm ", g.batch, "x", g.m, "x", g.n, "x", g.k,
-                      g.a_permutation.empty() && g.b_permutation.empty() ? "" : " (operands transposed first)");
+  return absl::StrCat("gemm ", g.batch, "x", g.m, "x", g.n, "x", g.k);
 }
 
 }  // namespace
@@ -119,7 +118,7 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
       request.run_step[i] = root->second;
     }
     if (lowered.kind == LoweringKind::kGemm) {
-      ASSIGN_OR_RETURN(exe->gemms_[i], GemmPlan::Create(node, device, nvrtc, cache_ptr));
+      ASSIGN_OR_RETURN(exe->gemms_[i], GemmPlan::Create(node, device));
       request.scratch_bytes[i] = exe->gemms_[i]->scratch_bytes();
     }
   }
@@ -159,11 +158,9 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
       steps_.push_back({.kind = Step::Kind::kGemm,
                         .node = &node,
                         .pointers = {NodeAddress(&node), NodeAddress(node.operand(0)), NodeAddress(node.operand(1)),
-                                     scratch},
+                                     node.num_operands() > 2 ? NodeAddress(node.operand(2)) : nullptr, scratch},
                         .gemm = gemms_[i].get()});
       ++stats_.gemms;
-      stats_.kernels += gemms_[i]->transpose_kernels();
-      stats_.distinct_kernels += gemms_[i]->transpose_kernels();
       continue;
     }
     if (nk.lowered.kind != LoweringKind::kKernels) continue;  // parameters and aliases do no work
@@ -233,7 +230,8 @@ absl::Status CudaExecutable::EnqueueStep(const Step& step) const {
     case Step::Kind::kKernel:
       return EnqueueLaunch(*step.launch, step.pointers, stream, NodeContext(*step.node));
     case Step::Kind::kGemm:
-      return step.gemm->Enqueue(step.pointers[0], step.pointers[1], step.pointers[2], step.pointers[3], stream);
+      return step.gemm->Enqueue(step.pointers[0], step.pointers[1], step.pointers[2], step.pointers[3],
+                                step.pointers[4], stream);
     case Step::Kind::kCopy:
       if (step.bytes == 0 || step.dst == step.src) return absl::OkStatus();
       KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(step.dst, step.src, step.bytes, cudaMemcpyDeviceToDevice, stream),

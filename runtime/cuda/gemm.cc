@@ -4,8 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "codegen/lower_node.h"
-#include "ir/builder.h"
 #include "ir/status_macros.h"
 #include "runtime/cuda/cuda_status.h"
 
@@ -19,64 +17,6 @@ constexpr uint64_t kMaxWorkspaceBytes = 32u << 20;
 
 int64_t RoundUp(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-// How an operand's non-unit dims sit in memory, if they form [batch, free, contract] or
-// [batch, contract, free] runs.
-struct OperandView {
-  bool fits = false;
-  bool k_inner = true;
-  std::vector<int64_t> contract_order;  // positions in the contract list, in memory order
-};
-
-OperandView ViewOperand(const std::vector<int64_t>& dims, const std::vector<int64_t>& batch,
-                        const std::vector<int64_t>& contract) {
-  OperandView view;
-  std::string runs;  // one letter per run of dims: B(atch), F(ree), C(ontract)
-  int64_t last_batch = -1;
-  bool batch_in_order = true;
-  for (int64_t d = 0; d < static_cast<int64_t>(dims.size()); ++d) {
-    if (dims[d] == 1) continue;
-    char group = 'F';
-    if (auto it = std::find(batch.begin(), batch.end(), d); it != batch.end()) {
-      group = 'B';
-      const int64_t j = it - batch.begin();
-      batch_in_order &= j > last_batch;
-      last_batch = j;
-    } else if (auto it = std::find(contract.begin(), contract.end(), d); it != contract.end()) {
-      group = 'C';
-      view.contract_order.push_back(it - contract.begin());
-    }
-    if (runs.empty() || runs.back() != group) runs.push_back(group);
-  }
-  static const char* const kFitting[] = {"", "B", "F", "C", "BF", "BC", "FC", "CF", "BFC", "BCF"};
-  view.fits = batch_in_order && std::find(std::begin(kFitting), std::end(kFitting), runs) != std::end(kFitting);
-  view.k_inner = runs.find("CF") == std::string::npos;
-  return view;
-}
-
-// The transpose that makes an operand [batch (listed order), free, contract (in `order`,
-// then any contract dims of size 1)].
-std::vector<int64_t> CanonicalPermutation(int64_t rank, const std::vector<int64_t>& batch,
-                                          const std::vector<int64_t>& contract, const std::vector<int64_t>& order) {
-  std::vector<int64_t> perm = batch;
-  for (int64_t d = 0; d < rank; ++d) {
-    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
-        std::find(contract.begin(), contract.end(), d) == contract.end()) {
-      perm.push_back(d);
-    }
-  }
-  for (int64_t j : order) perm.push_back(contract[j]);
-  for (int64_t j = 0; j < static_cast<int64_t>(contract.size()); ++j) {
-    if (std::find(order.begin(), order.end(), j) == order.end()) perm.push_back(contract[j]);
-  }
-  return perm;
-}
-
-int64_t Product(const std::vector<int64_t>& dims, const std::vector<int64_t>& which) {
-  int64_t p = 1;
-  for (int64_t d : which) p *= dims[d];
-  return p;
-}
-
 absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
   switch (t) {
     case DType::kF32: return CUDA_R_32F;
@@ -88,70 +28,30 @@ absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
 
 }  // namespace
 
-absl::StatusOr<GemmLayout> AnalyzeDotGeneral(const Node& dot) {
-  if (dot.opcode() != Opcode::kDotGeneral || dot.num_operands() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(NodeContext(dot), " is not a dot_general"));
+absl::StatusOr<GemmLayout> GemmLayoutOf(const Node& gemm) {
+  if (gemm.opcode() == Opcode::kDotGeneral) {
+    return absl::InvalidArgumentError(absl::StrCat(NodeContext(gemm), " reached the GEMM planner: the lower-gemm ",
+                                                   "pass (passes/lower_gemm.h) makes every dot_general a gemm first"));
   }
-  const std::vector<int64_t>& a_dims = dot.operand(0)->type().dims;
-  const std::vector<int64_t>& b_dims = dot.operand(1)->type().dims;
-  ASSIGN_OR_RETURN(std::vector<int64_t> a_batch, dot.attrs().GetInts("lhs_batch"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> b_batch, dot.attrs().GetInts("rhs_batch"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> a_contract, dot.attrs().GetInts("lhs_contract"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> b_contract, dot.attrs().GetInts("rhs_contract"));
-  auto in_range = [](const std::vector<int64_t>& ds, size_t rank) {
-    return std::all_of(ds.begin(), ds.end(), [&](int64_t d) { return d >= 0 && d < static_cast<int64_t>(rank); });
-  };
-  if (a_batch.size() != b_batch.size() || a_contract.size() != b_contract.size() || !in_range(a_batch, a_dims.size()) ||
-      !in_range(a_contract, a_dims.size()) || !in_range(b_batch, b_dims.size()) || !in_range(b_contract, b_dims.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(NodeContext(dot), ": malformed dot_general dims ", dot.attrs().ToString()));
+  if (gemm.opcode() != Opcode::kGemm) return absl::InvalidArgumentError(absl::StrCat(NodeContext(gemm), " is not a gemm"));
+  GemmLayout g;
+  ASSIGN_OR_RETURN(g.batch, gemm.attrs().GetInt("batch"));
+  ASSIGN_OR_RETURN(g.m, gemm.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(g.n, gemm.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(g.k, gemm.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(std::string a_layout, gemm.attrs().GetSymbol("a_layout"));
+  ASSIGN_OR_RETURN(std::string b_layout, gemm.attrs().GetSymbol("b_layout"));
+  ASSIGN_OR_RETURN(double alpha, gemm.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(double beta, gemm.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(std::string epilogue, gemm.attrs().GetSymbol("epilogue"));
+  if (epilogue != "none") {
+    return absl::UnimplementedError(absl::StrCat(NodeContext(gemm), ": epilogue '", epilogue, "' is not planned"));
   }
-
-  GemmLayout layout;
-  layout.batch = Product(a_dims, a_batch);
-  layout.k = Product(a_dims, a_contract);
-  layout.m = dot.operand(0)->type().num_elements() / std::max<int64_t>(1, layout.batch * layout.k);
-  layout.n = dot.operand(1)->type().num_elements() / std::max<int64_t>(1, layout.batch * layout.k);
-  if (layout.batch * layout.k == 0) {  // no elements to multiply: m and n come from the dims
-    layout.m = layout.n = 1;
-    for (int64_t d = 0; d < static_cast<int64_t>(a_dims.size()); ++d) {
-      if (!std::count(a_batch.begin(), a_batch.end(), d) && !std::count(a_contract.begin(), a_contract.end(), d)) layout.m *= a_dims[d];
-    }
-    for (int64_t d = 0; d < static_cast<int64_t>(b_dims.size()); ++d) {
-      if (!std::count(b_batch.begin(), b_batch.end(), d) && !std::count(b_contract.begin(), b_contract.end(), d)) layout.n *= b_dims[d];
-    }
-  }
-
-  const OperandView a = ViewOperand(a_dims, a_batch, a_contract);
-  const OperandView b = ViewOperand(b_dims, b_batch, b_contract);
-  layout.a_k_inner = a.k_inner;
-  layout.b_k_inner = b.k_inner;
-  auto permute_a = [&](const std::vector<int64_t>& order) {
-    layout.a_permutation = CanonicalPermutation(a_dims.size(), a_batch, a_contract, order);
-    layout.a_k_inner = true;
-  };
-  auto permute_b = [&](const std::vector<int64_t>& order) {
-    layout.b_permutation = CanonicalPermutation(b_dims.size(), b_batch, b_contract, order);
-    layout.b_k_inner = true;
-  };
-  if (a.fits && b.fits) {
-    if (a.contract_order != b.contract_order) {  // copy the smaller operand
-      if (dot.operand(1)->type().num_elements() <= dot.operand(0)->type().num_elements()) {
-        permute_b(a.contract_order);
-      } else {
-        permute_a(b.contract_order);
-      }
-    }
-  } else if (a.fits) {
-    permute_b(a.contract_order);
-  } else if (b.fits) {
-    permute_a(b.contract_order);
-  } else {
-    std::vector<int64_t> listed(a_contract.size());
-    for (size_t j = 0; j < listed.size(); ++j) listed[j] = static_cast<int64_t>(j);
-    permute_a(listed);
-    permute_b(listed);
-  }
-  return layout;
+  g.a_k_inner = a_layout == "mk";
+  g.b_k_inner = b_layout == "nk";
+  g.alpha = static_cast<float>(alpha);
+  g.beta = static_cast<float>(beta);
+  return g;
 }
 
 GemmPlan::~GemmPlan() {
@@ -161,34 +61,11 @@ GemmPlan::~GemmPlan() {
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
 }
 
-absl::StatusOr<std::vector<GemmPlan::Transpose>> GemmPlan::BuildTranspose(const Node& dot, int operand,
-                                                                          const std::vector<int64_t>& perm,
-                                                                          const CudaDevice& device,
-                                                                          const NvrtcOptions& nvrtc,
-                                                                          KernelCache* cache) {
-  // The transpose op's own lowering, on a one-node function: one definition of a transpose.
-  Function f(absl::StrCat("gemm_operand_", dot.name()));
-  Builder builder(&f);
-  ASSIGN_OR_RETURN(Node * x, builder.Parameter("x", dot.operand(operand)->type()));
-  ASSIGN_OR_RETURN(Node * t, builder.Named(absl::StrCat(dot.name(), operand == 0 ? "_lhs" : "_rhs")).Transpose(x, perm));
-  ASSIGN_OR_RETURN(LoweredNode lowered, LowerNode(*t));
-  std::vector<Transpose> kernels;
-  for (const KernelSpec& spec : lowered.kernels) {
-    ASSIGN_OR_RETURN(CompiledKernel compiled, CompileKernel(spec, nvrtc, cache));
-    Transpose tr;
-    ASSIGN_OR_RETURN(tr.library, KernelLibrary::Load(compiled));
-    ASSIGN_OR_RETURN(tr.launch, PrepareLaunch(*tr.library, spec, device.ordinal()));
-    kernels.push_back(std::move(tr));
-  }
-  return kernels;
-}
-
-absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, const CudaDevice& device,
-                                                           const NvrtcOptions& nvrtc, KernelCache* cache) {
+absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, const CudaDevice& device) {
   std::unique_ptr<GemmPlan> plan(new GemmPlan());
   plan->context_ = NodeContext(dot);
   const std::string& ctx = plan->context_;
-  ASSIGN_OR_RETURN(plan->layout_, AnalyzeDotGeneral(dot));
+  ASSIGN_OR_RETURN(plan->layout_, GemmLayoutOf(dot));
   const GemmLayout& g = plan->layout_;
   const DType in_dtype = dot.operand(0)->type().dtype;
   const DType out_dtype = dot.type().dtype;
@@ -205,23 +82,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, cons
   plan->handle_ = device.cublas();
   plan->out_bytes_ = dot.type().num_bytes();
 
-  // Scratch: [a transposed][b transposed][workspace], each 256-byte aligned.
-  int64_t scratch = 0;
-  if (!g.a_permutation.empty()) {
-    ASSIGN_OR_RETURN(plan->a_transpose_, BuildTranspose(dot, 0, g.a_permutation, device, nvrtc, cache));
-    plan->a_copy_offset_ = scratch;
-    scratch += RoundUp(dot.operand(0)->type().num_bytes());
-  }
-  if (!g.b_permutation.empty()) {
-    ASSIGN_OR_RETURN(plan->b_transpose_, BuildTranspose(dot, 1, g.b_permutation, device, nvrtc, cache));
-    plan->b_copy_offset_ = scratch;
-    scratch += RoundUp(dot.operand(1)->type().num_bytes());
-  }
-  plan->workspace_offset_ = scratch;
-  if (g.batch * g.m * g.n * g.k == 0) {  // nothing to multiply: Enqueue zero-fills or does nothing
-    plan->scratch_bytes_ = scratch;
-    return plan;
-  }
+  if (g.batch * g.m * g.n * g.k == 0) return plan;  // nothing to multiply: Enqueue zero-fills or does nothing
 
   const cublasComputeType_t compute = in_dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F), ctx);
@@ -271,31 +132,24 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, cons
   }
   plan->algo_ = result.algo;
   plan->workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
-  plan->scratch_bytes_ = scratch + RoundUp(plan->workspace_bytes_);
+  plan->scratch_bytes_ = RoundUp(plan->workspace_bytes_);
   return plan;
 }
 
-absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, void* scratch, cudaStream_t stream) const {
+absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, void* scratch,
+                               cudaStream_t stream) const {
   const GemmLayout& g = layout_;
   if (g.batch * g.m * g.n == 0) return absl::OkStatus();
-  if (g.k == 0) {  // an empty sum
+  if (g.k == 0 && g.beta == 0.0f) {  // an empty sum
     KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes_, stream), context_);
     return absl::OkStatus();
   }
-  char* scratch_bytes = static_cast<char*>(scratch);
-  for (const Transpose& t : a_transpose_) {
-    void* const pointers[] = {scratch_bytes + a_copy_offset_, const_cast<void*>(a)};
-    RETURN_IF_ERROR(EnqueueLaunch(t.launch, pointers, stream, context_));
-  }
-  for (const Transpose& t : b_transpose_) {
-    void* const pointers[] = {scratch_bytes + b_copy_offset_, const_cast<void*>(b)};
-    RETURN_IF_ERROR(EnqueueLaunch(t.launch, pointers, stream, context_));
-  }
-  const void* lhs = a_transpose_.empty() ? a : scratch_bytes + a_copy_offset_;
-  const void* rhs = b_transpose_.empty() ? b : scratch_bytes + b_copy_offset_;
-  void* workspace = workspace_bytes_ > 0 ? scratch_bytes + workspace_offset_ : nullptr;
-  KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &alpha_, rhs, a_desc_, lhs, b_desc_, &beta_, out, c_desc_,
-                                             out, c_desc_, &algo_, workspace, workspace_bytes_, stream),
+  if (g.k == 0) return absl::UnimplementedError(absl::StrCat(context_, ": a gemm with K = 0 and beta != 0"));
+  void* workspace = workspace_bytes_ > 0 ? scratch : nullptr;
+  // cuBLAS's A is the IR's b and its B the IR's a (see the header); C is read only if beta != 0.
+  KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, b, a_desc_, a, b_desc_, &g.beta,
+                                             c != nullptr ? c : out, c_desc_, out, c_desc_, &algo_, workspace,
+                                             workspace_bytes_, stream),
                               context_);
   return absl::OkStatus();
 }

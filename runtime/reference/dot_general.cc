@@ -53,4 +53,33 @@ absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const E
   return out;
 }
 
+// gemm: the same GEMM over the operands' bytes as they lie ([batch, M, K] or [batch, K, M];
+// [batch, N, K] or [batch, K, N]), then alpha and beta C in double; rounded once.
+absl::StatusOr<HostTensor> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(int64_t batch, node.attrs().GetInt("batch"));
+  ASSIGN_OR_RETURN(int64_t m, node.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(int64_t n, node.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(int64_t k, node.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(std::string a_layout, node.attrs().GetSymbol("a_layout"));
+  ASSIGN_OR_RETURN(std::string b_layout, node.attrs().GetSymbol("b_layout"));
+  ASSIGN_OR_RETURN(double alpha, node.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(double beta, node.attrs().GetFloat("beta"));
+  auto steps = [](int64_t count, int64_t stride) {
+    std::vector<int64_t> offsets(count);
+    for (int64_t i = 0; i < count; ++i) offsets[i] = i * stride;
+    return offsets;
+  };
+  const bool a_mk = a_layout == "mk", b_nk = b_layout == "nk";
+  GemmOperand a{xs[0]->values().data(), steps(batch, m * k), steps(m, a_mk ? k : 1), steps(k, a_mk ? 1 : m)};
+  GemmOperand b{xs[1]->values().data(), steps(batch, n * k), steps(k, b_nk ? 1 : n), steps(n, b_nk ? k : 1)};
+  HostTensor out(node.type());
+  double* d = out.mutable_values().data();
+  Gemm(a, b, d, ctx.pool);
+  if (alpha != 1.0 || beta != 0.0) {
+    const double* c = beta != 0.0 ? xs[2]->values().data() : nullptr;
+    for (int64_t i = 0; i < out.num_elements(); ++i) d[i] = alpha * d[i] + (c != nullptr ? beta * c[i] : 0.0);
+  }
+  return out;
+}
+
 }  // namespace kiln::reference

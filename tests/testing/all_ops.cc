@@ -69,6 +69,14 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* bf = Must(b.Convert(r, DType::kBF16));
   Node* dot = Must(b.DotGeneral(bf, Must(b.Convert(t, DType::kBF16)), {{}, {}, {1}, {0}}, f32));
   Node* bdot = Must(b.DotGeneral(x, x, {{0}, {0}, {2}, {2}}));
+  // The backend form of `dot`: bf [6,4] as M x K, and t [4,6] as [K, N] (kn).
+  const TensorType dot_type = dot->type();
+  Node* gemm = Must(b.Op(Opcode::kGemm, {bf, Must(b.Convert(t, DType::kBF16))},
+                         AttrMap{{"batch", int64_t{1}}, {"m", int64_t{6}}, {"n", int64_t{6}}, {"k", int64_t{4}},
+                                 {"a_layout", Symbol{"mk"}}, {"b_layout", Symbol{"kn"}}, {"alpha", 1.0},
+                                 {"beta", 0.0}, {"epilogue", Symbol{"none"}}},
+                         &dot_type));
+  dot = Must(b.Add(dot, gemm));
 
   b.set_scope("layers.1.composite");
   Node* g = Must(b.Gather(table, ids));

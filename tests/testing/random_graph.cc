@@ -227,6 +227,17 @@ absl::StatusOr<Node*> GraphGenerator::DotStep() {
     ASSIGN_OR_RETURN(Node * c16, b_.Convert(c, DType::kBF16));
     return b_.DotGeneral(a16, c16, dims, kF32);
   }
+  if (Coin()) {  // the backend form, as lower-gemm writes it: a [batch, M, K] · c [batch, N, K]ᵀ
+    const std::vector<int64_t>& d = a->type().dims;
+    const int64_t batch = last == 2 ? d[0] : 1, m = d[last - 1], k = d[last];
+    std::vector<int64_t> out = d;
+    out[last] = m;
+    const TensorType type{a->type().dtype, out};
+    return b_.Op(Opcode::kGemm, {a, c},
+                 AttrMap{{"batch", batch}, {"m", m}, {"n", m}, {"k", k}, {"a_layout", Symbol{"mk"}},
+                         {"b_layout", Symbol{"nk"}}, {"alpha", 1.0}, {"beta", 0.0}, {"epilogue", Symbol{"none"}}},
+                 &type);
+  }
   return b_.DotGeneral(a, c, dims);
 }
 
