@@ -280,7 +280,8 @@ TEST(CompositeKernelsTest, ScatterAddZeroFillsFirst) {
   }
 }
 
-// The geometry policy of lower_composite.cc, on the shapes the reference models use.
+// The geometry policy of the composite lowerings (codegen/composite_wrapper.h, lower_rms_norm.cc),
+// on the shapes the reference models use.
 TEST(CompositeKernelsTest, RowGeometry) {
   // 768 bf16: 96 chunks of 8, a warp per row, 8 rows per 256-thread block.
   OneOp norm = MakeOneOp(Opcode::kRmsNorm, {{kBF16, {4096, 768}}, {kF32, {768}}}, Eps());

@@ -1,0 +1,38 @@
+// The lowerings LowerCompositeNode (codegen/lower_composite.cc) dispatches to, one file per
+// family of kernels/*.cuh. Each returns a LoweredNode of kind kKernels; threads_per_block has
+// been checked by LowerCompositeNode. Internal to codegen/.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "codegen/kernel_spec.h"
+#include "codegen/lower_node.h"
+#include "ir/graph.h"
+
+namespace kiln::codegen::composite {
+
+// lower_rms_norm.cc: rms_norm and rms_norm_grad_input (a row kernel each), rms_norm_grad_weight.
+absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const CodegenOptions& options);
+
+// lower_softmax.cc: softmax and softmax_grad.
+absl::StatusOr<LoweredNode> LowerSoftmax(const Node& node, const CodegenOptions& options);
+
+// lower_cross_entropy.cc: cross_entropy and cross_entropy_grad.
+absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOptions& options);
+
+// lower_rope.cc: rope.
+absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& options);
+
+// lower_adamw.cc: adamw_update.
+absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options);
+
+// lower_embedding.cc: gather and scatter_add.
+absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptions& options);
+
+// lower_attention.cc: attention, attention_grad and attention_delta.
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node);
+absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node);
+absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options);
+
+}  // namespace kiln::codegen::composite

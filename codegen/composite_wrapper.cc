@@ -1,0 +1,112 @@
+// The generated wrapper, its literals and checks, and the row kernels' geometry, shared by
+// the composite lowerings (codegen/composite_wrapper.h).
+#include "codegen/composite_wrapper.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "codegen/kernel_source.h"
+#include "ir/status_macros.h"
+#include "ir/text_format.h"
+
+namespace kiln::codegen::composite {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t multiple) { return CeilDiv(a, multiple) * multiple; }
+
+std::string Param(DType t, absl::string_view name) { return absl::StrCat("const ", CudaTypeName(t), "* ", name); }
+
+std::string FloatLiteral(double v) { return absl::StrFormat("%af", static_cast<float>(v)); }
+std::string DoubleLiteral(double v) { return absl::StrFormat("%a", v); }
+
+std::string Count(int64_t n, absl::string_view noun) { return absl::StrCat(n, " ", noun, n == 1 ? "" : "s"); }
+
+std::string Where(const Node& node) { return absl::StrCat(node.op_name(), " %", node.name()); }
+
+absl::StatusOr<double> FiniteFloatAttr(const Node& node, absl::string_view name) {
+  ASSIGN_OR_RETURN(double v, node.attrs().GetFloat(name));
+  if (!std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": attribute ", name, "=", v, " must be finite"));
+  }
+  return v;
+}
+
+int ChunkWidth(int64_t length, const std::vector<DType>& dtypes) {
+  int narrowest = 16;
+  for (DType t : dtypes) narrowest = std::min(narrowest, DTypeBytes(t));
+  const int width = 16 / narrowest;
+  return length % width == 0 ? width : 1;
+}
+
+RowGeometry ChooseRowGeometry(int64_t rows, int64_t length, int vec, const CodegenOptions& options) {
+  RowGeometry g;
+  g.vec = vec;
+  const int64_t chunks = CeilDiv(length, vec);
+  const int64_t chunks_per_thread = std::max(1, kRowElementsPerThread / vec);
+  if (chunks <= kWarpSize * chunks_per_thread) {
+    g.threads_per_row = kWarpSize;
+    g.rows_per_block = static_cast<int>(std::clamp<int64_t>(rows, 1, options.threads_per_block / kWarpSize));
+  } else {
+    g.threads_per_row = static_cast<int>(
+        std::min<int64_t>(kMaxThreadsPerBlock, RoundUp(CeilDiv(chunks, chunks_per_thread), kWarpSize)));
+    g.rows_per_block = 1;
+  }
+  g.blocks = CeilDiv(rows, g.rows_per_block);
+  return g;
+}
+
+std::string RowComment(int64_t rows, int64_t length, const RowGeometry& g) {
+  return absl::StrCat(Count(rows, "row"), " of ", length, ", ", Count(g.vec, "element"), " per access, ",
+                      g.threads_per_row == kWarpSize
+                          ? absl::StrCat("a warp per row, ", g.rows_per_block, " rows per block")
+                          : absl::StrCat("a block of ", g.threads_per_row, " threads per row"));
+}
+
+std::string RowArgs(int64_t rows, int64_t length, const RowGeometry& g) {
+  return absl::StrCat(rows, "LL, ", length, ", ", g.vec, ", ", g.threads_per_row, ", ", g.rows_per_block);
+}
+
+Rows RowsOf(const TensorType& t) {
+  const int64_t length = t.dims.back();
+  return {length == 0 ? 0 : t.num_elements() / length, length};
+}
+
+absl::Status CheckRowLength(const Node& node, int64_t length) {
+  if (length > kMaxRowLength) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": rows of ", length,
+                                                   " elements exceed the kernels' limit of ", kMaxRowLength));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGrid(const Node& node, int64_t blocks) {
+  if (blocks > kMaxGridX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(node), ": ", blocks, " blocks exceed one launch's grid (", kMaxGridX, ")"));
+  }
+  return absl::OkStatus();
+}
+
+KernelSpec Emit(const Node& node, const std::string& name, const Wrapper& w, int64_t blocks, int threads) {
+  const std::string function = node.parent() != nullptr ? node.parent()->name() : "";
+  const std::string line = absl::StrReplaceAll(PrintNode(node), {{"\n", " "}, {"\r", " "}});
+  std::vector<std::string> params = w.outputs;
+  if (params.empty()) {
+    params.push_back(absl::StrCat(w.out_type.empty() ? CudaTypeName(node.type().dtype) : w.out_type, "* out"));
+  }
+  params.insert(params.end(), w.params.begin(), w.params.end());
+  std::string source =
+      absl::StrCat("// ", name, ": node %", node.name(), " of @", function, "\n// ", line, "\n// ", w.comment,
+                   "\n#include \"kernels/", w.header, ".cuh\"\n\n", w.globals, "extern \"C\" __global__ void __launch_bounds__(",
+                   threads, ") ", name, "(", absl::StrJoin(params, ", "), ") {\n  kiln::kernels::", w.call, ";\n}\n");
+  return codegen::MakeKernel(name, std::move(source), {static_cast<uint32_t>(blocks), 1, 1},
+                             {static_cast<uint32_t>(threads), 1, 1});
+}
+
+LoweredNode Kernels(std::vector<KernelSpec> kernels) { return LoweredNode{LoweringKind::kKernels, std::move(kernels)}; }
+
+}  // namespace kiln::codegen::composite

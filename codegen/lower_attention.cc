@@ -1,0 +1,106 @@
+// Lowering of attention, attention_grad and attention_delta to the flash kernels of
+// kernels/flash_attention.cuh.
+#include "codegen/composite_lowerings.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "codegen/composite_wrapper.h"
+#include "codegen/kernel_source.h"
+#include "ir/status_macros.h"
+#include "kernels/flash_attention.cuh"  // launch geometry only: plain C++ outside a CUDA compiler
+
+namespace kiln::codegen::composite {
+namespace {
+
+using kernels::FlashAttentionBackwardDeltaLaunch;
+using kernels::FlashAttentionBackwardDkDvLaunch;
+using kernels::FlashAttentionBackwardDqLaunch;
+using kernels::FlashAttentionForwardLaunch;
+using kernels::FlashAttentionLaunch;
+using kernels::FlashAttentionUnsupportedReason;
+
+// The flash kernels' geometry for this node's shapes (kernels/flash_attention.cuh).
+absl::Status CheckAttentionShape(const Node& node, const TensorType& q, const TensorType& kv) {
+  if (const char* why = FlashAttentionUnsupportedReason(q.dims[0], q.dims[1], kv.dims[1], q.dims[2], q.dims[3])) {
+    return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash attention kernels cannot take q ",
+                                                 q.ToString(), ", k/v ", kv.ToString(), ": ", why));
+  }
+  return absl::OkStatus();
+}
+
+KernelSpec EmitFlash(const Node& node, const std::string& name, const Wrapper& w, const FlashAttentionLaunch& launch) {
+  KernelSpec spec = Emit(node, name, w, launch.grid_x, static_cast<int>(launch.block_threads));
+  spec.shared_bytes = launch.shared_bytes;
+  return spec;
+}
+
+}  // namespace
+
+// attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
+// no backward reads it).
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
+  Wrapper w;
+  w.header = "flash_attention";
+  w.comment = absl::StrCat("causal flash attention and its LSE, ", launch.block_m, " queries per block of ",
+                           launch.block_threads, " threads, key tiles of ", launch.block_n);
+  w.outputs = {"float* out", "float* lse"};
+  w.params = {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v")};
+  w.call = absl::StrCat("FlashAttentionForward<float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
+                        ">(out, lse, q, k, v, ", FloatLiteral(scale), ")");
+  return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+}
+
+// attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv.
+absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node) {
+  const TensorType& q = node.operand(0)->type();
+  const TensorType& kv = node.operand(1)->type();
+  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
+  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
+  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
+  const std::string operands = "q, k, v, dout, lse, delta";
+  Wrapper w;
+  w.header = "flash_attention";
+  w.outputs = {"float* dq", "float* dk", "float* dv"};
+  w.params = {Param(DType::kBF16, "q"),    Param(DType::kBF16, "k"),   Param(DType::kBF16, "v"),
+              Param(DType::kBF16, "dout"), Param(DType::kF32, "lse"), Param(DType::kF32, "delta")};
+
+  const FlashAttentionLaunch dq_launch = FlashAttentionBackwardDqLaunch(b, h, t, d);
+  w.comment = absl::StrCat("flash attention dq, ", dq_launch.block_m, " queries per block, key tiles of ",
+                           dq_launch.block_n);
+  w.call = absl::StrCat("FlashAttentionBackwardDq<__nv_bfloat16, float, ", shape, ">(dq, ", operands, ", ",
+                        FloatLiteral(scale), ")");
+  KernelSpec dq = EmitFlash(node, codegen::KernelName(node) + "_dq", w, dq_launch);
+
+  const FlashAttentionLaunch dkdv_launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+  w.comment = absl::StrCat("flash attention dk and dv, ", dkdv_launch.block_m, " keys per block, query tiles of ",
+                           dkdv_launch.block_n);
+  w.call = absl::StrCat("FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", shape, ">(dk, dv, ", operands, ", ",
+                        FloatLiteral(scale), ")");
+  KernelSpec dkdv = EmitFlash(node, codegen::KernelName(node) + "_dkdv", w, dkdv_launch);
+  return Kernels({std::move(dq), std::move(dkdv)});
+}
+
+absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options) {
+  const TensorType& o = node.operand(0)->type();
+  const TensorType& dout = node.operand(1)->type();
+  const int64_t rows = o.dims[0] * o.dims[1] * o.dims[2], d = o.dims[3];
+  if (d != 64 && d != 128) {
+    return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash delta kernel takes head dim 64 or 128, not ", d));
+  }
+  const FlashAttentionLaunch launch = FlashAttentionBackwardDeltaLaunch(rows, d);
+  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * O) over ", rows, " rows of ", d), "",
+            {Param(o.dtype, "o"), Param(dout.dtype, "dout")},
+            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", float, ", rows, "LL, ", d,
+                         ">(out, dout, o)")};
+  return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
+}
+
+}  // namespace kiln::codegen::composite

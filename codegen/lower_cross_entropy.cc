@@ -1,0 +1,43 @@
+// Lowering of cross_entropy and cross_entropy_grad to the templates of
+// kernels/cross_entropy.cuh.
+#include "codegen/composite_lowerings.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codegen/composite_wrapper.h"
+#include "codegen/kernel_source.h"
+#include "ir/status_macros.h"
+
+namespace kiln::codegen::composite {
+
+absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOptions& options) {
+  const TensorType& logits = node.operand(0)->type();
+  const int64_t rows = logits.dims[0], classes = logits.dims[1];
+  if (node.type().num_elements() == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, classes));
+  const bool forward = node.opcode() == Opcode::kCrossEntropy;
+  const DType labels = node.operand(1)->type().dtype;
+  // The loss is written one scalar per row; only the gradient's rows share the chunking.
+  std::vector<DType> dtypes = {logits.dtype};
+  if (!forward) dtypes.push_back(node.type().dtype);
+  const RowGeometry g = ChooseRowGeometry(rows, classes, ChunkWidth(classes, dtypes), options);
+  RETURN_IF_ERROR(CheckGrid(node, g.blocks));
+  Wrapper wrapper{"cross_entropy",
+                  RowComment(rows, classes, g),
+                  "",
+                  {Param(logits.dtype, "logits"), Param(labels, "labels")},
+                  ""};
+  if (forward) {
+    wrapper.call = absl::StrCat("CrossEntropyForward<", CudaTypeName(logits.dtype), ", ", CudaTypeName(labels), ", ",
+                                RowArgs(rows, classes, g), ">(out, logits, labels)");
+  } else {
+    wrapper.params.push_back(Param(DType::kF32, "dloss"));
+    wrapper.call = absl::StrCat("CrossEntropyBackward<", CudaTypeName(logits.dtype), ", ", CudaTypeName(labels), ", ",
+                                CudaTypeName(node.type().dtype), ", ", RowArgs(rows, classes, g),
+                                ">(out, logits, labels, dloss)");
+  }
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+}
+
+}  // namespace kiln::codegen::composite

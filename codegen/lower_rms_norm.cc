@@ -1,0 +1,79 @@
+// Lowering of rms_norm and its gradients (rms_norm_grad_input, rms_norm_grad_weight) to the
+// templates of kernels/rms_norm.cuh.
+#include "codegen/composite_lowerings.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codegen/composite_wrapper.h"
+#include "codegen/kernel_source.h"
+#include "ir/status_macros.h"
+
+namespace kiln::codegen::composite {
+namespace {
+
+// rms_norm_grad_weight: at most this many per-block partial rows for the last block to sum.
+constexpr int64_t kMaxPartialBlocks = 256;
+constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
+
+}  // namespace
+
+absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const Rows rows = RowsOf(node.operand(0)->type());
+  if (rows.count == 0 || rows.length == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
+  const DType x = node.operand(0)->type().dtype, w = node.operand(1)->type().dtype, y = node.type().dtype;
+  const bool forward = node.opcode() == Opcode::kRmsNorm;
+  std::vector<DType> dtypes = {x, w, y};
+  if (!forward) dtypes.push_back(node.operand(2)->type().dtype);
+  const RowGeometry g = ChooseRowGeometry(rows.count, rows.length, ChunkWidth(rows.length, dtypes), options);
+  RETURN_IF_ERROR(CheckGrid(node, g.blocks));
+  Wrapper wrapper{"rms_norm", RowComment(rows.count, rows.length, g), "", {Param(x, "x"), Param(w, "w")}, ""};
+  if (forward) {
+    wrapper.call = absl::StrCat("RmsNormForward<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(y), ", ",
+                                RowArgs(rows.count, rows.length, g), ">(out, x, w, ", FloatLiteral(eps), ")");
+  } else {
+    const DType dy = node.operand(2)->type().dtype;
+    wrapper.params.push_back(Param(dy, "dy"));
+    wrapper.call = absl::StrCat("RmsNormGradInput<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy),
+                                ", ", CudaTypeName(y), ", ", RowArgs(rows.count, rows.length, g),
+                                ">(out, x, w, dy, ", FloatLiteral(eps), ")");
+  }
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+}
+
+// One kernel, deterministic: per-block partial column sums in a module-scope buffer, summed
+// in block order by the last block (kernels/rms_norm.cuh, RmsNormGradWeight).
+absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const CodegenOptions&) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const Rows rows = RowsOf(node.operand(0)->type());
+  if (rows.length == 0) return Kernels({});  // dw is empty; with no rows it is zeros, computed below
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
+  const DType x = node.operand(0)->type().dtype, w = node.operand(1)->type().dtype,
+              dy = node.operand(2)->type().dtype, dw = node.type().dtype;
+  const int vec = ChunkWidth(rows.length, {x, dy, dw, DType::kF32});  // f32: the partials
+  const int64_t chunks = CeilDiv(rows.length, vec);
+  const int threads = static_cast<int>(std::clamp<int64_t>(
+      RoundUp(CeilDiv(chunks, std::max(1, kRowElementsPerThread / vec)), kWarpSize), kGradWeightMinThreads,
+      kMaxThreadsPerBlock));
+  const int warps = threads / kWarpSize;
+  const int64_t rows_per_block = RoundUp(std::max<int64_t>(1, CeilDiv(rows.count, kMaxPartialBlocks)), warps);
+  const int64_t blocks = std::max<int64_t>(1, CeilDiv(rows.count, rows_per_block));
+  Wrapper wrapper;
+  wrapper.header = "rms_norm";
+  wrapper.comment = absl::StrCat(Count(rows.count, "row"), " of ", rows.length, ", ", Count(vec, "element"),
+                                 " per access; ", Count(blocks, "block"), " of ", threads, " threads, ",
+                                 rows_per_block, " rows each; the last block sums the partials");
+  wrapper.globals = absl::StrCat("// Per-block column sums and the count of finished blocks (zero at load).\n",
+                                 "static __device__ __align__(16) float g_partials[", blocks * rows.length, "];\n",
+                                 "static __device__ unsigned int g_blocks_done = 0;\n\n");
+  wrapper.params = {Param(x, "x"), Param(w, "w"), Param(dy, "dy")};  // w: unused, part of the signature
+  wrapper.call = absl::StrCat("RmsNormGradWeight<", CudaTypeName(x), ", ", CudaTypeName(dy), ", ", CudaTypeName(dw),
+                              ", ", rows.count, "LL, ", rows.length, ", ", vec, ", ", threads, ", ", rows_per_block,
+                              ">(out, x, dy, ", FloatLiteral(eps), ", g_partials, &g_blocks_done)");
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
+}
+
+}  // namespace kiln::codegen::composite
