@@ -28,8 +28,8 @@ using text::TokenKind;
 
 // Limits that keep a hostile type from overflowing int64 element counts (and byte counts,
 // at 8 bytes per element) anywhere downstream. Real models stay far below both.
-constexpr int kMaxRank = 64;
-constexpr int64_t kMaxElements = int64_t{1} << 40;
+constexpr int kMaxRank = kMaxTensorRank;             // ir/types.h: one limit for every reader
+constexpr int64_t kMaxElements = kMaxTensorElements;
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||

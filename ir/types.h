@@ -52,4 +52,14 @@ struct TensorType {
 
 std::string DimsToString(const std::vector<int64_t>& dims);  // "[16,1024,768]"
 
+// The one limit on tensor sizes that every reader (IR text, protobuf, JSON, safetensors)
+// and every builder input (model configs, --batch and --seq) applies, so that no input can
+// reach element or byte arithmetic that overflows, or ask for a tensor no machine holds:
+// at most kMaxTensorRank dims, and at most kMaxTensorElements elements (zero dims left
+// out of the product, so that an empty tensor cannot hide a huge neighbour).
+inline constexpr int kMaxTensorRank = 64;
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+// Ok, or why `dims` is beyond the limit ("type f32[...] has more than 2^40 elements").
+absl::Status CheckTensorSizeLimit(DType dtype, const std::vector<int64_t>& dims);
+
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/op_attributes.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 
@@ -26,6 +27,17 @@ absl::Status NodeError(const Function& f, const Node& n, absl::string_view why) 
       absl::StrCat("verifier: @", f.name(), " %", n.name(), " = ", n.op_name(), ": ", why));
 }
 
+// An error names a node's operand types, but an op may have 100k operands: the first few
+// and a count keep the message readable.
+std::string OperandTypesShown(const std::vector<TensorType>& types) {
+  constexpr size_t kShown = 8;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < types.size() && i < kShown; ++i) shown.push_back(types[i].ToString());
+  std::string out = absl::StrJoin(shown, ", ");
+  if (types.size() > kShown) absl::StrAppend(&out, ", ... (", types.size() - kShown, " more, ", types.size(), " in all)");
+  return out;
+}
+
 }  // namespace
 
 absl::Status VerifyFunction(const Function& f) {
@@ -43,6 +55,10 @@ absl::Status VerifyFunction(const Function& f) {
     if (!names.insert(n.name()).second) return NodeError(f, n, "duplicate name");
     if (!ids.insert(n.id()).second) return NodeError(f, n, absl::StrCat("duplicate id ", n.id()));
     if (n.parent() != &f) return NodeError(f, n, "node belongs to another function");
+    absl::Status size_ok = CheckTensorSizeLimit(n.type().dtype, n.type().dims);
+    if (!size_ok.ok()) return NodeError(f, n, size_ok.message());
+    absl::Status attrs_ok = CheckKnownAttributes(n.opcode(), n.attrs());
+    if (!attrs_ok.ok()) return NodeError(f, n, attrs_ok.message());
     std::vector<TensorType> types;
     for (int i = 0; i < n.num_operands(); ++i) {
       const Node* o = n.operand(i);
@@ -55,9 +71,7 @@ absl::Status VerifyFunction(const Function& f) {
     }
     absl::StatusOr<TensorType> inferred = InferResultType(n.opcode(), types, n.attrs(), &n.type());
     if (!inferred.ok()) {
-      std::vector<std::string> shown;
-      for (const TensorType& t : types) shown.push_back(t.ToString());
-      return NodeError(f, n, absl::StrCat("operands (", absl::StrJoin(shown, ", "), "): ", inferred.status().message()));
+      return NodeError(f, n, absl::StrCat("operands (", OperandTypesShown(types), "): ", inferred.status().message()));
     }
     if (*inferred != n.type()) {
       return NodeError(f, n, absl::StrCat("written type ", n.type().ToString(), " but operands give ",
