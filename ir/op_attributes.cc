@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -61,9 +62,11 @@ absl::Status CheckKnownAttributes(Opcode op, const AttrMap& attrs) {
   for (const auto& [name, value] : attrs.entries()) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     if (std::find(std::begin(kAnnotations), std::end(kAnnotations), name) != std::end(kAnnotations)) continue;
+    if (absl::StartsWith(name, kNoteAttributePrefix)) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown attribute '", absl::CHexEscape(name.substr(0, 64)), "' (", OpName(op),
-        known.empty() ? " takes no attributes" : absl::StrCat(" takes ", absl::StrJoin(known, ", ")), ")"));
+        known.empty() ? " takes no attributes" : absl::StrCat(" takes ", absl::StrJoin(known, ", ")),
+        "; free-form notes are named ", kNoteAttributePrefix, "...)"));
   }
   return absl::OkStatus();
 }

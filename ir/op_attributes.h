@@ -19,6 +19,11 @@ absl::Span<const absl::string_view> KnownAttributes(Opcode op);
 // mark (passes/fusion.h's kKernelGroupAttr).
 absl::Span<const absl::string_view> AnnotationAttributes();
 
+// Attributes named "note_..." are free-form notes for people and tools (kept, printed and
+// serialized, never read by kiln), allowed on any op: a misspelt real attribute never starts
+// with the prefix, so the check still catches it.
+inline constexpr absl::string_view kNoteAttributePrefix = "note_";
+
 // Ok, or "unknown attribute 'esp' (rms_norm takes eps)".
 absl::Status CheckKnownAttributes(Opcode op, const AttrMap& attrs);
 
