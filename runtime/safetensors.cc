@@ -142,6 +142,9 @@ class HeaderReader {
         return TensorError(name, absl::StrCat("shape ", shape.dump(), " overflows 64-bit element counts"));
       }
     }
+    // The limit every reader shares (ir/types.h): a header may not ask for more.
+    absl::Status within_limit = CheckTensorSizeLimit(e.dtype->dtype, e.dims);
+    if (!within_limit.ok()) return TensorError(name, within_limit.message());
     int64_t num_bytes;
     if (__builtin_mul_overflow(e.num_elements, int64_t{e.dtype->bytes}, &num_bytes)) {
       return TensorError(name, absl::StrCat("shape ", shape.dump(), " overflows 64-bit byte counts"));

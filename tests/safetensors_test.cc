@@ -283,7 +283,10 @@ std::vector<CorruptFile> CorruptFiles() {
       {"shape overflow", one(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]})"),
        "overflows 64-bit element counts"},
       {"byte count overflow", one(R"({"dtype":"I64","shape":[2305843009213693952],"data_offsets":[0,8]})"),
-       "overflows 64-bit byte counts"},
+       "more than 2^40 elements"},
+      // Within 64-bit counts, but beyond the limit every reader shares (ir/types.h).
+      {"beyond the size limit", one(R"({"dtype":"F32","shape":[2097152,1048576],"data_offsets":[0,8]})"),
+       "more than 2^40 elements"},
       {"offsets not a pair", one(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"), "must be [begin, end]"},
       {"offsets reversed", one(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})"), "end before they begin"},
       {"offsets out of range", one(R"({"dtype":"F32","shape":[4],"data_offsets":[0,16]})"),
