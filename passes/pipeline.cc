@@ -64,6 +64,33 @@ std::string PipelineReport::ToString() const {
   return out;
 }
 
+namespace {
+std::string RegexErrorInWords(std::regex_constants::error_type code) {
+  namespace rc = std::regex_constants;
+  if (code == rc::error_paren) return "a '(' is not closed, or a ')' has no '('";
+  if (code == rc::error_brack) return "a '[' is not closed";
+  if (code == rc::error_brace) return "a '{' is not closed";
+  if (code == rc::error_badbrace) return "a {n,m} repeat count is not valid";
+  if (code == rc::error_badrepeat) return "a repeat (*, +, ? or {n}) follows nothing it can repeat";
+  if (code == rc::error_escape) return "a '\\' escape is not valid (or the pattern ends with '\\')";
+  if (code == rc::error_range) return "a character range is not valid (like z-a)";
+  if (code == rc::error_ctype || code == rc::error_collate) return "a [[:class:]] name is not known";
+  if (code == rc::error_backref) return "a back reference names a group that does not exist";
+  if (code == rc::error_complexity || code == rc::error_stack) return "it is too complex to match";
+  return "it does not parse";
+}
+}  // namespace
+
+absl::Status CheckDumpRegex(const std::string& pattern) {
+  try {
+    std::regex compiled(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dump regex '", pattern, "' is not a valid regular expression: ", RegexErrorInWords(e.code())));
+  }
+  return absl::OkStatus();
+}
+
 PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
   disabled_.insert(options.disabled_passes.begin(), options.disabled_passes.end());
 }
@@ -71,12 +98,8 @@ PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
 absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOptions& options) {
   std::unique_ptr<PassRunner> runner(new PassRunner(options));
   if (options.dump_dir.empty()) return runner;
-  try {
-    runner->dump_regex_.emplace(options.dump_regex, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dump regex '", options.dump_regex, "' is not a valid regular expression: ", e.what()));
-  }
+  RETURN_IF_ERROR(CheckDumpRegex(options.dump_regex));
+  runner->dump_regex_.emplace(options.dump_regex, std::regex::ECMAScript);
   std::error_code ec;
   std::filesystem::create_directories(options.dump_dir, ec);
   if (ec) {

@@ -59,6 +59,10 @@ struct PipelineReport {
   std::string ToString() const;
 };
 
+// Ok when `pattern` compiles as CompileOptions::dump_regex (std::regex ECMAScript); else
+// why not, in kiln's words ("a '(' is not closed"), not the C++ library's.
+absl::Status CheckDumpRegex(const std::string& pattern);
+
 // The state of one pipeline run, handed to grouping passes so their members are run with
 // the same checks (see Pass::RunWith). Not used directly by callers of Pipeline.
 class PassRunner {

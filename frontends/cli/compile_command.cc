@@ -23,6 +23,8 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(options.precision, ParsePrecision(args.Get("precision", "bf16")));
   options.dump_dir = args.Get("dump-dir");
   options.dump_regex = args.Get("dump-after", ".*");
+  absl::Status regex = CheckDumpRegex(options.dump_regex);
+  if (!regex.ok()) return absl::InvalidArgumentError(absl::StrCat("--dump-after: ", regex.message()));
   if (args.Has("disable-pass")) {
     options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
@@ -64,6 +66,7 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 }
 
 absl::Status RunCompile(const ParsedArgs& args) {
+  if (args.Has("output")) RETURN_IF_ERROR(CheckOutputPath(args.Get("output"), "-o"));
   ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args, args.Has("training")));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
   const int64_t nodes_before = CountNodes(*loaded.module);
