@@ -6,7 +6,7 @@ set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${KILN_FUZZ_DIR:-$root/build-fuzz}
 mkdir -p "$out/corpus"
-cp -n "$root"/tests/fuzz/corpus/* "$out/corpus/" 2>/dev/null || true
+cp -n "$root"/tests/fuzz/corpus/ir_text/* "$out/corpus/" 2>/dev/null || true
 libdir=/usr/lib/x86_64-linux-gnu
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$root" \
