@@ -149,14 +149,14 @@ absl::Status CheckLooksLikeConfig(absl::string_view content, const std::string& 
     what = "a Graphviz graph";
   } else if (content.size() >= 9 && content[8] == '{') {
     what = "a safetensors file (weights or a training checkpoint)";
-  } else if (!absl::StartsWith(head, "{")) {
-    what = content.empty() ? "empty" : "not JSON";
+  } else if (content.substr(0, 64).find('\0') != absl::string_view::npos) {
+    what = "binary data (a kiln IR protobuf file?)";
   }
   if (what.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       file, " is ", what, ", but a model is expected here: a preset (", absl::StrJoin(PresetNames(), ", "),
       "), a Hugging Face config.json, or a folder holding one",
-      absl::StrContains(what, "IR module") ? " (IR files are read by dump, verify, compile and check)" : "",
+      absl::StrContains(what, "IR ") ? " (IR files are read by dump, verify, compile and check)" : "",
       absl::StrContains(what, "safetensors") ? " (a checkpoint goes with --resume or --weights)" : ""));
 }
 
