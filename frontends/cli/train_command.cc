@@ -444,6 +444,76 @@ absl::StatusOr<DataSplit> SplitForEvaluation(const TokenDataset& data, int64_t s
                    data.Slice(absl::StrCat(data.name(), " [", cut, ", ", data.size(), ")"), cut, data.size())};
 }
 
+#ifdef KILN_WITH_CUDA
+// Compiles the step for the GPU and says what it became: launches, GEMMs, the arena.
+absl::StatusOr<std::unique_ptr<CudaTrainer>> CreateCudaTrainer(const ParsedArgs& args, std::unique_ptr<Module> module,
+                                                               const Function* step_fn,
+                                                               const TrainingStepLayout& layout,
+                                                               std::vector<HostTensor> params,
+                                                               const ResolvedBackend& backend) {
+  auto compile_start = std::chrono::steady_clock::now();
+  CudaExecutableOptions exe_options;
+  exe_options.cuda_graph = !args.Has("no-cuda-graph");
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda, CudaTrainer::Create(std::move(module), step_fn, layout,
+                                                                          std::move(params), *backend.device,
+                                                                          exe_options));
+  const CudaExecutable::Stats& st = cuda->executable().stats();
+  std::fprintf(stderr,
+               "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
+               "%lld GEMMs, arena %.2f GB\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
+               static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
+               static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
+  // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
+  // counterpart; the CUDA context and cuBLASLt handles are outside both).
+  std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
+  return cuda;
+}
+#endif
+
+// --steps and the periodic work along the run, checked against each other.
+struct RunLength {
+  int64_t steps = 0, save_every = 0, keep_last = 0, eval_every = 0;
+};
+
+absl::StatusOr<RunLength> ParseRunLength(const ParsedArgs& args, const ResolvedBackend& backend) {
+  RunLength r;
+  ASSIGN_OR_RETURN(r.steps, args.GetInt("steps", 150));
+  if (r.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  ASSIGN_OR_RETURN(r.save_every, args.GetInt("save-every", 0));
+  ASSIGN_OR_RETURN(r.keep_last, args.GetInt("keep-last", 0));
+  ASSIGN_OR_RETURN(r.eval_every, args.GetInt("eval-every", 0));
+  if (r.save_every < 0 || r.keep_last < 0 || r.eval_every < 0) {
+    return absl::InvalidArgumentError("--save-every, --keep-last and --eval-every must be >= 0");
+  }
+  if (r.save_every > 0 && !args.Has("save")) {
+    return absl::InvalidArgumentError("--save-every needs --save PATH (the periodic checkpoints are named after it)");
+  }
+  if (r.keep_last > 0 && r.save_every == 0) return absl::InvalidArgumentError("--keep-last needs --save-every");
+  if (backend.backend == Backend::kCpu) {
+    for (const char* flag : {"trace", "no-cuda-graph"}) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --backend cuda"));
+    }
+  }
+  return r;
+}
+
+// --resume CKPT: a checkpoint of this model with steps left to run.
+absl::StatusOr<std::optional<TrainingCheckpoint>> LoadResume(const ParsedArgs& args, const ModelConfig& config,
+                                                             int64_t steps) {
+  if (!args.Has("resume")) return std::optional<TrainingCheckpoint>();
+  ASSIGN_OR_RETURN(TrainingCheckpoint resume, LoadTrainingCheckpoint(args.Get("resume")));
+  if (HuggingFaceConfigJson(resume.config) != HuggingFaceConfigJson(config)) {
+    return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " holds a different model than '",
+                                                   args.positionals()[0], "'"));
+  }
+  if (resume.state.step >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " is at step ", resume.state.step, "; --steps ",
+                                                   steps, " is the total to reach, so nothing is left"));
+  }
+  return std::optional<TrainingCheckpoint>(std::move(resume));
+}
+
 absl::Status RunTrain(const ParsedArgs& args) {
   const auto run_start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
@@ -452,36 +522,10 @@ absl::Status RunTrain(const ParsedArgs& args) {
   const bool report = args.Has("report");
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
   ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
-  ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", 150));
-  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
-  ASSIGN_OR_RETURN(int64_t save_every, args.GetInt("save-every", 0));
-  ASSIGN_OR_RETURN(int64_t keep_last, args.GetInt("keep-last", 0));
-  ASSIGN_OR_RETURN(int64_t eval_every, args.GetInt("eval-every", 0));
-  if (save_every < 0 || keep_last < 0 || eval_every < 0) {
-    return absl::InvalidArgumentError("--save-every, --keep-last and --eval-every must be >= 0");
-  }
-  if (save_every > 0 && !args.Has("save")) {
-    return absl::InvalidArgumentError("--save-every needs --save PATH (the periodic checkpoints are named after it)");
-  }
-  if (keep_last > 0 && save_every == 0) return absl::InvalidArgumentError("--keep-last needs --save-every");
-  if (backend.backend == Backend::kCpu) {
-    for (const char* flag : {"trace", "no-cuda-graph"}) {
-      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --backend cuda"));
-    }
-  }
+  ASSIGN_OR_RETURN(RunLength length, ParseRunLength(args, backend));
+  const int64_t steps = length.steps;
   RETURN_IF_ERROR(CheckOutputs(args));
-  std::optional<TrainingCheckpoint> resume;
-  if (args.Has("resume")) {
-    ASSIGN_OR_RETURN(resume, LoadTrainingCheckpoint(args.Get("resume")));
-    if (HuggingFaceConfigJson(resume->config) != HuggingFaceConfigJson(config)) {
-      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " holds a different model than '",
-                                                     args.positionals()[0], "'"));
-    }
-    if (resume->state.step >= steps) {
-      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " is at step ", resume->state.step,
-                                                     "; --steps ", steps, " is the total to reach, so nothing is left"));
-    }
-  }
+  ASSIGN_OR_RETURN(std::optional<TrainingCheckpoint> resume, LoadResume(args, config, steps));
   ASSIGN_OR_RETURN(ResolvedSettings settings, ResolveRunSettings(args, config, steps, resume ? &*resume : nullptr));
   ASSIGN_OR_RETURN(RunSettings s, ParseRunSettings(settings));
   const LrSchedule schedule{.peak_lr = s.lr, .min_lr = s.min_lr, .warmup_steps = s.warmup,
@@ -489,7 +533,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
 
   ASSIGN_OR_RETURN(TrainingData training_data, ResolveTrainingData(args, resume ? &*resume : nullptr));
   RETURN_IF_ERROR(training_data.data.CheckFits(config.vocab_size, s.seq));
-  ASSIGN_OR_RETURN(DataSplit split, SplitForEvaluation(training_data.data, s.seq, eval_every > 0));
+  ASSIGN_OR_RETURN(DataSplit split, SplitForEvaluation(training_data.data, s.seq, length.eval_every > 0));
   const TokenDataset& data = split.train;
   std::map<std::string, std::string> saved_settings = settings.values;
   saved_settings[kDataSetting] = training_data.recorded;
@@ -544,22 +588,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
     ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init.params)));
   } else {
 #ifdef KILN_WITH_CUDA
-    auto compile_start = std::chrono::steady_clock::now();
-    CudaExecutableOptions exe_options;
-    exe_options.cuda_graph = !args.Has("no-cuda-graph");
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda, CudaTrainer::Create(std::move(module), step_fn, layout,
-                                                                            std::move(init.params), *backend.device,
-                                                                            exe_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda,
+                     CreateCudaTrainer(args, std::move(module), step_fn, layout, std::move(init.params), backend));
     const CudaExecutable::Stats& st = cuda->executable().stats();
-    std::fprintf(stderr,
-                 "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
-                 "%lld GEMMs, arena %.2f GB\n",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
-                 static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
-                 static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
-    // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
-    // counterpart; the CUDA context and cuBLASLt handles are outside both).
-    std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
     double compiled = 0;
     for (const auto& [phase, seconds] : st.phases) compiled += seconds;
     end_phase("");
@@ -571,7 +602,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
   if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
 
   ProgressPrinter progress(steps);
-  PeriodicCheckpoints periodic(args.Get("save"), save_every, keep_last);
+  PeriodicCheckpoints periodic(args.Get("save"), length.save_every, length.keep_last);
   const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
   auto start = std::chrono::steady_clock::now();
   const int64_t first_step = trainer->steps_done();
@@ -598,7 +629,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
     }
     progress.Report(step + 1, loss, tokens_per_step / std::chrono::duration<double>(t1 - t0).count(),
                     std::chrono::duration<double>(t1 - start).count());
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == steps)) {
+    if (length.eval_every > 0 && ((step + 1) % length.eval_every == 0 || step + 1 == steps)) {
       ASSIGN_OR_RETURN(TrainingState state, trainer->State());
       ASSIGN_OR_RETURN(auto scored, MeanEvalLoss(config, state.params, *split.held_out, s.seq, s.batch, s.precision,
                                                  backend, kHeldOutWindows));
