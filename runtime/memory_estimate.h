@@ -37,8 +37,8 @@ struct HostMemory {
 absl::StatusOr<HostMemory> AvailableHostMemory();
 
 // Ok when `needed_bytes` fit in the available host memory; else ResourceExhausted:
-// "kiln train llama-M --backend cpu needs about 39.4 GiB of host memory (...), but 22.1 GiB
-// are available (MemAvailable in /proc/meminfo)". `what` names the run and `detail` says
+// "training llama-M (...) on the CPU needs about 106.6 GiB of host memory (...), but 22.5
+// GiB are available (MemAvailable in /proc/meminfo)". `what` names the run and `detail` says
 // what the figure is made of.
 absl::Status CheckFitsHostMemory(int64_t needed_bytes, absl::string_view what, absl::string_view detail);
 

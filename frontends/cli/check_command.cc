@@ -54,7 +54,7 @@ absl::Status RunCheck(const ParsedArgs& args) {
   int64_t largest = 0;
   for (const auto& f : loaded.module->functions()) largest = std::max(largest, ReferencePeakBytes(*f));
   RETURN_IF_ERROR(CheckFitsHostMemory(SaturatingSum({largest, largest}),
-                                      absl::StrCat("kiln check ", args.positionals()[0]),
+                                      absl::StrCat("checking ", args.positionals()[0]),
                                       "one function's inputs and values before and after the passes, 8 bytes per "
                                       "value"));
 

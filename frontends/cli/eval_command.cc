@@ -60,7 +60,7 @@ absl::Status RunEval(const ParsedArgs& args) {
                    BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision}));
   RETURN_IF_ERROR(CheckFitsHostMemory(
       SaturatingSum({HostTensorBytes(2.0 * ParameterCount(config)), ReferencePeakBytes(*sized->FindFunction("forward"))}),
-      absl::StrCat("kiln eval ", args.positionals()[0], " with --batch ", batch, " --seq ", seq),
+      absl::StrCat("evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq),
       "the weights as read and as bound, and one forward pass on the reference backend"));
   ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::FromFile(args.Get("data")));
   RETURN_IF_ERROR(data.CheckFits(config.vocab_size, seq));

@@ -54,7 +54,7 @@ absl::Status RunExportInputs(const ParsedArgs& args) {
   const double weight_bytes = static_cast<double>(ParameterCount(config)) * (8 + 4);
   const double needed = batch_bytes + weight_bytes;
   RETURN_IF_ERROR(CheckFitsHostMemory(needed >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(needed),
-                                      absl::StrCat("kiln export-inputs ", args.positionals()[0], " --steps ", steps),
+                                      absl::StrCat("exporting ", steps, " batches of ", args.positionals()[0]),
                                       absl::StrCat(FormatBytes(static_cast<int64_t>(std::min(batch_bytes, 9.2e18))),
                                                    " of batches (steps x batch x (seq + 1) int32) and the weights")));
 

@@ -366,7 +366,7 @@ absl::Status ReportProfile(const ParsedArgs& args, const CudaTrainer& cuda, int6
 // are that state moved in and whose outputs are the next state.
 absl::Status CheckRunFits(const ParsedArgs& args, const ModelConfig& config, const RunSettings& s,
                           const Function& step_fn, const ResolvedBackend& backend) {
-  const std::string what = absl::StrCat("kiln train ", args.positionals()[0], " (batch ", s.batch, " x seq ", s.seq,
+  const std::string what = absl::StrCat("training ", args.positionals()[0], " (batch ", s.batch, " x seq ", s.seq,
                                         " x accum ", s.accum, ")");
   const int64_t initial_weights = HostTensorBytes(static_cast<double>(ParameterCount(config)));
   if (backend.backend == Backend::kCpu) {
