@@ -345,9 +345,7 @@ class Parser {
     for (const Node* o : operands) operand_types.push_back(o->type());
     absl::StatusOr<TensorType> inferred = InferResultType(op.opcode, operand_types, attrs, &type);
     if (!inferred.ok()) {
-      std::vector<std::string> shown;
-      for (const TensorType& t : operand_types) shown.push_back(t.ToString());
-      return ErrorAt(start, absl::StrCat(what, "operands (", absl::StrJoin(shown, ", "),
+      return ErrorAt(start, absl::StrCat(what, "operands (", TypeListToString(operand_types),
                                          "): ", inferred.status().message()));
     }
     if (*inferred != type) {

@@ -54,6 +54,13 @@ std::string DimsToString(const std::vector<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
+std::string TypeListToString(const std::vector<TensorType>& types, size_t max_shown) {
+  std::string out;
+  for (size_t i = 0; i < types.size() && i < max_shown; ++i) absl::StrAppend(&out, i ? ", " : "", types[i].ToString());
+  if (types.size() > max_shown) absl::StrAppend(&out, ", ... (", types.size() - max_shown, " more, ", types.size(), " in all)");
+  return out;
+}
+
 absl::Status CheckTensorSizeLimit(DType dtype, const std::vector<int64_t>& dims) {
   const std::string shown = absl::StrCat(DTypeName(dtype), DimsToString(dims));
   if (static_cast<int>(dims.size()) > kMaxTensorRank) {

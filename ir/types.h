@@ -51,6 +51,9 @@ struct TensorType {
 };
 
 std::string DimsToString(const std::vector<int64_t>& dims);  // "[16,1024,768]"
+// "f32[2], f32[2], ... (99992 more, 100000 in all)": a list of types for an error message,
+// the first `max_shown` and a count, since an op may have 100k operands.
+std::string TypeListToString(const std::vector<TensorType>& types, size_t max_shown = 8);
 
 // The one limit on tensor sizes that every reader (IR text, protobuf, JSON, safetensors)
 // and every builder input (model configs, --batch and --seq) applies, so that no input can

@@ -27,17 +27,6 @@ absl::Status NodeError(const Function& f, const Node& n, absl::string_view why) 
       absl::StrCat("verifier: @", f.name(), " %", n.name(), " = ", n.op_name(), ": ", why));
 }
 
-// An error names a node's operand types, but an op may have 100k operands: the first few
-// and a count keep the message readable.
-std::string OperandTypesShown(const std::vector<TensorType>& types) {
-  constexpr size_t kShown = 8;
-  std::vector<std::string> shown;
-  for (size_t i = 0; i < types.size() && i < kShown; ++i) shown.push_back(types[i].ToString());
-  std::string out = absl::StrJoin(shown, ", ");
-  if (types.size() > kShown) absl::StrAppend(&out, ", ... (", types.size() - kShown, " more, ", types.size(), " in all)");
-  return out;
-}
-
 }  // namespace
 
 absl::Status VerifyFunction(const Function& f) {
@@ -71,7 +60,7 @@ absl::Status VerifyFunction(const Function& f) {
     }
     absl::StatusOr<TensorType> inferred = InferResultType(n.opcode(), types, n.attrs(), &n.type());
     if (!inferred.ok()) {
-      return NodeError(f, n, absl::StrCat("operands (", OperandTypesShown(types), "): ", inferred.status().message()));
+      return NodeError(f, n, absl::StrCat("operands (", TypeListToString(types), "): ", inferred.status().message()));
     }
     if (*inferred != n.type()) {
       return NodeError(f, n, absl::StrCat("written type ", n.type().ToString(), " but operands give ",

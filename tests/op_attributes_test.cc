@@ -76,6 +76,16 @@ TEST(OpAttributes, ErrorsAboutManyOperandsStayShort) {
   ASSERT_FALSE(st.ok());
   EXPECT_LT(st.message().size(), 1000u) << st.message().substr(0, 300);
   EXPECT_TRUE(absl::StrContains(st.message(), "99993 more, 100001 in all")) << st.message();
+
+  // The text parser checks each node as it reads it, with the same shortened list.
+  std::string text_operands;
+  for (int i = 0; i < 100000; ++i) absl::StrAppend(&text_operands, "%x, ");
+  absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(absl::StrCat(
+      "module @m\n\nfunc @main {\n  %x = parameter() {index=0} : f32[2]\n  %z = parameter() {index=1} : i32[2]\n"
+      "  %y = concatenate(", text_operands, "%z) {dim=0} : f32[200002]\n  return %y\n}\n"));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_LT(parsed.status().message().size(), 1000u) << parsed.status().message().substr(0, 300);
+  EXPECT_TRUE(absl::StrContains(parsed.status().message(), "99993 more, 100001 in all")) << parsed.status();
 }
 
 }  // namespace
