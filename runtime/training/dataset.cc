@@ -1,10 +1,5 @@
 #include "runtime/training/dataset.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -15,6 +10,7 @@
 #include "ir/embedded_file.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
+#include "runtime/mapped_file.h"
 
 extern const kiln::EmbeddedFile kEmbeddedCorpus[];
 extern const size_t kEmbeddedCorpus_count;
@@ -82,43 +78,6 @@ TokenDataset TokenDataset::Slice(std::string name, int64_t begin, int64_t end) c
 
 namespace {
 
-// A read-only mapping of a whole file, unmapped when the last dataset using it goes.
-struct FileMapping {
-  void* addr = nullptr;
-  size_t length = 0;
-  ~FileMapping() {
-    if (addr != nullptr) ::munmap(addr, length);
-  }
-};
-
-absl::StatusOr<std::shared_ptr<FileMapping>> MapFile(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("the file name is empty");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no such file: ", path));
-    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file (a data file is mapped, so it must "
-                                                   "be one)"));
-  }
-  auto mapping = std::make_shared<FileMapping>();
-  mapping->length = static_cast<size_t>(st.st_size);
-  if (mapping->length > 0) {
-    void* addr = ::mmap(nullptr, mapping->length, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (addr == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::UnavailableError(absl::StrCat("cannot map ", path, ": ", std::strerror(err)));
-    }
-    mapping->addr = addr;
-  }
-  ::close(fd);
-  return mapping;
-}
-
 int32_t LoadInt32(const unsigned char* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
@@ -128,9 +87,9 @@ int32_t LoadInt32(const unsigned char* p) {
 }  // namespace
 
 absl::StatusOr<TokenDataset> TokenDataset::FromFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> mapping, MapFile(path));
-  const auto* bytes = static_cast<const unsigned char*>(mapping->addr);
-  const size_t length = mapping->length;
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapping, MappedFile::Open(path));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(mapping->bytes().data());
+  const size_t length = mapping->bytes().size();
   TokenDataset d;
   d.name_ = path;
   d.data_ = bytes;
