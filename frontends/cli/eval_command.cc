@@ -62,6 +62,17 @@ absl::Status RunEval(const ParsedArgs& args) {
       SaturatingSum({HostTensorBytes(2.0 * ParameterCount(config)), ReferencePeakBytes(*sized->FindFunction("forward"))}),
       absl::StrCat("evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq),
       "the weights as read and as bound, and one forward pass on the reference backend"));
+#ifdef KILN_WITH_CUDA
+  if (backend.backend == Backend::kCuda) {
+    const int64_t device_bytes = DevicePeakBytes(*sized->FindFunction("forward"));
+    if (device_bytes > backend.device->free_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq, " needs at least ",
+          FormatBytes(device_bytes), " of device memory (the forward pass's live values at their peak), but ",
+          FormatBytes(backend.device->free_bytes()), " are free on the GPU"));
+    }
+  }
+#endif
   ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::FromFile(args.Get("data")));
   RETURN_IF_ERROR(data.CheckFits(config.vocab_size, seq));
   ASSIGN_OR_RETURN(ModelWithWeights model, LoadModel(args));
