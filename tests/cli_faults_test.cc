@@ -322,9 +322,18 @@ TEST_F(CliFaultsTest, PeriodicCheckpointsAndHeldOutEvaluation) {
   absl::StatusOr<TrainingCheckpoint> step3 = LoadTrainingCheckpoint(Path("ck-step3.st"));
   ASSERT_TRUE(step3.ok()) << step3.status();
   EXPECT_EQ(step3->state.step, 3);
+  // The resumed run keeps training on the same split, without --eval-every too.
   auto resumed = RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 4 --resume " + Path("ck-step3.st"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(absl::StrContains(resumed.output, "step 4/4")) << resumed.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, "data: built-in corpus (runtime/data/default_corpus.txt) [0, "))
+      << resumed.output;
+  ASSERT_EQ(RunCommand(Kiln() + " train llama-tiny" + kTinyTrain + " --steps 1 --save " + Path("all.st")).exit_code, 0);
+  auto now_held_out =
+      RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 2 --eval-every 1 --resume " + Path("all.st"));
+  ASSERT_EQ(now_held_out.exit_code, 0) << now_held_out.output;
+  EXPECT_TRUE(absl::StrContains(now_held_out.output, "resume changes the run: --eval-every holds out the last tenth"))
+      << now_held_out.output;
   auto without_save = RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 2 --save-every 1");
   EXPECT_EQ(without_save.exit_code, 1) << without_save.output;
   EXPECT_TRUE(absl::StrContains(without_save.output, "--save-every needs --save")) << without_save.output;

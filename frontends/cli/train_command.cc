@@ -49,6 +49,8 @@ const char* const kScheduleSettings[] = {"lr", "min-lr", "warmup", "lr-decay-ste
 constexpr char kDataSetting[] = "data";
 constexpr char kStepsSetting[] = "steps";
 constexpr char kBuiltInData[] = "built-in";
+// "true" when the run trained on the data less its held-out last tenth (--eval-every).
+constexpr char kHeldOutSetting[] = "held-out";
 
 struct RunSettings {
   int64_t batch = 0, seq = 0, accum = 1, warmup = 0, lr_decay_steps = 0;
@@ -533,11 +535,20 @@ absl::Status RunTrain(const ParsedArgs& args) {
 
   ASSIGN_OR_RETURN(TrainingData training_data, ResolveTrainingData(args, resume ? &*resume : nullptr));
   RETURN_IF_ERROR(training_data.data.CheckFits(config.vocab_size, s.seq));
-  ASSIGN_OR_RETURN(DataSplit split, SplitForEvaluation(training_data.data, s.seq, length.eval_every > 0));
+  // A held-out split changes what the run trains on, so a resume keeps the saved run's.
+  const bool saved_held_out = resume && resume->settings.count(kHeldOutSetting) > 0 &&
+                              resume->settings.at(kHeldOutSetting) == "true";
+  const bool hold_out = length.eval_every > 0 || saved_held_out;
+  if (resume && hold_out != saved_held_out) {
+    settings.changes.push_back("--eval-every holds out the last tenth of the data: the run now trains on the rest "
+                               "(the saved run trained on all of it)");
+  }
+  ASSIGN_OR_RETURN(DataSplit split, SplitForEvaluation(training_data.data, s.seq, hold_out));
   const TokenDataset& data = split.train;
   std::map<std::string, std::string> saved_settings = settings.values;
   saved_settings[kDataSetting] = training_data.recorded;
   saved_settings[kStepsSetting] = absl::StrCat(steps);
+  saved_settings[kHeldOutSetting] = hold_out ? "true" : "false";
 
   std::vector<std::pair<std::string, double>> phases;  // for --report
   auto phase_start = std::chrono::steady_clock::now();
