@@ -708,7 +708,8 @@ Command TrainCommand() {
                {.name = "keep-last", .value_name = "K", .help = "keep only the last K of --save-every's checkpoints",
                 .default_value = "all"},
                {.name = "eval-every", .value_name = "N",
-                .help = "every N steps (and at the end), the loss on a held-out last tenth of the data"},
+                .help = "every N steps and at the end, the loss on the data's last tenth, held out (the run "
+                        "trains on the rest; a resume keeps the split)"},
                {.name = "resume", .value_name = "CKPT", .help = "continue from a checkpoint"},
                {.name = "report", .help = "print the passes, the time of each phase before the first step, the "
                                           "memory plan, and (GPU) where the last step's time went"},
