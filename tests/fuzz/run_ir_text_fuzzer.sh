@@ -13,7 +13,7 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$root"/tests/fuzz/ir_text_fuzzer.cc \
   "$root"/ir/text_parser.cc "$root"/ir/text_lexer.cc "$root"/ir/text_printer.cc \
   "$root"/ir/attributes.cc "$root"/ir/types.cc "$root"/ir/graph.cc "$root"/ir/op_table.cc \
-  "$root"/ir/shape_inference.cc "$root"/ir/verifier.cc \
+  "$root"/ir/shape_inference.cc "$root"/ir/verifier.cc "$root"/ir/op_attributes.cc \
   -Wl,--start-group "$libdir"/libabsl_*.a -Wl,--end-group -lpthread \
   -o "$out/ir_text_fuzzer"
 exec "$out/ir_text_fuzzer" -max_total_time="${1:-60}" -max_len=65536 -timeout=10 "$out/corpus"
