@@ -220,7 +220,7 @@ std::string HuggingFaceConfigJson(const ModelConfig& config, DType dtype) {
       {"rms_norm_eps", config.rms_eps},
       {"rope_theta", config.rope_theta},
       {"tie_word_embeddings", config.tie_embeddings},
-      {"max_position_embeddings", config.seq_len},
+      {"max_position_embeddings", config.max_positions > 0 ? config.max_positions : config.seq_len},
       {"hidden_act", "silu"},
       {"torch_dtype", std::string(TorchDTypeName(dtype))},
   };

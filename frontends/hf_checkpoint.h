@@ -32,7 +32,7 @@ absl::Status ExportHuggingFaceModel(const std::string& folder, const ModelConfig
                                     absl::Span<const HostTensor> weights, DType dtype = DType::kF32);
 
 // A config.json that transformers loads as LlamaForCausalLM; torch_dtype names `dtype`.
-// max_position_embeddings is the config's seq_len, the context kiln trained with.
+// max_position_embeddings is the config's max_positions, or for a preset (none declared) its seq_len.
 std::string HuggingFaceConfigJson(const ModelConfig& config, DType dtype = DType::kF32);
 
 }  // namespace kiln

@@ -66,6 +66,15 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& conf
   }
   const int64_t batch = options.batch > 0 ? options.batch : config.batch;
   const int64_t seq_len = options.seq_len > 0 ? options.seq_len : config.seq_len;
+  if (config.max_positions > 0 && seq_len > config.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence length ", seq_len, " (--seq) is beyond model '", config.name,
+                                                   "''s max_position_embeddings of ", config.max_positions));
+  }
+  // The sizes this build asks for (--batch, --seq) within the limits every reader applies.
+  ModelConfig shaped = config;
+  shaped.batch = batch;
+  shaped.seq_len = seq_len;
+  RETURN_IF_ERROR(shaped.Validate());
   const DType gemm_dtype = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/status_macros.h"
+#include "ir/types.h"
 #include "ir/verifier.h"
 
 namespace kiln {
@@ -134,6 +135,31 @@ std::string NameFromFolder(const std::filesystem::path& config_file) {
   return name.empty() ? "hf-llama" : name;
 }
 
+// A file given where a model is expected that is plainly something else (an IR module, a
+// checkpoint) is named as what it is, rather than reported as malformed JSON.
+absl::Status CheckLooksLikeConfig(absl::string_view content, const std::string& file) {
+  const size_t start = content.find_first_not_of(" \t\r\n");
+  const absl::string_view head = start == absl::string_view::npos ? "" : content.substr(start);
+  std::string what;
+  if (absl::StartsWith(head, "module") || absl::StartsWith(head, "//")) {
+    what = "a kiln IR module (text)";
+  } else if (absl::StartsWith(head, "{") && absl::StrContains(content, "\"format_version\"")) {
+    what = "a kiln IR module (JSON)";
+  } else if (absl::StartsWith(head, "digraph")) {
+    what = "a Graphviz graph";
+  } else if (content.size() >= 9 && content[8] == '{') {
+    what = "a safetensors file (weights or a training checkpoint)";
+  } else if (content.substr(0, 64).find('\0') != absl::string_view::npos) {
+    what = "binary data (a kiln IR protobuf file?)";
+  }
+  if (what.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      file, " is ", what, ", but a model is expected here: a preset (", absl::StrJoin(PresetNames(), ", "),
+      "), a Hugging Face config.json, or a folder holding one",
+      absl::StrContains(what, "IR ") ? " (IR files are read by dump, verify, compile and check)" : "",
+      absl::StrContains(what, "safetensors") ? " (a checkpoint goes with --resume or --weights)" : ""));
+}
+
 int64_t LayerParameterCount(const ModelConfig& c) {
   const int64_t attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads);  // q, o, k, v
   const int64_t mlp = 3 * c.d_model * c.d_ff;                                               // gate, up, down
@@ -176,6 +202,21 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(what, ": sizes are too large (", params,
                                                    " parameters, activations of ", logits, " elements)"));
   }
+  // Every tensor the model builds within the limit that every IR reader applies (ir/types.h).
+  const double limit = static_cast<double>(kMaxTensorElements);
+  const std::pair<std::string, double> largest[] = {
+      {"the embedding and LM head [vocab_size, d_model]", static_cast<double>(vocab_size) * d_model},
+      {"the MLP weights [d_ff, d_model]", static_cast<double>(d_ff) * d_model},
+      {"the logits [batch, seq, vocab_size]", static_cast<double>(batch) * seq_len * vocab_size},
+      {"the attention scores [batch, heads, seq, seq]", static_cast<double>(batch) * n_heads * seq_len * seq_len},
+  };
+  for (const auto& [tensor, elements] : largest) {
+    if (elements > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", tensor, " would have ", elements,
+                                                     " elements, more than kiln's limit of 2^40 per tensor (batch ",
+                                                     batch, ", seq ", seq_len, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -203,6 +244,7 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  RETURN_IF_ERROR(CheckLooksLikeConfig(text.str(), file.string()));
   ASSIGN_OR_RETURN(ModelConfig c, ConfigFromHuggingFaceJson(text.str(), file.string()));
   c.name = NameFromFolder(file);
   return c;
@@ -259,6 +301,8 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFaceJson(absl::string_view text, co
   }
   ASSIGN_OR_RETURN(c.tie_embeddings, fields.Bool("tie_word_embeddings", false));
   ASSIGN_OR_RETURN(int64_t max_positions, fields.Int("max_position_embeddings", kHfMaxPositions));
+  if (max_positions <= 0) return fields.Error(absl::StrCat("max_position_embeddings is ", max_positions, ", must be > 0"));
+  c.max_positions = max_positions;
   c.seq_len = std::min(max_positions, kMaxDefaultSeqLen);
 
   absl::Status valid = c.Validate();

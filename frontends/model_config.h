@@ -27,6 +27,9 @@ struct ModelConfig {
   // Default training shape (a preset's seq and batch; overridable by the CLI).
   int64_t seq_len = 64;
   int64_t batch = 8;
+  // An HF config's max_position_embeddings: the longest sequence the model was made for.
+  // 0 (the presets): no declared limit.
+  int64_t max_positions = 0;
 
   // A clear error for inconsistent sizes (heads not dividing, odd head_dim, ...).
   absl::Status Validate() const;

@@ -1,5 +1,6 @@
 #include "frontends/training_checkpoint.h"
 
+#include <cmath>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -80,6 +81,15 @@ absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& pat
     }
     HostTensor t = std::move(*it->second);
     by_name.erase(it);
+    // A run that diverged may have saved NaN or Inf; resuming from it would fail later with
+    // a loss that blames the learning rate. Say which tensor holds it.
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      if (!std::isfinite(t[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' holds ", t[i], " at element ", i,
+                                                       " (of ", t.num_elements(),
+                                                       "): the run that saved it had diverged"));
+      }
+    }
     return t;
   };
   for (const WeightSpec& spec : LlamaWeights(ckpt.config)) {

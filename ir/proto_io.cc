@@ -11,6 +11,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "ir/ir.pb.h"
+#include "ir/proto_wire_diagnosis.h"
 #include "ir/status_macros.h"
 #include "ir/verifier.h"
 
@@ -93,16 +94,14 @@ absl::Status NodeError(const ir::FunctionProto& fp, const ir::NodeProto& np, abs
 
 absl::StatusOr<TensorType> TypeFromProto(const ir::TensorTypeProto& proto) {
   ASSIGN_OR_RETURN(DType dtype, ParseDType(proto.dtype()));
-  TensorType type{dtype, {proto.dims().begin(), proto.dims().end()}};
-  // Shapes feed element and byte counts all over the compiler: refuse any that overflow
-  // int64 here rather than let hostile input reach signed-overflow arithmetic.
-  int64_t bytes = DTypeBytes(dtype);
-  for (int64_t d : type.dims) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dimension ", d, " in type"));
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("type ", type.ToString(), " is larger than 2^63 bytes"));
-    }
+  if (proto.dims_size() > kMaxTensorRank) {
+    return absl::InvalidArgumentError(absl::StrCat("type has ", proto.dims_size(), " dimensions, more than ",
+                                                   kMaxTensorRank, " (kiln's limit)"));
   }
+  TensorType type{dtype, {proto.dims().begin(), proto.dims().end()}};
+  // Shapes feed element and byte counts all over the compiler: the limit every reader
+  // shares (ir/types.h) keeps hostile input from reaching overflowing arithmetic.
+  RETURN_IF_ERROR(CheckTensorSizeLimit(type.dtype, type.dims));
   return type;
 }
 
@@ -288,15 +287,20 @@ absl::StatusOr<std::unique_ptr<Module>> ModuleFromProtoBinary(absl::string_view 
     return absl::InvalidArgumentError(absl::StrCat("proto: ", bytes.size(), " bytes is over protobuf's 2 GiB limit"));
   }
   ir::ModuleProto proto;
+  SilenceProtobufLogging();  // the error below says what protobuf's log line would
   if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("proto: the ", bytes.size(), " bytes are not a valid kiln ModuleProto (truncated or corrupt)"));
+    std::string where = DiagnoseProtoWireFault(bytes, *ir::ModuleProto::descriptor());
+    if (where.empty()) where = "the fields are well framed, so a value is invalid (a string that is not UTF-8?)";
+    return absl::InvalidArgumentError(absl::StrCat("proto: the ", bytes.size(),
+                                                   " bytes are not a valid kiln ModuleProto (truncated or corrupt): ",
+                                                   where));
   }
   return ModuleFromProto(proto);
 }
 
 absl::StatusOr<std::unique_ptr<Module>> ModuleFromProtoJson(absl::string_view json) {
   ir::ModuleProto proto;
+  SilenceProtobufLogging();
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;  // a misspelt key is an error, not a silent default
   auto status = google::protobuf::util::JsonStringToMessage(KeepNegativeZeros(json), &proto, options);

@@ -29,8 +29,8 @@ using text::TokenKind;
 
 // Limits that keep a hostile type from overflowing int64 element counts (and byte counts,
 // at 8 bytes per element) anywhere downstream. Real models stay far below both.
-constexpr int kMaxRank = 64;
-constexpr int64_t kMaxElements = int64_t{1} << 40;
+constexpr int kMaxRank = kMaxTensorRank;             // ir/types.h: one limit for every reader
+constexpr int64_t kMaxElements = kMaxTensorElements;
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
@@ -392,7 +392,7 @@ class Parser {
       return absl::StrJoin(shown, ", ");
     };
     if (!inferred.ok()) {
-      return ErrorAt(start, absl::StrCat(what, "operands (", show(*operand_types), "): ", inferred.status().message()));
+      return ErrorAt(start, absl::StrCat(what, "operands (", TypeListToString(*operand_types), "): ", inferred.status().message()));
     }
     if (*inferred != types) {
       return ErrorAt(start, absl::StrCat(what, "written type ", types.size() == 1 ? show(types) : "(" + show(types) + ")",

@@ -54,6 +54,33 @@ std::string DimsToString(const std::vector<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
+std::string TypeListToString(const std::vector<TensorType>& types, size_t max_shown) {
+  std::string out;
+  for (size_t i = 0; i < types.size() && i < max_shown; ++i) absl::StrAppend(&out, i ? ", " : "", types[i].ToString());
+  if (types.size() > max_shown) absl::StrAppend(&out, ", ... (", types.size() - max_shown, " more, ", types.size(), " in all)");
+  return out;
+}
+
+absl::Status CheckTensorSizeLimit(DType dtype, const std::vector<int64_t>& dims) {
+  const std::string shown = absl::StrCat(DTypeName(dtype), DimsToString(dims));
+  if (static_cast<int>(dims.size()) > kMaxTensorRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("type ", DTypeName(dtype), " of rank ", dims.size(), " has more than ", kMaxTensorRank,
+                     " dimensions (kiln's limit)"));
+  }
+  int64_t elements = 1;
+  for (int64_t d : dims) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("type ", shown, " has a negative dimension"));
+    if (d == 0) continue;
+    if (elements > kMaxTensorElements / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("type ", shown, " has more than 2^40 elements (kiln's limit on a tensor's size)"));
+    }
+    elements *= d;
+  }
+  return absl::OkStatus();
+}
+
 std::string TensorType::ToString() const { return absl::StrCat(DTypeName(dtype), DimsToString(dims)); }
 
 }  // namespace kiln

@@ -51,5 +51,18 @@ struct TensorType {
 };
 
 std::string DimsToString(const std::vector<int64_t>& dims);  // "[16,1024,768]"
+// "f32[2], f32[2], ... (99992 more, 100000 in all)": a list of types for an error message,
+// the first `max_shown` and a count, since an op may have 100k operands.
+std::string TypeListToString(const std::vector<TensorType>& types, size_t max_shown = 8);
+
+// The one limit on tensor sizes that every reader (IR text, protobuf, JSON, safetensors)
+// and every builder input (model configs, --batch and --seq) applies, so that no input can
+// reach element or byte arithmetic that overflows, or ask for a tensor no machine holds:
+// at most kMaxTensorRank dims, and at most kMaxTensorElements elements (zero dims left
+// out of the product, so that an empty tensor cannot hide a huge neighbour).
+inline constexpr int kMaxTensorRank = 64;
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+// Ok, or why `dims` is beyond the limit ("type f32[...] has more than 2^40 elements").
+absl::Status CheckTensorSizeLimit(DType dtype, const std::vector<int64_t>& dims);
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/op_attributes.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 
@@ -71,6 +72,12 @@ absl::Status VerifyFunction(const Function& f) {
     if (!names.insert(n.name()).second) return NodeError(f, n, "duplicate name");
     if (!ids.insert(n.id()).second) return NodeError(f, n, absl::StrCat("duplicate id ", n.id()));
     if (n.parent() != &f) return NodeError(f, n, "node belongs to another function");
+    for (const TensorType& t : n.result_types()) {
+      absl::Status size_ok = CheckTensorSizeLimit(t.dtype, t.dims);
+      if (!size_ok.ok()) return NodeError(f, n, size_ok.message());
+    }
+    absl::Status attrs_ok = CheckKnownAttributes(n.opcode(), n.attrs());
+    if (!attrs_ok.ok()) return NodeError(f, n, attrs_ok.message());
     for (int i = 0; i < n.num_operands(); ++i) {
       const Node* o = n.operand(i);
       if (o == nullptr || !defined.contains(o)) {
@@ -84,9 +91,7 @@ absl::Status VerifyFunction(const Function& f) {
     const TensorType* declared = n.has_multiple_results() ? nullptr : &n.type();
     absl::StatusOr<std::vector<TensorType>> inferred = InferResultTypes(n.opcode(), *types, n.attrs(), declared);
     if (!inferred.ok()) {
-      std::vector<std::string> shown;
-      for (const TensorType& t : *types) shown.push_back(t.ToString());
-      return NodeError(f, n, absl::StrCat("operands (", absl::StrJoin(shown, ", "), "): ", inferred.status().message()));
+      return NodeError(f, n, absl::StrCat("operands (", TypeListToString(*types), "): ", inferred.status().message()));
     }
     if (*inferred != n.result_types()) {
       auto show = [](const std::vector<TensorType>& ts) {

@@ -1,6 +1,8 @@
 // Verifier: checks that a module is well formed. It runs on everything the parser or the
 // protobuf reader produces, and after every pass that changed something.
-//   - every node's type is what shape inference gives for its operands and attributes
+//   - every node's type is what shape inference gives for its operands and attributes,
+//     and within the tensor size limit every reader shares (ir/types.h)
+//   - every attribute is one its op takes (ir/op_attributes.h)
 //   - operands are nodes of the same function, defined before use
 //   - names are unique, non-empty and printable; ids are unique
 //   - parameter indices are 0..n-1, each once

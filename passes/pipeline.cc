@@ -34,26 +34,6 @@ size_t HashPrinted(const Module& module) { return std::hash<std::string>()(Print
 
 // What is wrong with a regular expression, in words a user can act on (std::regex_error's
 // what() is the library's wording, and differs between standard libraries).
-absl::string_view RegexErrorInWords(std::regex_constants::error_type code) {
-  namespace rc = std::regex_constants;
-  switch (code) {
-    case rc::error_paren: return "an unmatched '(' or ')'";
-    case rc::error_brack: return "an unmatched '[' or ']'";
-    case rc::error_brace: return "an unmatched '{' or '}'";
-    case rc::error_badbrace: return "an invalid count inside '{...}'";
-    case rc::error_range: return "an invalid character range, such as [z-a]";
-    case rc::error_escape: return "an invalid escape, or a '\\' at the end";
-    case rc::error_backref: return "a back-reference to a group that does not exist";
-    case rc::error_badrepeat: return "a '*', '+', '?' or '{' with nothing before it to repeat";
-    case rc::error_collate: return "an invalid collating element name";
-    case rc::error_ctype: return "an invalid character class name";
-    case rc::error_space:
-    case rc::error_stack:
-    case rc::error_complexity: return "too complex to match";
-    default: return "not an ECMAScript regular expression";
-  }
-}
-
 std::string DescribePass(const Pass& pass) {
   std::string out(pass.name());
   const std::vector<Pass*> members = pass.members();
@@ -98,21 +78,43 @@ std::string PipelineReport::ToString() const {
   return out;
 }
 
+namespace {
+std::string RegexErrorInWords(std::regex_constants::error_type code) {
+  namespace rc = std::regex_constants;
+  if (code == rc::error_paren) return "a '(' is not closed, or a ')' has no '('";
+  if (code == rc::error_brack) return "a '[' is not closed";
+  if (code == rc::error_brace) return "a '{' is not closed";
+  if (code == rc::error_badbrace) return "a {n,m} repeat count is not valid";
+  if (code == rc::error_badrepeat) return "a repeat (*, +, ? or {n}) follows nothing it can repeat";
+  if (code == rc::error_escape) return "a '\\' escape is not valid (or the pattern ends with '\\')";
+  if (code == rc::error_range) return "a character range is not valid (like z-a)";
+  if (code == rc::error_ctype || code == rc::error_collate) return "a [[:class:]] name is not known";
+  if (code == rc::error_backref) return "a back reference names a group that does not exist";
+  if (code == rc::error_complexity || code == rc::error_stack) return "it is too complex to match";
+  return "it does not parse";
+}
+}  // namespace
+
+absl::Status CheckDumpRegex(const std::string& pattern) {
+  try {
+    std::regex compiled(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dump regex '", pattern, "' is not a valid regular expression: ", RegexErrorInWords(e.code())));
+  }
+  return absl::OkStatus();
+}
+
 PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
   disabled_.insert(options.disabled_passes.begin(), options.disabled_passes.end());
 }
 
 absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOptions& options) {
   std::unique_ptr<PassRunner> runner(new PassRunner(options));
-  std::optional<std::regex> dump_regex;
-  try {
-    dump_regex.emplace(options.dump_regex, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("dump regex '", options.dump_regex,
-                                                   "' is not a valid regular expression: ", RegexErrorInWords(e.code())));
-  }
+  // A bad pattern is an error whether or not dumping is on, so a typo is caught before any work.
+  RETURN_IF_ERROR(CheckDumpRegex(options.dump_regex));
   if (options.dump_dir.empty()) return runner;
-  runner->dump_regex_ = std::move(dump_regex);
+  runner->dump_regex_.emplace(options.dump_regex, std::regex::ECMAScript);
   std::error_code ec;
   std::filesystem::create_directories(options.dump_dir, ec);
   if (ec) {

@@ -65,6 +65,10 @@ struct PipelineReport {
   std::string ToString() const;
 };
 
+// Ok when `pattern` compiles as CompileOptions::dump_regex (std::regex ECMAScript); else
+// why not, in kiln's words ("a '(' is not closed"), not the C++ library's.
+absl::Status CheckDumpRegex(const std::string& pattern);
+
 // The state of one compile's run of passes: the dump numbering, the compiled dump regex, the
 // report of the pipeline being run. Pipeline::Run(module, options) makes one for itself; a
 // compile of several pipelines makes one and runs each through it. Grouping passes get it to

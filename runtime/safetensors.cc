@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
+#include "runtime/mapped_file.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/tensor_bytes.h"
 
 namespace kiln {
@@ -142,6 +144,9 @@ class HeaderReader {
         return TensorError(name, absl::StrCat("shape ", shape.dump(), " overflows 64-bit element counts"));
       }
     }
+    // The limit every reader shares (ir/types.h): a header may not ask for more.
+    absl::Status within_limit = CheckTensorSizeLimit(e.dtype->dtype, e.dims);
+    if (!within_limit.ok()) return TensorError(name, within_limit.message());
     int64_t num_bytes;
     if (__builtin_mul_overflow(e.num_elements, int64_t{e.dtype->bytes}, &num_bytes)) {
       return TensorError(name, absl::StrCat("shape ", shape.dump(), " overflows 64-bit byte counts"));
@@ -301,6 +306,12 @@ absl::StatusOr<Safetensors> DecodeSafetensors(absl::string_view bytes, absl::str
     return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
   });
   RETURN_IF_ERROR(reader.CheckLayout(entries));
+  // Values are held as doubles (runtime/host_tensor.h): a file of 2-byte weights grows
+  // fourfold when decoded, so ask before decoding rather than die of bad_alloc halfway.
+  double elements = 0;
+  for (const Entry& e : entries) elements += static_cast<double>(e.num_elements);
+  RETURN_IF_ERROR(CheckFitsHostMemory(HostTensorBytes(elements), absl::StrCat("decoding ", source_name),
+                                      absl::StrCat(entries.size(), " tensors of ", elements, " values, as doubles")));
 
   for (const Entry& e : entries) {
     std::vector<double> values = DecodeValues(data.data() + e.begin, e.num_elements, *e.dtype);
@@ -318,8 +329,9 @@ absl::Status WriteSafetensorsFile(const std::string& path, const Safetensors& st
 }
 
 absl::StatusOr<Safetensors> ReadSafetensorsFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
-  return DecodeSafetensors(bytes, path);
+  // Mapped, not read: the decoded values are the only copy held in memory.
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
+  return DecodeSafetensors(file->bytes(), path);
 }
 
 }  // namespace kiln

@@ -82,7 +82,7 @@ TEST_F(CliExportTest, WritesWhatKilnTrainStartsFromAndFeeds) {
   ASSERT_EQ(batch_bytes->size(), static_cast<size_t>(kSteps * kBatch * kRow * 4));
   const std::vector<int32_t> rows = DecodeInt32(*batch_bytes);
   const TokenDataset dataset = TokenDataset::Default();
-  const std::vector<uint16_t>& corpus = dataset.tokens();
+  const std::vector<uint16_t> corpus = dataset.ToVector();
   for (int64_t r = 0; r < kSteps * kBatch; ++r) {
     const std::vector<uint16_t> row(rows.begin() + r * kRow, rows.begin() + (r + 1) * kRow);
     EXPECT_NE(std::search(corpus.begin(), corpus.end(), row.begin(), row.end()), corpus.end()) << "row " << r;

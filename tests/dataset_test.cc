@@ -36,7 +36,7 @@ TEST(Dataset, TextFilesAreOneTokenPerByte) {
   ASSERT_TRUE(WriteFileAtomically(TempPath("a.txt"), "ab\xff").ok());
   absl::StatusOr<TokenDataset> d = TokenDataset::FromFile(TempPath("a.txt"));
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->tokens(), (std::vector<uint16_t>{'a', 'b', 255}));
+  EXPECT_EQ(d->ToVector(), (std::vector<uint16_t>{'a', 'b', 255}));
 }
 
 TEST(Dataset, BinFilesAreLittleEndianUint16WithOptionalLlmcHeader) {
@@ -44,7 +44,7 @@ TEST(Dataset, BinFilesAreLittleEndianUint16WithOptionalLlmcHeader) {
   ASSERT_TRUE(WriteFileAtomically(TempPath("plain.bin"), Uint16Bytes(tokens)).ok());
   absl::StatusOr<TokenDataset> plain = TokenDataset::FromFile(TempPath("plain.bin"));
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->tokens(), tokens);
+  EXPECT_EQ(plain->ToVector(), tokens);
   EXPECT_EQ(plain->max_token(), 65535);
 
   std::string header(256 * 4, '\0');
@@ -55,13 +55,48 @@ TEST(Dataset, BinFilesAreLittleEndianUint16WithOptionalLlmcHeader) {
   ASSERT_TRUE(WriteFileAtomically(TempPath("llmc.bin"), header + Uint16Bytes(tokens)).ok());
   absl::StatusOr<TokenDataset> llmc = TokenDataset::FromFile(TempPath("llmc.bin"));
   ASSERT_TRUE(llmc.ok()) << llmc.status();
-  EXPECT_EQ(llmc->tokens(), tokens);
+  EXPECT_EQ(llmc->ToVector(), tokens);
 
   ASSERT_TRUE(WriteFileAtomically(TempPath("odd.bin"), "abc").ok());
   absl::StatusOr<TokenDataset> odd = TokenDataset::FromFile(TempPath("odd.bin"));
   ASSERT_FALSE(odd.ok());
   EXPECT_TRUE(absl::StrContains(odd.status().message(), "odd count")) << odd.status();
   EXPECT_FALSE(TokenDataset::FromFile(TempPath("missing.bin")).ok());
+}
+
+// Issue 11: the llm.c header's version and token count were taken at face value.
+TEST(Dataset, LlmcHeadersAreCheckedAgainstTheFile) {
+  const std::vector<uint16_t> tokens = {1, 2, 3, 4};
+  auto with_header = [&](int32_t version, int32_t count, const std::vector<uint16_t>& data) {
+    std::string header(256 * 4, '\0');
+    int32_t magic = 20240520;
+    std::memcpy(header.data(), &magic, 4);
+    std::memcpy(header.data() + 4, &version, 4);
+    std::memcpy(header.data() + 8, &count, 4);
+    return header + Uint16Bytes(data);
+  };
+  ASSERT_TRUE(WriteFileAtomically(TempPath("v2.bin"), with_header(2, 4, tokens)).ok());
+  absl::StatusOr<TokenDataset> v2 = TokenDataset::FromFile(TempPath("v2.bin"));
+  ASSERT_FALSE(v2.ok());
+  EXPECT_TRUE(absl::StrContains(v2.status().message(), "llm.c header version 2 is not supported")) << v2.status();
+
+  ASSERT_TRUE(WriteFileAtomically(TempPath("short.bin"), with_header(1, 1000, tokens)).ok());
+  absl::StatusOr<TokenDataset> truncated = TokenDataset::FromFile(TempPath("short.bin"));
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_TRUE(absl::StrContains(truncated.status().message(), "header says 1000 tokens")) << truncated.status();
+  EXPECT_TRUE(absl::StrContains(truncated.status().message(), "short.bin")) << truncated.status();
+
+  absl::StatusOr<TokenDataset> empty_name = TokenDataset::FromFile("");
+  ASSERT_FALSE(empty_name.ok());
+  EXPECT_TRUE(absl::StrContains(empty_name.status().message(), "the file name is empty")) << empty_name.status();
+}
+
+TEST(Dataset, SlicesShareTheTokens) {
+  TokenDataset d = TokenDataset::FromTokens("t", {5, 6, 7, 8, 9});
+  TokenDataset tail = d.Slice("tail", 3, 5);
+  EXPECT_EQ(tail.ToVector(), (std::vector<uint16_t>{8, 9}));
+  EXPECT_EQ(tail.max_token(), 9);
+  EXPECT_EQ(tail.name(), "tail");
 }
 
 TEST(Dataset, CheckFitsNamesTheProblem) {

@@ -235,7 +235,14 @@ std::vector<RejectCase> RejectCases() {
          dims->Set(0, int64_t{1} << 40);
          dims->Set(1, int64_t{1} << 40);
        }),
-       "larger than 2^63 bytes"},
+       "more than 2^40 elements"},
+      // Within int64 bytes, but beyond the limit the text reader applies: one limit for all.
+      {"dims beyond the shared limit", edit([](auto& p) {
+         auto* dims = NodeNamed(p, "x")->mutable_type()->mutable_dims();
+         dims->Set(0, int64_t{1} << 21);
+         dims->Set(1, int64_t{1} << 20);
+       }),
+       "more than 2^40 elements"},
       {"attr without value", edit([](auto& p) { NodeNamed(p, "x")->mutable_attrs(0)->clear_value(); }),
        "attribute 'index' has no value"},
       {"attr twice", edit([](auto& p) { *NodeNamed(p, "x")->add_attrs() = NodeNamed(p, "x")->attrs(0); }),

@@ -195,8 +195,8 @@ TEST(IrText, AttributeKindsFollowTheGrammar) {
   const char* text =
       "module @m\n"
       "func @f {\n"
-      "  %x = parameter() {a=1, b=1.0, c=[], d=[1,2.5], e=\"q\\\"b\\\\n\\n\\t\\x01\\xff\", f=lt, g=-7, h=2e3, "
-      "i=[3,-4], j=-inf} : f32[]\n"
+      "  %x = parameter() {note_a=1, note_b=1.0, note_c=[], note_d=[1,2.5], "
+      "note_e=\"q\\\"b\\\\n\\n\\t\\x01\\xff\", note_f=lt, note_g=-7, note_h=2e3, note_i=[3,-4], note_j=-inf} : f32[]\n"
       "  return %x\n"
       "}\n";
   // `index` is missing on purpose: the error must come from inference, not the grammar.
@@ -205,25 +205,25 @@ TEST(IrText, AttributeKindsFollowTheGrammar) {
   EXPECT_NE(MessageOf(missing_index.status()).find("missing attribute 'index'"), std::string::npos);
 
   std::string with_index = text;
-  with_index.replace(with_index.find("{a=1"), 4, "{index=0, a=1");
+  with_index.replace(with_index.find("{note_a=1"), 9, "{index=0, note_a=1");
   absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(with_index);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const AttrMap& attrs = (*parsed)->functions()[0]->FindNode("x")->attrs();
-  EXPECT_EQ(*attrs.GetInt("a"), 1);
-  EXPECT_FALSE(attrs.GetInt("b").ok()) << "1.0 is a float";
-  EXPECT_EQ(*attrs.GetFloat("b"), 1.0);
-  EXPECT_EQ(*attrs.GetInts("c"), std::vector<int64_t>{});
-  EXPECT_FALSE(attrs.GetInts("d").ok()) << "a list holding a float is a float list";
-  EXPECT_EQ(*attrs.GetFloats("d"), (std::vector<double>{1.0, 2.5}));
-  EXPECT_EQ(*attrs.GetString("e"), std::string("q\"b\\n\n\t\x01\xff"));
-  EXPECT_EQ(*attrs.GetSymbol("f"), "lt");
-  EXPECT_EQ(*attrs.GetInt("g"), -7);
-  EXPECT_EQ(*attrs.GetFloat("h"), 2000.0);
-  EXPECT_FALSE(attrs.GetInt("h").ok());
-  EXPECT_EQ(*attrs.GetInts("i"), (std::vector<int64_t>{3, -4}));
-  EXPECT_EQ(*attrs.GetFloat("j"), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(*attrs.GetInt("note_a"), 1);
+  EXPECT_FALSE(attrs.GetInt("note_b").ok()) << "1.0 is a float";
+  EXPECT_EQ(*attrs.GetFloat("note_b"), 1.0);
+  EXPECT_EQ(*attrs.GetInts("note_c"), std::vector<int64_t>{});
+  EXPECT_FALSE(attrs.GetInts("note_d").ok()) << "a list holding a float is a float list";
+  EXPECT_EQ(*attrs.GetFloats("note_d"), (std::vector<double>{1.0, 2.5}));
+  EXPECT_EQ(*attrs.GetString("note_e"), std::string("q\"b\\n\n\t\x01\xff"));
+  EXPECT_EQ(*attrs.GetSymbol("note_f"), "lt");
+  EXPECT_EQ(*attrs.GetInt("note_g"), -7);
+  EXPECT_EQ(*attrs.GetFloat("note_h"), 2000.0);
+  EXPECT_FALSE(attrs.GetInt("note_h").ok());
+  EXPECT_EQ(*attrs.GetInts("note_i"), (std::vector<int64_t>{3, -4}));
+  EXPECT_EQ(*attrs.GetFloat("note_j"), -std::numeric_limits<double>::infinity());
   const std::string printed = PrintModule(**parsed);
-  EXPECT_NE(printed.find("d=[1.0,2.5]"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("note_d=[1.0,2.5]"), std::string::npos) << printed;
   absl::StatusOr<std::unique_ptr<Module>> again = ParseModule(printed);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(PrintModule(**again), printed);
@@ -233,14 +233,14 @@ TEST(IrText, EveryByteOfAStringRoundTrips) {
   std::string all_bytes;
   for (int c = 0; c < 256; ++c) all_bytes += static_cast<char>(c);
   Module m("m");
-  Function* f = m.AddFunction("f");
-  Node* x = f->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", int64_t{0}}, {"s", all_bytes}},
+  Function* f = m.AddFunction("note_f");
+  Node* x = f->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", int64_t{0}}, {"note_s", all_bytes}},
                           {DType::kF32, {}}, "x");
   f->SetOutputs({x});
   const std::string text = PrintModule(m);
   absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(*(*parsed)->functions()[0]->FindNode("x")->attrs().GetString("s"), all_bytes);
+  EXPECT_EQ(*(*parsed)->functions()[0]->FindNode("x")->attrs().GetString("note_s"), all_bytes);
   EXPECT_EQ(PrintModule(**parsed), text);
 }
 

@@ -205,7 +205,7 @@ TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {
   o.dump_regex = "(";
   absl::StatusOr<PipelineReport> bad = RunDefaultPipeline(*Parse(kRedundant), o);
   EXPECT_EQ(bad.status(),
-            absl::InvalidArgumentError("dump regex '(' is not a valid regular expression: an unmatched '(' or ')'"));
+            absl::InvalidArgumentError("dump regex '(' is not a valid regular expression: a '(' is not closed, or a ')' has no '('"));
   o.dump_regex = "a{2,1}";
   EXPECT_NE(RunDefaultPipeline(*Parse(kRedundant), o).status().message().find("not a valid regular expression: "),
             std::string::npos);

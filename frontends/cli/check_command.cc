@@ -1,4 +1,6 @@
 // kiln check: prove on fresh random inputs that the compiler's passes preserve meaning.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -11,6 +13,7 @@
 #include "passes/pass_registry.h"
 #include "passes/training_compile.h"
 #include "runtime/differential_check.h"
+#include "runtime/memory_estimate.h"
 
 namespace kiln::cli {
 
@@ -45,6 +48,20 @@ absl::Status RunCheck(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 1));
   ASSIGN_OR_RETURN(double rel, args.GetDouble("rel-tolerance", 0.0));
   ASSIGN_OR_RETURN(double abs, args.GetDouble("abs-tolerance", 0.0));
+  // A negative or NaN tolerance would make every comparison fail or pass by accident.
+  for (const auto& [flag, value] : {std::pair{"rel-tolerance", rel}, std::pair{"abs-tolerance", abs}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " expects a finite non-negative number, got '", args.Get(flag), "'"));
+    }
+  }
+  // Both versions of each function run on the reference backend, one function at a time.
+  int64_t largest = 0;
+  for (const auto& f : loaded.module->functions()) largest = std::max(largest, ReferencePeakBytes(*f));
+  RETURN_IF_ERROR(CheckFitsHostMemory(SaturatingSum({largest, largest}),
+                                      absl::StrCat("checking ", args.positionals()[0]),
+                                      "one function's inputs and values before and after the passes, 8 bytes per "
+                                      "value"));
 
   // With --training, the step kiln train compiles (the same sequence and step options); what
   // is checked is the pipeline that runs on it.

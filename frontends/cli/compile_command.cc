@@ -32,6 +32,8 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
 #endif
   options.dump_dir = args.Get("dump-dir");
   options.dump_regex = args.Get("dump-after", ".*");
+  absl::Status regex = CheckDumpRegex(options.dump_regex);
+  if (!regex.ok()) return absl::InvalidArgumentError(absl::StrCat("--dump-after: ", regex.message()));
   if (args.Has("dump-after") && !args.Has("dump-dir")) {
     return absl::InvalidArgumentError("--dump-after selects which dumps to write: it needs --dump-dir (where)");
   }
@@ -81,6 +83,7 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 }
 
 absl::Status RunCompile(const ParsedArgs& args) {
+  if (args.Has("output")) RETURN_IF_ERROR(CheckOutputPath(args.Get("output"), "-o"));
   ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
   RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));

@@ -15,6 +15,7 @@ namespace {
 
 absl::Status RunDump(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(ModuleFormat format, ParseModuleFormat(args.Get("format", "text")));
+  if (args.Has("output")) RETURN_IF_ERROR(CheckOutputPath(args.Get("output"), "-o"));
   ASSIGN_OR_RETURN(std::unique_ptr<Module> module, LoadOrBuildModule(args.positionals()[0], args));
   ASSIGN_OR_RETURN(std::string out, WriteModule(*module, format));
   if (args.Has("output")) return WriteFileAtomically(args.Get("output"), out);

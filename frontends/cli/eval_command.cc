@@ -1,20 +1,18 @@
 // kiln eval: mean next-token loss of a model's weights over a data file.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "frontends/cli/backend_flag.h"
 #include "frontends/cli/commands.h"
+#include "frontends/cli/forward_runner.h"
 #include "frontends/hf_checkpoint.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "ir/status_macros.h"
-#include "passes/lower_gemm.h"
-#include "runtime/reference_backend.h"
-#ifdef KILN_WITH_CUDA
-#include "runtime/cuda/executable.h"
-#endif
+#include "runtime/memory_estimate.h"
 #include "runtime/training/dataset.h"
 
 namespace kiln::cli {
@@ -48,89 +46,52 @@ absl::StatusOr<ModelWithWeights> LoadModel(const ParsedArgs& args) {
                                                  "config.json and model.safetensors"));
 }
 
-// @forward(tokens, targets, weights...) -> loss on one backend, the weights bound once.
-class ForwardRunner {
- public:
-  static absl::StatusOr<std::unique_ptr<ForwardRunner>> Create(std::unique_ptr<Module> module,
-                                                               const std::vector<HostTensor>& weights,
-                                                               const ResolvedBackend& backend) {
-    auto runner = std::unique_ptr<ForwardRunner>(new ForwardRunner());
-    runner->module_ = std::move(module);
-    if (backend.backend == Backend::kCpu) {
-      runner->args_ = {HostTensor(), HostTensor()};  // tokens, targets: set per batch
-      runner->args_.insert(runner->args_.end(), weights.begin(), weights.end());
-      return runner;
-    }
-#ifdef KILN_WITH_CUDA
-    // The GPU runs GEMMs as the backend's gemm op (what every compile does before codegen).
-    Function& forward = *runner->module_->FindFunction("forward");
-    RETURN_IF_ERROR(LowerGemmPass().RunOnFunction(forward).status());
-    ASSIGN_OR_RETURN(runner->gpu_, CudaExecutable::Create(forward, *backend.device));
-    for (size_t i = 0; i < weights.size(); ++i) RETURN_IF_ERROR(runner->gpu_->SetInput(2 + i, weights[i]));
-#endif
-    return runner;
-  }
-
-  absl::StatusOr<double> Loss(HostTensor tokens, HostTensor targets) {
-#ifdef KILN_WITH_CUDA
-    if (gpu_) {
-      RETURN_IF_ERROR(gpu_->SetInput(0, tokens));
-      RETURN_IF_ERROR(gpu_->SetInput(1, targets));
-      RETURN_IF_ERROR(gpu_->Run());
-      ASSIGN_OR_RETURN(HostTensor loss, gpu_->Output(0));
-      return loss[0];
-    }
-#endif
-    args_[0] = std::move(tokens);
-    args_[1] = std::move(targets);
-    ASSIGN_OR_RETURN(std::vector<HostTensor> out, EvaluateFunction(*module_->FindFunction("forward"), args_));
-    return out[0][0];
-  }
-
- private:
-  ForwardRunner() = default;
-  std::unique_ptr<Module> module_;
-  std::vector<HostTensor> args_;  // CPU: tokens, targets, weights
-#ifdef KILN_WITH_CUDA
-  std::unique_ptr<CudaExecutable> gpu_;
-#endif
-};
-
 absl::Status RunEval(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
   if (!args.Has("data")) return absl::InvalidArgumentError("--data FILE is required");
-  ASSIGN_OR_RETURN(ModelWithWeights model, LoadModel(args));
-  ASSIGN_OR_RETURN(int64_t seq, args.GetInt("seq", model.config.seq_len));
-  ASSIGN_OR_RETURN(int64_t batch, args.GetInt("batch", model.config.batch));
+  if (args.Get("data").empty()) return absl::InvalidArgumentError("--data: the file name is empty");
+  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
+  ASSIGN_OR_RETURN(int64_t seq, args.GetInt("seq", config.seq_len));
+  ASSIGN_OR_RETURN(int64_t batch, args.GetInt("batch", config.batch));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.Get("precision", "bf16")));
   if (seq < 1 || batch < 1) return absl::InvalidArgumentError("--seq and --batch must be >= 1");
-  ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::FromFile(args.Get("data")));
-  RETURN_IF_ERROR(data.CheckFits(model.config.vocab_size, seq));
-
-  const int64_t windows = NumEvalWindows(data, seq);
-  // One compiled forward per distinct batch size (full batches, then the remainder), with
-  // the weights bound once.
-  std::map<int64_t, std::unique_ptr<ForwardRunner>> runners;
-  double loss_sum = 0;  // sum over windows of the window's mean token loss
-  for (int64_t first = 0; first < windows; first += batch) {
-    int64_t rows = std::min(batch, windows - first);
-    std::unique_ptr<ForwardRunner>& runner = runners[rows];
-    if (!runner) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
-                       BuildLlamaModule(model.config, {.batch = rows, .seq_len = seq, .precision = precision}));
-      ASSIGN_OR_RETURN(runner, ForwardRunner::Create(std::move(module), model.weights, backend));
+  // Shapes first (cheap, and within the limits), then what they cost, then the weights.
+  ASSIGN_OR_RETURN(std::unique_ptr<Module> sized,
+                   BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision}));
+  RETURN_IF_ERROR(CheckFitsHostMemory(
+      SaturatingSum({HostTensorBytes(2.0 * ParameterCount(config)), ReferencePeakBytes(*sized->FindFunction("forward"))}),
+      absl::StrCat("evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq),
+      "the weights as read and as bound, and one forward pass on the reference backend"));
+#ifdef KILN_WITH_CUDA
+  if (backend.backend == Backend::kCuda) {
+    const int64_t device_bytes = DevicePeakBytes(*sized->FindFunction("forward"));
+    if (device_bytes > backend.device->free_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq, " needs at least ",
+          FormatBytes(device_bytes), " of device memory (the forward pass's live values at their peak), but ",
+          FormatBytes(backend.device->free_bytes()), " are free on the GPU"));
     }
-    TokenBatch b = EvalBatch(data, first, rows, seq);
-    TensorType ids{DType::kI32, {rows, seq}};
-    ASSIGN_OR_RETURN(double loss,
-                     runner->Loss(HostTensor::FromValues(ids, std::vector<double>(b.inputs.begin(), b.inputs.end())),
-                                  HostTensor::FromValues(ids, std::vector<double>(b.targets.begin(), b.targets.end()))));
-    loss_sum += loss * static_cast<double>(rows);
   }
+#endif
+  ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::FromFile(args.Get("data")));
+  RETURN_IF_ERROR(data.CheckFits(config.vocab_size, seq));
+  ASSIGN_OR_RETURN(ModelWithWeights model, LoadModel(args));
+
+  ASSIGN_OR_RETURN(auto scored, MeanEvalLoss(model.config, model.weights, data, seq, batch, precision, backend));
+  const auto [loss, windows] = scored;
   std::fprintf(stderr, "kiln eval: %lld windows of %lld tokens from %s, %s, backend %s\n",
                static_cast<long long>(windows), static_cast<long long>(seq), data.name().c_str(),
                std::string(PrecisionName(precision)).c_str(), backend.backend == Backend::kCpu ? "cpu" : "cuda");
-  std::printf("loss %.6f\n", loss_sum / static_cast<double>(windows));
+  // printf writes a NaN as "nan" or "-nan" by its sign bit, which means nothing here.
+  if (std::isnan(loss)) {
+    std::printf("loss nan\n");
+  } else {
+    std::printf("loss %.6f\n", loss);
+  }
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(absl::StrCat("the loss is ", loss, ": the weights of '", args.positionals()[0],
+                                            "' give non-finite values on this data"));
+  }
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 // `kiln train` passes (train_command.cc), so they are the same numbers, not a copy of the
 // recipe. Gradient accumulation is not covered: one micro-batch per step (--accum 1).
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "passes/training_step.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
 
@@ -46,8 +48,19 @@ absl::Status RunExportInputs(const ParsedArgs& args) {
   if (seed < 0) return absl::InvalidArgumentError("--seed expects a non-negative integer");
   if (!(lr >= 0)) return absl::InvalidArgumentError("--lr expects a non-negative number");
 
+  // Everything is held in memory before it is written: the batches, and the weights as
+  // doubles and as encoded f32.
+  const double batch_bytes = static_cast<double>(steps) * static_cast<double>(batch) * static_cast<double>(seq + 1) * 4;
+  const double weight_bytes = static_cast<double>(ParameterCount(config)) * (8 + 4);
+  const double needed = batch_bytes + weight_bytes;
+  RETURN_IF_ERROR(CheckFitsHostMemory(needed >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(needed),
+                                      absl::StrCat("exporting ", steps, " batches of ", args.positionals()[0]),
+                                      absl::StrCat(FormatBytes(static_cast<int64_t>(std::min(batch_bytes, 9.2e18))),
+                                                   " of batches (steps x batch x (seq + 1) int32) and the weights")));
+
   TokenDataset data = TokenDataset::Default();
   if (args.Has("data")) {
+    if (args.Get("data").empty()) return absl::InvalidArgumentError("--data: the file name is empty");
     ASSIGN_OR_RETURN(data, TokenDataset::FromFile(args.Get("data")));
   }
   RETURN_IF_ERROR(data.CheckFits(config.vocab_size, seq));

@@ -1,5 +1,9 @@
 // kiln: build, inspect, compile, check, train and evaluate transformer models.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,38 @@ void PrintTopLevelHelp(const std::vector<kiln::cli::Command>& commands) {
   std::printf("\n'kiln <command> --help' describes a command.\n");
 }
 
+// Output that never reached stdout (`kiln models > /dev/full`, a closed pipe) is a failure:
+// printf's errors only show when the buffer is flushed, so flush and look.
+bool FlushStdout(const std::string& command) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return true;
+  const int err = errno;
+  std::fprintf(stderr, "kiln %s: cannot write to standard output: %s\n", command.c_str(),
+               err != 0 ? std::strerror(err) : "write error");
+  return false;
+}
+
+// Library code returns Status; an allocation that fails anyway (a size no estimate caught)
+// ends here as a message instead of std::terminate.
+absl::Status RunCatchingAllocationFailures(const kiln::cli::Command& command, const kiln::cli::ParsedArgs& args) {
+  try {
+    return command.run(args);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "out of memory: an allocation failed (the sizes asked for do not fit this machine; try a smaller "
+        "--batch, --seq or model)");
+  } catch (const std::length_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("a size is too large to allocate (", e.what(), ")"));
+  }
+}
+
+// Messages quote what they reject; a hostile input (an op with 100k operands) must not make
+// one a megabyte long.
+std::string Shortened(absl::string_view message) {
+  constexpr size_t kMaxShown = 2000;
+  if (message.size() <= kMaxShown) return std::string(message);
+  return absl::StrCat(message.substr(0, kMaxShown), "... (", message.size() - kMaxShown, " more characters)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -27,6 +63,7 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     PrintTopLevelHelp(commands);
+    if (!FlushStdout("--help")) return 1;
     return argc < 2 ? 2 : 0;
   }
   std::string name = argv[1];
@@ -40,14 +77,15 @@ int main(int argc, char** argv) {
     }
     if (parsed->help()) {
       std::fputs(kiln::cli::HelpText(c.spec).c_str(), stdout);
-      return 0;
+      return FlushStdout(name) ? 0 : 1;
     }
-    absl::Status st = c.run(*parsed);
+    absl::Status st = RunCatchingAllocationFailures(c, *parsed);
     if (!st.ok()) {
-      std::fprintf(stderr, "kiln %s: %s\n", name.c_str(), std::string(st.message()).c_str());
+      FlushStdout(name);  // what was printed before the error still goes out first
+      std::fprintf(stderr, "kiln %s: %s\n", name.c_str(), Shortened(st.message()).c_str());
       return 1;
     }
-    return 0;
+    return FlushStdout(name) ? 0 : 1;
   }
   std::fprintf(stderr, "kiln: unknown command '%s' (see 'kiln --help')\n", name.c_str());
   return 2;

@@ -5,12 +5,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "codegen/capabilities.h"
 #include "frontends/cli/backend_flag.h"
 #include "frontends/cli/commands.h"
+#include "frontends/cli/forward_runner.h"
 #include "frontends/cli/model_source.h"
 #include "frontends/hf_checkpoint.h"
 #include "frontends/llama.h"
@@ -23,6 +28,8 @@
 #include "ir/status_macros.h"
 #include "passes/fusion.h"
 #include "passes/training_compile.h"
+#include "passes/training_step.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/step_profile.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
@@ -34,10 +41,19 @@ class CudaTrainer;  // frontends/cuda_trainer.h, in builds with CUDA
 namespace kiln::cli {
 namespace {
 
-// The flags a run is made of. A checkpoint stores them; a resumed run takes them from it, so
-// that it continues exactly as an uninterrupted run would have.
-const char* const kRunSettingFlags[] = {"batch", "seq",     "accum",          "seed",         "precision", "lr",
-                                        "min-lr", "warmup", "lr-decay-steps", "weight-decay", "clip"};
+// The flags a run is made of. A checkpoint stores them, so that a resumed run continues
+// exactly as an uninterrupted run would have.
+// The shape of the run: a resume that changed one would not be a continuation.
+const char* const kFixedOnResume[] = {"batch", "seq", "accum", "seed", "precision"};
+// The schedule and the optimizer: a resume may set these anew (the horizon above all, when
+// a run is extended), and says so.
+const char* const kScheduleSettings[] = {"lr", "min-lr", "warmup", "lr-decay-steps", "weight-decay", "clip"};
+// Recorded beside the settings: where the batches come from, and the --steps of the run.
+constexpr char kDataSetting[] = "data";
+constexpr char kStepsSetting[] = "steps";
+constexpr char kBuiltInData[] = "built-in";
+// "true" when the run trained on the data less its held-out last tenth (--eval-every).
+constexpr char kHeldOutSetting[] = "held-out";
 
 struct RunSettings {
   int64_t batch = 0, seq = 0, accum = 1, warmup = 0, lr_decay_steps = 0;
@@ -58,28 +74,67 @@ std::string ExactText(double v) {
   return buf;
 }
 
-// Settings by flag name: from the checkpoint when resuming (a flag that disagrees is an
-// error), else from the flags, else the defaults.
-absl::StatusOr<std::map<std::string, std::string>> ResolveRunSettings(const ParsedArgs& args,
-                                                                      const ModelConfig& config, int64_t steps,
-                                                                      const TrainingCheckpoint* resume) {
-  std::map<std::string, std::string> v;
+// Settings by flag name, with where each value came from, so that an error about a value
+// names its source: "--lr" for a flag, "CKPT's saved 'lr'" for a checkpoint's.
+struct ResolvedSettings {
+  std::map<std::string, std::string> values;
+  std::map<std::string, std::string> origins;
+  std::vector<std::string> changes;  // on resume: each setting that differs from the saved run
+};
+
+// From the checkpoint when resuming (a run-shape flag that disagrees is an error; a
+// schedule flag that disagrees replaces the saved value and is reported), else from the
+// flags, else the defaults.
+absl::StatusOr<ResolvedSettings> ResolveRunSettings(const ParsedArgs& args, const ModelConfig& config, int64_t steps,
+                                                    const TrainingCheckpoint* resume) {
+  ResolvedSettings r;
   if (resume) {
-    for (const char* flag : kRunSettingFlags) {
+    const std::string ckpt = args.Get("resume");
+    auto saved = [&](const char* flag) -> absl::StatusOr<std::string> {
       auto it = resume->settings.find(flag);
       if (it == resume->settings.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), ": no '", flag, "' setting saved"));
+        return absl::InvalidArgumentError(absl::StrCat(ckpt, ": no '", flag, "' setting saved"));
       }
-      if (args.Has(flag) && !SameSetting(args.Get(flag), it->second)) {
+      return it->second;
+    };
+    for (const char* flag : kFixedOnResume) {
+      ASSIGN_OR_RETURN(std::string value, saved(flag));
+      if (args.Has(flag) && !SameSetting(args.Get(flag), value)) {
         return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", args.Get(flag), " differs from the checkpoint's ",
-                                                       it->second, " (", args.Get("resume"),
-                                                       "); drop the flag to resume as saved"));
+                                                       value, " (", ckpt, "); a resumed run keeps the saved ", flag,
+                                                       ": drop the flag"));
       }
-      v[flag] = it->second;
+      r.values[flag] = value;
+      r.origins[flag] = absl::StrCat(ckpt, "'s saved '", flag, "'");
     }
-    return v;
+    for (const char* flag : kScheduleSettings) {
+      ASSIGN_OR_RETURN(std::string value, saved(flag));
+      if (args.Has(flag) && !SameSetting(args.Get(flag), value)) {
+        r.changes.push_back(absl::StrCat("--", flag, " ", args.Get(flag), " (the saved run had ", value, ")"));
+        r.values[flag] = args.Get(flag);
+        r.origins[flag] = absl::StrCat("--", flag);
+      } else {
+        r.values[flag] = value;
+        r.origins[flag] = absl::StrCat(ckpt, "'s saved '", flag, "'");
+      }
+    }
+    auto saved_steps = resume->settings.find(kStepsSetting);
+    if (saved_steps != resume->settings.end() && !SameSetting(saved_steps->second, absl::StrCat(steps))) {
+      r.changes.push_back(absl::StrCat("--steps ", steps, " (the saved run had ", saved_steps->second, ")"));
+    }
+    int64_t horizon = 0;
+    if (!args.Has("lr-decay-steps") && absl::SimpleAtoi(r.values["lr-decay-steps"], &horizon) && steps > horizon) {
+      r.changes.push_back(absl::StrCat("--steps ", steps, " runs past the saved schedule's horizon (--lr-decay-steps ",
+                                       horizon, "): steps ", horizon + 1, "..", steps, " run at --min-lr ",
+                                       r.values["min-lr"], "; pass --lr-decay-steps ", steps,
+                                       " to stretch the cosine to the new end"));
+    }
+    return r;
   }
-  auto set = [&](const char* flag, std::string fallback) { v[flag] = args.Has(flag) ? args.Get(flag) : fallback; };
+  auto set = [&](const char* flag, std::string fallback) {
+    r.values[flag] = args.Has(flag) ? args.Get(flag) : fallback;
+    r.origins[flag] = args.Has(flag) ? absl::StrCat("--", flag) : absl::StrCat("the default --", flag);
+  };
   set("batch", absl::StrCat(config.batch));
   set("seq", absl::StrCat(config.seq_len));
   set("accum", "1");
@@ -87,48 +142,155 @@ absl::StatusOr<std::map<std::string, std::string>> ResolveRunSettings(const Pars
   set("precision", "bf16");
   set("lr", "0.003");
   double lr = 0;
-  if (!absl::SimpleAtod(v["lr"], &lr)) return absl::InvalidArgumentError(absl::StrCat("--lr expects a number, got '", v["lr"], "'"));
+  if (!absl::SimpleAtod(r.values["lr"], &lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("--lr expects a number, got '", r.values["lr"], "'"));
+  }
   set("min-lr", ExactText(LrSchedule::Default(lr, steps).min_lr));
   set("lr-decay-steps", absl::StrCat(steps));
   int64_t horizon = 0;
-  if (!absl::SimpleAtoi(v["lr-decay-steps"], &horizon)) {
-    return absl::InvalidArgumentError(absl::StrCat("--lr-decay-steps expects an integer, got '", v["lr-decay-steps"], "'"));
+  if (!absl::SimpleAtoi(r.values["lr-decay-steps"], &horizon)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr-decay-steps expects an integer, got '", r.values["lr-decay-steps"], "'"));
   }
   set("warmup", absl::StrCat(LrSchedule::Default(lr, horizon).warmup_steps));
   set("weight-decay", "0.1");
   set("clip", "1.0");
-  return v;
+  return r;
 }
 
-absl::StatusOr<RunSettings> ParseRunSettings(const std::map<std::string, std::string>& v) {
+absl::StatusOr<RunSettings> ParseRunSettings(const ResolvedSettings& r) {
   RunSettings s;
-  auto integer = [&](const char* flag, int64_t& out) -> absl::Status {
-    if (!absl::SimpleAtoi(v.at(flag), &out) || out < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects a non-negative integer, got '", v.at(flag), "'"));
+  // "--lr expects ..." for a flag, "ck.st's saved 'lr' is 'x', expected ..." for a checkpoint's.
+  auto invalid = [&](const char* flag, absl::string_view expected) {
+    const std::string& origin = r.origins.at(flag);
+    if (absl::StartsWith(origin, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, " expects ", expected, ", got '", r.values.at(flag), "'"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(origin, " is '", r.values.at(flag), "', expected ", expected));
+  };
+  auto integer = [&](const char* flag, int64_t& out, int64_t min) -> absl::Status {
+    if (!absl::SimpleAtoi(r.values.at(flag), &out) || out < min) {
+      return invalid(flag, min == 0 ? "a non-negative integer" : absl::StrCat("an integer >= ", min));
     }
     return absl::OkStatus();
   };
   auto number = [&](const char* flag, double& out) -> absl::Status {
-    if (!absl::SimpleAtod(v.at(flag), &out) || !(out >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects a non-negative number, got '", v.at(flag), "'"));
+    if (!absl::SimpleAtod(r.values.at(flag), &out) || !(out >= 0) || !std::isfinite(out)) {
+      return invalid(flag, "a finite non-negative number");
     }
     return absl::OkStatus();
   };
   int64_t seed = 0;
-  RETURN_IF_ERROR(integer("batch", s.batch));
-  RETURN_IF_ERROR(integer("seq", s.seq));
-  RETURN_IF_ERROR(integer("accum", s.accum));
-  RETURN_IF_ERROR(integer("seed", seed));
-  RETURN_IF_ERROR(integer("warmup", s.warmup));
-  RETURN_IF_ERROR(integer("lr-decay-steps", s.lr_decay_steps));
+  RETURN_IF_ERROR(integer("batch", s.batch, 1));
+  RETURN_IF_ERROR(integer("seq", s.seq, 1));
+  RETURN_IF_ERROR(integer("accum", s.accum, 1));
+  RETURN_IF_ERROR(integer("seed", seed, 0));
+  RETURN_IF_ERROR(integer("warmup", s.warmup, 0));
+  RETURN_IF_ERROR(integer("lr-decay-steps", s.lr_decay_steps, 1));
   RETURN_IF_ERROR(number("lr", s.lr));
   RETURN_IF_ERROR(number("min-lr", s.min_lr));
   RETURN_IF_ERROR(number("weight-decay", s.weight_decay));
   RETURN_IF_ERROR(number("clip", s.clip));
+  if (s.min_lr > s.lr) {
+    return absl::InvalidArgumentError(absl::StrCat("the final learning rate (", r.origins.at("min-lr"), " = ",
+                                                   r.values.at("min-lr"), ") is above the peak (", r.origins.at("lr"),
+                                                   " = ", r.values.at("lr"), "): the schedule decays from --lr to "
+                                                   "--min-lr"));
+  }
   s.seed = static_cast<uint64_t>(seed);
-  ASSIGN_OR_RETURN(s.precision, ParsePrecision(v.at("precision")));
-  if (s.batch < 1 || s.seq < 1 || s.accum < 1) return absl::InvalidArgumentError("--batch, --seq and --accum must be >= 1");
+  absl::StatusOr<Precision> precision = ParsePrecision(r.values.at("precision"));
+  if (!precision.ok()) return invalid("precision", "fp32 or bf16");
+  s.precision = *precision;
   return s;
+}
+
+// The training data: --data FILE, else (resuming) the saved run's, else the built-in
+// corpus. `recorded` is what the checkpoint will hold: "built-in" or an absolute path.
+struct TrainingData {
+  TokenDataset data;
+  std::string recorded;
+  std::string note;  // why this data, when it is not what the flags say
+};
+
+absl::StatusOr<TrainingData> ResolveTrainingData(const ParsedArgs& args, const TrainingCheckpoint* resume) {
+  std::string saved;
+  if (resume) {
+    auto it = resume->settings.find(kDataSetting);
+    if (it != resume->settings.end()) saved = it->second;
+  }
+  auto from_file = [](const std::string& path) -> absl::StatusOr<TrainingData> {
+    ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::FromFile(path));
+    std::error_code ec;
+    std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    return TrainingData{std::move(data), ec ? path : absolute.lexically_normal().string(), ""};
+  };
+  if (args.Has("data")) {
+    if (args.Get("data").empty()) return absl::InvalidArgumentError("--data: the file name is empty");
+    ASSIGN_OR_RETURN(TrainingData d, from_file(args.Get("data")));
+    if (resume && !saved.empty() && saved != d.recorded) {
+      d.note = absl::StrCat("--data ", args.Get("data"), " (the saved run trained on ",
+                            saved == kBuiltInData ? "the built-in corpus" : saved, ")");
+    }
+    return d;
+  }
+  if (resume && !saved.empty() && saved != kBuiltInData) {
+    absl::StatusOr<TrainingData> d = from_file(saved);
+    if (!d.ok()) {
+      return absl::Status(d.status().code(),
+                          absl::StrCat(args.Get("resume"), " was trained on ", saved,
+                                       ", which cannot be read now (", d.status().message(),
+                                       "); pass --data to choose the data"));
+    }
+    d->note = absl::StrCat("data from the checkpoint: ", saved);
+    return d;
+  }
+  TrainingData d{TokenDataset::Default(), kBuiltInData, ""};
+  if (resume && saved.empty()) {
+    d.note = "the checkpoint does not record its data (it predates kiln recording it): training on the built-in "
+             "corpus; pass --data to choose";
+  }
+  return d;
+}
+
+// Every output the run will write, checked before any work, so that a typo in a path costs
+// a second, not a training run. Changes nothing on disk.
+absl::Status CheckOutputs(const ParsedArgs& args) {
+  for (const char* flag : {"save", "trace"}) {
+    if (args.Has(flag)) RETURN_IF_ERROR(CheckOutputPath(args.Get(flag), absl::StrCat("--", flag)));
+  }
+  return absl::OkStatus();
+}
+
+// Where the first step's weights come from: a checkpoint (resume), the model.safetensors of
+// a Hugging Face folder, or the seeded initializer.
+struct InitialWeights {
+  std::vector<HostTensor> params;
+  std::string source;  // for the run's first line
+};
+
+bool FolderHasWeights(const std::string& folder) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(folder) / "model.safetensors", ec) ||
+         std::filesystem::exists(std::filesystem::path(folder) / "model.safetensors.index.json", ec);
+}
+
+absl::StatusOr<InitialWeights> LoadInitialWeights(const ParsedArgs& args, const ModelConfig& config, uint64_t seed,
+                                                  const TrainingCheckpoint* resume) {
+  if (resume) {
+    return InitialWeights{resume->state.params,  // the trainer starts from them; SetState adds m, v, t
+                          absl::StrCat("checkpoint ", args.Get("resume"), " (step ", resume->state.step, ")")};
+  }
+  const std::string& model = args.positionals()[0];
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec) && FolderHasWeights(model)) {
+    ASSIGN_OR_RETURN(HuggingFaceModel hf, LoadHuggingFaceModel(model));
+    if (HuggingFaceConfigJson(hf.config) != HuggingFaceConfigJson(config)) {
+      return absl::InternalError(absl::StrCat(model, ": the weights were read for another config than the model's"));
+    }
+    return InitialWeights{std::move(hf.weights), absl::StrCat((std::filesystem::path(model) / "").string(),
+                                                              "model.safetensors")};
+  }
+  return InitialWeights{InitLlamaWeights(config, seed), absl::StrCat("random init (seed ", seed, ")")};
 }
 
 // "step 12/150  loss 4.8123  tok/s 9120  elapsed 3.1s": a line per step when stdout is not
@@ -203,6 +365,160 @@ absl::Status ReportProfile(const ParsedArgs& args, const CudaTrainer& cuda, int6
 }
 #endif
 
+// What the run holds at its peak, estimated from the step function before anything big is
+// allocated; refuses when that cannot fit. On the CPU every value is a double: the state
+// (weights, m, v) as the trainer keeps it, plus one evaluation of the step, whose arguments
+// are that state moved in and whose outputs are the next state.
+absl::Status CheckRunFits(const ParsedArgs& args, const ModelConfig& config, const RunSettings& s,
+                          const Function& step_fn, const ResolvedBackend& backend) {
+  const std::string what = absl::StrCat("training ", args.positionals()[0], " (batch ", s.batch, " x seq ", s.seq,
+                                        " x accum ", s.accum, ")");
+  const int64_t initial_weights = HostTensorBytes(static_cast<double>(ParameterCount(config)));
+  if (backend.backend == Backend::kCpu) {
+    return CheckFitsHostMemory(SaturatingSum({initial_weights, ReferencePeakBytes(step_fn)}),
+                               absl::StrCat(what, " on the CPU"),
+                               "the initial weights, then one training step on the reference backend, "
+                               "8 bytes per value");
+  }
+  RETURN_IF_ERROR(CheckFitsHostMemory(SaturatingSum({initial_weights, initial_weights}), what,
+                                      "the initial weights and their encoding for the upload"));
+#ifdef KILN_WITH_CUDA
+  const int64_t device_bytes = DevicePeakBytes(step_fn);
+  if (device_bytes > backend.device->free_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " needs at least ", FormatBytes(device_bytes),
+                                                     " of device memory (the step's live values at their peak), but ",
+                                                     FormatBytes(backend.device->free_bytes()), " are free on the GPU"));
+  }
+#endif
+  return absl::OkStatus();
+}
+
+// --save-every N writes PATH's stem + "-stepN" + extension; --keep-last K removes this
+// run's older ones. Each is written as --save is: atomically.
+class PeriodicCheckpoints {
+ public:
+  PeriodicCheckpoints(std::string save_path, int64_t every, int64_t keep_last)
+      : save_path_(std::move(save_path)), every_(every), keep_last_(keep_last) {}
+
+  bool Due(int64_t steps_done, int64_t total) const {
+    return every_ > 0 && steps_done % every_ == 0 && steps_done != total;
+  }
+
+  absl::Status Save(const TrainingCheckpoint& checkpoint) {
+    const std::filesystem::path base = save_path_;
+    const std::string path =
+        (base.parent_path() / absl::StrCat(base.stem().string(), "-step", checkpoint.state.step,
+                                           base.extension().string()))
+            .string();
+    RETURN_IF_ERROR(SaveTrainingCheckpoint(path, checkpoint));
+    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(checkpoint.state.step),
+                 path.c_str());
+    written_.push_back(path);
+    while (keep_last_ > 0 && static_cast<int64_t>(written_.size()) > keep_last_) {
+      std::error_code ec;
+      std::filesystem::remove(written_.front(), ec);
+      written_.erase(written_.begin());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string save_path_;
+  int64_t every_, keep_last_;
+  std::vector<std::string> written_;
+};
+
+// --eval-every: the last tenth of the data is held out (the run trains on the rest), and
+// its loss is measured on up to kHeldOutWindows windows of --seq tokens.
+constexpr int64_t kHeldOutWindows = 64;
+struct DataSplit {
+  TokenDataset train;
+  std::optional<TokenDataset> held_out;
+};
+
+absl::StatusOr<DataSplit> SplitForEvaluation(const TokenDataset& data, int64_t seq, bool hold_out) {
+  if (!hold_out) return DataSplit{data, std::nullopt};
+  const int64_t held = std::max<int64_t>(data.size() / 10, seq + 1);
+  if (data.size() - held < seq + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--eval-every: ", data.name(), " holds ", data.size(),
+                                                   " tokens, too few to hold out ", held,
+                                                   " and still train on windows of ", seq + 1));
+  }
+  const int64_t cut = data.size() - held;
+  return DataSplit{data.Slice(absl::StrCat(data.name(), " [0, ", cut, ")"), 0, cut),
+                   data.Slice(absl::StrCat(data.name(), " [", cut, ", ", data.size(), ")"), cut, data.size())};
+}
+
+#ifdef KILN_WITH_CUDA
+// Compiles the step for the GPU and says what it became: launches, GEMMs, the arena.
+absl::StatusOr<std::unique_ptr<CudaTrainer>> CreateCudaTrainer(const ParsedArgs& args, std::unique_ptr<Module> module,
+                                                               const Function* step_fn,
+                                                               const TrainingStepLayout& layout,
+                                                               std::vector<HostTensor> params,
+                                                               const ResolvedBackend& backend) {
+  auto compile_start = std::chrono::steady_clock::now();
+  CudaExecutableOptions exe_options;
+  exe_options.cuda_graph = !args.Has("no-cuda-graph");
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda, CudaTrainer::Create(std::move(module), step_fn, layout,
+                                                                          std::move(params), *backend.device,
+                                                                          exe_options));
+  const CudaExecutable::Stats& st = cuda->executable().stats();
+  std::fprintf(stderr,
+               "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
+               "%lld GEMMs, arena %.2f GB\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
+               static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
+               static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
+  // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
+  // counterpart; the CUDA context and cuBLASLt handles are outside both).
+  std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
+  return cuda;
+}
+#endif
+
+// --steps and the periodic work along the run, checked against each other.
+struct RunLength {
+  int64_t steps = 0, save_every = 0, keep_last = 0, eval_every = 0;
+};
+
+absl::StatusOr<RunLength> ParseRunLength(const ParsedArgs& args, const ResolvedBackend& backend) {
+  RunLength r;
+  ASSIGN_OR_RETURN(r.steps, args.GetInt("steps", 150));
+  if (r.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  ASSIGN_OR_RETURN(r.save_every, args.GetInt("save-every", 0));
+  ASSIGN_OR_RETURN(r.keep_last, args.GetInt("keep-last", 0));
+  ASSIGN_OR_RETURN(r.eval_every, args.GetInt("eval-every", 0));
+  if (r.save_every < 0 || r.keep_last < 0 || r.eval_every < 0) {
+    return absl::InvalidArgumentError("--save-every, --keep-last and --eval-every must be >= 0");
+  }
+  if (r.save_every > 0 && !args.Has("save")) {
+    return absl::InvalidArgumentError("--save-every needs --save PATH (the periodic checkpoints are named after it)");
+  }
+  if (r.keep_last > 0 && r.save_every == 0) return absl::InvalidArgumentError("--keep-last needs --save-every");
+  if (backend.backend == Backend::kCpu) {
+    for (const char* flag : {"trace", "no-cuda-graph"}) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --backend cuda"));
+    }
+  }
+  return r;
+}
+
+// --resume CKPT: a checkpoint of this model with steps left to run.
+absl::StatusOr<std::optional<TrainingCheckpoint>> LoadResume(const ParsedArgs& args, const ModelConfig& config,
+                                                             int64_t steps) {
+  if (!args.Has("resume")) return std::optional<TrainingCheckpoint>();
+  ASSIGN_OR_RETURN(TrainingCheckpoint resume, LoadTrainingCheckpoint(args.Get("resume")));
+  if (HuggingFaceConfigJson(resume.config) != HuggingFaceConfigJson(config)) {
+    return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " holds a different model than '",
+                                                   args.positionals()[0], "'"));
+  }
+  if (resume.state.step >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " is at step ", resume.state.step, "; --steps ",
+                                                   steps, " is the total to reach, so nothing is left"));
+  }
+  return std::optional<TrainingCheckpoint>(std::move(resume));
+}
+
 absl::Status RunTrain(const ParsedArgs& args) {
   const auto run_start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
@@ -211,30 +527,31 @@ absl::Status RunTrain(const ParsedArgs& args) {
   const bool report = args.Has("report");
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
   ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "auto")));
-  ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", 150));
-  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
-  std::optional<TrainingCheckpoint> resume;
-  if (args.Has("resume")) {
-    ASSIGN_OR_RETURN(resume, LoadTrainingCheckpoint(args.Get("resume")));
-    if (HuggingFaceConfigJson(resume->config) != HuggingFaceConfigJson(config)) {
-      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " holds a different model than '",
-                                                     args.positionals()[0], "'"));
-    }
-    if (resume->state.step >= steps) {
-      return absl::InvalidArgumentError(absl::StrCat(args.Get("resume"), " is at step ", resume->state.step,
-                                                     "; --steps ", steps, " is the total to reach, so nothing is left"));
-    }
-  }
-  ASSIGN_OR_RETURN(auto settings, ResolveRunSettings(args, config, steps, resume ? &*resume : nullptr));
+  ASSIGN_OR_RETURN(RunLength length, ParseRunLength(args, backend));
+  const int64_t steps = length.steps;
+  RETURN_IF_ERROR(CheckOutputs(args));
+  ASSIGN_OR_RETURN(std::optional<TrainingCheckpoint> resume, LoadResume(args, config, steps));
+  ASSIGN_OR_RETURN(ResolvedSettings settings, ResolveRunSettings(args, config, steps, resume ? &*resume : nullptr));
   ASSIGN_OR_RETURN(RunSettings s, ParseRunSettings(settings));
   const LrSchedule schedule{.peak_lr = s.lr, .min_lr = s.min_lr, .warmup_steps = s.warmup,
                             .total_steps = s.lr_decay_steps};
 
-  TokenDataset data = TokenDataset::Default();
-  if (args.Has("data")) {
-    ASSIGN_OR_RETURN(data, TokenDataset::FromFile(args.Get("data")));
+  ASSIGN_OR_RETURN(TrainingData training_data, ResolveTrainingData(args, resume ? &*resume : nullptr));
+  RETURN_IF_ERROR(training_data.data.CheckFits(config.vocab_size, s.seq));
+  // A held-out split changes what the run trains on, so a resume keeps the saved run's.
+  const bool saved_held_out = resume && resume->settings.count(kHeldOutSetting) > 0 &&
+                              resume->settings.at(kHeldOutSetting) == "true";
+  const bool hold_out = length.eval_every > 0 || saved_held_out;
+  if (resume && hold_out != saved_held_out) {
+    settings.changes.push_back("--eval-every holds out the last tenth of the data: the run now trains on the rest "
+                               "(the saved run trained on all of it)");
   }
-  RETURN_IF_ERROR(data.CheckFits(config.vocab_size, s.seq));
+  ASSIGN_OR_RETURN(DataSplit split, SplitForEvaluation(training_data.data, s.seq, hold_out));
+  const TokenDataset& data = split.train;
+  std::map<std::string, std::string> saved_settings = settings.values;
+  saved_settings[kDataSetting] = training_data.recorded;
+  saved_settings[kStepsSetting] = absl::StrCat(steps);
+  saved_settings[kHeldOutSetting] = hold_out ? "true" : "false";
 
   std::vector<std::pair<std::string, double>> phases;  // for --report
   auto phase_start = std::chrono::steady_clock::now();
@@ -257,7 +574,20 @@ absl::Status RunTrain(const ParsedArgs& args) {
   // proves the pipeline changes no value); the step keeps its name and signature.
   ASSIGN_OR_RETURN(TrainingCompile compile, TrainingCompile::Create(step_options, compile_options));
   RETURN_IF_ERROR(compile.BuildStep(*module));
+  RETURN_IF_ERROR(CheckRunFits(args, config, s, *module->FindFunction(step_options.name), backend));
   end_phase("model build + autodiff");
+  ASSIGN_OR_RETURN(InitialWeights init, LoadInitialWeights(args, config, s.seed, resume ? &*resume : nullptr));
+  end_phase(resume ? "checkpoint weights" : "initial weights");
+  std::fprintf(stderr,
+               "kiln train: %s (%.2fM params), %s, batch %lld x seq %lld x accum %lld, data: %s, weights: %s, "
+               "backend %s\n",
+               config.name.c_str(), ParameterCount(config) / 1e6, std::string(PrecisionName(s.precision)).c_str(),
+               static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.accum),
+               data.name().c_str(), init.source.c_str(), backend.backend == Backend::kCpu ? "cpu" : "cuda");
+  if (!training_data.note.empty()) std::fprintf(stderr, "kiln train: %s\n", training_data.note.c_str());
+  for (const std::string& change : settings.changes) {
+    std::fprintf(stderr, "kiln train: resume changes the run: %s\n", change.c_str());
+  }
   RETURN_IF_ERROR(compile.RunMainPipeline(*module));
   end_phase("pass pipeline");
   const Function* step_fn = compile.step();
@@ -269,33 +599,15 @@ absl::Status RunTrain(const ParsedArgs& args) {
                  compile.main_report().ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
   }
 
-  std::vector<HostTensor> init = resume ? resume->state.params : InitLlamaWeights(config, s.seed);
-  end_phase(resume ? "checkpoint weights" : "initial weights");
   std::unique_ptr<Trainer> trainer;
   CudaTrainer* cuda_trainer = nullptr;  // the trainer, when it runs on the GPU
   if (backend.backend == Backend::kCpu) {
-    for (const char* flag : {"trace", "no-cuda-graph"}) {
-      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --backend cuda"));
-    }
-    ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init)));
+    ASSIGN_OR_RETURN(trainer, ReferenceTrainer::Create(std::move(module), step_fn, layout, std::move(init.params)));
   } else {
 #ifdef KILN_WITH_CUDA
-    auto compile_start = std::chrono::steady_clock::now();
-    CudaExecutableOptions exe_options;
-    exe_options.cuda_graph = !args.Has("no-cuda-graph");
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda, CudaTrainer::Create(std::move(module), step_fn, layout,
-                                                                            std::move(init), *backend.device,
-                                                                            exe_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainer> cuda,
+                     CreateCudaTrainer(args, std::move(module), step_fn, layout, std::move(init.params), backend));
     const CudaExecutable::Stats& st = cuda->executable().stats();
-    std::fprintf(stderr,
-                 "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
-                 "%lld GEMMs, arena %.2f GB\n",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
-                 static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
-                 static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
-    // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
-    // counterpart; the CUDA context and cuBLASLt handles are outside both).
-    std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));
     double compiled = 0;
     for (const auto& [phase, seconds] : st.phases) compiled += seconds;
     end_phase("");
@@ -306,11 +618,8 @@ absl::Status RunTrain(const ParsedArgs& args) {
   }
   if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
 
-  std::fprintf(stderr, "kiln train: %s (%.2fM params), %s, batch %lld x seq %lld x accum %lld, data: %s, backend %s\n",
-               config.name.c_str(), ParameterCount(config) / 1e6, std::string(PrecisionName(s.precision)).c_str(),
-               static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.accum),
-               data.name().c_str(), std::string(trainer->backend()).c_str());
   ProgressPrinter progress(steps);
+  PeriodicCheckpoints periodic(args.Get("save"), length.save_every, length.keep_last);
   const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
   auto start = std::chrono::steady_clock::now();
   const int64_t first_step = trainer->steps_done();
@@ -337,14 +646,27 @@ absl::Status RunTrain(const ParsedArgs& args) {
     }
     progress.Report(step + 1, loss, tokens_per_step / std::chrono::duration<double>(t1 - t0).count(),
                     std::chrono::duration<double>(t1 - start).count());
+    if (length.eval_every > 0 && ((step + 1) % length.eval_every == 0 || step + 1 == steps)) {
+      ASSIGN_OR_RETURN(TrainingState state, trainer->State());
+      ASSIGN_OR_RETURN(auto scored, MeanEvalLoss(config, state.params, *split.held_out, s.seq, s.batch, s.precision,
+                                                 backend, kHeldOutWindows));
+      std::printf("eval step %lld  held-out loss %.4f  (%lld windows of %s)\n", static_cast<long long>(step + 1),
+                  scored.first, static_cast<long long>(scored.second), split.held_out->name().c_str());
+      std::fflush(stdout);
+    }
+    if (periodic.Due(step + 1, steps)) {
+      ASSIGN_OR_RETURN(TrainingState state, trainer->State());
+      RETURN_IF_ERROR(periodic.Save({config, std::move(state), saved_settings}));
+    }
   }
 #ifdef KILN_WITH_CUDA
   if (cuda_trainer != nullptr) RETURN_IF_ERROR(ReportProfile(args, *cuda_trainer, steps));
 #endif
   if (args.Has("save")) {
     ASSIGN_OR_RETURN(TrainingState state, trainer->State());
-    RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, state, settings}));
-    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(state.step),
+    const int64_t saved_step = state.step;
+    RETURN_IF_ERROR(SaveTrainingCheckpoint(args.Get("save"), {config, std::move(state), saved_settings}));
+    std::fprintf(stderr, "kiln train: saved step %lld to %s\n", static_cast<long long>(saved_step),
                  args.Get("save").c_str());
   }
   return absl::OkStatus();
@@ -362,7 +684,12 @@ Command TrainCommand() {
                       "byte. Batches are a function of (seed, step), so a resumed run sees the same data.\n"
                       "--steps is the total: a run resumed from step 10 with --steps 20 runs 10 more. The\n"
                       "learning rate warms up, then follows a cosine to --lr-decay-steps (default --steps):\n"
-                      "a run you will resume later should pass the final horizon so its schedule matches.",
+                      "a run you will resume later should pass the final horizon so its schedule matches.\n"
+                      "--resume keeps the saved --batch, --seq, --accum, --seed, --precision and data (a\n"
+                      "differing flag is an error; --data replaces the data); --lr, --min-lr, --warmup,\n"
+                      "--lr-decay-steps, --weight-decay and --clip may be set anew, and every setting that\n"
+                      "differs from the saved run's is printed. MODEL as a Hugging Face folder with\n"
+                      "model.safetensors starts from those weights.",
            .min_positionals = 1,
            .max_positionals = 1,
            .flags = {
@@ -378,6 +705,13 @@ Command TrainCommand() {
                {.name = "data", .value_name = "FILE", .help = "training data (see above)", .default_value = "built-in corpus"},
                {.name = "seed", .value_name = "S", .help = "initial weights and batches", .default_value = "1337"},
                {.name = "save", .value_name = "CKPT", .help = "write a checkpoint (safetensors) at the end"},
+               {.name = "save-every", .value_name = "N",
+                .help = "also save every N steps, to CKPT's name + -stepN (needs --save)"},
+               {.name = "keep-last", .value_name = "K", .help = "keep only the last K of --save-every's checkpoints",
+                .default_value = "all"},
+               {.name = "eval-every", .value_name = "N",
+                .help = "every N steps and at the end, the loss on the data's last tenth, held out (the run "
+                        "trains on the rest; a resume keeps the split)"},
                {.name = "resume", .value_name = "CKPT", .help = "continue from a checkpoint"},
                {.name = "report", .help = "print the passes, the time of each phase before the first step, the "
                                           "memory plan, and (GPU) where the last step's time went"},

@@ -1,6 +1,8 @@
 #include "runtime/training/dataset.h"
 
 #include <algorithm>
+#include <bit>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -8,6 +10,7 @@
 #include "ir/embedded_file.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
+#include "runtime/mapped_file.h"
 
 extern const kiln::EmbeddedFile kEmbeddedCorpus[];
 extern const size_t kEmbeddedCorpus_count;
@@ -15,7 +18,10 @@ extern const size_t kEmbeddedCorpus_count;
 namespace kiln {
 namespace {
 
+static_assert(std::endian::native == std::endian::little, "FromTokens keeps uint16 tokens as little-endian bytes");
+
 constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;  // uint16 tokens
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 uint64_t SplitMix64(uint64_t x) {
@@ -28,43 +34,98 @@ uint64_t SplitMix64(uint64_t x) {
 }  // namespace
 
 TokenDataset TokenDataset::FromTokens(std::string name, std::vector<uint16_t> tokens) {
+  auto owned = std::make_shared<std::vector<uint16_t>>(std::move(tokens));
   TokenDataset d;
   d.name_ = std::move(name);
-  d.tokens_ = std::move(tokens);
-  for (uint16_t t : d.tokens_) d.max_token_ = std::max<int>(d.max_token_, t);
+  d.data_ = reinterpret_cast<const unsigned char*>(owned->data());  // little-endian host
+  d.width_ = 2;
+  d.size_ = static_cast<int64_t>(owned->size());
+  d.storage_ = std::move(owned);
+  d.ScanMaxToken();
   return d;
 }
 
 TokenDataset TokenDataset::Default() {
-  absl::string_view text = kEmbeddedCorpus[0].contents();
-  return FromTokens("built-in corpus (runtime/data/default_corpus.txt)",
-                    std::vector<uint16_t>(text.begin(), text.end()));
+  absl::string_view text = kEmbeddedCorpus[0].contents();  // static: needs no storage
+  TokenDataset d;
+  d.name_ = "built-in corpus (runtime/data/default_corpus.txt)";
+  d.data_ = reinterpret_cast<const unsigned char*>(text.data());
+  d.width_ = 1;
+  d.size_ = static_cast<int64_t>(text.size());
+  d.ScanMaxToken();
+  return d;
 }
 
+void TokenDataset::ScanMaxToken() {
+  max_token_ = 0;
+  for (int64_t i = 0; i < size_; ++i) max_token_ = std::max<int>(max_token_, token(i));
+}
+
+std::vector<uint16_t> TokenDataset::ToVector() const {
+  std::vector<uint16_t> out(static_cast<size_t>(size_));
+  for (int64_t i = 0; i < size_; ++i) out[i] = token(i);
+  return out;
+}
+
+TokenDataset TokenDataset::Slice(std::string name, int64_t begin, int64_t end) const {
+  TokenDataset d = *this;
+  d.name_ = std::move(name);
+  d.data_ = data_ + begin * width_;
+  d.size_ = end - begin;
+  d.ScanMaxToken();
+  return d;
+}
+
+namespace {
+
+int32_t LoadInt32(const unsigned char* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
 absl::StatusOr<TokenDataset> TokenDataset::FromFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapping, MappedFile::Open(path));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(mapping->bytes().data());
+  const size_t length = mapping->bytes().size();
+  TokenDataset d;
+  d.name_ = path;
+  d.data_ = bytes;
   if (!absl::EndsWith(path, ".bin")) {
-    std::vector<uint16_t> tokens;
-    tokens.reserve(bytes.size());
-    for (char c : bytes) tokens.push_back(static_cast<unsigned char>(c));
-    return FromTokens(path, std::move(tokens));
+    d.width_ = 1;
+    d.size_ = static_cast<int64_t>(length);
+  } else {
+    size_t offset = 0;
+    if (length >= kLlmcHeaderBytes && LoadInt32(bytes) == kLlmcMagic) {
+      const int32_t version = LoadInt32(bytes + 4);
+      if (version != kLlmcVersion) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": llm.c header version ", version,
+                                                       " is not supported (kiln reads version ", kLlmcVersion,
+                                                       ": uint16 tokens)"));
+      }
+      const int64_t declared = LoadInt32(bytes + 8);
+      const int64_t held = static_cast<int64_t>((length - kLlmcHeaderBytes) / 2);
+      if (declared < 0 || declared != held || (length - kLlmcHeaderBytes) % 2 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": its llm.c header says ", declared, " tokens, but the ",
+                                                       length - kLlmcHeaderBytes, " bytes after the header hold ",
+                                                       (length - kLlmcHeaderBytes) / 2.0,
+                                                       " (truncated, or not an llm.c file)"));
+      }
+      offset = kLlmcHeaderBytes;
+    }
+    if ((length - offset) % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": a .bin token file holds little-endian uint16 tokens, "
+                                                     "but its ", length - offset, " data bytes are an odd count"));
+    }
+    d.data_ = bytes + offset;
+    d.width_ = 2;
+    d.size_ = static_cast<int64_t>((length - offset) / 2);
   }
-  size_t offset = 0;
-  if (bytes.size() >= kLlmcHeaderBytes) {
-    int32_t magic;
-    std::memcpy(&magic, bytes.data(), sizeof(magic));
-    if (magic == kLlmcMagic) offset = kLlmcHeaderBytes;
-  }
-  if ((bytes.size() - offset) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": a .bin token file holds little-endian uint16 tokens, but its ",
-                                                   bytes.size() - offset, " data bytes are an odd count"));
-  }
-  std::vector<uint16_t> tokens((bytes.size() - offset) / 2);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + offset + 2 * i;
-    tokens[i] = static_cast<uint16_t>(p[0] | (p[1] << 8));
-  }
-  return FromTokens(path, std::move(tokens));
+  d.storage_ = std::move(mapping);
+  d.ScanMaxToken();
+  return d;
 }
 
 absl::Status TokenDataset::CheckFits(int64_t vocab_size, int64_t seq_len) const {
@@ -86,8 +147,8 @@ TokenBatch SampleBatch(const TokenDataset& data, uint64_t seed, int64_t step, in
     uint64_t h = SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(b));
     int64_t start = static_cast<int64_t>(h % num_starts);
     for (int64_t t = 0; t < seq_len; ++t) {
-      out.inputs[b * seq_len + t] = data.tokens()[start + t];
-      out.targets[b * seq_len + t] = data.tokens()[start + t + 1];
+      out.inputs[b * seq_len + t] = data.token(start + t);
+      out.targets[b * seq_len + t] = data.token(start + t + 1);
     }
   }
   return out;
@@ -103,8 +164,8 @@ TokenBatch EvalBatch(const TokenDataset& data, int64_t first_window, int64_t row
   for (int64_t r = 0; r < rows; ++r) {
     int64_t start = (first_window + r) * seq_len;
     for (int64_t t = 0; t < seq_len; ++t) {
-      out.inputs[r * seq_len + t] = data.tokens()[start + t];
-      out.targets[r * seq_len + t] = data.tokens()[start + t + 1];
+      out.inputs[r * seq_len + t] = data.token(start + t);
+      out.targets[r * seq_len + t] = data.token(start + t + 1);
     }
   }
   return out;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,22 +16,33 @@ class TokenDataset {
   // The corpus kiln ships (runtime/data/default_corpus.txt), as byte tokens.
   static TokenDataset Default();
   // `path` ending in ".bin": little-endian uint16 tokens (nanoGPT / llm.c); an llm.c header
-  // (256 int32, magic 20240520) is recognised and skipped. Any other file: raw bytes, one
-  // token per byte (vocab 256).
+  // (256 int32: magic 20240520, version 1, token count) is checked against the file's size
+  // and skipped. Any other file: raw bytes, one token per byte (vocab 256). The file is
+  // mapped, not read: a dataset of many gigabytes costs address space, not memory.
   static absl::StatusOr<TokenDataset> FromFile(const std::string& path);
   static TokenDataset FromTokens(std::string name, std::vector<uint16_t> tokens);
 
   const std::string& name() const { return name_; }
-  const std::vector<uint16_t>& tokens() const { return tokens_; }
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t size() const { return size_; }
+  uint16_t token(int64_t i) const {
+    return width_ == 1 ? data_[i] : static_cast<uint16_t>(data_[2 * i] | (data_[2 * i + 1] << 8));
+  }
+  // A copy of every token (for tests and small datasets).
+  std::vector<uint16_t> ToVector() const;
   int max_token() const { return max_token_; }
+  // Tokens [begin, end) as a dataset of their own, sharing this one's storage.
+  TokenDataset Slice(std::string name, int64_t begin, int64_t end) const;
 
   // Fails if a token is >= vocab_size or the data holds fewer than seq_len + 1 tokens.
   absl::Status CheckFits(int64_t vocab_size, int64_t seq_len) const;
 
  private:
+  void ScanMaxToken();
   std::string name_;
-  std::vector<uint16_t> tokens_;
+  std::shared_ptr<const void> storage_;  // keeps the tokens' bytes alive: a vector or a mapping
+  const unsigned char* data_ = nullptr;  // little-endian tokens of width_ bytes
+  int width_ = 1;
+  int64_t size_ = 0;
   int max_token_ = 0;
 };
 

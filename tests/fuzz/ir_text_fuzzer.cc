@@ -1,6 +1,7 @@
 // libFuzzer target for the IR text parser: any input must give a module that prints and
 // re-parses to the same text, or an error positioned as "<line>:<col>: ". Build and run
-// with tests/fuzz/run_ir_text_fuzzer.sh (needs clang with -fsanitize=fuzzer).
+// with tests/fuzz/run_ir_text_fuzzer.sh (needs clang with -fsanitize=fuzzer); CMake builds it
+// with tests/fuzz/fuzz_driver.cc and ctest runs it over corpus/ir_text and regressions/ir_text.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
