@@ -565,6 +565,8 @@ absl::Status RunTrain(const ParsedArgs& args) {
   compile_options.precision = s.precision;
 #ifdef KILN_WITH_CUDA
   compile_options.capabilities = &CodegenCapabilities();
+  // Passes choose implementations for the GPU the step will run on.
+  if (backend.device != nullptr) compile_options.target = backend.device->target();
 #endif
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
@@ -593,6 +595,8 @@ absl::Status RunTrain(const ParsedArgs& args) {
   const Function* step_fn = compile.step();
   const TrainingStepLayout layout = compile.layout();
   if (report) {
+    std::fprintf(stderr, "kiln train: target %s\n",
+                 compile_options.target ? compile_options.target->ToString().c_str() : "none (the CPU reference backend)");
     std::fprintf(stderr, "kiln train: forward pipeline (before autodiff)\n%s\n",
                  compile.forward_report().ToString().c_str());
     std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
