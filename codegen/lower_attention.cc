@@ -37,14 +37,30 @@ KernelSpec EmitFlash(const Node& node, const std::string& name, const Wrapper& w
 
 }  // namespace
 
-// attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
-// no backward reads it).
-absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
+namespace {
+
+// The shapes and scale an attention or attention_grad node instantiates its kernels with,
+// checked against what the kernels take.
+struct AttentionCall {
+  int64_t b, h, hkv, t, d;
+  double scale;
+};
+absl::StatusOr<AttentionCall> AttentionCallOf(const Node& node) {
   const TensorType& q = node.operand(0)->type();
   const TensorType& kv = node.operand(1)->type();
   RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
-  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  return AttentionCall{q.dims[0], q.dims[1], kv.dims[1], q.dims[2], q.dims[3], scale};
+}
+
+}  // namespace
+
+// attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
+// no backward reads it).
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
+  ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
+  const int64_t b = a.b, h = a.h, hkv = a.hkv, t = a.t, d = a.d;
+  const double scale = a.scale;
   const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
   Wrapper w;
   w.header = "flash_attention";
@@ -59,11 +75,9 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
 
 // attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv.
 absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node) {
-  const TensorType& q = node.operand(0)->type();
-  const TensorType& kv = node.operand(1)->type();
-  RETURN_IF_ERROR(CheckAttentionShape(node, q, kv));
-  ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
-  const int64_t b = q.dims[0], h = q.dims[1], hkv = kv.dims[1], t = q.dims[2], d = q.dims[3];
+  ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
+  const int64_t b = a.b, h = a.h, hkv = a.hkv, t = a.t, d = a.d;
+  const double scale = a.scale;
   const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
   const std::string operands = "q, k, v, dout, lse, delta";
   Wrapper w;

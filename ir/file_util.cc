@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -136,7 +137,7 @@ const char* KindOf(mode_t mode) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+absl::StatusOr<int> OpenForReading(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("the file name is empty");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -148,6 +149,11 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file"));
   }
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  ASSIGN_OR_RETURN(const int fd, OpenForReading(path));
   std::string out;
   char buf[1 << 16];
   while (true) {

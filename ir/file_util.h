@@ -10,6 +10,9 @@ namespace kiln {
 
 // The whole file; NotFound names the path, other failures say why (errno text).
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// An open read-only descriptor of `path` (the caller closes it); the errors ReadFileToString
+// gives for an empty name, a missing file, one that cannot be opened, or a directory.
+absl::StatusOr<int> OpenForReading(const std::string& path);
 
 // Writes `contents` to `path` so that a reader sees the old file or the new one, never a
 // torn one, and reports success only when every byte reached the file:

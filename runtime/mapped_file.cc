@@ -9,21 +9,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "ir/file_util.h"
+#include "ir/status_macros.h"
 
 namespace kiln {
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("the file name is empty");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no such file: ", path));
-    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
+  ASSIGN_OR_RETURN(const int fd, OpenForReading(path));
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // mapping needs a regular file's length
     ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, S_ISDIR(st.st_mode) ? " is a directory, not a file" : " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
   }
   std::shared_ptr<MappedFile> file(new MappedFile());
   file->length_ = static_cast<size_t>(st.st_size);
