@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <map>
 
 namespace kiln {
@@ -17,6 +18,7 @@ struct ThreadPool::Loop {
   std::atomic<int64_t> done{0};
   std::mutex mutex;
   std::condition_variable finished;
+  std::exception_ptr error;  // the first chunk's exception (an allocation failure), under `mutex`
 };
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -46,7 +48,12 @@ ThreadPool& ThreadPool::Shared(int num_threads) {
 void ThreadPool::RunChunks(Loop& loop) {
   for (int64_t c = loop.next.fetch_add(1); c < loop.num_chunks; c = loop.next.fetch_add(1)) {
     const int64_t begin = c * loop.chunk;
-    (*loop.body)(begin, std::min(loop.n, begin + loop.chunk));
+    try {
+      (*loop.body)(begin, std::min(loop.n, begin + loop.chunk));
+    } catch (...) {  // rethrown in the calling thread, never std::terminate in a worker
+      std::lock_guard<std::mutex> lock(loop.mutex);
+      if (!loop.error) loop.error = std::current_exception();
+    }
     if (loop.done.fetch_add(1) + 1 == loop.num_chunks) {
       std::lock_guard<std::mutex> lock(loop.mutex);
       loop.finished.notify_all();
@@ -96,6 +103,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   RunChunks(*loop);
   std::unique_lock<std::mutex> lock(loop->mutex);
   loop->finished.wait(lock, [&] { return loop->done.load() == loop->num_chunks; });
+  if (loop->error) std::rethrow_exception(loop->error);
 }
 
 }  // namespace kiln

@@ -32,7 +32,9 @@ class ThreadPool {
 
   // Calls body(begin, end) on disjoint chunks covering [0, n), each at least `min_chunk`
   // long (but the last), and returns when all are done. Chunk boundaries depend only on
-  // n, min_chunk and num_threads(), never on timing.
+  // n, min_chunk and num_threads(), never on timing. An exception a chunk throws (an
+  // allocation failure) is rethrown here, in the calling thread, once every chunk is done,
+  // so it reaches the command's handler instead of ending the process from a worker.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& body);
 
  private:
