@@ -494,7 +494,7 @@ __device__ __forceinline__ void FlashAttentionForward(TO* __restrict__ o, float*
   const int col_in_tile = (lane & 3) * 2;   // and columns col, col + 1 of each 8-wide slice
 
   // Stages: key tiles 0..n-1 for the statistics, then again with v for the output. With
-  // o null (attention_lse) only the statistics run.
+  // o null (only the LSE wanted) only the statistics run.
   const int key_tiles = (q0 + kM + kN - 1) / kN;
   const int stages = o != nullptr ? 2 * key_tiles : key_tiles;
   auto issue = [&](int stage) {

@@ -1,4 +1,4 @@
-// attention, attention_lse, attention_delta and attention_grad (ir/op_table.h) in double:
+// attention (O and LSE), attention_delta and attention_grad (dq, dk, dv) (ir/op_table.h) in double:
 // the definitions that kernels/flash_attention.cuh computes in fp32 on tensor cores. Each
 // row of scores is built, used and dropped; the [T, T] matrices are never held whole.
 //   S_ij  = (q_i . k_j) scale for key j <= query i (the rest masked out)
