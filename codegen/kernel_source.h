@@ -2,7 +2,7 @@
 // node and its IR line, the CUDA headers its dtypes need, and a small device library of
 // loads, one-rounding stores and 16-byte vectors), launch geometry and index types.
 //
-// Numerics of generated code (runtime/numerics.h is the contract):
+// Numerics of generated code (ir/numerics.h is the contract):
 //   - Floats of every width compute in f32 and round once to the result dtype
 //     (__float2bfloat16_rn, __float2half_rn, __nv_cvt_float_to_fp8 with __NV_SATFINITE).
 //     For +, -, *, /, sqrt of bf16/f16/f8 operands this equals the reference's "compute in

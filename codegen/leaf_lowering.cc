@@ -1,5 +1,5 @@
 // constant and iota. A constant's values are rounded to its dtype on the host, exactly as
-// the reference rounds them (runtime/numerics.h), and written into the source as the
+// the reference rounds them (ir/numerics.h), and written into the source as the
 // dtype's bit patterns, so the GPU holds the very same bits (NaN payloads and -0 included):
 //
 //   splat:  every thread stores 16-byte vectors of the one pattern
@@ -12,7 +12,7 @@
 #include "codegen/kernel_source.h"
 #include "codegen/lowerings.h"
 #include "ir/status_macros.h"
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 namespace kiln::codegen {
 namespace {

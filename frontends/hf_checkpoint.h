@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "frontends/model_config.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 
 namespace kiln {
 

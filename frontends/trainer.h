@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "ir/graph.h"
 #include "passes/training_step.h"
-#include "runtime/host_tensor.h"
-#include "runtime/reference_backend.h"
+#include "ir/host_tensor.h"
+#include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"
 
 namespace kiln {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "frontends/llama.h"
-#include "runtime/thread_pool.h"
+#include "ir/thread_pool.h"
 
 namespace kiln {
 namespace {

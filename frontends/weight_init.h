@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "frontends/model_config.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 
 namespace kiln {
 

@@ -1,4 +1,4 @@
-// One AdamW step on f32 master weights and state, as in runtime/reference/optimizer_ops.cc:
+// One AdamW step on f32 master weights and state, as in ir/reference/optimizer_ops.cc:
 //   m' = beta1 m + (1 - beta1) g
 //   v' = beta2 v + (1 - beta2) g^2
 //   p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)

@@ -6,7 +6,7 @@
 //   - Shapes, dtypes and launch geometry are template parameters; attributes such as eps are
 //     arguments of the device function, written as literals by the generated wrapper.
 //   - Every value computes in fp32 and rounds once, on store, to the output dtype
-//     (runtime/numerics.h: nearest-even; fp8 saturates to its largest finite value).
+//     (ir/numerics.h: nearest-even; fp8 saturates to its largest finite value).
 //   - A "chunk" is kVec consecutive elements read or written in whole 16-byte accesses.
 //     The wrapper picks kVec > 1 only when every row length involved is a multiple of it;
 //     kiln's buffers start 16-byte aligned (the arena aligns every buffer), so every chunk
@@ -36,7 +36,7 @@ __device__ __forceinline__ float ToFloat(__nv_fp8_e4m3 v) { return static_cast<f
 __device__ __forceinline__ float ToFloat(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
 
 // Rounds once to nearest-even; the fp8 constructors saturate (__NV_SATFINITE), as
-// runtime/numerics.h specifies for both fp8 formats.
+// ir/numerics.h specifies for both fp8 formats.
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>

@@ -1,5 +1,5 @@
 // Cross-entropy of logits [N, V] against integer labels [N], and its gradient, as in
-// runtime/reference/softmax_ops.cc, in fp32:
+// ir/reference/softmax_ops.cc, in fp32:
 //   (m, s)   = (max(row), sum(exp(row - m)))     merged online across threads (MaxExpSumOp)
 //   loss     = (m - row[label]) + log(s)         = logsumexp(row) - row[label]; m - row[label]
 //                                                  first, so a large m cancels exactly

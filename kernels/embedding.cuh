@@ -1,5 +1,5 @@
 // Row gather (embedding lookup) and its gradient, scatter-add, along dim 0, as in
-// runtime/reference/indexing_ops.cc:
+// ir/reference/indexing_ops.cc:
 //   gather:       out[n, :] = table[idx[n], :]
 //   scatter_add:  out = 0; out[idx[n], :] += updates[n, :] for every n with idx[n] in range
 // A row is copied in "units", the widest of 16/8/4/2/1 bytes that divides the row's bytes,

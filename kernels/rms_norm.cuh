@@ -1,5 +1,5 @@
 // RMSNorm over the last dim (length D) of x, and its two gradients, as in
-// runtime/reference/norm_ops.cc, in fp32:
+// ir/reference/norm_ops.cc, in fp32:
 //   r  = 1 / sqrtf(sum(x^2) / D + eps)                 (1/sqrtf, not rsqrtf: two correctly
 //                                                       rounded ops instead of a 2-ulp one)
 //   y  = x * r * w

@@ -1,5 +1,5 @@
 // Rotary position embedding on x [B, T, H, D] with positions i32 [T], Hugging Face
-// rotate-half convention, as in runtime/reference/rope.cc. For i < D/2:
+// rotate-half convention, as in ir/reference/rope.cc. For i < D/2:
 //   freq_i  = theta^(-2i / D)
 //   angle   = (inverse ? -pos : pos) * freq_i
 //   out[i]       = x[i] * cos(angle) - x[i + D/2] * sin(angle)

@@ -1,5 +1,5 @@
 // Softmax over the last dim (length D) and its gradient, as in
-// runtime/reference/softmax_ops.cc, in fp32:
+// ir/reference/softmax_ops.cc, in fp32:
 //   (m, s) = (max(x), sum(exp(x - m)))      merged online across threads (MaxExpSumOp)
 //   y      = exp(x - m) / s
 //   dx     = y * (dy - sum(dy * y))

@@ -9,7 +9,7 @@
 #include "ir/node_predicates.h"
 #include "ir/pattern_match.h"
 #include "ir/status_macros.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 namespace kiln {
 namespace {

@@ -6,7 +6,7 @@
 //   fold-constants      an op whose operands are all constants, with at most
 //                       max_fold_elements elements in and out, becomes a constant. The
 //                       value comes from the reference backend's own kernel for the op
-//                       (runtime/reference_backend.h), so op semantics have one source.
+//                       (ir/reference_backend.h), so op semantics have one source.
 //   mul-by-one          mul(x, 1), mul(1, x), div(x, 1) -> x
 //   add-zero            add(x, -0.0), add(-0.0, x), sub(x, +0.0) -> x for floats (0 for
 //                       integers). Not add(x, +0.0): -0.0 + +0.0 is +0.0, and the sign of a

@@ -17,8 +17,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "ir/graph.h"
-#include "runtime/host_tensor.h"
-#include "runtime/reference_backend.h"
+#include "ir/host_tensor.h"
+#include "ir/reference_backend.h"
 
 namespace kiln {
 

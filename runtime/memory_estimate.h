@@ -15,7 +15,7 @@ namespace kiln {
 
 // Bytes the CPU reference backend holds at its peak while evaluating `f` once: the
 // arguments (the caller's copies), plus every value that an output depends on, from the
-// node that computes it to its last reader (runtime/reference_backend.cc frees values
+// node that computes it to its last reader (ir/reference_backend.cc frees values
 // there), each element a double. Saturates at INT64_MAX instead of overflowing.
 int64_t ReferencePeakBytes(const Function& f);
 

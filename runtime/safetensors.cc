@@ -306,7 +306,7 @@ absl::StatusOr<Safetensors> DecodeSafetensors(absl::string_view bytes, absl::str
     return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
   });
   RETURN_IF_ERROR(reader.CheckLayout(entries));
-  // Values are held as doubles (runtime/host_tensor.h): a file of 2-byte weights grows
+  // Values are held as doubles (ir/host_tensor.h): a file of 2-byte weights grows
   // fourfold when decoded, so ask before decoding rather than die of bad_alloc halfway.
   double elements = 0;
   for (const Entry& e : entries) elements += static_cast<double>(e.num_elements);

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/numerics.h"
-#include "runtime/thread_pool.h"
+#include "ir/numerics.h"
+#include "ir/thread_pool.h"
 
 namespace kiln {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 
 namespace kiln {
 
@@ -24,7 +24,7 @@ std::vector<double> DecodeElements(DType dtype, const char* data, int64_t count)
 
 // Fails unless `bytes` holds exactly type.num_bytes() bytes. The result keeps HostTensor's
 // invariant: a pred byte other than 0 reads as true, an f8e5m2 infinity saturates to
-// ±57344 (runtime/numerics.h), everything else is exact.
+// ±57344 (ir/numerics.h), everything else is exact.
 absl::StatusOr<HostTensor> DecodeTensorBytes(const TensorType& type, absl::string_view bytes);
 
 }  // namespace kiln

@@ -15,7 +15,7 @@
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/autodiff.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 namespace kiln {
 namespace {

@@ -16,7 +16,7 @@
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "ir/file_util.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/run_command.h"
 

@@ -25,7 +25,7 @@
 #include "codegen/nvrtc_compiler.h"
 #include "kernels/flash_attention.cuh"
 #include "runtime/cuda/kernel_launch.h"
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 #include "tests/testing/flash_attention_reference.h"
 #include "tests/testing/gpu.h"
 

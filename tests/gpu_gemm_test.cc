@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "ir/builder.h"
 #include "runtime/cuda/executable.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "passes/lower_gemm.h"
 #include "tests/testing/dot_cases.h"
 #include "tests/testing/gpu.h"

@@ -28,7 +28,7 @@
 #include "passes/fusion.h"
 #include "passes/lower_gemm.h"
 #include "runtime/cuda/executable.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "tests/testing/gpu.h"
 #include "tests/testing/lowered_for_gpu.h"
 #include "tests/testing/reduction_shapes.h"

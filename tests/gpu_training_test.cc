@@ -15,7 +15,7 @@
 #include "passes/training_step.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/executable.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/gpu.h"
 #include "tests/testing/lowered_for_gpu.h"

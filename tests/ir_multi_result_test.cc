@@ -10,7 +10,7 @@
 #include "ir/verifier.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 namespace kiln {
 namespace {

@@ -3,17 +3,15 @@
 // later one; kernels/ templates are included by codegen/ (which instantiates them) and by
 // each other only; frontends/ ties everything together and may include any layer.
 //
-// Two includes still run back up, each waiting on issue 10's item 7 (the reference backend
-// placed next to ir/, so that runtime/ is the runtime): they are listed here by file, so any
-// other include that runs back up fails this test, and so does one of these that is gone
-// (remove it from the list then).
+// The CPU reference backend, the oracle that passes fold constants with, lives in ir/
+// (ir/reference_backend.h, ir/reference/) with the host tensors, numerics and thread pool it
+// runs on, so no pass or code generator reaches into runtime/.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -24,17 +22,6 @@ const std::map<std::string, int>& LayerOrder() {
   static const std::map<std::string, int> order = {
       {"ir", 0}, {"passes", 1}, {"codegen", 2}, {"runtime", 3}, {"frontends", 4}};
   return order;
-}
-
-// "passes/canonicalize.cc -> runtime/reference_backend.h": constant folding evaluates an op
-// with the reference backend, its one definition of meaning. "codegen/leaf_lowering.cc ->
-// runtime/numerics.h": constants are rounded to their dtype exactly as the reference does.
-const std::set<std::string>& PendingBackIncludes() {
-  static const std::set<std::string> pending = {
-      "passes/canonicalize.cc -> runtime/reference_backend.h",
-      "codegen/leaf_lowering.cc -> runtime/numerics.h",
-  };
-  return pending;
 }
 
 // Every `#include "dir/..."` of a project directory, as "file -> included".
@@ -63,7 +50,6 @@ std::string TopDir(const std::string& path) { return path.substr(0, path.find('/
 TEST(Layering, IncludesFollowTheDataPath) {
   const std::vector<std::pair<std::string, std::string>> includes = ProjectIncludes(KILN_SOURCE_DIR);
   ASSERT_GT(includes.size(), 500u) << "the walk found too few includes: is KILN_SOURCE_DIR the repo root?";
-  std::set<std::string> pending_seen;
   for (const auto& [file, included] : includes) {
     const std::string from = TopDir(file), to = TopDir(included);
     if (LayerOrder().count(to) == 0 && to != "kernels") continue;  // generated (ir/ir.pb.h is ir), tests
@@ -77,15 +63,8 @@ TEST(Layering, IncludesFollowTheDataPath) {
       allowed = LayerOrder().at(to) <= LayerOrder().at(from);
     }
     if (allowed) continue;
-    if (PendingBackIncludes().count(edge)) {
-      pending_seen.insert(edge);
-      continue;
-    }
     ADD_FAILURE() << edge << ": " << from << "/ may not include " << to << "/ (the data path is "
                   << "frontends -> ir -> passes -> codegen -> runtime; kernels/ only from codegen/)";
-  }
-  for (const std::string& edge : PendingBackIncludes()) {
-    EXPECT_TRUE(pending_seen.count(edge)) << edge << " is gone: remove it from PendingBackIncludes";
   }
 }
 

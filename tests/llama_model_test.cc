@@ -15,7 +15,7 @@
 #include "frontends/llama.h"
 #include "ir/text_format.h"
 #include "ir/verifier.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 namespace kiln {
 namespace {

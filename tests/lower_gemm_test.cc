@@ -7,7 +7,7 @@
 
 #include "ir/text_format.h"
 #include "ir/verifier.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "tests/testing/dot_cases.h"
 
 namespace kiln {

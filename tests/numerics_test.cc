@@ -1,7 +1,7 @@
-// Rounding to kiln's dtypes (runtime/numerics.h): hand-computed ties, subnormals,
+// Rounding to kiln's dtypes (ir/numerics.h): hand-computed ties, subnormals,
 // overflow and saturation, then exhaustive encode/decode round trips and midpoint checks
 // over every bf16, f16 and fp8 bit pattern.
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "codegen/lower_node.h"
 #include "ir/op_table.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "tests/testing/all_ops.h"
 
 namespace kiln {
@@ -32,7 +32,7 @@ TEST(OpTable, AllOpsModuleUsesEveryOp) {
   EXPECT_TRUE(missing.empty()) << "tests/testing/all_ops.cc does not use: " << absl::StrJoin(missing, ", ");
 }
 
-// Column: the CPU reference backend (runtime/reference_backend.cc) dispatches the op...
+// Column: the CPU reference backend (ir/reference_backend.cc) dispatches the op...
 TEST(OpTable, ReferenceSemantics) {
   const std::vector<std::string> missing = OpsLacking(ReferenceSupports);
   EXPECT_TRUE(missing.empty()) << "no reference semantics for: " << absl::StrJoin(missing, ", ");

@@ -1,6 +1,6 @@
 // The CPU reference backend op by op, against hand-written expectations, naive loops and
 // finite differences.
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "ir/builder.h"
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 namespace kiln {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "ir/file_util.h"
 #include "runtime/memory_estimate.h"
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 namespace kiln {
 namespace {

@@ -18,7 +18,7 @@
 #include "ir/verifier.h"
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"
 #include "tests/testing/models.h"
 

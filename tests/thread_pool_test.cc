@@ -1,6 +1,6 @@
-// runtime/thread_pool.h: chunks cover the range once, and an exception thrown in a worker's
+// ir/thread_pool.h: chunks cover the range once, and an exception thrown in a worker's
 // chunk (an allocation failure deep inside the reference backend) reaches the caller.
-#include "runtime/thread_pool.h"
+#include "ir/thread_pool.h"
 
 #include <gtest/gtest.h>
 

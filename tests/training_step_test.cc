@@ -10,7 +10,7 @@
 #include "ir/builder.h"
 #include "ir/verifier.h"
 #include "passes/training_step.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"
 
 namespace kiln {

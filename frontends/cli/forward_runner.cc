@@ -4,7 +4,7 @@
 
 #include "ir/status_macros.h"
 #include "passes/lower_gemm.h"
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 namespace kiln::cli {
 

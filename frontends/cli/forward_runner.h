@@ -10,7 +10,7 @@
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 #include "runtime/training/dataset.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda/executable.h"

@@ -22,7 +22,7 @@
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/kernel_launch.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 #include "runtime/step_profile.h"
 
 namespace kiln {
@@ -119,7 +119,7 @@ class CudaExecutable {
   cudaGraphExec_t graph_exec_ = nullptr;
 };
 
-// Evaluates `f` on the GPU as EvaluateFunction (runtime/reference_backend.h) does on the CPU.
+// Evaluates `f` on the GPU as EvaluateFunction (ir/reference_backend.h) does on the CPU.
 absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,
                                                       CudaDevice& device, const CudaExecutableOptions& options = {});
 

@@ -16,9 +16,9 @@ case "$target" in
   ir_text) sources="$ir_sources"; libs="" ;;
   ir_proto|ir_json) sources="$ir_sources $root/build/ir/ir.pb.cc"; libs="$libdir/libprotobuf.a" ;;
   safetensors)
-    sources="$root/runtime/safetensors.cc $root/runtime/tensor_bytes.cc $root/runtime/host_tensor.cc
-             $root/runtime/numerics.cc $root/runtime/memory_estimate.cc $root/runtime/mapped_file.cc
-             $root/runtime/thread_pool.cc $root/ir/types.cc $root/ir/file_util.cc $root/ir/graph.cc
+    sources="$root/runtime/safetensors.cc $root/runtime/tensor_bytes.cc $root/ir/host_tensor.cc
+             $root/ir/numerics.cc $root/runtime/memory_estimate.cc $root/runtime/mapped_file.cc
+             $root/ir/thread_pool.cc $root/ir/types.cc $root/ir/file_util.cc $root/ir/graph.cc
              $root/ir/attributes.cc $root/ir/op_table.cc"
     libs="" ;;
   *) echo "run_fuzzer.sh: unknown target '$target' (ir_text, ir_proto, ir_json, safetensors)" >&2; exit 2 ;;

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 namespace kiln::testing {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/reference_backend.h"
+#include "ir/reference_backend.h"
 
 #include <optional>
 
@@ -7,8 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
-#include "runtime/numerics.h"
-#include "runtime/reference/kernels.h"
+#include "ir/numerics.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln {
 namespace {

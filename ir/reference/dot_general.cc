@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "ir/status_macros.h"
-#include "runtime/reference/gemm.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/gemm.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 namespace {

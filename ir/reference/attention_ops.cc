@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
-#include "runtime/numerics.h"
-#include "runtime/reference/kernels.h"
+#include "ir/numerics.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 namespace {

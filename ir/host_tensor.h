@@ -1,5 +1,5 @@
 // A tensor in host memory for the CPU reference backend. Every dtype is held as row-major
-// doubles that are always already rounded to the dtype (runtime/numerics.h), so a value
+// doubles that are always already rounded to the dtype (ir/numerics.h), so a value
 // means the same thing whatever the dtype, and comparisons against GPU results need no
 // decoding. Integers are exact up to 2^53; pred is 0.0 or 1.0.
 #pragma once

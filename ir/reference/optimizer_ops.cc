@@ -7,7 +7,7 @@
 
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 

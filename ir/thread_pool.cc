@@ -1,4 +1,4 @@
-#include "runtime/thread_pool.h"
+#include "ir/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "runtime/numerics.h"
+#include "ir/numerics.h"
 
 #include <bit>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "runtime/reference/gemm.h"
+#include "ir/reference/gemm.h"
 
 #include <immintrin.h>
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/thread_pool.h"
+#include "ir/thread_pool.h"
 
 namespace kiln::reference {
 

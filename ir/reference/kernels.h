@@ -1,5 +1,5 @@
 // Internal to the CPU reference backend: one function per op family, each computing a
-// node's result in double from its operands. runtime/reference_backend.cc dispatches to
+// node's result in double from its operands. ir/reference_backend.cc dispatches to
 // them and rounds results to the node's dtype, so kernels never round (except integer
 // division, which must be exact).
 #pragma once
@@ -10,9 +10,9 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ir/graph.h"
-#include "runtime/host_tensor.h"
-#include "runtime/reference_backend.h"
-#include "runtime/thread_pool.h"
+#include "ir/host_tensor.h"
+#include "ir/reference_backend.h"
+#include "ir/thread_pool.h"
 
 namespace kiln::reference {
 

@@ -3,7 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "ir/status_macros.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "ir/status_macros.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 
 #include <cmath>
 #include <random>
@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "ir/attributes.h"
 #include "ir/status_macros.h"
-#include "runtime/numerics.h"
-#include "runtime/thread_pool.h"
+#include "ir/numerics.h"
+#include "ir/thread_pool.h"
 
 namespace kiln {
 

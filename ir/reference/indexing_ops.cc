@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/reference/kernels.h"
+#include "ir/reference/kernels.h"
 
 namespace kiln::reference {
 

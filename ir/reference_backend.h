@@ -3,7 +3,7 @@
 // after, DESIGN.md principle 3) and GPU kernels are checked against.
 //
 // Numerics: each op computes in double from its operands as stored (already rounded to
-// their dtypes) and rounds its result to the result dtype (runtime/numerics.h). So a
+// their dtypes) and rounds its result to the result dtype (ir/numerics.h). So a
 // dot_general of bf16 operands with f32 out is the exact product of the rounded operands,
 // accumulated in double and rounded once to f32: what the GPU is asked to compute, up to
 // accumulation order. max/min/reduce_max propagate NaN. Integer div truncates toward
@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ir/graph.h"
-#include "runtime/host_tensor.h"
+#include "ir/host_tensor.h"
 
 namespace kiln {
 
