@@ -9,7 +9,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "codegen/kernel_group.h"
 
 namespace kiln {
 namespace {
@@ -25,20 +24,8 @@ absl::Status LowerAll(const std::vector<const Function*>& functions, const Codeg
                       KernelCompileReport* report) {
   std::map<std::string, std::pair<int, std::string>> failures;  // op -> (count, first error)
   for (const Function* f : functions) {
-    // Kernel groups (passes/fusion.h): the root's kernel computes every member.
-    absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(*f);
-    if (!groups.ok()) return groups.status();
-    absl::flat_hash_map<const Node*, const codegen::KernelGroup*> group_of;
-    for (const codegen::KernelGroup& g : *groups) {
-      for (const Node* m : g.members) group_of[m] = &g;
-    }
     for (const auto& node : f->nodes()) {
-      const auto group = group_of.find(node.get());
-      absl::StatusOr<LoweredNode> lowered =
-          group != group_of.end()
-              ? (group->second->root == node.get() ? codegen::LowerKernelGroup(*group->second, codegen)
-                                                   : LoweredNode{LoweringKind::kFused, {}, {}})
-              : LowerNode(*node, codegen);
+      absl::StatusOr<LoweredNode> lowered = LowerNode(*node, codegen);
       if (!lowered.ok()) {
         auto& [count, first] = failures[std::string(node->op_name())];
         if (count++ == 0) first = absl::StrCat("@", f->name(), " %", node->name(), ": ", lowered.status().message());

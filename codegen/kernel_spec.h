@@ -15,8 +15,6 @@
 
 namespace kiln {
 
-class Node;  // ir/graph.h
-
 struct KernelSpec {
   std::string name;    // the extern "C" symbol, unique within the source
   std::string source;  // CUDA C++; may #include kernel templates by their kernels/ path
@@ -30,16 +28,15 @@ enum class LoweringKind {
   kAlias,    // the output is operand 0's bytes reinterpreted (reshape): no work, no buffer
   kKernels,  // run `kernels` in order (e.g. zero-fill, then a scatter-add)
   kGemm,     // gemm: a cuBLASLt call planned by the runtime (runtime/cuda/gemm.h)
-  kFused,    // computed inside its kernel group's kernel (codegen/kernel_group.h): no work, no buffer
   kResult,   // get_result: written by its multi-result node's kernels; a buffer of its own, no launch
 };
 
 struct LoweredNode {
   LoweringKind kind = LoweringKind::kKernels;
   std::vector<KernelSpec> kernels;
-  // The nodes whose buffers the kernels take after the output, in order; empty: the node's
-  // own operands. A kernel group's root lists the group's inputs here.
-  std::vector<const Node*> inputs;
+  // What a profile groups these kernels under ("fused loop", "fused reduce_sum"); empty:
+  // the node's op name.
+  std::string label;
   // The kernels read each element of their operands only to write the same element of their
   // outputs, before writing it: an output may take an operand's buffer (a donated parameter
   // updated in place).

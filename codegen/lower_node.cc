@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codegen/lower_composite.h"
+#include "codegen/lower_fusion.h"
 #include "codegen/lowerings.h"
 
 namespace kiln {
@@ -20,6 +21,7 @@ enum class Lowering {
   kReduce,
   kComposite,  // hand-written templates: codegen/lower_composite.cc
   kResult,     // get_result: written by its multi-result node's kernels
+  kFusion,     // one generated kernel for the body: codegen/lower_fusion.h
   kByLowerGemm,  // dot_general: the lower-gemm pass makes it a gemm before codegen
   kNone,       // not an op of the table (a corrupt value): LowerNode reports it
 };
@@ -84,6 +86,8 @@ Lowering LoweringOf(Opcode op) {
       return Lowering::kComposite;
     case Opcode::kGetResult:
       return Lowering::kResult;
+    case Opcode::kFusion:
+      return Lowering::kFusion;
   }
   return Lowering::kNone;
 }
@@ -118,6 +122,8 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
       return codegen::LowerReduce(node, options);
     case Lowering::kComposite:
       return LowerCompositeNode(node, options);
+    case Lowering::kFusion:
+      return codegen::LowerFusion(node, options);
     case Lowering::kNone:
       break;
   }

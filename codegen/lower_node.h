@@ -1,5 +1,5 @@
-// Lowering: one IR node -> the kernels that compute it (one kernel per op, or per composite
-// op; fusion comes later). The one dispatch over the op table for codegen: every op has a
+// Lowering: one IR node -> the kernels that compute it (one kernel per op, per composite
+// op, or per fusion node: codegen/lower_fusion.h). The one dispatch over the op table for codegen: every op has a
 // lowering, or LowerNode fails and tests/op_table_test.cc says which op lacks one.
 #pragma once
 

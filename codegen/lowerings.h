@@ -24,7 +24,7 @@ absl::StatusOr<std::string> SplatStorageExpression(const Node& constant);
 absl::StatusOr<LoweredNode> LowerElementwise(const Node& node, const CodegenOptions& options);
 // The value of one element of an elementwise `node` as a C++ expression of its operands'
 // storage values, named by `operands` (variables already in registers); the result is in
-// the node's storage type, rounded once. Also what fused kernels (kernel_group.cc) compose.
+// the node's storage type, rounded once. Also what fusion kernels (lower_fusion.cc) compose.
 absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vector<std::string>& operands);
 
 // data_movement_lowering.cc: broadcast, transpose, slice (strided copies), concatenate.
@@ -32,7 +32,7 @@ absl::StatusOr<LoweredNode> LowerStridedCopy(const Node& node, const CodegenOpti
 absl::StatusOr<LoweredNode> LowerConcatenate(const Node& node, const CodegenOptions& options);
 
 // reduction_lowering.cc: reduce_sum, reduce_max. With `fused`, the operand is not read from
-// a buffer but computed element by element (a kernel group rooted at the reduction).
+// a buffer but computed element by element (a reduction fusion).
 struct FusedReduceInput {
   std::string kernel_name;
   std::string opening;     // the source's opening (comments, headers, device library)

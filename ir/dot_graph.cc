@@ -150,8 +150,19 @@ class DotWriter {
   void WriteNode(const Node& n, const std::string& indent) {
     std::vector<std::string> types;
     for (const TensorType& t : n.result_types()) types.push_back(t.ToString());
-    std::string label = absl::StrCat(n.name(), "\n", n.op_name(), "\n", absl::StrJoin(types, "\n"));
+    std::string op(n.op_name());
+    if (n.body() != nullptr) {
+      // A fusion is one kernel: its kind and the ops it computes, in order, stand for the body.
+      std::vector<std::string> ops;
+      for (const auto& m : n.body()->nodes()) {
+        if (m->opcode() != Opcode::kParameter) ops.push_back(std::string(m->op_name()));
+      }
+      const absl::StatusOr<std::string> kind = n.attrs().GetSymbol("kind");
+      op = absl::StrCat("fusion (", kind.ok() ? *kind : "?", "): ", absl::StrJoin(ops, ", "));
+    }
+    std::string label = absl::StrCat(n.name(), "\n", op, "\n", absl::StrJoin(types, "\n"));
     std::string style;
+    if (n.body() != nullptr) style = ", style=\"rounded,filled\", fillcolor=\"#e1d5e7\"";
     if (n.opcode() == Opcode::kParameter) style = ", shape=ellipse, fillcolor=\"#dae8fc\"";
     auto output = output_index_.find(&n);
     if (output != output_index_.end()) {

@@ -36,6 +36,13 @@ void Node::ReplaceAllUsesWith(Node* value) {
   }
 }
 
+Node::~Node() = default;
+
+void Node::set_body(std::unique_ptr<Function> body) {
+  body_ = std::move(body);
+  if (body_ != nullptr) body_->owner_ = this;
+}
+
 Node* Node::result(int i) const {
   for (Node* user : users_) {
     if (user->opcode() == Opcode::kGetResult && user->result_index() == i) return user;
@@ -226,21 +233,32 @@ void Module::RemoveFunction(absl::string_view name) {
                    functions_.end());
 }
 
+namespace {
+void CopyNodes(const Function& from, Function& to) {
+  absl::flat_hash_map<const Node*, Node*> map;
+  for (const auto& n : from.nodes()) {
+    std::vector<Node*> operands;
+    for (Node* o : n->operands()) operands.push_back(map.at(o));
+    Node* copy = to.AppendNodeWithTypes(n->id(), n->opcode(), operands, n->attrs(), n->result_types(), n->name(),
+                                        n->scope());
+    if (n->body() != nullptr) copy->set_body(CloneFunction(*n->body(), n->body()->name()));
+    map[n.get()] = copy;
+  }
+  std::vector<Node*> outputs;
+  for (Node* o : from.outputs()) outputs.push_back(map.at(o));
+  to.SetOutputs(outputs, from.output_aliases());
+}
+}  // namespace
+
+std::unique_ptr<Function> CloneFunction(const Function& function, std::string name) {
+  auto clone = std::make_unique<Function>(std::move(name));
+  CopyNodes(function, *clone);
+  return clone;
+}
+
 std::unique_ptr<Module> CloneModule(const Module& module) {
   auto clone = std::make_unique<Module>(module.name());
-  for (const auto& f : module.functions()) {
-    Function* g = clone->AddFunction(f->name());
-    absl::flat_hash_map<const Node*, Node*> map;
-    for (const auto& n : f->nodes()) {
-      std::vector<Node*> operands;
-      for (Node* o : n->operands()) operands.push_back(map.at(o));
-      map[n.get()] = g->AppendNodeWithTypes(n->id(), n->opcode(), operands, n->attrs(), n->result_types(),
-                                                    n->name(), n->scope());
-    }
-    std::vector<Node*> outputs;
-    for (Node* o : f->outputs()) outputs.push_back(map.at(o));
-    g->SetOutputs(outputs, f->output_aliases());
-  }
+  for (const auto& f : module.functions()) CopyNodes(*f, *clone->AddFunction(f->name()));
   return clone;
 }
 

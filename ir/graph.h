@@ -9,6 +9,10 @@
 // tuple and get-tuple-element, kept as one line in the text form). The multi-result node
 // itself is used by its get_result nodes only, holds no value of its own, and is removed
 // together with them. Function::AppendMultiResultNode makes the group.
+//
+// A fusion node (ir/fusion.h) owns a body: a Function of its own, whose parameter i is the
+// node's operand i and whose outputs are the node's results (XLA's fused computation). The
+// body's nodes are not nodes of the enclosing function; Function::owner() leads back.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,7 @@ class Function;
 
 class Node {
  public:
+  ~Node();
   int64_t id() const { return id_; }
   Opcode opcode() const { return opcode_; }
   absl::string_view op_name() const { return OpName(opcode_); }
@@ -68,6 +73,13 @@ class Node {
   // For passes that retype a value in place (e.g. narrowing); the verifier re-checks.
   void set_type(TensorType t) { types_ = {std::move(t)}; }
 
+  // A fusion node's body; null for every other node.
+  const Function* body() const { return body_.get(); }
+  Function* mutable_body() { return body_.get(); }
+  // Gives this node `body` (which then knows its owner). The verifier checks that only
+  // fusion nodes have one and that it matches the operands and results.
+  void set_body(std::unique_ptr<Function> body);
+
  private:
   friend class Function;
   Node() = default;
@@ -81,6 +93,7 @@ class Node {
   std::string name_;
   std::string scope_;
   Function* parent_ = nullptr;
+  std::unique_ptr<Function> body_;  // a fusion's
 };
 
 class Function {
@@ -90,6 +103,8 @@ class Function {
   Function& operator=(const Function&) = delete;
 
   const std::string& name() const { return name_; }
+  // The fusion node whose body this is; null for a function of a module.
+  const Node* owner() const { return owner_; }
   // Nodes in definition order.
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
@@ -145,6 +160,7 @@ class Function {
   std::unique_ptr<Node> MakeNode(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
                                  std::vector<TensorType> types, std::string name, std::string scope);
   std::string name_;
+  const Node* owner_ = nullptr;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<Node*> outputs_;
   std::vector<int64_t> output_aliases_;
@@ -172,7 +188,9 @@ class Module {
   std::vector<std::unique_ptr<Function>> functions_;
 };
 
-// A deep copy (same names, ids, order and scopes).
+// A deep copy (same names, ids, order and scopes; fusion bodies copied too).
 std::unique_ptr<Module> CloneModule(const Module& module);
+// A deep copy of one function, named `name`, owned by no node.
+std::unique_ptr<Function> CloneFunction(const Function& function, std::string name);
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
-// The attributes each op takes, in one place: the names that shape inference, the
-// reference backend and codegen read (ir/op_table.h documents their meaning). The
-// verifier rejects any other attribute, so that a misspelt or stray one (`{esp=1e-5}` on
+// The attributes each op takes, from the op table's attribute column (ir/op_table.h, which
+// documents their meaning): the names that shape inference, the reference backend and
+// codegen read. The verifier rejects any other attribute, so that a misspelt or stray one (`{esp=1e-5}` on
 // rms_norm) is an error where it is written, not silently ignored.
 #pragma once
 
@@ -14,10 +14,6 @@ namespace kiln {
 
 // What `op` may carry, required and optional alike.
 absl::Span<const absl::string_view> KnownAttributes(Opcode op);
-
-// Annotations that passes may add to a node of any op: "kernel_group", the fusion pass's
-// mark (passes/fusion.h's kKernelGroupAttr).
-absl::Span<const absl::string_view> AnnotationAttributes();
 
 // Attributes named "note_..." are free-form notes for people and tools (kept, printed and
 // serialized, never read by kiln), allowed on any op: a misspelt real attribute never starts

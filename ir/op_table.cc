@@ -6,8 +6,8 @@ namespace kiln {
 
 namespace {
 constexpr std::array<OpInfo, kNumOpcodes> kOpInfos = {{
-#define KILN_OP_INFO(e, name, arity, cat, rule, results) \
-  {Opcode::e, name, arity, OpCategory::cat, ResultRule::rule, results},
+#define KILN_OP_INFO(e, name, arity, cat, rule, results, attrs) \
+  {Opcode::e, name, arity, OpCategory::cat, ResultRule::rule, results, attrs},
     KILN_OPS(KILN_OP_INFO)
 #undef KILN_OP_INFO
 }};

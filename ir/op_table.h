@@ -3,17 +3,21 @@
 // tests/op_table_test.cc fails until the op has shape inference, reference semantics, a VJP
 // rule and a lowering.
 //
-// Columns: X(Enum, "text_name", arity, category, result, results)
-//   arity     number of operands; kVariadic for one or more
+// Columns: X(Enum, "text_name", arity, category, result, results, "attributes")
+//   arity     number of operands; kVariadic for one or more (a fusion's: its body's
+//             parameters, any number)
 //   category  what kind of computation (drives generic passes and codegen)
 //   result    kInferred: type follows from operands and attributes;
 //             kDeclared: the node's written type is part of its meaning (a parameter's
 //             shape, a reshape's target) and inference checks it against the operands.
-//   results   how many typed results a node of the op has. An op with several (AdamW's
+//   results   how many typed results a node of the op has (kResultsFromBody: a fusion
+//             has one per output of its body). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); the text form writes them as one line,
 //               %p2, %m2, %v2 = adamw_update(...) {...} : (f32[..], f32[..], f32[..])
+//   attributes every attribute the op takes, comma-separated; the verifier rejects any
+//             other (ir/op_attributes.h)
 //
 // Semantics and attributes (all shapes static; "x" is operand 0):
 //   parameter()            {index}                     function input number `index`
@@ -62,6 +66,13 @@
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
 //                          results (p', m', v'), written by one kernel in place. Not
 //                          differentiable.
+//   fusion(x, ...)         {kind=loop|reduction}  one generated kernel computing its body, a
+//                          function held by the node (ir/fusion.h): the body's parameter i is
+//                          operand i, its outputs are the node's results. loop: every body node
+//                          an elementwise op, broadcast, reshape, transpose, iota or splat
+//                          constant, computed element by element; reduction: the same feeding
+//                          one reduce_sum/reduce_max, the body's output. Made by fuse-loops
+//                          after autodiff; not differentiable.
 //   get_result(x)          {index}  result `index` of the multi-result node x; always placed
 //                          right after x, every result of x present once (the verifier checks)
 //   attention(q, k, v)     {scale}  causal softmax attention under the bf16 policy; q bf16
@@ -85,6 +96,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
+inline constexpr int kResultsFromBody = -1;  // a fusion: one result per output of its body
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -99,63 +111,65 @@ enum class OpCategory {
   kIndexing,     // gather, scatter_add
   kComposite,    // one kernel is the natural unit: norms, softmax, cross-entropy, RoPE, AdamW
   kResult,       // get_result: one result of a multi-result node, no computation
+  kFusion,       // fusion: a body of other ops, computed by one generated kernel
 };
 
 enum class ResultRule { kInferred, kDeclared };
 
-#define KILN_OPS(X)                                                       \
-  X(kParameter, "parameter", 0, kLeaf, kDeclared, 1)                         \
-  X(kConstant, "constant", 0, kLeaf, kDeclared, 1)                           \
-  X(kIota, "iota", 0, kLeaf, kDeclared, 1)                                   \
-  X(kNeg, "neg", 1, kUnary, kInferred, 1)                                    \
-  X(kAbs, "abs", 1, kUnary, kInferred, 1)                                    \
-  X(kExp, "exp", 1, kUnary, kInferred, 1)                                    \
-  X(kLog, "log", 1, kUnary, kInferred, 1)                                    \
-  X(kSqrt, "sqrt", 1, kUnary, kInferred, 1)                                  \
-  X(kRsqrt, "rsqrt", 1, kUnary, kInferred, 1)                                \
-  X(kTanh, "tanh", 1, kUnary, kInferred, 1)                                  \
-  X(kSigmoid, "sigmoid", 1, kUnary, kInferred, 1)                            \
-  X(kAdd, "add", 2, kBinary, kInferred, 1)                                   \
-  X(kSub, "sub", 2, kBinary, kInferred, 1)                                   \
-  X(kMul, "mul", 2, kBinary, kInferred, 1)                                   \
-  X(kDiv, "div", 2, kBinary, kInferred, 1)                                   \
-  X(kMax, "max", 2, kBinary, kInferred, 1)                                   \
-  X(kMin, "min", 2, kBinary, kInferred, 1)                                   \
-  X(kCompare, "compare", 2, kCompare, kInferred, 1)                          \
-  X(kSelect, "select", 3, kSelect, kInferred, 1)                             \
-  X(kConvert, "convert", 1, kConvert, kDeclared, 1)                          \
-  X(kBroadcast, "broadcast", 1, kDataMovement, kDeclared, 1)                 \
-  X(kReshape, "reshape", 1, kDataMovement, kDeclared, 1)                     \
-  X(kTranspose, "transpose", 1, kDataMovement, kInferred, 1)                 \
-  X(kSlice, "slice", 1, kDataMovement, kInferred, 1)                         \
-  X(kConcatenate, "concatenate", kVariadic, kDataMovement, kInferred, 1)     \
-  X(kReduceSum, "reduce_sum", 1, kReduction, kInferred, 1)                   \
-  X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1)                   \
-  X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1)               \
-  X(kGemm, "gemm", kVariadic, kContraction, kDeclared, 1)                    \
-  X(kGather, "gather", 2, kIndexing, kInferred, 1)                           \
-  X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1)                  \
-  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1)                       \
-  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1)   \
-  X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1) \
-  X(kSoftmax, "softmax", 1, kComposite, kInferred, 1)                        \
-  X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1)               \
-  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1)             \
-  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1)    \
-  X(kRope, "rope", 2, kComposite, kInferred, 1)                              \
-  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3)               \
-  X(kAttention, "attention", 3, kComposite, kInferred, 2)                    \
-  X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1)         \
-  X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3)           \
-  X(kGetResult, "get_result", 1, kResult, kInferred, 1)
+#define KILN_OPS(X)                                                                                                       \
+  X(kParameter, "parameter", 0, kLeaf, kDeclared, 1, "index")                                                             \
+  X(kConstant, "constant", 0, kLeaf, kDeclared, 1, "value,values")                                                        \
+  X(kIota, "iota", 0, kLeaf, kDeclared, 1, "dim")                                                                         \
+  X(kNeg, "neg", 1, kUnary, kInferred, 1, "")                                                                             \
+  X(kAbs, "abs", 1, kUnary, kInferred, 1, "")                                                                             \
+  X(kExp, "exp", 1, kUnary, kInferred, 1, "")                                                                             \
+  X(kLog, "log", 1, kUnary, kInferred, 1, "")                                                                             \
+  X(kSqrt, "sqrt", 1, kUnary, kInferred, 1, "")                                                                           \
+  X(kRsqrt, "rsqrt", 1, kUnary, kInferred, 1, "")                                                                         \
+  X(kTanh, "tanh", 1, kUnary, kInferred, 1, "")                                                                           \
+  X(kSigmoid, "sigmoid", 1, kUnary, kInferred, 1, "")                                                                     \
+  X(kAdd, "add", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kSub, "sub", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kMul, "mul", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kDiv, "div", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kMax, "max", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kMin, "min", 2, kBinary, kInferred, 1, "")                                                                            \
+  X(kCompare, "compare", 2, kCompare, kInferred, 1, "direction")                                                          \
+  X(kSelect, "select", 3, kSelect, kInferred, 1, "")                                                                      \
+  X(kConvert, "convert", 1, kConvert, kDeclared, 1, "")                                                                   \
+  X(kBroadcast, "broadcast", 1, kDataMovement, kDeclared, 1, "dims")                                                      \
+  X(kReshape, "reshape", 1, kDataMovement, kDeclared, 1, "")                                                              \
+  X(kTranspose, "transpose", 1, kDataMovement, kInferred, 1, "perm")                                                      \
+  X(kSlice, "slice", 1, kDataMovement, kInferred, 1, "start,limit,stride")                                                \
+  X(kConcatenate, "concatenate", kVariadic, kDataMovement, kInferred, 1, "dim")                                           \
+  X(kReduceSum, "reduce_sum", 1, kReduction, kInferred, 1, "dims")                                                        \
+  X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1, "dims")                                                        \
+  X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1, "lhs_batch,rhs_batch,lhs_contract,rhs_contract,out_dtype") \
+  X(kGemm, "gemm", kVariadic, kContraction, kDeclared, 1, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue")            \
+  X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \
+  X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1, "")                                                           \
+  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps")                                                             \
+  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1, "eps")                                         \
+  X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1, "eps")                                       \
+  X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
+  X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
+  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "")                                                      \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "")                                             \
+  X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
+  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
+  X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
+  X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
+  X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
+  X(kGetResult, "get_result", 1, kResult, kInferred, 1, "index")                                                          \
+  X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kResultsFromBody, "kind")
 
 enum class Opcode {
-#define KILN_OP_ENUM(e, name, arity, cat, rule, results) e,
+#define KILN_OP_ENUM(e, name, arity, cat, rule, results, attrs) e,
   KILN_OPS(KILN_OP_ENUM)
 #undef KILN_OP_ENUM
 };
 
-#define KILN_OP_COUNT(e, name, arity, cat, rule, results) +1
+#define KILN_OP_COUNT(e, name, arity, cat, rule, results, attrs) +1
 inline constexpr int kNumOpcodes = 0 KILN_OPS(KILN_OP_COUNT);
 #undef KILN_OP_COUNT
 
@@ -166,6 +180,9 @@ struct OpInfo {
   OpCategory category;
   ResultRule result;
   int num_results;  // typed results of a node of this op (see `results` above)
+  // The attributes the op takes, comma-separated, required and optional alike (their
+  // meaning is in the semantics above); ir/op_attributes.h reads them.
+  absl::string_view attributes;
 };
 
 const OpInfo& GetOpInfo(Opcode op);
@@ -173,7 +190,8 @@ inline absl::string_view OpName(Opcode op) { return GetOpInfo(op).name; }
 // nullptr when `name` is not an op.
 const OpInfo* FindOpByName(absl::string_view name);
 bool IsElementwise(Opcode op);  // unary, binary, compare, select, convert
-// A node of `op` has several results, read through get_result nodes.
+// Every node of `op` has several results, read through get_result nodes. (A fusion has as
+// many as its body returns: ask the node, Node::has_multiple_results.)
 inline bool HasMultipleResults(Opcode op) { return GetOpInfo(op).num_results > 1; }
 
 }  // namespace kiln

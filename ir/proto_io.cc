@@ -45,35 +45,37 @@ void AttrValueToProto(const AttrValue& value, ir::AttrValueProto* proto) {
   }
 }
 
+void FunctionToProto(const Function& function, ir::FunctionProto* fp) {
+  fp->set_name(function.name());
+  for (const auto& node : function.nodes()) {
+    ir::NodeProto* np = fp->add_nodes();
+    np->set_id(node->id());
+    np->set_name(node->name());
+    np->set_opcode(std::string(node->op_name()));
+    for (const Node* operand : node->operands()) np->add_operand_ids(operand->id());
+    if (node->has_multiple_results()) {
+      for (const TensorType& t : node->result_types()) TypeToProto(t, np->add_result_types());
+    } else {
+      TypeToProto(node->type(), np->mutable_type());
+    }
+    // AttrMap is a std::map, so attributes come out sorted by name.
+    for (const auto& [name, value] : node->attrs().entries()) {
+      ir::AttrProto* attr = np->add_attrs();
+      attr->set_name(name);
+      AttrValueToProto(value, attr->mutable_value());
+    }
+    np->set_scope(node->scope());
+    if (node->body() != nullptr) FunctionToProto(*node->body(), np->mutable_body());
+  }
+  for (const Node* output : function.outputs()) fp->add_output_ids(output->id());
+  for (int64_t alias : function.output_aliases()) fp->add_output_aliases(alias);
+}
+
 ir::ModuleProto ModuleToProto(const Module& module) {
   ir::ModuleProto proto;
   proto.set_format_version(kIrFormatVersion);
   proto.set_name(module.name());
-  for (const auto& function : module.functions()) {
-    ir::FunctionProto* fp = proto.add_functions();
-    fp->set_name(function->name());
-    for (const auto& node : function->nodes()) {
-      ir::NodeProto* np = fp->add_nodes();
-      np->set_id(node->id());
-      np->set_name(node->name());
-      np->set_opcode(std::string(node->op_name()));
-      for (const Node* operand : node->operands()) np->add_operand_ids(operand->id());
-      if (node->has_multiple_results()) {
-        for (const TensorType& t : node->result_types()) TypeToProto(t, np->add_result_types());
-      } else {
-        TypeToProto(node->type(), np->mutable_type());
-      }
-      // AttrMap is a std::map, so attributes come out sorted by name.
-      for (const auto& [name, value] : node->attrs().entries()) {
-        ir::AttrProto* attr = np->add_attrs();
-        attr->set_name(name);
-        AttrValueToProto(value, attr->mutable_value());
-      }
-      np->set_scope(node->scope());
-    }
-    for (const Node* output : function->outputs()) fp->add_output_ids(output->id());
-    for (int64_t alias : function->output_aliases()) fp->add_output_aliases(alias);
-  }
+  for (const auto& function : module.functions()) FunctionToProto(*function, proto.add_functions());
   return proto;
 }
 
@@ -141,12 +143,10 @@ absl::StatusOr<AttrMap> AttrsFromProto(const ir::NodeProto& np) {
   return attrs;
 }
 
-absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
-  Function* function = module.AddFunction(fp.name());
-  if (function == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("proto: function @", absl::CHexEscape(fp.name()), " is defined twice"));
-  }
+// Reads `fp`'s nodes and outputs into the empty `function`. A fusion's body is read the same
+// way, once: a body inside a body is rejected here (bodies do not nest), so hostile input
+// cannot make this recurse deeply.
+absl::Status FillFunction(const ir::FunctionProto& fp, Function* function, bool is_body) {
   absl::flat_hash_map<int64_t, Node*> by_id;
   for (const ir::NodeProto& np : fp.nodes()) {
     if (np.id() < 0) return NodeError(fp, np, "ids must be >= 0");
@@ -155,9 +155,17 @@ absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
     const OpInfo* op = FindOpByName(np.opcode());
     if (op == nullptr) return NodeError(fp, np, absl::StrCat("unknown opcode '", absl::CHexEscape(np.opcode()), "'"));
     std::vector<TensorType> types;
-    if (op->num_results > 1) {
+    const bool many = op->num_results > 1 || (op->num_results == kResultsFromBody && np.result_types_size() > 0);
+    if (np.has_body() != (op->opcode == Opcode::kFusion)) {
+      return NodeError(fp, np, np.has_body() ? "only a fusion has a body" : "a fusion needs a body");
+    }
+    if (np.has_body() && is_body) return NodeError(fp, np, "a fusion inside a fusion's body (bodies do not nest)");
+    if (many) {
       if (np.has_type()) return NodeError(fp, np, "a multi-result node has result_types, not a type");
-      if (np.result_types_size() != op->num_results) {
+      if (op->num_results == kResultsFromBody && np.result_types_size() < 2) {
+        return NodeError(fp, np, "a fusion of several results lists two or more result types");
+      }
+      if (op->num_results != kResultsFromBody && np.result_types_size() != op->num_results) {
         return NodeError(fp, np, absl::StrCat(op->name, " has ", op->num_results, " results, but ",
                                               np.result_types_size(), " result types are given"));
       }
@@ -188,6 +196,11 @@ absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
     Node* node = function->AppendNodeWithTypes(np.id(), op->opcode, std::move(operands), *std::move(attrs),
                                                std::move(types), np.name(), np.scope());
     if (node == nullptr) return NodeError(fp, np, "duplicate name");  // the id was checked above
+    if (np.has_body()) {
+      auto body = std::make_unique<Function>(np.body().name());
+      RETURN_IF_ERROR(FillFunction(np.body(), body.get(), /*is_body=*/true));
+      node->set_body(std::move(body));
+    }
     by_id[np.id()] = node;
   }
   std::vector<Node*> outputs;
@@ -204,10 +217,20 @@ absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
   return absl::OkStatus();
 }
 
+absl::Status FunctionFromProto(const ir::FunctionProto& fp, Module& module) {
+  Function* function = module.AddFunction(fp.name());
+  if (function == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("proto: function @", absl::CHexEscape(fp.name()), " is defined twice"));
+  }
+  return FillFunction(fp, function, /*is_body=*/false);
+}
+
 absl::StatusOr<std::unique_ptr<Module>> ModuleFromProto(const ir::ModuleProto& proto) {
-  if (proto.format_version() != kIrFormatVersion) {
+  // Version 2 is version 3 without fusion bodies, so it reads as it is.
+  if (proto.format_version() != kIrFormatVersion && proto.format_version() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("proto: unsupported IR format version ", proto.format_version(),
-                                                   " (this build reads version ", kIrFormatVersion, ")"));
+                                                   " (this build reads versions 2 and ", kIrFormatVersion, ")"));
   }
   auto module = std::make_unique<Module>(proto.name());
   for (const ir::FunctionProto& fp : proto.functions()) RETURN_IF_ERROR(FunctionFromProto(fp, *module));

@@ -15,7 +15,7 @@ namespace kiln {
 
 // 2: multi-result nodes (NodeProto.result_types, get_result); version 1 wrote AdamW and
 // attention gradients as one node per result and an attention_lse op.
-inline constexpr int kIrFormatVersion = 2;
+inline constexpr int kIrFormatVersion = 3;
 
 absl::StatusOr<std::string> ModuleToProtoBinary(const Module& module);
 absl::StatusOr<std::string> ModuleToProtoJson(const Module& module);

@@ -33,6 +33,15 @@ struct Semantics {
   bool defined() const { return single != nullptr || multi != nullptr || picks_result; }
 };
 
+// A fusion computes its body: the same ops, so the same values as before fuse-loops made it.
+absl::StatusOr<std::vector<HostTensor>> EvalFusion(const Node& node, reference::Operands xs,
+                                                   const reference::EvalContext& ctx) {
+  std::vector<HostTensor> args;
+  args.reserve(xs.size());
+  for (const HostTensor* x : xs) args.push_back(*x);
+  return EvaluateFunction(*node.body(), args, ctx.options);
+}
+
 // The one dispatch switch: no default, so -Wswitch flags an op added to the table without
 // semantics here, and ReferenceSupports (hence tests/op_table_test.cc) reports it.
 Semantics KernelFor(Opcode op) {
@@ -82,6 +91,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kAttentionDelta: return EvalAttentionDelta;
     case Opcode::kAttentionGrad: return EvalAttentionGrad;
     case Opcode::kGetResult: return Semantics::PicksResult();
+    case Opcode::kFusion: return EvalFusion;
   }
   return {};
 }
@@ -90,7 +100,7 @@ Semantics KernelFor(Opcode op) {
 // parameters must keep the caller's f32 values under f32_as_f64); the rest are rounded.
 bool ResultNeedsRounding(Opcode op) {
   return op != Opcode::kParameter && op != Opcode::kSelect && op != Opcode::kGather && op != Opcode::kGetResult &&
-         GetOpInfo(op).category != OpCategory::kDataMovement;
+         op != Opcode::kFusion && GetOpInfo(op).category != OpCategory::kDataMovement;
 }
 
 std::string NodeLabel(const Function& f, const Node& node) {
@@ -164,14 +174,7 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
     if (!live[i]) continue;
     const Node& node = *nodes[i];
     // Kernels trust shapes and attributes, so re-check them (the graph may be unverified).
-    absl::StatusOr<std::vector<TensorType>> operand_types = OperandTypes(node.opcode(), node.operands());
-    if (!operand_types.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(NodeLabel(f, node), ": ill-typed node: ", operand_types.status().message()));
-    }
-    const TensorType* declared = node.has_multiple_results() ? nullptr : &node.type();
-    absl::StatusOr<std::vector<TensorType>> inferred =
-        InferResultTypes(node.opcode(), *operand_types, node.attrs(), declared);
+    absl::StatusOr<std::vector<TensorType>> inferred = InferNodeResultTypes(node);
     if (!inferred.ok() || *inferred != node.result_types()) {
       return absl::InvalidArgumentError(
           absl::StrCat(NodeLabel(f, node), ": ill-typed node: ",

@@ -1,5 +1,7 @@
 #include "ir/shape_inference.h"
 
+#include "ir/fusion.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -511,7 +513,8 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
     case Opcode::kGetResult:
-      break;  // several results: InferResultTypes
+    case Opcode::kFusion:
+      break;  // several results, or a body's: InferResultTypes
   }
   return Invalid("unknown opcode");
 }
@@ -532,6 +535,9 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
       return Invalid(absl::StrCat("get_result index ", index, " out of range for ", xs.size(), " results"));
     }
     return std::vector<TensorType>{xs[index]};
+  }
+  if (op == Opcode::kFusion) {
+    return Invalid("a fusion's result types are its body's outputs (InferNodeResultTypes reads them)");
   }
   if (info.arity != kVariadic && static_cast<int>(xs.size()) != info.arity) {
     return Invalid(absl::StrCat("expects ", info.arity, " operand(s), got ", xs.size()));
@@ -558,6 +564,16 @@ absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorTyp
     return absl::InternalError(absl::StrCat(OpName(op), " has ", types.size(), " results: use InferResultTypes"));
   }
   return std::move(types[0]);
+}
+
+absl::StatusOr<std::vector<TensorType>> InferNodeResultTypes(const Node& node) {
+  ASSIGN_OR_RETURN(std::vector<TensorType> operands, OperandTypes(node.opcode(), node.operands()));
+  if (node.opcode() == Opcode::kFusion) {
+    if (node.body() == nullptr) return Invalid("a fusion needs a body");
+    return FusionResultTypes(operands, *node.body());
+  }
+  const TensorType* declared = node.has_multiple_results() ? nullptr : &node.type();
+  return InferResultTypes(node.opcode(), operands, node.attrs(), declared);
 }
 
 absl::StatusOr<std::vector<TensorType>> OperandTypes(Opcode op, absl::Span<Node* const> operands) {

@@ -24,6 +24,11 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
 absl::StatusOr<TensorType> InferResultType(Opcode op, absl::Span<const TensorType> operands,
                                            const AttrMap& attrs, const TensorType* declared);
 
+// The result types of `node` from its operands' types, its attributes, its written type
+// where the op declares it, and, for a fusion, its body (ir/fusion.h). The errors are
+// InferResultTypes's (or OperandTypes's), without the node's name.
+absl::StatusOr<std::vector<TensorType>> InferNodeResultTypes(const Node& node);
+
 // The operand types inference takes for a node of `op` over `operands`: each operand's type,
 // except that get_result takes every result type of its multi-result operand. Fails when a
 // multi-result node is used by anything but get_result, or get_result reads a plain node.

@@ -15,6 +15,9 @@
 //   module    := 'module' '@' NAME function*
 //   function  := 'func' '@' NAME '{' node* return '}'
 //   node      := results '=' OPNAME '(' [operand (',' operand)*] ')' [attrs] ':' types ['@' SCOPE]
+//                [body]
+//   body      := '{' node* return '}'   (a fusion's, and only a fusion's: ir/fusion.h; its
+//                names are its own, and its parameter i is the node's operand i)
 //   results   := '%' NAME (',' '%' NAME)*   (one name per result of the op, e.g.
 //                `%o, %lse = attention(%q, %k, %v) {scale=0.125} : (f32[1,2,8,64], f32[1,2,8])`)
 //   types     := type | '(' type (',' type)* ')'   (the list for an op of several results)
@@ -40,8 +43,12 @@ namespace kiln {
 
 std::string PrintModule(const Module& module);
 std::string PrintFunction(const Function& function);
-// One node's line without indentation or newline, e.g. "%y = neg(%x) : f32[2]".
+// One node's line without indentation or newline, e.g. "%y = neg(%x) : f32[2]" (a fusion's
+// without its body).
 std::string PrintNode(const Node& node);
+// As the function prints it: the node's line and, for a fusion, its body below it, the body's
+// lines indented by `indent` and two spaces, the closing `}` by `indent` (no final newline).
+std::string PrintNodeWithBody(const Node& node, absl::string_view indent);
 
 // Parses and verifies. Errors read "<line>:<column>: expected <what>, got '<token>'" for
 // syntax, and carry the verifier's message (with the node's line) for meaning. Never

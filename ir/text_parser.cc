@@ -1,6 +1,7 @@
 // The parsing half of ir/text_format.h: recursive descent with one token of lookahead over
-// ir/text_lexer.h. The grammar has no nested productions (lists hold only numbers), so the
-// parser never recurses and its stack depth does not depend on the input.
+// ir/text_lexer.h. The grammar's only nesting is a fusion's body, which holds no fusion
+// (lists hold only numbers), so the parser recurses at most once and its stack depth does
+// not depend on the input.
 //
 // Every node is type-checked as soon as its line is read, so a meaning error carries the
 // exact line:column of the node; function-level checks (parameter indices, outputs,
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/fusion.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 #include "ir/text_format.h"
@@ -321,7 +323,10 @@ class Parser {
     if (op->opcode == Opcode::kGetResult) {
       return ErrorAt(op_token, "get_result is written as the results of its node (%a, %b = op(...))");
     }
-    if (static_cast<int>(names.size()) != op->num_results) {
+    if (op->opcode == Opcode::kFusion && in_body_) {
+      return ErrorAt(op_token, "a fusion body cannot hold a fusion (bodies do not nest)");
+    }
+    if (op->num_results != kResultsFromBody && static_cast<int>(names.size()) != op->num_results) {
       return ErrorAt(start, absl::StrCat(op->name, " has ", op->num_results, " result(s), but ", names.size(),
                                          " name(s) are written"));
     }
@@ -361,18 +366,24 @@ class Parser {
       Next();
       ASSIGN_OR_RETURN(scope, ParseName("scope"));
     }
-    RETURN_IF_ERROR(CheckNode(start, names, *op, operands, attrs, types));
+    std::unique_ptr<Function> body;
+    if (op->opcode == Opcode::kFusion) {
+      ASSIGN_OR_RETURN(body, ParseFusionBody(names[0]));
+    }
+    RETURN_IF_ERROR(CheckNode(start, names, *op, operands, attrs, types, body.get()));
 
     if (names.size() == 1) {
       Node* node = function.AppendNode(op->opcode, std::move(operands), std::move(attrs), std::move(types[0]),
                                        names[0], std::move(scope));
       if (node == nullptr) return absl::InternalError(absl::StrCat("text parser: could not append %", names[0]));
+      node->set_body(std::move(body));
       defined_[names[0]] = Defined{node, start.line};
       return absl::OkStatus();
     }
     std::vector<Node*> results = function.AppendMultiResultNode(op->opcode, std::move(operands), std::move(attrs),
                                                                 std::move(types), names, std::move(scope));
     if (results.empty()) return absl::InternalError(absl::StrCat("text parser: could not append %", names[0]));
+    results[0]->operand(0)->set_body(std::move(body));
     for (size_t i = 0; i < names.size(); ++i) defined_[names[i]] = Defined{results[i], start.line};
     return absl::OkStatus();
   }
@@ -380,12 +391,20 @@ class Parser {
   // What the verifier would say about this node, said now so the position is exact.
   absl::Status CheckNode(const Token& start, const std::vector<std::string>& names, const OpInfo& op,
                          const std::vector<Node*>& operands, const AttrMap& attrs,
-                         const std::vector<TensorType>& types) {
+                         const std::vector<TensorType>& types, const Function* body) {
     const std::string what = absl::StrCat("%", absl::StrJoin(names, ", %"), " = ", op.name, ": ");
     absl::StatusOr<std::vector<TensorType>> operand_types = OperandTypes(op.opcode, operands);
     if (!operand_types.ok()) return ErrorAt(start, absl::StrCat(what, operand_types.status().message()));
     const TensorType* declared = types.size() == 1 ? &types[0] : nullptr;
-    absl::StatusOr<std::vector<TensorType>> inferred = InferResultTypes(op.opcode, *operand_types, attrs, declared);
+    absl::StatusOr<std::vector<TensorType>> inferred;
+    if (op.opcode == Opcode::kFusion) {
+      if (absl::Status body_ok = CheckFusionBody(attrs, body); !body_ok.ok()) {
+        return ErrorAt(start, absl::StrCat(what, body_ok.message()));
+      }
+      inferred = FusionResultTypes(*operand_types, *body);
+    } else {
+      inferred = InferResultTypes(op.opcode, *operand_types, attrs, declared);
+    }
     auto show = [](const std::vector<TensorType>& ts) {
       std::vector<std::string> shown;
       for (const TensorType& t : ts) shown.push_back(t.ToString());
@@ -440,6 +459,38 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // '{' node* return '}' after a fusion's line: its body, a function with names of its own.
+  // Bodies do not nest, so this recurses once at most.
+  absl::StatusOr<std::unique_ptr<Function>> ParseFusionBody(absl::string_view first_result) {
+    RETURN_IF_ERROR(ExpectPunct('{'));
+    auto body = std::make_unique<Function>(FusionBodyName(first_result));
+    absl::flat_hash_map<std::string, Defined> outer_defined = std::move(defined_);
+    absl::flat_hash_map<int64_t, int64_t> outer_parameter_lines = std::move(parameter_lines_);
+    defined_.clear();
+    parameter_lines_.clear();
+    in_body_ = true;
+    absl::Status parsed = ParseFunctionBody(*body);
+    in_body_ = false;
+    defined_ = std::move(outer_defined);
+    parameter_lines_ = std::move(outer_parameter_lines);
+    RETURN_IF_ERROR(parsed);
+    return body;
+  }
+
+  // node* return '}', then the function-level checks.
+  absl::Status ParseFunctionBody(Function& function) {
+    while (PeekPunct('%')) RETURN_IF_ERROR(ParseNode(function));
+    if (!PeekKeyword("return")) return Expected("'%' or 'return'");
+    const Token return_token = Peek();
+    RETURN_IF_ERROR(ParseReturn(function));
+    RETURN_IF_ERROR(ExpectPunct('}'));
+    // Nodes are already checked; what is left concerns the function as a whole (parameter
+    // indices, outputs, aliases), which the return line completes.
+    absl::Status verified = VerifyFunction(function);
+    if (!verified.ok()) return ErrorAt(return_token, verified.message());
+    return absl::OkStatus();
+  }
+
   // 'func' '@' NAME '{' node* return '}'
   absl::Status ParseFunction(Module& module) {
     RETURN_IF_ERROR(ExpectKeyword("func"));
@@ -455,16 +506,7 @@ class Parser {
     RETURN_IF_ERROR(ExpectPunct('{'));
     defined_.clear();
     parameter_lines_.clear();
-    while (PeekPunct('%')) RETURN_IF_ERROR(ParseNode(*function));
-    if (!PeekKeyword("return")) return Expected("'%' or 'return'");
-    const Token return_token = Peek();
-    RETURN_IF_ERROR(ParseReturn(*function));
-    RETURN_IF_ERROR(ExpectPunct('}'));
-    // Nodes are already checked; what is left concerns the function as a whole (parameter
-    // indices, outputs, aliases), which the return line completes.
-    absl::Status verified = VerifyFunction(*function);
-    if (!verified.ok()) return ErrorAt(return_token, verified.message());
-    return absl::OkStatus();
+    return ParseFunctionBody(*function);
   }
 
   text::Lexer lexer_;
@@ -472,6 +514,7 @@ class Parser {
   absl::flat_hash_set<std::string> function_names_;
   absl::flat_hash_map<std::string, Defined> defined_;
   absl::flat_hash_map<int64_t, int64_t> parameter_lines_;  // index -> line
+  bool in_body_ = false;  // parsing a fusion's body
 };
 
 }  // namespace

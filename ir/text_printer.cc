@@ -36,20 +36,44 @@ std::string PrintNode(const Node& node) {
   return line;
 }
 
-std::string PrintFunction(const Function& function) {
-  std::string out = absl::StrCat("func @", function.name(), " {\n");
+namespace {
+void AppendBody(const Function& function, absl::string_view indent, std::string& out);
+}  // namespace
+
+std::string PrintNodeWithBody(const Node& node, absl::string_view indent) {
+  std::string out = PrintNode(node);
+  if (node.body() == nullptr) return out;
+  out += " {\n";
+  AppendBody(*node.body(), absl::StrCat(indent, "  "), out);
+  absl::StrAppend(&out, indent, "}");
+  return out;
+}
+
+namespace {
+
+// The nodes and return line of `function`, each line indented by `indent`; a fusion's body
+// follows its node's line, two spaces deeper, closed by a `}` at the node's indent.
+void AppendBody(const Function& function, absl::string_view indent, std::string& out) {
   for (const auto& node : function.nodes()) {
     if (node->opcode() == Opcode::kGetResult) continue;  // part of its node's line
-    absl::StrAppend(&out, "  ", PrintNode(*node), "\n");
+    absl::StrAppend(&out, indent, PrintNodeWithBody(*node, indent), "\n");
   }
-  out += "  return";
+  absl::StrAppend(&out, indent, "return");
   for (size_t i = 0; i < function.outputs().size(); ++i) {
     absl::StrAppend(&out, i ? ", %" : " %", function.outputs()[i]->name());
   }
   if (!function.output_aliases().empty()) {
     absl::StrAppend(&out, " {aliases=[", absl::StrJoin(function.output_aliases(), ","), "]}");
   }
-  return out + "\n}\n";
+  out += "\n";
+}
+
+}  // namespace
+
+std::string PrintFunction(const Function& function) {
+  std::string out = absl::StrCat("func @", function.name(), " {\n");
+  AppendBody(function, "  ", out);
+  return out + "}\n";
 }
 
 std::string PrintModule(const Module& module) {

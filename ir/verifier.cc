@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/fusion.h"
 #include "ir/op_attributes.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
@@ -88,8 +89,16 @@ absl::Status VerifyFunction(const Function& f) {
     }
     absl::StatusOr<std::vector<TensorType>> types = OperandTypes(n.opcode(), n.operands());
     if (!types.ok()) return NodeError(f, n, types.status().message());
-    const TensorType* declared = n.has_multiple_results() ? nullptr : &n.type();
-    absl::StatusOr<std::vector<TensorType>> inferred = InferResultTypes(n.opcode(), *types, n.attrs(), declared);
+    if ((n.body() != nullptr) != (n.opcode() == Opcode::kFusion)) {
+      return NodeError(f, n, n.body() != nullptr ? "only a fusion has a body" : "a fusion needs a body");
+    }
+    if (n.body() != nullptr) {
+      if (f.owner() != nullptr) return NodeError(f, n, "is a fusion inside a fusion body: bodies do not nest");
+      absl::Status body_ok = VerifyFunction(*n.body());
+      if (body_ok.ok()) body_ok = CheckFusionBody(n.attrs(), n.body());
+      if (!body_ok.ok()) return NodeError(f, n, absl::StrCat("in its body: ", body_ok.message()));
+    }
+    absl::StatusOr<std::vector<TensorType>> inferred = InferNodeResultTypes(n);
     if (!inferred.ok()) {
       return NodeError(f, n, absl::StrCat("operands (", TypeListToString(*types), "): ", inferred.status().message()));
     }

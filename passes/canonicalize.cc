@@ -192,18 +192,14 @@ std::vector<RewriteRule> MakeRules(Captures& c, int64_t max_fold_elements) {
 }
 
 // Replaces `node` by a new node that keeps its name, so dumps and tests still read %name.
-// The name is busy until `node` goes, hence the detour through a temporary.
 void ReplaceWithNew(Node* node, NewNode spec) {
   Function& f = *node->parent();
   const std::string name = node->name();
-  const std::string scope = node->scope();
-  const TensorType type = node->type();
-  Node* temp = f.InsertNodeBefore(node, spec.op, spec.operands, spec.attrs, type, f.UniqueName(name + ".new"), scope);
-  node->ReplaceAllUsesWith(temp);
+  KILN_CHECK(f.RenameNode(node, f.UniqueName(name + ".old")));
+  Node* replacement = f.InsertNodeBefore(node, spec.op, std::move(spec.operands), std::move(spec.attrs), node->type(),
+                                         name, node->scope());
+  node->ReplaceAllUsesWith(replacement);
   f.RemoveNode(node);
-  Node* renamed = f.InsertNodeBefore(temp, spec.op, std::move(spec.operands), std::move(spec.attrs), type, name, scope);
-  temp->ReplaceAllUsesWith(renamed);
-  f.RemoveNode(temp);
 }
 
 // Applies rules to `node` until none fires or it is replaced (and removed). Returns whether

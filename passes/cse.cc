@@ -26,6 +26,24 @@ bool IsCommutative(const Node& node) {
   }
 }
 
+// A fusion's body by structure, not by names: each node's op, attributes, types and operands
+// (by position in the body), then the outputs. Two fusions with equal bodies over the same
+// operands compute the same values.
+std::string BodyKey(const Function& body) {
+  absl::flat_hash_map<const Node*, int64_t> position;
+  std::string key = "{";
+  for (const auto& n : body.nodes()) {
+    absl::StrAppend(&key, static_cast<int>(n->opcode()), "(");
+    for (const Node* o : n->operands()) absl::StrAppend(&key, position.at(o), ",");
+    absl::StrAppend(&key, ")", n->attrs().ToString(), ":");
+    for (const TensorType& t : n->result_types()) absl::StrAppend(&key, t.ToString(), ";");
+    position[n.get()] = static_cast<int64_t>(position.size());
+  }
+  key += "->";
+  for (const Node* out : body.outputs()) absl::StrAppend(&key, position.at(out), ",");
+  return key + "}";
+}
+
 // Two nodes compute the same value iff their keys are equal. Attributes print doubles in a
 // form that reads back to the same bits (so -0.0 and 0.0 differ), hence the printed form is
 // an exact key.
@@ -37,6 +55,7 @@ std::string ValueKey(const Node& node) {
   for (int64_t id : operand_ids) absl::StrAppend(&key, id, ",");
   absl::StrAppend(&key, ")", node.attrs().ToString(), ":");
   for (const TensorType& t : node.result_types()) absl::StrAppend(&key, t.ToString(), ";");
+  if (node.body() != nullptr) key += BodyKey(*node.body());
   return key;
 }
 

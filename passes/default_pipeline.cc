@@ -35,7 +35,8 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // The backend form of every GEMM; before fusion, so that a transpose it inserts can be
   // fused into the kernel that produces its operand.
   p.Add(std::make_unique<LowerGemmPass>());
-  // Last: it only marks kernel groups, which no pass above would keep track of.
+  // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
+  // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());
   return p;
 }

@@ -3,9 +3,10 @@
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "ir/fusion.h"
 #include "ir/node_predicates.h"
+#include "ir/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -17,12 +18,12 @@ bool IsOutput(const Node& node) {
   return false;
 }
 
-// Reads no memory: an iota, a splat constant, or a loop op of such nodes only. Duplicating
-// it into every group that uses it costs arithmetic, never bytes. The depth bound keeps a
+// Reads no memory: an iota, a splat constant, or a loop op of such nodes only. Copying it
+// into every fusion that uses it costs arithmetic, never bytes. The depth bound keeps a
 // pathological chain from being copied without end.
 bool ReadsNoMemory(const Node& node, int depth = 0) {
   if (node.opcode() == Opcode::kIota || IsSplatConstant(node)) return !IsFp8(node.type().dtype);
-  if (depth > 8 || node.opcode() == Opcode::kParameter || node.num_operands() == 0 || !IsLoopFusible(node)) {
+  if (depth > 8 || node.opcode() == Opcode::kParameter || node.num_operands() == 0 || !IsLoopOp(node)) {
     return false;
   }
   for (const Node* o : node.operands()) {
@@ -31,24 +32,26 @@ bool ReadsNoMemory(const Node& node, int depth = 0) {
   return true;
 }
 
-// Why `producer` cannot be computed inside the kernel of `consumer`'s group, or "" if it
-// can be (when each of its uses is in that group, or it reads no memory).
-std::string WhyNotFusible(const Node& producer) {
+// Why `producer` can never be computed inside another node's kernel, or "" if it can be.
+std::string WhyNeverFused(const Node& producer) {
   switch (producer.opcode()) {
     case Opcode::kParameter:
       return "a function input: read from memory";
     case Opcode::kDotGeneral:
+    case Opcode::kGemm:
       return "a GEMM: cuBLASLt writes it (epilogue fusion not implemented)";
     case Opcode::kConstant:
       if (!IsSplatConstant(producer)) return "a dense constant: read from its own buffer";
       break;
+    case Opcode::kFusion:
+      return "a fusion's result: its kernel stores it";
     case Opcode::kGetResult:
       return absl::StrCat("a result of ", producer.operand(0)->op_name(), ": its kernel stores it");
     default:
       break;
   }
   if (IsFp8(producer.type().dtype)) return "fp8 values are not fused";
-  if (!IsLoopFusible(producer)) {
+  if (!IsLoopOp(producer)) {
     const OpCategory category = GetOpInfo(producer.opcode()).category;
     if (category == OpCategory::kReduction) return "a reduction: it roots a kernel of its own";
     if (category == OpCategory::kComposite) return "a hand-written kernel template";
@@ -58,130 +61,169 @@ std::string WhyNotFusible(const Node& producer) {
   return "";
 }
 
+// One fusion found by the walk: its members (the root last in definition order) and the
+// decisions on the edges into it.
+struct Group {
+  Node* root = nullptr;
+  absl::flat_hash_set<const Node*> members;
+  std::vector<FusionDecision> decisions;
+};
+
+// Grows a fusion from `root` over its operands, deciding each edge once.
+Group GrowFrom(Node* root, const absl::flat_hash_set<const Node*>& taken) {
+  Group group{.root = root, .members = {root}};
+  std::vector<Node*> worklist = {root};
+  absl::flat_hash_set<std::pair<const Node*, const Node*>> decided;
+  while (!worklist.empty()) {
+    Node* consumer = worklist.back();
+    worklist.pop_back();
+    for (Node* producer : consumer->operands()) {
+      if (!decided.insert({producer, consumer}).second) continue;
+      // A producer another fusion took is used only there, so never by `consumer` (a node
+      // that reads no memory is never taken): this guards the invariant, nothing more.
+      FusionDecision d = taken.contains(producer) ? FusionDecision::Forbid("inside another fusion")
+                                                  : DecideFusion(*producer, group.members);
+      d.producer = producer->name();
+      d.producer_op = std::string(producer->op_name());
+      d.consumer = consumer->name();
+      d.consumer_op = std::string(consumer->op_name());
+      const bool fused = d.fused;
+      group.decisions.push_back(std::move(d));
+      if (fused && group.members.insert(producer).second) worklist.push_back(producer);
+    }
+  }
+  return group;
+}
+
+// Replaces the group's members by one fusion node holding copies of them, named after the
+// root and placed where the root was. Members used only inside go; a member that reads no
+// memory and has other users stays for them.
+absl::Status Outline(Function& f, const Group& group, absl::flat_hash_set<const Node*>& removed) {
+  std::vector<Node*> members;  // definition order
+  for (const auto& n : f.nodes()) {
+    if (group.members.contains(n.get())) members.push_back(n.get());
+  }
+  // The inputs, in order of first use, are the body's parameters, declared first.
+  std::vector<Node*> inputs;
+  absl::flat_hash_set<const Node*> is_input;
+  for (Node* m : members) {
+    for (Node* o : m->operands()) {
+      if (!group.members.contains(o) && is_input.insert(o).second) inputs.push_back(o);
+    }
+  }
+  auto body = std::make_unique<Function>(FusionBodyName(group.root->name()));
+  absl::flat_hash_map<const Node*, Node*> copy_of;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Node* p = body->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", static_cast<int64_t>(i)}}, inputs[i]->type(),
+                               inputs[i]->name(), inputs[i]->scope());
+    if (p == nullptr) {
+      return absl::InternalError(absl::StrCat("fuse-loops: cannot name a body parameter %", inputs[i]->name()));
+    }
+    copy_of[inputs[i]] = p;
+  }
+  for (Node* m : members) {
+    std::vector<Node*> operands;
+    for (Node* o : m->operands()) operands.push_back(copy_of.at(o));
+    Node* copy = body->AppendNode(m->opcode(), std::move(operands), m->attrs(), m->type(), m->name(), m->scope());
+    if (copy == nullptr) return absl::InternalError(absl::StrCat("fuse-loops: cannot copy %", m->name()));
+    copy_of[m] = copy;
+  }
+  body->SetOutputs({copy_of.at(group.root)});
+  const FusionKind kind = IsFusibleReduction(*group.root) ? FusionKind::kReduction : FusionKind::kLoop;
+
+  Node* root = group.root;
+  const std::string name = root->name();
+  if (!f.RenameNode(root, f.UniqueName(absl::StrCat(name, ".fused")))) {
+    return absl::InternalError(absl::StrCat("fuse-loops: cannot rename %", name));
+  }
+  std::vector<Node*> fusion = AddFusionNode(f, kind, inputs, std::move(body), {name}, root->scope(), root);
+  if (fusion.empty()) return absl::InternalError(absl::StrCat("fuse-loops: cannot add the fusion %", name));
+  root->ReplaceAllUsesWith(fusion[0]);
+  // Members in reverse definition order: each one's users are gone before it is asked.
+  for (auto it = members.rbegin(); it != members.rend(); ++it) {
+    if ((*it)->users().empty() && !IsOutput(**it)) {
+      removed.insert(*it);
+      f.RemoveNode(*it);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-bool IsLoopFusible(const Node& node) {
-  // A multi-result kernel stores each result, so a result is read from memory.
-  if (node.has_multiple_results() || node.opcode() == Opcode::kGetResult) return false;
-  if (IsFp8(node.type().dtype)) return false;  // no storage literal or rounding path here yet
-  for (const Node* o : node.operands()) {
-    if (IsFp8(o->type().dtype)) return false;
-  }
-  if (IsElementwise(node.opcode())) return true;
-  switch (node.opcode()) {
-    case Opcode::kBroadcast:
-    case Opcode::kReshape:
-    case Opcode::kTranspose:
-    case Opcode::kIota:
-      return true;
-    case Opcode::kConstant:
-      return IsSplatConstant(node);
-    default:
-      return false;
-  }
-}
-
-bool IsFusibleReduction(const Node& node) {
-  return (node.opcode() == Opcode::kReduceSum || node.opcode() == Opcode::kReduceMax) && !IsFp8(node.type().dtype) &&
-         !IsFp8(node.operand(0)->type().dtype);
-}
-
-std::string KernelGroupOf(const Node& node) {
-  absl::StatusOr<std::string> group = node.attrs().GetString(kKernelGroupAttr);
-  return group.ok() ? *group : "";
+FusionDecision DecideFusion(const Node& producer, const absl::flat_hash_set<const Node*>& members) {
+  if (std::string why = WhyNeverFused(producer); !why.empty()) return FusionDecision::Forbid(std::move(why));
+  bool all_uses_inside = true;
+  for (const Node* user : producer.users()) all_uses_inside &= members.contains(user);
+  if (all_uses_inside) return FusionDecision::Fuse("every use is in the kernel");
+  if (ReadsNoMemory(producer)) return FusionDecision::Fuse("reads no memory (copied where used)");
+  return FusionDecision::Forbid("used outside this kernel: stored once, read by each user");
 }
 
 absl::StatusOr<bool> FusionPass::RunOnFunction(Function& f) {
-  bool changed = false;
+  // Roots from the last node up, so that a fusion takes every producer only it uses before
+  // an earlier root could claim it.
   std::vector<Node*> order;
   for (const auto& n : f.nodes()) order.push_back(n.get());
-  absl::flat_hash_set<const Node*> grouped;
+  absl::flat_hash_set<const Node*> taken;  // members of a fusion found so far (copies aside)
+  std::vector<Group> groups;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* root = *it;
     // A root computes something from memory: leaves and reshapes alone are not kernels.
-    if (grouped.contains(root) || !KernelGroupOf(*root).empty() ||
-        !(IsLoopFusible(*root) || IsFusibleReduction(*root)) || root->num_operands() == 0 ||
+    if (taken.contains(root) || !(IsLoopOp(*root) || IsFusibleReduction(*root)) || root->num_operands() == 0 ||
         root->opcode() == Opcode::kReshape) {
       continue;
     }
-    absl::flat_hash_set<const Node*> members = {root};
-    std::vector<Node*> worklist = {root};
-    while (!worklist.empty()) {
-      Node* consumer = worklist.back();
-      worklist.pop_back();
-      for (int i = 0; i < consumer->num_operands(); ++i) {
-        Node* producer = consumer->operand(i);
-        if (members.contains(producer) || !WhyNotFusible(*producer).empty() || grouped.contains(producer)) continue;
-        bool all_uses_inside = true;
-        for (const Node* user : producer->users()) all_uses_inside &= members.contains(user);
-        if (!all_uses_inside) {
-          if (!ReadsNoMemory(*producer)) continue;
-          // Its own copy for this group; the original stays for its other users.
-          producer = f.InsertNodeBefore(consumer, producer->opcode(), producer->operands(), producer->attrs(),
-                                        producer->type(), f.UniqueName(absl::StrCat(producer->name(), ".dup")),
-                                        producer->scope());
-          consumer->ReplaceOperand(i, producer);
-        }
-        members.insert(producer);
-        worklist.push_back(producer);
-      }
+    Group group = GrowFrom(root, taken);
+    if (group.members.size() < 2) continue;
+    // A member that reads no memory may be copied into other fusions too (and so may
+    // everything it is computed from); every other member is this fusion's alone.
+    for (const Node* m : group.members) {
+      if (m == root || !ReadsNoMemory(*m)) taken.insert(m);
     }
-    if (members.size() < 2) continue;
-    for (const Node* m : members) {
-      grouped.insert(m);
-      const_cast<Node*>(m)->mutable_attrs().Set(std::string(kKernelGroupAttr), root->name());
+    groups.push_back(std::move(group));
+  }
+  // A node that reads no memory may be copied into fusions and also root one of its own;
+  // when the copies took its last users, it is gone by its turn, and so is its fusion.
+  absl::flat_hash_set<const Node*> removed;
+  bool changed = false;
+  for (Group& group : groups) {
+    if (removed.contains(group.root)) continue;
+    const std::string name = group.root->name();
+    RETURN_IF_ERROR(Outline(f, group, removed));
+    for (FusionDecision& d : group.decisions) {
+      d.function = f.name();
+      d.fusion = name;
+      decisions_.push_back(std::move(d));
     }
     changed = true;
   }
   return changed;
 }
 
-std::vector<FusionDecision> ExplainFusion(const Function& f) {
-  std::vector<FusionDecision> decisions;
+std::string FormatFusionReport(const Function& f, absl::Span<const FusionDecision> decisions, bool list_all) {
+  int64_t fusions = 0, members = 0;
   for (const auto& n : f.nodes()) {
-    const std::string group = KernelGroupOf(*n);
-    if (group.empty()) continue;
-    for (const Node* producer : n->operands()) {
-      FusionDecision d{.producer = producer, .consumer = n.get()};
-      if (KernelGroupOf(*producer) == group) {
-        d.fused = true;
-        d.why = ReadsNoMemory(*producer) ? "reads no memory (duplicated where used)" : "every use is in the kernel";
-      } else if (std::string why = WhyNotFusible(*producer); !why.empty()) {
-        d.why = why;
-      } else if (!KernelGroupOf(*producer).empty()) {
-        d.why = "the root of another kernel group (used by more than one kernel)";
-      } else {
-        d.why = "used outside this kernel: stored once, read by each user";
-      }
-      decisions.push_back(std::move(d));
-    }
+    if (n->body() == nullptr) continue;
+    ++fusions;
+    for (const auto& m : n->body()->nodes()) members += m->opcode() != Opcode::kParameter;
   }
-  return decisions;
-}
-
-std::string FormatFusionReport(const Function& f, bool list_all) {
-  absl::flat_hash_set<std::string> groups;
-  int64_t members = 0;
-  for (const auto& n : f.nodes()) {
-    if (std::string g = KernelGroupOf(*n); !g.empty()) {
-      groups.insert(g);
-      ++members;
-    }
-  }
-  const std::vector<FusionDecision> decisions = ExplainFusion(f);
   std::map<std::string, int64_t> fused, not_fused;
-  for (const FusionDecision& d : decisions) ++(d.fused ? fused : not_fused)[d.why];
   int64_t fused_total = 0, not_total = 0;
-  for (const auto& [why, count] : fused) fused_total += count;
-  for (const auto& [why, count] : not_fused) not_total += count;
-  std::string out = absl::StrCat("@", f.name(), ": ", groups.size(), " kernel groups of ", members,
-                                 " nodes; operand edges into groups: ", fused_total, " fused, ", not_total, " not\n");
+  for (const FusionDecision& d : decisions) {
+    if (d.function != f.name()) continue;
+    ++(d.fused ? fused : not_fused)[d.why];
+    ++(d.fused ? fused_total : not_total);
+  }
+  std::string out = absl::StrCat("@", f.name(), ": ", fusions, " fusions of ", members,
+                                 " nodes; operand edges into fusions: ", fused_total, " fused, ", not_total, " not\n");
   for (const auto& [why, count] : fused) absl::StrAppend(&out, "  fused      ", count, "  ", why, "\n");
   for (const auto& [why, count] : not_fused) absl::StrAppend(&out, "  not fused  ", count, "  ", why, "\n");
   if (list_all) {
     for (const FusionDecision& d : decisions) {
-      absl::StrAppend(&out, "  %", d.producer->name(), " (", d.producer->op_name(), ") -> %", d.consumer->name(), " (",
-                      d.consumer->op_name(), "): ", d.fused ? "fused, " : "not fused: ", d.why, "\n");
+      if (d.function != f.name()) continue;
+      absl::StrAppend(&out, "  %", d.fusion, ": %", d.producer, " (", d.producer_op, ") -> %", d.consumer, " (",
+                      d.consumer_op, "): ", d.fused ? "fused, " : "not fused: ", d.why, "\n");
     }
   }
   return out;

@@ -235,6 +235,23 @@ std::vector<std::string> Pipeline::PassNames() const {
   return names;
 }
 
+namespace {
+const Pass* FindIn(const Pass& pass, absl::string_view name) {
+  if (pass.name() == name) return &pass;
+  for (const Pass* member : pass.members()) {
+    if (const Pass* found = FindIn(*member, name)) return found;
+  }
+  return nullptr;
+}
+}  // namespace
+
+const Pass* Pipeline::FindPass(absl::string_view name) const {
+  for (const auto& pass : passes_) {
+    if (const Pass* found = FindIn(*pass, name)) return found;
+  }
+  return nullptr;
+}
+
 std::string Pipeline::Describe() const {
   std::vector<std::string> parts;
   for (const auto& pass : passes_) parts.push_back(DescribePass(*pass));

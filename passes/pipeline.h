@@ -134,6 +134,9 @@ class Pipeline {
   // The pass names, each once, in order of first appearance; members of groups included
   // (after their group). These are what disabled_passes may name.
   std::vector<std::string> PassNames() const;
+  // The first pass of that name, members of groups included; null if none. For reading what
+  // a pass kept of its last run (fuse-loops' decisions, say).
+  const Pass* FindPass(absl::string_view name) const;
   // The passes in order, groups with their members: "simplify(canonicalize, cse, dce), dce,
   // fuse-loops". For help texts, so they say what the code runs.
   std::string Describe() const;

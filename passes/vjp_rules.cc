@@ -49,6 +49,14 @@ absl::StatusOr<Node*> MulAll(Builder& b, std::initializer_list<Node*> xs) {
 
 absl::StatusOr<Grads> NoCotangents(const VjpArgs& a) { return Grads(a.node->num_operands(), nullptr); }
 
+// fuse-loops runs after autodiff, so a fusion met here was written by hand or by a pass run
+// in the wrong order: say so rather than guess its derivative.
+absl::StatusOr<Grads> FusionVjp(const VjpArgs& a) {
+  return absl::InvalidArgumentError(absl::StrCat("%", a.node->name(),
+                                                 " is a fusion: autodiff differentiates the ops before fuse-loops "
+                                                 "groups them, so run it on the unfused function"));
+}
+
 // ---- unary ---------------------------------------------------------------------------------
 
 absl::StatusOr<Grads> NegVjp(const VjpArgs& a) {
@@ -675,6 +683,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kAttentionGrad, NoCotangents, kNode},
     // A get_result's cotangent goes to its multi-result node's rule (passes/autodiff.cc).
     VjpRow{Opcode::kGetResult, NoCotangents, kNode},
+    VjpRow{Opcode::kFusion, FusionVjp, kNode},
 };
 
 }  // namespace

@@ -200,14 +200,6 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
     }
     for (const Node* operand : n.operands()) {
       const int64_t operand_index = index_of.at(operand);
-      // A fused operand is computed in the same kernel as this node: nothing is read.
-      if (request.roles[operand_index] == BufferRole::kFused) {
-        if (role != BufferRole::kFused && (request.run_step.empty() || request.run_step[operand_index] != i)) {
-          return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n), " reads ",
-                                                         NodeLabel(*operand), ", which is fused into another kernel"));
-        }
-        continue;
-      }
       const int64_t b = plan.node_buffer[operand_index];
       if (b < 0) {
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),
@@ -215,7 +207,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       }
       plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, read_step);
     }
-    if (role == BufferRole::kFused || role == BufferRole::kMultiResult) continue;
+    if (role == BufferRole::kMultiResult) continue;
     if (role == BufferRole::kAlias) {
       if (n.num_operands() < 1 || n.operand(0)->type().num_bytes() != n.type().num_bytes()) {
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", NodeLabel(n),

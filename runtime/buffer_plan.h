@@ -38,8 +38,6 @@ enum class BufferRole : uint8_t {
   kNone,   // not computed (no output depends on it): no buffer
   kOwn,    // writes a buffer of its own (parameters always get their fixed one)
   kAlias,  // reinterprets operand 0's buffer
-  kFused,  // computed inside another node's kernel (a kernel group member): no buffer; its
-           // operands are read when that kernel runs (BufferPlanRequest::run_step)
   kMultiResult,  // a node of several results (ir/graph.h): reads its operands at its step and
                  // writes its get_result nodes' buffers; no buffer of its own
   kResult,  // a get_result: a buffer of its own, written by its multi-result node's kernel at
@@ -49,9 +47,8 @@ enum class BufferRole : uint8_t {
 struct BufferPlanRequest {
   std::vector<BufferRole> roles;       // one per node, in f.nodes() order
   std::vector<int64_t> scratch_bytes;  // one per node, or empty for none
-  // One per node, or empty: the step at which the node's operands are read, when that is
-  // not its own (a kFused member's: its group root's step, which is later; a kResult's: its
-  // multi-result node's step, which is earlier).
+  // One per node, or empty: the step at which the node runs, when that is not its own (a
+  // kResult's: its multi-result node's step, which is earlier).
   std::vector<int64_t> run_step;
   // One per node, or empty: the node's kernel reads each operand element only to write the
   // same element of its result, before writing it. A donated output of such a node is then

@@ -15,6 +15,8 @@
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/autodiff.h"
+#include "passes/training_step.h"
+#include "tests/testing/all_ops.h"
 #include "ir/reference_backend.h"
 
 namespace kiln {
@@ -315,8 +317,26 @@ TEST(AutodiffOpTableTest, EveryOpHasAVjpRuleAndAFiniteDifferenceCase) {
   for (int i = 0; i < kNumOpcodes; ++i) {
     const Opcode op = static_cast<Opcode>(i);
     EXPECT_TRUE(HasVjpRule(op)) << OpName(op) << " has no VJP rule";
+    // A fusion's rule is an error by design (fuse-loops runs after autodiff), which
+    // AutodiffOpTableTest.AFusionIsNotDifferentiated checks instead.
+    if (op == Opcode::kFusion) continue;
     EXPECT_TRUE(exercised.count(op)) << OpName(op) << " has no finite-difference case";
   }
+}
+
+TEST(AutodiffOpTableTest, AFusionIsNotDifferentiated) {
+  std::unique_ptr<Module> m = testing::BuildAllOpsModule();
+  Function* f = m->FindFunction("fusion");
+  ASSERT_NE(f, nullptr);
+  // The loss: the reduction fusion's f32 result, summed; differentiated by its input %x.
+  Builder b(f);
+  absl::StatusOr<Node*> loss = b.ReduceSum(f->outputs()[1], {0});
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  absl::StatusOr<std::vector<Node*>> grads = AppendBackward(*f, *loss, {f->parameters()[0]});
+  ASSERT_FALSE(grads.ok());
+  EXPECT_NE(grads.status().message().find("is a fusion: autodiff differentiates the ops before fuse-loops"),
+            std::string::npos)
+      << grads.status();
 }
 
 // The whole llama-tiny training loss (embedding, RMSNorm, RoPE, GQA attention, SwiGLU, LM

@@ -1,22 +1,27 @@
-// Loop fusion (passes/fusion.h) and the kernels it leads to (codegen/kernel_group.h): which
-// nodes join a group and why the others do not, that the marks survive the text form, that
-// the reference backend sees the same values (RunPassOnText checks meaning), and that every
-// group kernel compiles with NVRTC for sm_90a.
+// Loop fusion (passes/fusion.h), fusion nodes (ir/fusion.h) and their kernels
+// (codegen/lower_fusion.h): which nodes join a fusion and why the others do not, that
+// fusions survive the text form, that the verifier checks their bodies, that the reference
+// backend sees the same values (RunPassOnText checks meaning), that passes run after fusion,
+// and that every fusion kernel compiles with NVRTC for sm_90a.
 #include "passes/fusion.h"
 
 #include <map>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "codegen/compile_function.h"
-#include "codegen/kernel_group.h"
 #include "codegen/lower_composite.h"
+#include "ir/fusion.h"
 #include "ir/text_format.h"
 #include "ir/verifier.h"
+#include "passes/cse.h"
+#include "passes/dce.h"
 #include "passes/default_pipeline.h"
 #include "passes/lower_gemm.h"
 #include "frontends/llama.h"
 #include "passes/training_step.h"
+#include "runtime/differential_check.h"
 #include "tests/testing/all_ops.h"
 #include "tests/testing/filecheck.h"
 #include "tests/testing/reduction_shapes.h"
@@ -30,12 +35,21 @@ std::string RunFusion(absl::string_view text, bool expect_change = true) {
   return testing::RunPassOnText(pass, text, expect_change);
 }
 
-std::unique_ptr<Module> FuseText(absl::string_view text) {
+std::unique_ptr<Module> FuseText(absl::string_view text, FusionPass* pass = nullptr) {
   absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(text);
   EXPECT_TRUE(m.ok()) << m.status();
-  FusionPass pass;
-  EXPECT_TRUE(pass.Run(**m).ok());
+  FusionPass local;
+  EXPECT_TRUE((pass ? pass : &local)->Run(**m).ok());
+  EXPECT_TRUE(VerifyModule(**m).ok());
   return *std::move(m);
+}
+
+std::vector<const Node*> Fusions(const Function& f) {
+  std::vector<const Node*> out;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kFusion) out.push_back(n.get());
+  }
+  return out;
 }
 
 constexpr absl::string_view kBiasConvert = R"(module @m
@@ -48,35 +62,35 @@ func @main {
   return %y
 })";
 
-TEST(Fusion, ChainWithBroadcastBecomesOneGroupRootedAtItsLastNode) {
+TEST(Fusion, ChainWithBroadcastBecomesOneFusionNamedAfterItsLastNode) {
   const std::string out = RunFusion(kBiasConvert);
   EXPECT_TRUE(testing::FileCheck(out, R"(
     CHECK:      %a = parameter() {index=0}
     CHECK-NEXT: %b = parameter() {index=1}
-    CHECK-NEXT: %bb = broadcast(%b) {dims=[1], kernel_group="y"}
-    CHECK-NEXT: %s = add(%a, %bb) {kernel_group="y"}
-    CHECK-NEXT: %y = convert(%s) {kernel_group="y"}
+    CHECK-NEXT: %y = fusion(%b, %a) {kind=loop} : bf16[4,8] {
+    CHECK-NEXT:   %b = parameter() {index=0} : f32[8]
+    CHECK-NEXT:   %a = parameter() {index=1} : f32[4,8]
+    CHECK-NEXT:   %bb = broadcast(%b) {dims=[1]} : f32[4,8]
+    CHECK-NEXT:   %s = add(%a, %bb) : f32[4,8]
+    CHECK-NEXT:   %y = convert(%s) : bf16[4,8]
+    CHECK-NEXT:   return %y
+    CHECK-NEXT: }
+    CHECK-NEXT: return %y
   )").ok()) << out;
-  std::unique_ptr<Module> m = FuseText(kBiasConvert);
-  absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(*m->functions()[0]);
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  ASSERT_EQ(groups->size(), 1u);
-  EXPECT_EQ((*groups)[0].root->name(), "y");
-  ASSERT_EQ((*groups)[0].inputs.size(), 2u);  // %b and %a, each read once, by first use
-  EXPECT_EQ((*groups)[0].inputs[0]->name(), "b");
-  EXPECT_EQ((*groups)[0].inputs[1]->name(), "a");
 }
 
-TEST(Fusion, MarksSurviveTheTextForm) {
+TEST(Fusion, FusionsSurviveTheTextFormAndCompile) {
   std::unique_ptr<Module> m = FuseText(kBiasConvert);
   const std::string printed = PrintModule(*m);
   absl::StatusOr<std::unique_ptr<Module>> again = ParseModule(printed);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(PrintModule(**again), printed);
-  EXPECT_TRUE(codegen::FindKernelGroups(*(*again)->functions()[0]).ok());
+  absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(*(*again)->functions()[0], {.arch = "sm_90a"}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->num_kernels, 1);
 }
 
-TEST(Fusion, AProducerWithAUseOutsideIsStoredAndTheReasonIsRecorded) {
+TEST(Fusion, AProducerWithAUseOutsideIsStoredAndTheReasonIsTheDecisionsOwn) {
   constexpr absl::string_view text = R"(module @m
 func @main {
   %x = parameter() {index=0} : f32[16]
@@ -89,28 +103,32 @@ func @main {
   const std::string out = RunFusion(text);
   EXPECT_TRUE(testing::FileCheck(out, R"(
     CHECK:      %e = exp(%x) : f32[16]
-    CHECK-NEXT: %n = neg(%e) {kernel_group="y"}
     CHECK-NEXT: %r = reduce_sum(%e) {dims=[0]} : f32[]
-    CHECK-NEXT: %y = mul(%n, %n) {kernel_group="y"}
+    CHECK-NEXT: %y = fusion(%e) {kind=loop} : f32[16] {
+    CHECK-NEXT:   %e = parameter() {index=0} : f32[16]
+    CHECK-NEXT:   %n = neg(%e) : f32[16]
+    CHECK-NEXT:   %y = mul(%n, %n) : f32[16]
   )").ok()) << out;
-  std::unique_ptr<Module> m = FuseText(text);
-  const std::vector<FusionDecision> decisions = ExplainFusion(*m->functions()[0]);
+  FusionPass pass;
+  std::unique_ptr<Module> m = FuseText(text, &pass);
   bool explained = false;
-  for (const FusionDecision& d : decisions) {
-    if (d.producer->name() == "e" && d.consumer->name() == "n") {
+  for (const FusionDecision& d : pass.decisions()) {
+    EXPECT_EQ(d.function, "main");
+    EXPECT_EQ(d.fusion, "y");
+    if (d.producer == "e" && d.consumer == "n") {
       EXPECT_FALSE(d.fused);
       EXPECT_EQ(d.why, "used outside this kernel: stored once, read by each user");
       explained = true;
     }
-    if (d.producer->name() == "n") EXPECT_TRUE(d.fused) << d.why;
+    if (d.producer == "n") EXPECT_TRUE(d.fused) << d.why;
   }
   EXPECT_TRUE(explained);
-  const std::string report = FormatFusionReport(*m->functions()[0], true);
+  const std::string report = FormatFusionReport(*m->functions()[0], pass.decisions(), true);
   EXPECT_TRUE(testing::FileCheck(report, R"(
-    CHECK:      @main: 1 kernel groups of 2 nodes; operand edges into groups: 2 fused, 1 not
-    CHECK-NEXT:   fused      2  every use is in the kernel
+    CHECK:      @main: 1 fusions of 2 nodes; operand edges into fusions: 1 fused, 1 not
+    CHECK-NEXT:   fused      1  every use is in the kernel
     CHECK-NEXT:   not fused  1  used outside this kernel: stored once, read by each user
-    CHECK-NEXT:   %e (exp) -> %n (neg): not fused: used outside this kernel
+    CHECK:        %y: %e (exp) -> %n (neg): not fused: used outside this kernel
   )").ok()) << report;
 }
 
@@ -129,18 +147,18 @@ func @main {
 })");
   EXPECT_TRUE(testing::FileCheck(out, R"(
     CHECK:      %mm = dot_general(%a, %b)
-    CHECK-NOT:  kernel_group
-    CHECK:      %sm = softmax(%mm) : f32[4,8]
-    CHECK-NEXT: %t = tanh(%sm) {kernel_group="y"}
-    CHECK-NEXT: %y = convert(%t) {kernel_group="y"}
-    CHECK-NEXT: %o = exp(%mm) : f32[4,8]
+    CHECK-NEXT: %sm = softmax(%mm) : f32[4,8]
+    CHECK-NEXT: %y = fusion(%sm) {kind=loop} : bf16[4,8] {
+    CHECK:        %t = tanh(%sm) : f32[4,8]
+    CHECK-NEXT:   %y = convert(%t) : bf16[4,8]
+    CHECK:      %o = exp(%mm) : f32[4,8]
     CHECK-NEXT: %z = neg(%o) : f32[4,8]
   )").ok()) << out;
 }
 
-// The causal mask reads no memory: each kernel that uses it gets its own copy, so neither
+// The causal mask reads no memory: each fusion that uses it gets its own copy, so neither
 // the mask nor its broadcast is ever stored.
-TEST(Fusion, AMaskThatReadsNoMemoryIsDuplicatedIntoEachUser) {
+TEST(Fusion, AMaskThatReadsNoMemoryIsCopiedIntoEachUser) {
   const std::string out = RunFusion(R"(module @m
 func @main {
   %s = parameter() {index=0} : f32[2,4,4]
@@ -159,24 +177,25 @@ func @main {
   return %e, %dg
 })");
   EXPECT_TRUE(testing::FileCheck(out, R"(
-    CHECK: %cb = broadcast(%c) {dims=[1,2], kernel_group="e"}
-    CHECK: %m = select(%cb, %s, %infb) {kernel_group="e"}
-    CHECK: %e = exp(%m) {kernel_group="e"}
-    CHECK: %cb.dup = broadcast(%c.dup) {dims=[1,2], kernel_group="dg"}
-    CHECK: %dg = select(%cb.dup, %g, %zb) {kernel_group="dg"}
+    CHECK:      %e = fusion(%s) {kind=loop}
+    CHECK:        %cb = broadcast(%c) {dims=[1,2]}
+    CHECK:        %m = select(%cb, %s, %infb)
+    CHECK:        %e = exp(%m)
+    CHECK:      %dg = fusion(%g) {kind=loop}
+    CHECK:        %cb = broadcast(%c) {dims=[1,2]}
+    CHECK:        %dg = select(%cb, %g, %zb)
+    CHECK:      return %e, %dg
   )").ok()) << out;
   absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(out);
   ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(*(*m)->functions()[0]);
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  ASSERT_EQ(groups->size(), 2u);
-  for (const codegen::KernelGroup& g : *groups) {
-    ASSERT_EQ(g.inputs.size(), 1u) << g.root->name();  // only %s or %g comes from memory
-  }
+  const Function& f = *(*m)->functions()[0];
+  ASSERT_EQ(Fusions(f).size(), 2u);
+  for (const Node* fusion : Fusions(f)) EXPECT_EQ(fusion->num_operands(), 1) << fusion->name();  // %s or %g
+  EXPECT_EQ(f.num_nodes(), 4);  // the mask went into both bodies: nothing else is left outside
 }
 
-// A reduction roots a group: the squares of a gradient norm are never stored.
-TEST(Fusion, AReductionRootsTheGroupOfItsOperandChain) {
+// A reduction ends a reduction fusion: the squares of a gradient norm are never stored.
+TEST(Fusion, AReductionEndsTheFusionOfItsOperandChain) {
   const std::string out = RunFusion(R"(module @m
 func @main {
   %g = parameter() {index=0} : f32[64,1000]
@@ -188,16 +207,20 @@ func @main {
   return %r
 })");
   EXPECT_TRUE(testing::FileCheck(out, R"(
-    CHECK: %cb = broadcast(%c) {dims=[], kernel_group="r"}
-    CHECK: %s = mul(%g, %cb) {kernel_group="r"}
-    CHECK: %sq = mul(%s, %s) {kernel_group="r"}
-    CHECK: %r = reduce_sum(%sq) {dims=[1], kernel_group="r"}
+    CHECK:      %r = fusion(%c, %g) {kind=reduction} : f32[64] {
+    CHECK-NEXT:   %c = parameter() {index=0} : f32[]
+    CHECK-NEXT:   %g = parameter() {index=1} : f32[64,1000]
+    CHECK-NEXT:   %cb = broadcast(%c) {dims=[]}
+    CHECK-NEXT:   %s = mul(%g, %cb)
+    CHECK-NEXT:   %sq = mul(%s, %s)
+    CHECK-NEXT:   %r = reduce_sum(%sq) {dims=[1]} : f32[64]
+    CHECK-NEXT:   return %r
   )").ok()) << out;
 }
 
 // Every reduction scheme (a thread, a warp or block, several blocks per row; columns) reads
-// a fused operand through the group's accessor and compiles.
-TEST(KernelGroups, FusedReductionsOfEveryShapeCompile) {
+// a fused operand through the fusion's accessor and compiles.
+TEST(FusionKernels, ReductionFusionsOfEveryShapeCompile) {
   for (const auto& [shape, dims, result] : testing::ReductionShapesOfEveryScheme()) {
     std::unique_ptr<Module> m = FuseText(absl::StrCat(R"(module @m
 func @main {
@@ -209,9 +232,7 @@ func @main {
   return %r, %m
 })"));
     const Function& f = *m->functions()[0];
-    absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(f);
-    ASSERT_TRUE(groups.ok()) << groups.status();
-    ASSERT_EQ(groups->size(), 1u) << shape << "\n" << PrintModule(*m);  // %f has two users: only %sq joins %r
+    ASSERT_EQ(Fusions(f).size(), 1u) << shape << "\n" << PrintModule(*m);  // %f has two users: only %sq joins %r
     absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(f, {.arch = "sm_90a"}, nullptr);
     ASSERT_TRUE(report.ok()) << shape << ": " << report.status();
   }
@@ -226,24 +247,110 @@ func @main {
 })", /*expect_change=*/false);
 }
 
-TEST(KernelGroups, MalformedMarksAreRejectedWithTheNode) {
-  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+// The verifier checks a fusion's body against its kind, operands and results, and says
+// which body node breaks which rule; the parser says where.
+TEST(FusionNodes, TheVerifierChecksBodies) {
+  auto error_of = [](absl::string_view body_and_rest) {
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat(R"(module @m
 func @main {
   %x = parameter() {index=0} : f32[4]
-  %e = exp(%x) {kernel_group="y"} : f32[4]
-  %y = neg(%e) {kernel_group="y"} : f32[4]
-  return %y, %e
-})");
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(*(*m)->functions()[0]);
-  ASSERT_FALSE(groups.ok());
-  EXPECT_NE(groups.status().message().find("%e (exp) is returned"), std::string::npos) << groups.status();
+)", body_and_rest));
+    return m.ok() ? std::string("parsed") : std::string(m.status().message());
+  };
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=loop} : f32[4] {
+    %x = parameter() {index=0} : f32[4]
+    %s = softmax(%x) : f32[4]
+    return %s
+  }
+  return %y
+})"), "%s (softmax) cannot be computed element by element in a loop kernel"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=blob} : f32[4] {
+    %x = parameter() {index=0} : f32[4]
+    %n = neg(%x) : f32[4]
+    return %n
+  }
+  return %y
+})"), "unknown fusion kind 'blob' (the kinds are loop, reduction)"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=loop} : f32[4] {
+    %x = parameter() {index=0} : f32[8]
+    %n = neg(%x) : f32[8]
+    return %n
+  }
+  return %y
+})"), "operand 0 is f32[4] but the body's parameter %x is f32[8]"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=loop} : f32[2] {
+    %x = parameter() {index=0} : f32[4]
+    %n = neg(%x) : f32[4]
+    return %n
+  }
+  return %y
+})"), "written type f32[2] but operands give f32[4]"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=reduction} : f32[4] {
+    %x = parameter() {index=0} : f32[4]
+    %n = neg(%x) : f32[4]
+    return %n
+  }
+  return %y
+})"), "a reduction fusion's body returns one reduce_sum or reduce_max"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=loop} : f32[4] {
+    %x = parameter() {index=0} : f32[4]
+    %z = fusion(%x) {kind=loop} : f32[4] {
+)"), "a fusion body cannot hold a fusion (bodies do not nest)"));
+  EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = neg(%x) : f32[4] {
+)"), "expected"));
+  // Built by hand, a node that is not a fusion cannot carry a body.
+  Module m("m");
+  Function* f = m.AddFunction("main");
+  Node* x = f->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", int64_t{0}}}, {DType::kF32, {4}}, "x");
+  Node* y = f->AppendNode(Opcode::kNeg, {x}, {}, {DType::kF32, {4}}, "y");
+  y->set_body(CloneFunction(*f, "stray"));
+  f->SetOutputs({y});
+  absl::Status st = VerifyModule(m);
+  EXPECT_TRUE(absl::StrContains(st.message(), "only a fusion has a body")) << st;
 }
 
-// Every group the default pipeline forms in llama-tiny's training step (and in the all-ops
+// A pass may run after fusion: cse merges two equal fusions (equal bodies over the same
+// operands, whatever the names inside), dce removes an unused one, and the result verifies
+// and computes the same values.
+TEST(FusionNodes, PassesRunAfterFusion) {
+  constexpr absl::string_view text = R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[8]
+  %a = exp(%x) : f32[8]
+  %y1 = neg(%a) : f32[8]
+  %b = exp(%x) : f32[8]
+  %y2 = neg(%b) : f32[8]
+  %c = tanh(%x) : f32[8]
+  %unused = neg(%c) : f32[8]
+  return %y1, %y2
+})";
+  std::unique_ptr<Module> m = FuseText(text);
+  ASSERT_EQ(Fusions(*m->functions()[0]).size(), 3u) << PrintModule(*m);
+  std::unique_ptr<Module> before = CloneModule(*m);
+  CsePass cse;
+  ASSERT_TRUE(*cse.Run(*m));
+  DcePass dce;
+  ASSERT_TRUE(*dce.Run(*m));
+  ASSERT_TRUE(VerifyModule(*m).ok());
+  EXPECT_EQ(Fusions(*m->functions()[0]).size(), 1u) << PrintModule(*m);
+  EXPECT_TRUE(CheckMeaningPreserved(*before, *m).ok());
+  // Different bodies over the same operands stay apart.
+  std::unique_ptr<Module> other = FuseText(R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[8]
+  %a = exp(%x) : f32[8]
+  %y1 = neg(%a) : f32[8]
+  %b = tanh(%x) : f32[8]
+  %y2 = neg(%b) : f32[8]
+  return %y1, %y2
+})");
+  EXPECT_FALSE(*cse.Run(*other)) << PrintModule(*other);
+}
+
+// Every fusion the default pipeline forms in llama-tiny's training step (and in the all-ops
 // module) lowers to a kernel that NVRTC compiles for sm_90a, and the step has fewer
 // launches than without fusion.
-TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
+TEST(FusionKernels, EveryFusionOfATrainingStepCompiles) {
   ModelConfig config = *PresetConfig("llama-tiny");
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 2, .seq_len = 16, .precision = Precision::kBf16});
   ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, nullptr).ok());
@@ -253,17 +360,21 @@ TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
   no_fusion.disabled_passes.push_back("fuse-loops");
   ASSERT_TRUE(BuildDefaultPipeline(no_fusion).Run(*unfused, no_fusion).ok());
   const Function& step = *m->FindFunction("train_step");
-  absl::StatusOr<std::vector<codegen::KernelGroup>> groups = codegen::FindKernelGroups(step);
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  EXPECT_GT(groups->size(), 20u);
+  const size_t fusions = Fusions(step).size();
+  EXPECT_GT(fusions, 20u);
   absl::StatusOr<KernelCompileReport> fused = CompileFunctionKernels(step, {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(fused.ok()) << fused.status();
   absl::StatusOr<KernelCompileReport> plain =
       CompileFunctionKernels(*unfused->FindFunction("train_step"), {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  std::printf("llama-tiny step: %zu kernel groups; %lld launches fused, %lld unfused\n", groups->size(),
+  std::printf("llama-tiny step: %zu fusions; %lld launches fused, %lld unfused\n", fusions,
               static_cast<long long>(fused->num_kernels), static_cast<long long>(plain->num_kernels));
   EXPECT_LT(fused->num_kernels, plain->num_kernels * 4 / 5);
+  for (const NodeKernels& n : fused->nodes) {
+    if (n.node->opcode() != Opcode::kFusion) continue;
+    EXPECT_EQ(n.lowered.kernels.size(), 1u) << n.node->name();
+    EXPECT_TRUE(n.lowered.label == "fused loop" || absl::StartsWith(n.lowered.label, "fused reduce_")) << n.lowered.label;
+  }
 
   std::unique_ptr<Module> all_ops = testing::BuildAllOpsModule();
   ASSERT_TRUE(LowerGemmPass().Run(*all_ops).ok());
@@ -276,7 +387,7 @@ TEST(KernelGroups, EveryGroupOfATrainingStepCompiles) {
 // Multi-result ops: a parameter's update is one adamw_update node with three results, one
 // in-place kernel writing them all; its get_result nodes launch nothing. attention writes
 // its output and LSE in one kernel, attention_grad dq in one and dk, dv in another.
-TEST(KernelGroups, MultiResultNodesWriteEveryResultFromTheirKernels) {
+TEST(FusionKernels, MultiResultNodesWriteEveryResultFromTheirKernels) {
   ModelConfig config = *PresetConfig("llama-tiny");
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 2, .seq_len = 16, .precision = Precision::kBf16});
   TrainingStepLayout layout;

@@ -22,6 +22,7 @@
 #include "frontends/llama.h"
 #include "frontends/weight_init.h"
 #include "ir/builder.h"
+#include "ir/status_macros.h"
 #include "ir/verifier.h"
 #include "passes/training_step.h"
 #include "ir/text_format.h"
@@ -316,6 +317,24 @@ std::vector<OpCase> OpCases() {
                      return b.Return(outs);
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  // Fusion nodes as fuse-loops makes them: a loop fusion over a broadcast, and a reduction
+  // fusion over an elementwise chain (the fused kernels' own paths, beside the all-ops ones).
+  cases.push_back({"fusion_loop_and_reduction", kFewUlps, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{bf16, {33, 1031}}, {f32, {1031}}});
+                     ASSIGN_OR_RETURN(Node * x, b.Convert(p[0], f32));
+                     ASSIGN_OR_RETURN(Node * wb, b.Broadcast(p[1], {1}, {33, 1031}));
+                     ASSIGN_OR_RETURN(Node * y, b.Mul(x, wb));
+                     ASSIGN_OR_RETURN(Node * s, b.Unary(Opcode::kSigmoid, y));
+                     ASSIGN_OR_RETURN(Node * out, b.Convert(s, bf16));
+                     ASSIGN_OR_RETURN(Node * x2, b.Convert(p[0], f32));
+                     ASSIGN_OR_RETURN(Node * sq, b.Mul(x2, x2));
+                     ASSIGN_OR_RETURN(Node * sum, b.ReduceSum(sq, {1}));
+                     RETURN_IF_ERROR(b.Return({out, sum}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}}});
   cases.push_back({"add_large", kExact, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{bf16, {(1 << 20) + 3}}, {bf16, {(1 << 20) + 3}}});
                      return Ret(b, b.Add(p[0], p[1]));

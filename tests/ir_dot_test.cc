@@ -135,9 +135,13 @@ TEST(Dot, ParametersAreEllipsesOutputsHighlightedEdgesTyped) {
       EXPECT_TRUE(absl::StrContains(line, "penwidth=2")) << line;
     }
   }
-  // @main's 6 parameters and 9 outputs, @attention's 4 and 6.
-  EXPECT_EQ(ellipses, 6 + 4);
-  EXPECT_EQ(outputs, static_cast<int>(m->functions()[0]->outputs().size() + m->functions()[1]->outputs().size()));
+  // @main's 6 parameters, @attention's 4, @fusion's 2 (the fusion bodies' own are not drawn).
+  EXPECT_EQ(ellipses, 6 + 4 + 2);
+  size_t all_outputs = 0;
+  for (const auto& f : m->functions()) all_outputs += f->outputs().size();
+  EXPECT_EQ(outputs, static_cast<int>(all_outputs));
+  EXPECT_TRUE(absl::StrContains(text, "fusion (loop): broadcast, mul, tanh, convert")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "fusion (reduction): mul, reduce_sum")) << text;
   EXPECT_TRUE(absl::StrContains(text, "[label=\"x\\nparameter\\nf32[2,3,4]\", shape=ellipse"));
   EXPECT_TRUE(absl::StrContains(text, "\"f0n0\" -> \"f0n6\" [label=\"f32[2,3,4]\"]")) << "x feeds neg";
 }

@@ -209,7 +209,7 @@ std::vector<RejectCase> RejectCases() {
        },
        "proto: "},
       {"version 99", edit([](auto& p) { p.set_format_version(99); }),
-       "unsupported IR format version 99 (this build reads version 2)"},
+       "unsupported IR format version 99 (this build reads versions 2 and 3)"},
       {"no version", edit([](auto& p) { p.clear_format_version(); }), "unsupported IR format version 0"},
       {"dangling operand", edit([](auto& p) { NodeNamed(p, "neg")->set_operand_ids(0, 12345); }),
        "function @main, node id 6 (%6): operand 0 refers to id 12345, which is not defined earlier"},

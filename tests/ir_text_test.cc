@@ -128,7 +128,7 @@ TEST(IrText, EveryOpLineRoundTripsAlone) {
                         o->type().ToString(), "\n");
       }
       const std::string line = PrintNode(*node);
-      if (node->opcode() != Opcode::kParameter) absl::StrAppend(&body, "  ", line, "\n");
+      if (node->opcode() != Opcode::kParameter) absl::StrAppend(&body, "  ", PrintNodeWithBody(*node, "  "), "\n");
       const std::string text = absl::StrCat("module @one\n\nfunc @f {\n", body, "  return %", named.name(), "\n}\n");
       absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
       ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;

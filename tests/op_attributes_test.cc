@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "ir/text_format.h"
 #include "ir/verifier.h"
-#include "passes/fusion.h"
 #include "tests/testing/all_ops.h"
 
 namespace kiln {
@@ -46,10 +45,19 @@ TEST(OpAttributes, TheTableMatchesTheAttributesEveryOpIsBuiltWith) {
   }
 }
 
-TEST(OpAttributes, TheFusionMarkIsAnAnnotationOfAnyOp) {
-  absl::Span<const absl::string_view> annotations = AnnotationAttributes();
-  EXPECT_NE(std::find(annotations.begin(), annotations.end(), kKernelGroupAttr), annotations.end());
-  EXPECT_TRUE(CheckKnownAttributes(Opcode::kAdd, AttrMap{{std::string(kKernelGroupAttr), std::string("g")}}).ok());
+// The names come from the op table's attribute column, split per op; no op takes an
+// attribute of another's, and the old kernel-group mark of fusion is no attribute at all
+// (fusion is a node now).
+TEST(OpAttributes, TheNamesAreTheOpTablesColumn) {
+  EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kRmsNorm).begin(), KnownAttributes(Opcode::kRmsNorm).end()),
+            std::vector<absl::string_view>{"eps"});
+  EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kSlice).begin(), KnownAttributes(Opcode::kSlice).end()),
+            (std::vector<absl::string_view>{"start", "limit", "stride"}));
+  EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kFusion).begin(), KnownAttributes(Opcode::kFusion).end()),
+            std::vector<absl::string_view>{"kind"});
+  EXPECT_TRUE(KnownAttributes(Opcode::kAdd).empty());
+  EXPECT_FALSE(CheckKnownAttributes(Opcode::kAdd, AttrMap{{"kernel_group", std::string("g")}}).ok());
+  EXPECT_TRUE(CheckKnownAttributes(Opcode::kAdd, AttrMap{{"note_why", std::string("g")}}).ok());
 }
 
 TEST(OpAttributes, TheVerifierRejectsUnknownAttributes) {

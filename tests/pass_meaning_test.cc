@@ -71,6 +71,9 @@ TEST(RandomGraphs, AreVerifiableDeterministicAndReachEveryOp) {
     for (const auto& n : (*m)->functions()[0]->nodes()) used.insert(n->opcode());
   }
   for (int i = 0; i < kNumOpcodes; ++i) {
+    // Fusion nodes are made by fuse-loops, which the default pipeline runs on every random
+    // graph (PassMeaning.RandomGraphs counts the fusions it makes there).
+    if (static_cast<Opcode>(i) == Opcode::kFusion) continue;
     EXPECT_TRUE(used.count(static_cast<Opcode>(i))) << OpName(static_cast<Opcode>(i)) << " never generated";
   }
   EXPECT_EQ(PrintModule(**testing::BuildRandomGraph(7)), PrintModule(**testing::BuildRandomGraph(7)));
@@ -106,6 +109,15 @@ TEST(PassMeaning, RandomGraphs) {
     // stopped working would pass the meaning check on its own.
     EXPECT_GT(removed, 2 * kNumRandomGraphs) << name << " removed only " << removed << " nodes";
   }
+  // The default pipeline ends with fuse-loops: the random graphs give it fusions to make, so
+  // the meaning check above covers fusion nodes too.
+  int64_t fusions = 0;
+  for (int seed = 0; seed < kNumRandomGraphs; ++seed) {
+    std::unique_ptr<Module> m = *testing::BuildRandomGraph(seed);
+    ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
+    for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
+  }
+  EXPECT_GT(fusions, kNumRandomGraphs);
 }
 
 // llama-tiny at a small shape, in bf16 autocast (the mixed-precision graph is the richer one).

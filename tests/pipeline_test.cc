@@ -139,7 +139,7 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
   std::sort(files.begin(), files.end());
   // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
-  // itself finishes, then the final dce, lower-gemm, then fusion marks its kernel groups.
+  // itself finishes, then the final dce, lower-gemm, then fusion makes its fusion nodes.
   const std::vector<std::string> expected = {
       "000-input.kir",          "001-after-canonicalize.kir", "002-after-cse.kir",
       "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
@@ -153,7 +153,7 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   }
   EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
   EXPECT_EQ(*ReadFileToString(dir + "/010-after-fuse-loops.kir"), PrintModule(*m));
-  EXPECT_NE(ReadFileToString(dir + "/010-after-fuse-loops.kir")->find("kernel_group"), std::string::npos);
+  EXPECT_NE(ReadFileToString(dir + "/010-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -378,8 +378,12 @@ TEST(Pipeline, DefaultPipelineSimplifies) {
   const std::string out = PrintModule(*m);
   EXPECT_TRUE(testing::FileCheck(out, R"(
     CHECK:      %x = parameter()
-    CHECK-NEXT: %a = exp(%x)
-    CHECK-NEXT: %d = add(%a, %a)
+    CHECK-NEXT: %d = fusion(%x) {kind=loop} : f32[4] {
+    CHECK-NEXT:   %x = parameter() {index=0} : f32[4]
+    CHECK-NEXT:   %a = exp(%x)
+    CHECK-NEXT:   %d = add(%a, %a)
+    CHECK-NEXT:   return %d
+    CHECK-NEXT: }
     CHECK-NEXT: return %d
   )").ok()) << out;
 }

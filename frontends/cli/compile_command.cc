@@ -89,6 +89,12 @@ absl::Status RunCompile(const ParsedArgs& args) {
   RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
   int64_t nodes_before = 0;
   std::vector<PipelineReport> reports;
+  std::vector<FusionDecision> fusion_decisions;  // fuse-loops' own values, for --report
+  auto keep_decisions = [&](const Pipeline& pipeline) {
+    if (const auto* fusion = dynamic_cast<const FusionPass*>(pipeline.FindPass(FusionPass::kName))) {
+      fusion_decisions = fusion->decisions();
+    }
+  };
   if (args.Has("training")) {
     ASSIGN_OR_RETURN(TrainingStepOptions step_options, TrainingStepOptionsFromArgs(args));
     ASSIGN_OR_RETURN(TrainingCompile compile, TrainingCompile::Create(step_options, options));
@@ -96,10 +102,13 @@ absl::Status RunCompile(const ParsedArgs& args) {
     nodes_before = CountNodes(*loaded.module);
     RETURN_IF_ERROR(compile.RunMainPipeline(*loaded.module));
     reports = {compile.forward_report(), compile.main_report()};
+    keep_decisions(compile.main_pipeline());
   } else {
     nodes_before = CountNodes(*loaded.module);
-    ASSIGN_OR_RETURN(PipelineReport report, RunDefaultPipeline(*loaded.module, options));
+    const Pipeline pipeline = BuildDefaultPipeline(options);
+    ASSIGN_OR_RETURN(PipelineReport report, pipeline.Run(*loaded.module, options));
     reports = {std::move(report)};
+    keep_decisions(pipeline);
   }
   double total_ms = 0;
   for (const PipelineReport& report : reports) total_ms += report.total_ms;
@@ -107,7 +116,9 @@ absl::Status RunCompile(const ParsedArgs& args) {
     for (const PipelineReport& report : reports) std::printf("%s\n", report.ToString().c_str());
     // Every fusion decision, one line each (kiln train --report prints the counts only).
     std::printf("fusion:\n");
-    for (const auto& f : loaded.module->functions()) std::printf("%s", FormatFusionReport(*f, true).c_str());
+    for (const auto& f : loaded.module->functions()) {
+      std::printf("%s", FormatFusionReport(*f, fusion_decisions, true).c_str());
+    }
     std::printf("\n");
   }
   std::string functions;

@@ -595,12 +595,15 @@ absl::Status RunTrain(const ParsedArgs& args) {
   const Function* step_fn = compile.step();
   const TrainingStepLayout layout = compile.layout();
   if (report) {
+    const auto* fusion = dynamic_cast<const FusionPass*>(compile.main_pipeline().FindPass(FusionPass::kName));
     std::fprintf(stderr, "kiln train: target %s\n",
                  compile_options.target ? compile_options.target->ToString().c_str() : "none (the CPU reference backend)");
     std::fprintf(stderr, "kiln train: forward pipeline (before autodiff)\n%s\n",
                  compile.forward_report().ToString().c_str());
     std::fprintf(stderr, "kiln train: pass pipeline\n%s\nkiln train: fusion (`kiln compile --report` lists each decision)\n%s\n",
-                 compile.main_report().ToString().c_str(), FormatFusionReport(*step_fn, false).c_str());
+                 compile.main_report().ToString().c_str(),
+                 FormatFusionReport(*step_fn, fusion ? fusion->decisions() : std::vector<FusionDecision>{}, false)
+                     .c_str());
   }
 
   std::unique_ptr<Trainer> trainer;

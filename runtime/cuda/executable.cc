@@ -5,7 +5,6 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
-#include "passes/fusion.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/tensor_bytes.h"
 
@@ -89,11 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
   request.scratch_bytes.assign(f.num_nodes(), 0);
   request.run_step.resize(f.num_nodes());
   request.elementwise_in_place.assign(f.num_nodes(), false);
-  absl::flat_hash_map<std::string, int64_t> index_of_name;
-  for (int64_t i = 0; i < f.num_nodes(); ++i) {
-    request.run_step[i] = i;
-    index_of_name[f.nodes()[i]->name()] = i;
-  }
+  for (int64_t i = 0; i < f.num_nodes(); ++i) request.run_step[i] = i;
   exe->gemms_.resize(f.num_nodes());
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     const Node& node = *f.nodes()[i];
@@ -101,21 +96,12 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     if (report.nodes[i].node != &node) return absl::InternalError("codegen reported the nodes out of order");
     if (!needed[i] && node.opcode() != Opcode::kParameter) continue;
     request.roles[i] = lowered.kind == LoweringKind::kAlias    ? BufferRole::kAlias
-                       : lowered.kind == LoweringKind::kFused  ? BufferRole::kFused
                        : lowered.kind == LoweringKind::kResult ? BufferRole::kResult
                        : node.has_multiple_results()          ? BufferRole::kMultiResult
                                                                : BufferRole::kOwn;
     request.elementwise_in_place[i] = lowered.elementwise_in_place;
     if (lowered.kind == LoweringKind::kResult) {  // written by its node's kernels, at that node's step
       request.run_step[i] = exe->index_of_.at(node.operand(0));
-    }
-    if (lowered.kind == LoweringKind::kFused) {
-      // Its operands are read when its group's root runs.
-      const auto root = index_of_name.find(KernelGroupOf(node));
-      if (root == index_of_name.end()) {
-        return absl::InternalError(absl::StrCat("codegen fused %", node.name(), " into a group without a root"));
-      }
-      request.run_step[i] = root->second;
     }
     if (lowered.kind == LoweringKind::kGemm) {
       ASSIGN_OR_RETURN(exe->gemms_[i], GemmPlan::Create(node, device));
@@ -174,10 +160,7 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
     } else {
       pointers.push_back(NodeAddress(&node));
     }
-    const std::vector<const Node*> inputs =
-        nk.lowered.inputs.empty() ? std::vector<const Node*>(node.operands().begin(), node.operands().end())
-                                  : nk.lowered.inputs;
-    for (const Node* input : inputs) pointers.push_back(NodeAddress(input));
+    for (const Node* input : node.operands()) pointers.push_back(NodeAddress(input));
     for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
       const int compiled = nk.compiled[k];
       if (library_of[compiled] == nullptr) {
@@ -190,7 +173,11 @@ absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const
           PrepareLaunch(*library_of[compiled], nk.lowered.kernels[k], device_->ordinal());
       if (!launch.ok()) return ForNode(launch.status(), node);
       launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
-      steps_.push_back({.kind = Step::Kind::kKernel, .node = &node, .launch = launches_.back().get(), .pointers = pointers});
+      steps_.push_back({.kind = Step::Kind::kKernel,
+                        .node = &node,
+                        .launch = launches_.back().get(),
+                        .pointers = pointers,
+                        .label = nk.lowered.label.empty() ? std::string(node.op_name()) : nk.lowered.label});
       ++stats_.kernels;
     }
   }
@@ -341,9 +328,7 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
     switch (step.kind) {
       case Step::Kind::kKernel:
         t.name = step.launch->name;
-        t.group = KernelGroupOf(*step.node).empty() ? std::string(step.node->op_name())
-                  : IsFusibleReduction(*step.node)   ? absl::StrCat("fused ", step.node->op_name())
-                                                     : "fused loop";
+        t.group = step.label;
         break;
       case Step::Kind::kGemm:
         t.name = GemmName(step.gemm->layout());

@@ -89,6 +89,7 @@ class CudaExecutable {
     const void* src = nullptr;
     int64_t bytes = 0;
     std::string what;                    // copy: what it is for
+    std::string label;                   // kernel: what a profile groups it under
   };
 
   CudaExecutable(const Function& f, CudaDevice& device) : function_(&f), device_(&device) {}

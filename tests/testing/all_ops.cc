@@ -3,6 +3,7 @@
 #include <set>
 
 #include "ir/builder.h"
+#include "passes/fusion.h"
 #include "ir/status_macros.h"
 
 namespace kiln::testing {
@@ -128,6 +129,21 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   }
   a.set_scope("");
   if (!a.Return(outputs).ok()) std::abort();
+
+  // Fusion nodes, as fuse-loops makes them: a loop fusion (a broadcast, elementwise ops and a
+  // convert) and a reduction fusion (squares summed), each over function inputs.
+  Function* fused = m->AddFunction("fusion");
+  Builder fb(fused);
+  Node* fx = Must(fb.Parameter("x", {f32, {4, 8}}));
+  Node* fw = Must(fb.Parameter("w", {f32, {8}}));
+  fb.set_scope("layers.0.fused");
+  Node* scaled = Must(fb.Mul(fx, Must(fb.Broadcast(fw, {1}, {4, 8}))));
+  Node* act = Must(fb.Convert(Must(fb.Unary(Opcode::kTanh, scaled)), DType::kBF16));
+  Node* squares = Must(fb.ReduceSum(Must(fb.Mul(fx, fx)), {1}));
+  fb.set_scope("");
+  if (!fb.Return({act, squares}).ok()) std::abort();
+  absl::StatusOr<bool> made = FusionPass().RunOnFunction(*fused);
+  if (!made.ok() || !*made) std::abort();
   return m;
 }
 

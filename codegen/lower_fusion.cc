@@ -1,4 +1,4 @@
-#include "codegen/kernel_group.h"
+#include "codegen/lower_fusion.h"
 
 #include <algorithm>
 #include <map>
@@ -10,7 +10,7 @@
 #include "codegen/kernel_source.h"
 #include "codegen/lowerings.h"
 #include "ir/status_macros.h"
-#include "passes/fusion.h"
+#include "ir/fusion.h"
 
 namespace kiln::codegen {
 namespace {
@@ -18,6 +18,32 @@ namespace {
 // Elements per thread: consecutive threads take consecutive elements (coalesced), and each
 // thread takes this many, a block apart, for independent loads in flight.
 constexpr int kElementsPerThread = 4;
+
+// A fusion's body seen as a kernel: the members it computes (definition order, the root
+// last) and its inputs (the body's parameters, by index: kernel input i is parameter i).
+struct KernelGroup {
+  const Node* root = nullptr;
+  std::vector<const Node*> members;
+  std::vector<const Node*> inputs;
+};
+
+absl::StatusOr<KernelGroup> GroupOf(const Node& fusion) {
+  const Function* body = fusion.body();
+  if (body == nullptr || body->outputs().size() != 1) {
+    return absl::UnimplementedError(absl::StrCat("codegen renders fusions of one result; %", fusion.name(), " has ",
+                                                 body == nullptr ? 0 : body->outputs().size()));
+  }
+  KernelGroup group;
+  group.root = body->outputs()[0];
+  for (const Node* p : body->parameters()) group.inputs.push_back(p);
+  for (const auto& n : body->nodes()) {
+    if (n->opcode() != Opcode::kParameter) group.members.push_back(n.get());
+  }
+  if (group.members.empty() || group.members.back() != group.root) {
+    return absl::InvalidArgumentError(absl::StrCat("fusion %", fusion.name(), ": its body must end with the node it returns"));
+  }
+  return group;
+}
 
 // Writes the straight-line code computing members' values at given indices.
 class GroupEmitter {
@@ -131,56 +157,16 @@ class GroupEmitter {
   int next_var_ = 0;
 };
 
-}  // namespace
-
-absl::StatusOr<std::vector<KernelGroup>> FindKernelGroups(const Function& f) {
-  std::map<std::string, KernelGroup> by_id;
-  for (const auto& n : f.nodes()) {
-    std::string group = KernelGroupOf(*n);
-    if (!group.empty()) by_id[group].members.push_back(n.get());
-  }
-  absl::flat_hash_set<const Node*> outputs(f.outputs().begin(), f.outputs().end());
-  std::vector<KernelGroup> groups;
-  for (auto& [id, group] : by_id) {  // id: the root's name
-    group.root = group.members.back();
-    const absl::flat_hash_set<const Node*> members(group.members.begin(), group.members.end());
-    auto malformed = [&](const Node& n, absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat("@", f.name(), ": kernel group \"", id, "\": %", n.name(), " (",
-                                                     n.op_name(), ") ", why));
-    };
-    if (group.root->name() != id) return malformed(*group.root, "is the group's last node but not its root");
-    absl::flat_hash_set<const Node*> seen_inputs;
-    for (const Node* m : group.members) {
-      if (!IsLoopFusible(*m) && !(m == group.root && IsFusibleReduction(*m))) {
-        return malformed(*m, "cannot be computed in a loop kernel");
-      }
-      if (m != group.root) {
-        if (outputs.contains(m)) return malformed(*m, "is returned, so it must be stored, but is not the root");
-        for (const Node* user : m->users()) {
-          if (!members.contains(user)) {
-            return malformed(*m, absl::StrCat("is used by %", user->name(), " outside the group, but is not the root"));
-          }
-        }
-      }
-      for (const Node* o : m->operands()) {
-        if (!members.contains(o) && seen_inputs.insert(o).second) group.inputs.push_back(o);
-      }
-    }
-    groups.push_back(std::move(group));
-  }
-  return groups;
-}
-
-// A group rooted at a reduction: the reduction's kernel (reduction_lowering.cc) reads its
-// operand through a GroupInput that computes each element from the group's inputs.
-absl::StatusOr<LoweredNode> LowerReductionGroup(const KernelGroup& group, const CodegenOptions& options) {
+// A reduction fusion: the reduction's kernel (reduction_lowering.cc) reads its operand
+// through a GroupInput that computes each element from the fusion's inputs.
+absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const CodegenOptions& options) {
   const Node& root = *group.root;
   const Node* operand = root.operand(0);
   GroupEmitter emitter(group);
   ASSIGN_OR_RETURN(const std::string value, emitter.Value(operand, "i"));
   std::vector<DType> dtypes = {root.type().dtype};
   FusedReduceInput fused;
-  fused.kernel_name = absl::StrCat(KernelName(root), "_group");
+  fused.kernel_name = absl::StrCat(KernelName(root), "_fusion");
   std::string fields, names;
   for (size_t i = 0; i < group.inputs.size(); ++i) {
     const char* type = CudaTypeName(group.inputs[i]->type().dtype);
@@ -192,7 +178,7 @@ absl::StatusOr<LoweredNode> LowerReductionGroup(const KernelGroup& group, const 
   for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
   std::string members_comment;
   for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
-  fused.opening = absl::StrCat("// kernel group of", members_comment, "\n", SourceOpening(root, dtypes));
+  fused.opening = absl::StrCat("// fusion of", members_comment, "\n", SourceOpening(root, dtypes));
   fused.definition = absl::StrCat(
       "// The reduced operand, computed element by element from the group's inputs.\n"
       "struct GroupInput {\n"
@@ -212,15 +198,19 @@ absl::StatusOr<LoweredNode> LowerReductionGroup(const KernelGroup& group, const 
       "};\n\n");
   fused.construct = absl::StrCat("  const GroupInput in{", names, "0};\n");
   ASSIGN_OR_RETURN(LoweredNode lowered, LowerReduce(root, options, &fused));
-  lowered.inputs = group.inputs;
+  lowered.label = absl::StrCat("fused ", root.op_name());
   return lowered;
 }
 
-absl::StatusOr<LoweredNode> LowerKernelGroup(const KernelGroup& group, const CodegenOptions& options) {
+}  // namespace
+
+absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
+  ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion));
   const Node& root = *group.root;
-  if (IsFusibleReduction(root)) return LowerReductionGroup(group, options);
+  if (kind == FusionKind::kReduction) return LowerReductionFusion(group, options);
   const int64_t count = root.type().num_elements();
-  LoweredNode lowered{LoweringKind::kKernels, {}, group.inputs};
+  LoweredNode lowered{LoweringKind::kKernels, {}, "fused loop"};
   if (count == 0) return lowered;
 
   GroupEmitter emitter(group);
@@ -236,12 +226,12 @@ absl::StatusOr<LoweredNode> LowerKernelGroup(const KernelGroup& group, const Cod
   const int threads = options.threads_per_block;
   const int64_t per_block = int64_t{threads} * kElementsPerThread;
   const std::array<uint32_t, 3> grid = GridFor((count + kElementsPerThread - 1) / kElementsPerThread, threads, options.target);
-  const std::string name = absl::StrCat(KernelName(root), "_group");
+  const std::string name = absl::StrCat(KernelName(root), "_fusion");
   std::string members_comment;
   for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
   // The member list is an opening comment line: kernels of groups that differ only in
   // their nodes' names share one compiled body (compile_function.h).
-  std::string source = absl::StrCat("// kernel group of", members_comment, "\n", SourceOpening(root, dtypes));
+  std::string source = absl::StrCat("// fusion of", members_comment, "\n", SourceOpening(root, dtypes));
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  typedef %s Index;\n"
