@@ -83,7 +83,6 @@ class Harness {
     kv_.assign(pool.num_blocks(), std::vector<TokenId>(pool.block_size(), -1));
   }
 
-  Scheduler& scheduler() { return s_; }
   absl::Status Submit(const GenerationRequest& r) {
     absl::Status status = s_.Submit(r);
     if (status.ok()) context_[r.id] = r.prompt, prompt_size_[r.id] = r.prompt.size();
