@@ -17,7 +17,7 @@
 //     to floats go through double, so an i32 rounds once to bf16 as in the reference.
 //   - pred loads as 0/1 and stores v != 0 (NaN is true).
 // Vector accesses assume every buffer starts 16-byte aligned, as the arena places them
-// (runtime/buffer_plan.h aligns to 256); an alias (reshape) starts where its operand does.
+// (passes/buffer_plan.h aligns to 256); an alias (reshape) starts where its operand does.
 #pragma once
 
 #include <array>

@@ -23,6 +23,13 @@ struct KernelSpec {
   uint32_t shared_bytes = 0;
 };
 
+// A kernel compiled by NVRTC (codegen/nvrtc_compiler.h): what the runtime loads.
+struct CompiledKernel {
+  std::string name;   // the kernel symbol
+  std::string cubin;  // ELF for the target's arch
+  bool from_cache = false;
+};
+
 enum class LoweringKind {
   kInput,    // parameter: bound to an input buffer by the executable; no work
   kAlias,    // the output is operand 0's bytes reinterpreted (reshape): no work, no buffer

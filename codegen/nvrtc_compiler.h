@@ -12,12 +12,6 @@
 
 namespace kiln {
 
-struct CompiledKernel {
-  std::string name;   // the kernel symbol
-  std::string cubin;  // ELF for `arch`
-  bool from_cache = false;
-};
-
 struct NvrtcOptions {
   std::string arch = "sm_90a";  // "sm_XY" or "sm_XYa"
   bool line_info = true;        // -lineinfo: compute-sanitizer and profilers map to source

@@ -3,6 +3,7 @@
 #ifdef KILN_WITH_CUDA
 
 #include "absl/strings/str_cat.h"
+#include "frontends/gpu_compile.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
@@ -17,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(std::unique_ptr
   trainer->module_ = std::move(module);
   trainer->step_ = step_function;
   trainer->layout_ = layout;
-  ASSIGN_OR_RETURN(trainer->executable_, CudaExecutable::Create(*step_function, device, options));
+  ASSIGN_OR_RETURN(trainer->executable_, CompileForGpu(*step_function, device, options));
   // InitialTrainingState's moments and t are zeros: set on the device rather than built and
   // copied from the host (for llama-M, 6.6 GB that would only say "zero").
   // SetInput checks each tensor's type against its parameter.

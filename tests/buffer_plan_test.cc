@@ -1,8 +1,8 @@
-// The arena plan (runtime/buffer_plan.h): on random graphs and on llama-tiny's training
+// The arena plan (passes/buffer_plan.h): on random graphs and on llama-tiny's training
 // step, no two buffers that are live at the same step share a byte, every read happens while
 // its buffer is live, aliases share their root's bytes, parameters share nothing, and bytes
 // are in fact reused.
-#include "runtime/buffer_plan.h"
+#include "passes/buffer_plan.h"
 
 #include <gtest/gtest.h>
 

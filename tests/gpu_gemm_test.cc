@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/builder.h"
+#include "frontends/gpu_compile.h"
+#include "codegen/compile_program.h"
 #include "runtime/cuda/executable.h"
 #include "ir/reference_backend.h"
 #include "passes/lower_gemm.h"
@@ -110,8 +112,8 @@ TEST(GpuGemm, IntegerValuedOperandsAreExact) {
   }
 }
 
-// The plan reads the gemm node alone: its sizes and layouts are the lowering's, and the
-// scratch it asks for is cuBLASLt's workspace (transposes are IR nodes of their own now).
+// The description codegen makes reads the gemm node alone: its sizes and layouts are the
+// lowering's, and the plan's workspace stays within what the memory plan reserves.
 TEST(GpuGemm, PlansReadTheGemmNode) {
   KILN_REQUIRE_GPU();
   for (const DotCase& c : DotCases()) {
@@ -123,30 +125,29 @@ TEST(GpuGemm, PlansReadTheGemmNode) {
     const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
     const Node* gemm = GemmOf(*lowered->functions()[0]);
     ASSERT_NE(gemm, nullptr);
-    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*gemm, *Device());
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    const GemmLayout& g = (*plan)->layout();
-    EXPECT_EQ(std::vector<int64_t>({g.batch, g.m, g.n, g.k}),
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*gemm);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(std::vector<int64_t>({g->batch, g->m, g->n, g->k}),
               std::vector<int64_t>({shape->batch, shape->m, shape->n, shape->k}));
-    EXPECT_EQ(g.a_k_inner, shape->a_k_inner);
-    EXPECT_EQ(g.b_k_inner, shape->b_k_inner);
-    EXPECT_EQ((*plan)->scratch_bytes() % 256, 0);
-    EXPECT_LE((*plan)->scratch_bytes(), int64_t{32} << 20);
+    EXPECT_EQ(g->a_k_inner, shape->a_k_inner);
+    EXPECT_EQ(g->b_k_inner, shape->b_k_inner);
+    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*g, *Device());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_LE((*plan)->workspace_bytes(), g->max_workspace_bytes);
   }
 }
 
 TEST(GpuGemm, UnsupportedDTypesAndUnloweredDotsFailNamingTheNode) {
-  KILN_REQUIRE_GPU();
   Function f("fp8_dot");
   Node* dot = BuildDot(f, DotCases()[0], DType::kF8E4M3, DType::kF32);  // FP8 GEMMs are not planned yet
-  absl::StatusOr<std::unique_ptr<GemmPlan>> unlowered = GemmPlan::Create(*dot, *Device());
+  absl::StatusOr<GemmDescription> unlowered = GemmDescriptionOf(*dot);
   ASSERT_FALSE(unlowered.ok());
   EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), absl::string_view::npos) << unlowered.status();
   const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
-  absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*GemmOf(*lowered->functions()[0]), *Device());
-  ASSERT_FALSE(plan.ok());
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(plan.status().message().find("%dot (gemm)"), absl::string_view::npos) << plan.status();
+  absl::StatusOr<GemmDescription> fp8 = GemmDescriptionOf(*GemmOf(*lowered->functions()[0]));
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(fp8.status().message().find("%dot (gemm)"), absl::string_view::npos) << fp8.status();
 }
 
 }  // namespace

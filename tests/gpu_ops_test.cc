@@ -28,6 +28,7 @@
 #include "ir/text_format.h"
 #include "passes/fusion.h"
 #include "passes/lower_gemm.h"
+#include "frontends/gpu_compile.h"
 #include "runtime/cuda/executable.h"
 #include "ir/reference_backend.h"
 #include "tests/testing/gpu.h"
@@ -472,7 +473,7 @@ TEST(GpuExecutable, DonatedOutputsUpdateParametersInPlace) {
   Node* p = *b.Parameter("p", {DType::kF32, {3, 100}});
   Node* x = *b.Parameter("x", {DType::kF32, {3, 100}});
   ASSERT_TRUE(b.Return({*b.Add(p, x), *b.ReduceSum(p, {0, 1})}, {0, -1}).ok());
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device(), {.poison_arena = true});
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CompileForGpu(f, *Device(), {.poison_arena = true});
   ASSERT_TRUE(exe.ok()) << exe.status();
   const HostTensor p0 = HostTensor::Random(p->type(), 1), x0 = HostTensor::Random(x->type(), 2);
   ASSERT_TRUE((*exe)->SetInput(0, p0).ok());
@@ -502,7 +503,7 @@ TEST(GpuExecutable, SwappingDonationsAndParameterOutputs) {
   Node* a = *b.Parameter("a", {DType::kBF16, {7}});
   Node* c = *b.Parameter("b", {DType::kBF16, {7}});
   ASSERT_TRUE(b.Return({c, a}, {0, 1}).ok());
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CompileForGpu(f, *Device());
   ASSERT_TRUE(exe.ok()) << exe.status();
   const HostTensor a0 = HostTensor::Random(a->type(), 5), b0 = HostTensor::Random(c->type(), 6);
   ASSERT_TRUE((*exe)->SetInput(0, a0).ok());
@@ -521,7 +522,7 @@ TEST(GpuExecutable, ErrorsNameTheParameterAndTheTypes) {
   Builder b(&f);
   Node* x = *b.Parameter("x", {DType::kF32, {4}});
   ASSERT_TRUE(b.Return({*b.Unary(Opcode::kNeg, x)}).ok());
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CompileForGpu(f, *Device());
   ASSERT_TRUE(exe.ok()) << exe.status();
   absl::Status st = (*exe)->SetInput(0, HostTensor({DType::kBF16, {4}}));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
@@ -539,7 +540,7 @@ TEST(GpuExecutable, CaptureFailureIsAnErrorNotAFallback) {
   Builder b(&f);
   Node* x = *b.Parameter("x", {DType::kF32, {4}});
   ASSERT_TRUE(b.Return({*b.Unary(Opcode::kNeg, x)}).ok());
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CompileForGpu(f, *Device());
   ASSERT_TRUE(exe.ok()) << exe.status();
   ASSERT_TRUE((*exe)->SetInput(0, HostTensor::FromValues({DType::kF32, {4}}, {1, -2, 3, -4})).ok());
   const cudaStream_t stream = Device()->stream();
@@ -587,7 +588,7 @@ TEST(GpuExecutable, LlamaTinyTrainingStepMatchesTheReference) {
   ASSERT_TRUE(want.ok()) << want.status();
   const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
   absl::StatusOr<std::unique_ptr<CudaExecutable>> exe =
-      CudaExecutable::Create(*lowered->functions()[0], *Device(), {.poison_arena = true});
+      CompileForGpu(*lowered->functions()[0], *Device(), {.poison_arena = true});
   ASSERT_TRUE(exe.ok()) << exe.status();
   for (size_t i = 0; i < args.size(); ++i) ASSERT_TRUE((*exe)->SetInput(i, args[i]).ok());
   ASSERT_TRUE((*exe)->Run().ok());
@@ -625,7 +626,7 @@ TEST(GpuExecutable, LlamaSTrainingStepFitsAndLearns) {
   ASSERT_TRUE(step.ok()) << step.status();
   const std::unique_ptr<Module> lowered = testing::LoweredForGpu(**step);
   const Function& f = *lowered->functions()[0];
-  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CudaExecutable::Create(f, *Device());
+  absl::StatusOr<std::unique_ptr<CudaExecutable>> exe = CompileForGpu(f, *Device());
   ASSERT_TRUE(exe.ok()) << exe.status();
   std::printf("llama-S step: %s\n", (*exe)->buffer_plan().Summary().c_str());
   int64_t index = 0;

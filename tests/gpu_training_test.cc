@@ -14,6 +14,7 @@
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
 #include "runtime/cuda/device.h"
+#include "frontends/gpu_compile.h"
 #include "runtime/cuda/executable.h"
 #include "ir/reference_backend.h"
 #include "runtime/training/dataset.h"

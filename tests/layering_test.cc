@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,19 @@ TEST(Layering, IncludesFollowTheDataPath) {
     if (allowed) continue;
     ADD_FAILURE() << edge << ": " << from << "/ may not include " << to << "/ (the data path is "
                   << "frontends -> ir -> passes -> codegen -> runtime; kernels/ only from codegen/)";
+  }
+}
+
+// Compile, then run: the runtime reads codegen's product and calls nothing of codegen.
+// Besides the CMake targets (kiln_cuda does not link kiln_codegen, so a call would not link),
+// this says so on the includes: runtime/ may include only the program format's headers.
+TEST(Layering, TheRuntimeIncludesOnlyTheProgramFormatOfCodegen) {
+  const std::set<std::string> format = {"codegen/program.h", "codegen/kernel_spec.h"};
+  for (const auto& [file, included] : ProjectIncludes(KILN_SOURCE_DIR)) {
+    if (TopDir(file) != "runtime" || TopDir(included) != "codegen") continue;
+    EXPECT_TRUE(format.count(included)) << file << " -> " << included
+                                        << ": the runtime loads a CompiledProgram (codegen/program.h); compiling is "
+                                        << "codegen's, and frontends/gpu_compile.h does both";
   }
 }
 

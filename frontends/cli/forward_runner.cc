@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "frontends/gpu_compile.h"
 #include "ir/status_macros.h"
 #include "passes/lower_gemm.h"
 #include "ir/reference_backend.h"
@@ -22,7 +23,7 @@ absl::StatusOr<std::unique_ptr<ForwardRunner>> ForwardRunner::Create(std::unique
   // The GPU runs GEMMs as the backend's gemm op (what every compile does before codegen).
   Function& forward = *runner->module_->FindFunction("forward");
   RETURN_IF_ERROR(LowerGemmPass().RunOnFunction(forward).status());
-  ASSIGN_OR_RETURN(runner->gpu_, CudaExecutable::Create(forward, *backend.device));
+  ASSIGN_OR_RETURN(runner->gpu_, CompileForGpu(forward, *backend.device));
   for (size_t i = 0; i < weights.size(); ++i) RETURN_IF_ERROR(runner->gpu_->SetInput(2 + i, weights[i]));
 #endif
   return runner;

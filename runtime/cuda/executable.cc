@@ -11,17 +11,6 @@
 namespace kiln {
 namespace {
 
-// Nodes some output depends on; only these run.
-std::vector<bool> NeededNodes(const Function& f, const absl::flat_hash_map<const Node*, int64_t>& index_of) {
-  std::vector<bool> needed(f.num_nodes(), false);
-  for (const Node* out : f.outputs()) needed[index_of.at(out)] = true;
-  for (int64_t i = f.num_nodes() - 1; i >= 0; --i) {
-    if (!needed[i]) continue;
-    for (const Node* o : f.nodes()[i]->operands()) needed[index_of.at(o)] = true;
-  }
-  return needed;
-}
-
 std::string ParameterContext(const Node& p) {
   return absl::StrCat("parameter %", p.name(), ": ", p.type().ToString());
 }
@@ -40,7 +29,7 @@ double Lap(std::chrono::steady_clock::time_point* since) {
 }
 
 // "gemm 16x1024x1024x64 (batch x M x N x K)": GEMMs of one shape share a name in a trace.
-std::string GemmName(const GemmLayout& g) {
+std::string GemmName(const GemmDescription& g) {
   return absl::StrCat("gemm ", g.batch, "x", g.m, "x", g.n, "x", g.k);
 }
 
@@ -52,65 +41,25 @@ CudaExecutable::~CudaExecutable() {
   if (graph_ != nullptr) cudaGraphDestroy(graph_);
 }
 
-absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Function& f, CudaDevice& device,
-                                                                       const CudaExecutableOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledProgram program, CudaDevice& device,
+                                                                     const CudaExecutableOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto phase_start = start;
+  if (program.function == nullptr) return absl::InvalidArgumentError("a compiled program without its function");
+  const Function& f = *program.function;
   RETURN_IF_ERROR(device.MakeCurrent());
   std::unique_ptr<CudaExecutable> exe(new CudaExecutable(f, device));
   exe->options_ = options;
+  exe->program_ = std::move(program);
   for (int64_t i = 0; i < f.num_nodes(); ++i) exe->index_of_[f.nodes()[i].get()] = i;
   for (const Node* p : f.parameters()) exe->node_index_of_parameter_.push_back(exe->index_of_.at(p));
-
-  // The kernel cache is an optimization: without a usable default directory kiln compiles
-  // every time; a directory the caller named must work.
-  absl::StatusOr<KernelCache> cache = KernelCache::Open(options.cache_dir);
-  if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
-  KernelCache* cache_ptr = cache.ok() ? &*cache : nullptr;
-  const NvrtcOptions nvrtc{.arch = device.arch()};
-  ASSIGN_OR_RETURN(KernelCompileReport report, CompileFunctionKernels(f, nvrtc, cache_ptr, options.compile_threads,
-                                                                      CodegenOptions{.target = device.target()}));
-  if (static_cast<int64_t>(report.nodes.size()) != f.num_nodes()) {
-    return absl::InternalError(absl::StrCat("codegen lowered ", report.nodes.size(), " of the ", f.num_nodes(),
-                                            " nodes of @", f.name()));
+  if (static_cast<int64_t>(exe->plan_.node_buffer.size()) != f.num_nodes()) {
+    return absl::InvalidArgumentError(absl::StrCat("the program's memory plan has ", exe->plan_.node_buffer.size(),
+                                                   " nodes; @", f.name(), " has ", f.num_nodes()));
   }
-  exe->stats_.phases.emplace_back(
-      absl::StrCat("codegen + NVRTC (", report.num_distinct - report.cache_hits, " of ", report.num_distinct,
-                   " kernels compiled, the rest from the cache)"),
-      Lap(&phase_start));
-
-  // Buffer roles from the lowering; GEMM plans (and so their scratch sizes) before the plan.
-  // A needed result needs its multi-result node (its operand); an unneeded one gets no
-  // buffer, and the node's kernels are passed null for it.
-  std::vector<bool> needed = NeededNodes(f, exe->index_of_);
-  BufferPlanRequest request;
-  request.roles.assign(f.num_nodes(), BufferRole::kNone);
-  request.scratch_bytes.assign(f.num_nodes(), 0);
-  request.run_step.resize(f.num_nodes());
-  request.elementwise_in_place.assign(f.num_nodes(), false);
-  for (int64_t i = 0; i < f.num_nodes(); ++i) request.run_step[i] = i;
-  exe->gemms_.resize(f.num_nodes());
-  for (int64_t i = 0; i < f.num_nodes(); ++i) {
-    const Node& node = *f.nodes()[i];
-    const LoweredNode& lowered = report.nodes[i].lowered;
-    if (report.nodes[i].node != &node) return absl::InternalError("codegen reported the nodes out of order");
-    if (!needed[i] && node.opcode() != Opcode::kParameter) continue;
-    request.roles[i] = lowered.kind == LoweringKind::kAlias    ? BufferRole::kAlias
-                       : lowered.kind == LoweringKind::kResult ? BufferRole::kResult
-                       : node.has_multiple_results()          ? BufferRole::kMultiResult
-                                                               : BufferRole::kOwn;
-    request.elementwise_in_place[i] = lowered.elementwise_in_place;
-    if (lowered.kind == LoweringKind::kResult) {  // written by its node's kernels, at that node's step
-      request.run_step[i] = exe->index_of_.at(node.operand(0));
-    }
-    if (lowered.kind == LoweringKind::kGemm) {
-      ASSIGN_OR_RETURN(exe->gemms_[i], GemmPlan::Create(node, device));
-      request.scratch_bytes[i] = exe->gemms_[i]->scratch_bytes();
-    }
-  }
-  exe->stats_.phases.emplace_back("cuBLASLt plans", Lap(&phase_start));
-  ASSIGN_OR_RETURN(exe->plan_, PlanBuffers(f, request));
-  exe->stats_.phases.emplace_back("memory plan", Lap(&phase_start));
+  exe->stats_.phases = exe->program_.phases;
+  double compile_seconds = 0;
+  for (const auto& [phase, seconds] : exe->program_.phases) compile_seconds += seconds;
 
   ASSIGN_OR_RETURN(void* arena, device.Allocate(std::max<int64_t>(exe->plan_.arena_bytes, 1),
                                                 absl::StrCat("the arena of @", f.name(), " (", exe->plan_.Summary(), ")")));
@@ -119,110 +68,76 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Create(const Fun
     KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(arena, 0xFF, exe->plan_.arena_bytes, device.stream()), "poisoning the arena");
     KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device.stream()), "poisoning the arena");
   }
-
   exe->stats_.phases.emplace_back("arena allocation", Lap(&phase_start));
-  RETURN_IF_ERROR(exe->BuildSteps(report, request.roles));
-  exe->stats_.phases.emplace_back("kernel loading", Lap(&phase_start));
-  exe->stats_.cache_hits = report.cache_hits;
+  RETURN_IF_ERROR(exe->BuildSteps());
+  exe->stats_.phases.emplace_back("kernel loading and cuBLASLt plans", Lap(&phase_start));
+  exe->stats_.cache_hits = exe->program_.cache_hits;
   exe->stats_.arena_bytes = exe->plan_.arena_bytes;
-  exe->stats_.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  exe->stats_.compile_seconds =
+      compile_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return exe;
 }
 
-absl::Status CudaExecutable::BuildSteps(const KernelCompileReport& report, const std::vector<BufferRole>& roles) {
-  const Function& f = *function_;
-  std::vector<const KernelLibrary*> library_of(report.kernels.size(), nullptr);  // each cubin loaded once
-  for (int64_t i = 0; i < f.num_nodes(); ++i) {
-    const Node& node = *f.nodes()[i];
-    const NodeKernels& nk = report.nodes[i];
-    if (roles[i] == BufferRole::kNone) continue;
-    bool empty = true;
-    for (const TensorType& t : node.result_types()) empty &= t.num_elements() == 0;
-    if (empty) continue;
-    if (nk.lowered.kind == LoweringKind::kGemm) {
-      void* scratch = plan_.scratch_buffer[i] >= 0 ? BufferAddress(plan_.scratch_buffer[i]) : nullptr;
-      steps_.push_back({.kind = Step::Kind::kGemm,
-                        .node = &node,
-                        .pointers = {NodeAddress(&node), NodeAddress(node.operand(0)), NodeAddress(node.operand(1)),
-                                     node.num_operands() > 2 ? NodeAddress(node.operand(2)) : nullptr, scratch},
-                        .gemm = gemms_[i].get()});
-      ++stats_.gemms;
-      continue;
-    }
-    if (nk.lowered.kind != LoweringKind::kKernels) continue;  // parameters and aliases do no work
-    // The outputs (each result of a multi-result node, null where it is not needed), then the inputs.
-    std::vector<void*> pointers;
-    if (node.has_multiple_results()) {
-      for (int r = 0; r < node.num_results(); ++r) {
-        const Node* result = node.result(r);
-        pointers.push_back(roles[index_of_.at(result)] == BufferRole::kNone ? nullptr : NodeAddress(result));
+absl::Status CudaExecutable::BuildSteps() {
+  const CompiledProgram& program = program_;
+  std::vector<const KernelLibrary*> library_of(program.kernels.size(), nullptr);  // each cubin loaded once
+  for (const ProgramStep& ps : program.steps) {
+    Step step{.program = &ps};
+    switch (ps.kind) {
+      case ProgramStep::Kind::kGemm: {
+        if (ps.args.size() != 4) return absl::InvalidArgumentError(absl::StrCat(ps.gemm.context, ": a GEMM step takes 4 buffers"));
+        absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(ps.gemm, *device_);
+        if (!plan.ok()) return plan.status();
+        gemms_.push_back(*std::move(plan));
+        step.gemm = gemms_.back().get();
+        for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
+        step.pointers.push_back(ps.scratch_buffer >= 0 ? BufferAddress(ps.scratch_buffer) : nullptr);
+        ++stats_.gemms;
+        break;
       }
-    } else {
-      pointers.push_back(NodeAddress(&node));
-    }
-    for (const Node* input : node.operands()) pointers.push_back(NodeAddress(input));
-    for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
-      const int compiled = nk.compiled[k];
-      if (library_of[compiled] == nullptr) {
-        absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(report.kernels[compiled]);
-        if (!library.ok()) return ForNode(library.status(), node);
-        library_of[compiled] = library->get();
-        libraries_.push_back(*std::move(library));
+      case ProgramStep::Kind::kKernel: {
+        if (ps.kernel < 0 || ps.kernel >= static_cast<int>(program.kernels.size())) {
+          return absl::InvalidArgumentError(absl::StrCat(NodeContext(*ps.node), ": kernel ", ps.kernel,
+                                                         " is not one of the program's ", program.kernels.size()));
+        }
+        if (library_of[ps.kernel] == nullptr) {
+          absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(program.kernels[ps.kernel]);
+          if (!library.ok()) return ForNode(library.status(), *ps.node);
+          library_of[ps.kernel] = library->get();
+          libraries_.push_back(*std::move(library));
+        }
+        absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*library_of[ps.kernel], ps.launch, device_->ordinal());
+        if (!launch.ok()) return ForNode(launch.status(), *ps.node);
+        launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
+        step.launch = launches_.back().get();
+        for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
+        ++stats_.kernels;
+        break;
       }
-      absl::StatusOr<KernelLaunch> launch =
-          PrepareLaunch(*library_of[compiled], nk.lowered.kernels[k], device_->ordinal());
-      if (!launch.ok()) return ForNode(launch.status(), node);
-      launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
-      steps_.push_back({.kind = Step::Kind::kKernel,
-                        .node = &node,
-                        .launch = launches_.back().get(),
-                        .pointers = pointers,
-                        .label = nk.lowered.label.empty() ? std::string(node.op_name()) : nk.lowered.label});
-      ++stats_.kernels;
+      case ProgramStep::Kind::kCopy:
+        step.dst = BufferAddress(ps.dst_buffer);
+        step.src = BufferAddress(ps.src_buffer);
+        break;
     }
+    steps_.push_back(std::move(step));
   }
   stats_.distinct_kernels += static_cast<int64_t>(libraries_.size());
-
-  // The finish: outputs held in parameter buffers are copied out first, then donated outputs
-  // are copied into their parameters' buffers (never a source of any of these copies).
-  for (size_t o = 0; o < f.outputs().size(); ++o) {
-    if (plan_.output_copy_source[o] < 0) continue;
-    steps_.push_back({.kind = Step::Kind::kCopy,
-                      .dst = BufferAddress(plan_.output_buffer[o]),
-                      .src = BufferAddress(plan_.output_copy_source[o]),
-                      .bytes = f.outputs()[o]->type().num_bytes(),
-                      .what = absl::StrCat("output ", o, " (%", f.outputs()[o]->name(), ")")});
-  }
-  for (size_t o = 0; o < f.output_aliases().size(); ++o) {
-    const int64_t p = f.output_aliases()[o];
-    if (p < 0) continue;
-    if (p >= static_cast<int64_t>(node_index_of_parameter_.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("@", f.name(), ": output ", o, " is donated to parameter ", p,
-                                                     ", which does not exist"));
-    }
-    const int64_t param_buffer = plan_.node_buffer[node_index_of_parameter_[p]];
-    steps_.push_back({.kind = Step::Kind::kCopy,
-                      .dst = BufferAddress(param_buffer),
-                      .src = BufferAddress(plan_.output_buffer[o]),
-                      .bytes = f.outputs()[o]->type().num_bytes(),
-                      .what = absl::StrCat("donating output ", o, " (%", f.outputs()[o]->name(), ") to ",
-                                           ParameterContext(*f.nodes()[node_index_of_parameter_[p]]))});
-  }
   return absl::OkStatus();
 }
 
 absl::Status CudaExecutable::EnqueueStep(const Step& step) const {
   const cudaStream_t stream = device_->stream();
-  switch (step.kind) {
-    case Step::Kind::kKernel:
-      return EnqueueLaunch(*step.launch, step.pointers, stream, NodeContext(*step.node));
-    case Step::Kind::kGemm:
+  switch (step.program->kind) {
+    case ProgramStep::Kind::kKernel:
+      return EnqueueLaunch(*step.launch, step.pointers, stream, NodeContext(*step.program->node));
+    case ProgramStep::Kind::kGemm:
       return step.gemm->Enqueue(step.pointers[0], step.pointers[1], step.pointers[2], step.pointers[3],
                                 step.pointers[4], stream);
-    case Step::Kind::kCopy:
-      if (step.bytes == 0 || step.dst == step.src) return absl::OkStatus();
-      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(step.dst, step.src, step.bytes, cudaMemcpyDeviceToDevice, stream),
-                                step.what);
+    case ProgramStep::Kind::kCopy:
+      if (step.program->bytes == 0 || step.dst == step.src) return absl::OkStatus();
+      KILN_RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(step.dst, step.src, step.program->bytes, cudaMemcpyDeviceToDevice, stream),
+          step.program->what);
       return absl::OkStatus();
   }
   return absl::InternalError("unknown step kind");
@@ -240,7 +155,7 @@ absl::Status CudaExecutable::EnqueueAll(bool check_each_step) const {
 }
 
 std::string CudaExecutable::StepContext(const Step& step) {
-  return step.node != nullptr ? NodeContext(*step.node) : step.what;
+  return step.program->node != nullptr ? NodeContext(*step.program->node) : step.program->what;
 }
 
 absl::Status CudaExecutable::Capture() {
@@ -325,23 +240,24 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
     KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&start_ms, events[0], events[i]), what);
     KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&end_ms, events[0], events[i + 1]), what);
     StepTiming t;
-    switch (step.kind) {
-      case Step::Kind::kKernel:
+    const ProgramStep& ps = *step.program;
+    switch (ps.kind) {
+      case ProgramStep::Kind::kKernel:
         t.name = step.launch->name;
-        t.group = step.label;
+        t.group = ps.label;
         break;
-      case Step::Kind::kGemm:
-        t.name = GemmName(step.gemm->layout());
+      case ProgramStep::Kind::kGemm:
+        t.name = GemmName(ps.gemm);
         t.group = "gemm";
         break;
-      case Step::Kind::kCopy:
-        t.name = step.what;
+      case ProgramStep::Kind::kCopy:
+        t.name = ps.what;
         t.group = "copy";
         break;
     }
-    if (step.node != nullptr) {
-      t.node = absl::StrCat("%", step.node->name());
-      t.scope = step.node->scope();
+    if (ps.node != nullptr) {
+      t.node = absl::StrCat("%", ps.node->name());
+      t.scope = ps.node->scope();
     }
     t.start_us = start_ms * 1e3;
     t.duration_us = (end_ms - start_ms) * 1e3;
@@ -405,23 +321,6 @@ absl::StatusOr<HostTensor> CudaExecutable::Output(int i) const {
 absl::StatusOr<HostTensor> CudaExecutable::Input(int64_t param_index) const {
   ASSIGN_OR_RETURN(const Node* p, ParameterNode(param_index));
   return Download(p->type(), NodeAddress(p), absl::StrCat("reading @", function_->name(), " ", ParameterContext(*p)));
-}
-
-absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,
-                                                      CudaDevice& device, const CudaExecutableOptions& options) {
-  if (args.size() != f.parameters().size()) {
-    return absl::InvalidArgumentError(absl::StrCat("@", f.name(), " takes ", f.parameters().size(), " arguments, got ",
-                                                   args.size()));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutable> exe, CudaExecutable::Create(f, device, options));
-  for (size_t i = 0; i < args.size(); ++i) RETURN_IF_ERROR(exe->SetInput(static_cast<int64_t>(i), args[i]));
-  RETURN_IF_ERROR(exe->Run());
-  std::vector<HostTensor> outputs;
-  for (size_t i = 0; i < f.outputs().size(); ++i) {
-    ASSIGN_OR_RETURN(HostTensor out, exe->Output(static_cast<int>(i)));
-    outputs.push_back(std::move(out));
-  }
-  return outputs;
 }
 
 }  // namespace kiln

@@ -1,7 +1,9 @@
-// One Function compiled for one GPU: a flat list of steps (kernel launches, cuBLASLt GEMMs,
-// device copies) over byte offsets in ONE arena (runtime/buffer_plan.h), run in order on the
-// device's stream. Everything is decided in Create: kernels compiled (through the on-disk
-// cache) and loaded, GEMMs planned, offsets fixed, the arena allocated. Run only enqueues.
+// One compiled program (codegen/program.h) loaded onto one GPU: a flat list of steps (kernel
+// launches, cuBLASLt GEMMs, device copies) over byte offsets in ONE arena
+// (passes/buffer_plan.h), run in order on the device's stream. Codegen decided everything
+// (kernels, launch list, memory plan, GEMM descriptions); Load allocates the arena, loads the
+// cubins, plans the GEMMs with cuBLASLt and resolves every argument to an address. Run only
+// enqueues. Nothing here compiles: frontends/gpu_compile.h compiles, then loads.
 //
 // Parameters have fixed buffers: SetInput writes one, and Run leaves every donated output
 // (Function::output_aliases) in its parameter's buffer, so parameters and optimizer state
@@ -16,9 +18,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "codegen/compile_function.h"
+#include "codegen/program.h"
 #include "ir/graph.h"
-#include "runtime/buffer_plan.h"
+#include "passes/buffer_plan.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/kernel_launch.h"
@@ -28,8 +30,6 @@
 namespace kiln {
 
 struct CudaExecutableOptions {
-  std::string cache_dir;       // kernel cache (codegen/kernel_cache.h); empty: its default
-  int compile_threads = 0;     // NVRTC threads; 0: one per core
   // Fill the arena with 0xFF bytes (NaN for every float width) before the first run, so a
   // kernel that fails to write part of its output shows up as NaNs.
   bool poison_arena = false;
@@ -46,8 +46,9 @@ struct CudaExecutableOptions {
 class CudaExecutable {
  public:
   ~CudaExecutable();
-  static absl::StatusOr<std::unique_ptr<CudaExecutable>> Create(const Function& f, CudaDevice& device,
-                                                                 const CudaExecutableOptions& options = {});
+  // `program.function` must outlive the executable.
+  static absl::StatusOr<std::unique_ptr<CudaExecutable>> Load(CompiledProgram program, CudaDevice& device,
+                                                               const CudaExecutableOptions& options = {});
 
   // Host -> the parameter's buffer, encoded in its dtype. The type must match exactly.
   absl::Status SetInput(int64_t param_index, const HostTensor& value);
@@ -69,8 +70,8 @@ class CudaExecutable {
     int64_t distinct_kernels = 0;  // cubins loaded
     int64_t cache_hits = 0;        // of those, read from the kernel cache
     int64_t arena_bytes = 0;
-    double compile_seconds = 0;    // lowering, NVRTC and GEMM planning in Create
-    // Create's phases and then the capture, in order: {"codegen+nvrtc", 1.2}, ...
+    double compile_seconds = 0;    // the program's compile and Load, end to end
+    // The program's compile phases, Load's, then the capture, in order: {"codegen + NVRTC", 1.2}, ...
     std::vector<std::pair<std::string, double>> phases;
     int64_t graph_nodes = 0;       // nodes of the captured CUDA graph; 0 before the first Run
   };
@@ -79,35 +80,37 @@ class CudaExecutable {
   const Function& function() const { return *function_; }
 
  private:
+  // A program step resolved to addresses.
   struct Step {
-    enum class Kind { kKernel, kGemm, kCopy } kind = Kind::kKernel;
-    const Node* node = nullptr;          // for errors; null for the finishing copies
-    const KernelLaunch* launch = nullptr;
-    std::vector<void*> pointers;         // kernel: output, operands; GEMM: out, a, b, scratch
+    const ProgramStep* program = nullptr;  // what it is: kind, node, label, copy purpose
+    const KernelLaunch* launch = nullptr;  // kernel
+    std::vector<void*> pointers;           // kernel: outputs, operands; GEMM: out, a, b, c, scratch
     const GemmPlan* gemm = nullptr;
-    void* dst = nullptr;                 // copy
+    void* dst = nullptr;                   // copy
     const void* src = nullptr;
-    int64_t bytes = 0;
-    std::string what;                    // copy: what it is for
-    std::string label;                   // kernel: what a profile groups it under
   };
 
   CudaExecutable(const Function& f, CudaDevice& device) : function_(&f), device_(&device) {}
   // Records every step into graph_exec_; an error names the step that broke the capture.
   absl::Status Capture();
   absl::Status EnqueueAll(bool check_each_step) const;
-  absl::Status BuildSteps(const KernelCompileReport& report, const std::vector<BufferRole>& roles);
+  absl::Status BuildSteps();
   absl::Status EnqueueStep(const Step& step) const;
   static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose
   char* BufferAddress(int64_t buffer) const { return static_cast<char*>(arena_.get()) + plan_.buffers[buffer].offset; }
   char* NodeAddress(const Node* node) const { return BufferAddress(plan_.node_buffer[index_of_.at(node)]); }
+  // The address of node `index`'s buffer; null for -1 (an argument left out).
+  void* ArgAddress(int64_t index) const {
+    return index < 0 ? nullptr : BufferAddress(plan_.node_buffer[index]);
+  }
   absl::StatusOr<const Node*> ParameterNode(int64_t param_index) const;
   absl::StatusOr<HostTensor> Download(const TensorType& type, const void* src, absl::string_view what) const;
 
   const Function* function_;
   CudaDevice* device_;
   CudaExecutableOptions options_;
-  BufferPlan plan_;
+  CompiledProgram program_;
+  const BufferPlan& plan_ = program_.plan;
   DeviceMemory arena_;
   std::vector<std::unique_ptr<KernelLibrary>> libraries_;
   std::vector<std::unique_ptr<KernelLaunch>> launches_;
@@ -119,9 +122,5 @@ class CudaExecutable {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
 };
-
-// Evaluates `f` on the GPU as EvaluateFunction (ir/reference_backend.h) does on the CPU.
-absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,
-                                                      CudaDevice& device, const CudaExecutableOptions& options = {});
 
 }  // namespace kiln

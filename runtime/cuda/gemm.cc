@@ -10,13 +10,6 @@
 namespace kiln {
 namespace {
 
-constexpr int64_t kAlignment = 256;
-// What cuBLASLt may use for its split-K and stream-K variants (NVIDIA suggests 32 MiB on
-// Hopper). The heuristic reports how much its chosen algorithm needs; only that is planned.
-constexpr uint64_t kMaxWorkspaceBytes = 32u << 20;
-
-int64_t RoundUp(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
 absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
   switch (t) {
     case DType::kF32: return CUDA_R_32F;
@@ -28,32 +21,6 @@ absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
 
 }  // namespace
 
-absl::StatusOr<GemmLayout> GemmLayoutOf(const Node& gemm) {
-  if (gemm.opcode() == Opcode::kDotGeneral) {
-    return absl::InvalidArgumentError(absl::StrCat(NodeContext(gemm), " reached the GEMM planner: the lower-gemm ",
-                                                   "pass (passes/lower_gemm.h) makes every dot_general a gemm first"));
-  }
-  if (gemm.opcode() != Opcode::kGemm) return absl::InvalidArgumentError(absl::StrCat(NodeContext(gemm), " is not a gemm"));
-  GemmLayout g;
-  ASSIGN_OR_RETURN(g.batch, gemm.attrs().GetInt("batch"));
-  ASSIGN_OR_RETURN(g.m, gemm.attrs().GetInt("m"));
-  ASSIGN_OR_RETURN(g.n, gemm.attrs().GetInt("n"));
-  ASSIGN_OR_RETURN(g.k, gemm.attrs().GetInt("k"));
-  ASSIGN_OR_RETURN(std::string a_layout, gemm.attrs().GetSymbol("a_layout"));
-  ASSIGN_OR_RETURN(std::string b_layout, gemm.attrs().GetSymbol("b_layout"));
-  ASSIGN_OR_RETURN(double alpha, gemm.attrs().GetFloat("alpha"));
-  ASSIGN_OR_RETURN(double beta, gemm.attrs().GetFloat("beta"));
-  ASSIGN_OR_RETURN(std::string epilogue, gemm.attrs().GetSymbol("epilogue"));
-  if (epilogue != "none") {
-    return absl::UnimplementedError(absl::StrCat(NodeContext(gemm), ": epilogue '", epilogue, "' is not planned"));
-  }
-  g.a_k_inner = a_layout == "mk";
-  g.b_k_inner = b_layout == "nk";
-  g.alpha = static_cast<float>(alpha);
-  g.beta = static_cast<float>(beta);
-  return g;
-}
-
 GemmPlan::~GemmPlan() {
   if (c_desc_ != nullptr) cublasLtMatrixLayoutDestroy(c_desc_);
   if (b_desc_ != nullptr) cublasLtMatrixLayoutDestroy(b_desc_);
@@ -61,26 +28,21 @@ GemmPlan::~GemmPlan() {
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
 }
 
-absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, const CudaDevice& device) {
+absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription& gemm, const CudaDevice& device) {
   std::unique_ptr<GemmPlan> plan(new GemmPlan());
-  plan->context_ = NodeContext(dot);
-  const std::string& ctx = plan->context_;
-  ASSIGN_OR_RETURN(plan->layout_, GemmLayoutOf(dot));
-  const GemmLayout& g = plan->layout_;
-  const DType in_dtype = dot.operand(0)->type().dtype;
-  const DType out_dtype = dot.type().dtype;
-  if (dot.operand(1)->type().dtype != in_dtype || (out_dtype != DType::kF32 && out_dtype != in_dtype)) {
-    return absl::UnimplementedError(absl::StrCat(ctx, ": no cuBLASLt GEMM for ", dot.operand(0)->type().ToString(),
-                                                 " x ", dot.operand(1)->type().ToString(), " -> ", dot.type().ToString()));
+  plan->g_ = gemm;
+  const GemmDescription& g = plan->g_;
+  const std::string& ctx = g.context;
+  absl::StatusOr<cudaDataType_t> in_type = CudaDataType(g.a_dtype);
+  absl::StatusOr<cudaDataType_t> out_type = CudaDataType(g.d_dtype);
+  if (!in_type.ok() || !out_type.ok() || g.b_dtype != g.a_dtype) {
+    return absl::UnimplementedError(absl::StrCat(ctx, ": no cuBLASLt GEMM for ", DTypeName(g.a_dtype), " x ",
+                                                 DTypeName(g.b_dtype), " -> ", DTypeName(g.d_dtype),
+                                                 " (f32, bf16 and f16 operands are supported)"));
   }
-  absl::StatusOr<cudaDataType_t> in_type = CudaDataType(in_dtype);
-  absl::StatusOr<cudaDataType_t> out_type = CudaDataType(out_dtype);
-  if (!in_type.ok() || !out_type.ok()) {
-    return absl::UnimplementedError(absl::StrCat(ctx, ": no cuBLASLt GEMM for ", dot.operand(0)->type().ToString(),
-                                                 " operands (f32, bf16 and f16 are supported)"));
-  }
+  const DType in_dtype = g.a_dtype, out_dtype = g.d_dtype;
   plan->handle_ = device.cublas();
-  plan->out_bytes_ = dot.type().num_bytes();
+  plan->out_bytes_ = g.batch * g.m * g.n * DTypeBytes(out_dtype);
 
   if (g.batch * g.m * g.n * g.k == 0) return plan;  // nothing to multiply: Enqueue zero-fills or does nothing
 
@@ -114,7 +76,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, cons
 
   cublasLtMatmulPreference_t preference = nullptr;
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulPreferenceCreate(&preference), ctx);
-  const uint64_t max_workspace = kMaxWorkspaceBytes;
+  const uint64_t max_workspace = static_cast<uint64_t>(g.max_workspace_bytes);
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &max_workspace, sizeof(max_workspace));
   cublasLtMatmulHeuristicResult_t result{};
@@ -132,25 +94,24 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const Node& dot, cons
   }
   plan->algo_ = result.algo;
   plan->workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
-  plan->scratch_bytes_ = RoundUp(plan->workspace_bytes_);
   return plan;
 }
 
 absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, void* scratch,
                                cudaStream_t stream) const {
-  const GemmLayout& g = layout_;
+  const GemmDescription& g = g_;
   if (g.batch * g.m * g.n == 0) return absl::OkStatus();
   if (g.k == 0 && g.beta == 0.0f) {  // an empty sum
-    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes_, stream), context_);
+    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes_, stream), g.context);
     return absl::OkStatus();
   }
-  if (g.k == 0) return absl::UnimplementedError(absl::StrCat(context_, ": a gemm with K = 0 and beta != 0"));
+  if (g.k == 0) return absl::UnimplementedError(absl::StrCat(g.context, ": a gemm with K = 0 and beta != 0"));
   void* workspace = workspace_bytes_ > 0 ? scratch : nullptr;
   // cuBLAS's A is the IR's b and its B the IR's a (see the header); C is read only if beta != 0.
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, b, a_desc_, a, b_desc_, &g.beta,
                                              c != nullptr ? c : out, c_desc_, out, c_desc_, &algo_, workspace,
                                              workspace_bytes_, stream),
-                              context_);
+                              g.context);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codegen/kernel_spec.h"
-#include "codegen/nvrtc_compiler.h"
 
 namespace kiln {
 

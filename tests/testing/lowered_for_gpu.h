@@ -1,5 +1,5 @@
 // For GPU tests that build a function by hand: the backend lowering every compile applies
-// before codegen (lower-gemm), on a copy, since CudaExecutable::Create takes lowered IR.
+// before codegen (lower-gemm), on a copy, since codegen (CompileForGpu) takes lowered IR.
 #pragma once
 
 #include <memory>

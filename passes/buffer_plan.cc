@@ -1,4 +1,4 @@
-#include "runtime/buffer_plan.h"
+#include "passes/buffer_plan.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,0 +1,74 @@
+// A compiled program: everything codegen decides about running one Function on a GPU, for
+// the runtime to load and run without compiling or planning anything itself
+// (runtime/cuda/executable.h). It holds
+//   - the kernels' cubins, each distinct body once;
+//   - the launch list: each step a kernel launch (which cubin, its geometry, its arguments),
+//     a cuBLASLt GEMM (its description), or a device copy (the finish: outputs held in
+//     parameter buffers, then donations), in run order;
+//   - the memory plan (passes/buffer_plan.h): every buffer's offset in one arena, the GEMM
+//     workspaces included.
+// Arguments name buffers by the node whose value they hold, so the runtime turns each into an
+// address with the plan and nothing else. This header is the whole interface between the two
+// layers: the runtime includes it and calls nothing of codegen (kiln_cuda does not link
+// kiln_codegen).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codegen/kernel_spec.h"
+#include "ir/graph.h"
+#include "passes/buffer_plan.h"
+
+namespace kiln {
+
+// One gemm node (ir/op_table.h) as cuBLASLt needs it: D = alpha A B + beta C per batch.
+struct GemmDescription {
+  int64_t batch = 1, m = 1, n = 1, k = 1;
+  bool a_k_inner = true;  // a is [batch, M, K] (mk); else [batch, K, M] (km)
+  bool b_k_inner = true;  // b is [batch, N, K] (nk); else [batch, K, N] (kn)
+  float alpha = 1.0f, beta = 0.0f;
+  DType a_dtype = DType::kBF16, b_dtype = DType::kBF16, d_dtype = DType::kF32;
+  // The most workspace cuBLASLt's algorithm may use; the plan reserves this much scratch.
+  int64_t max_workspace_bytes = 0;
+  std::string context;  // "%name (gemm)", for errors
+};
+
+struct ProgramStep {
+  enum class Kind { kKernel, kGemm, kCopy };
+  Kind kind = Kind::kKernel;
+  // The node it computes (errors, profiles); null for the finishing copies.
+  const Node* node = nullptr;
+  // kKernel: the cubin (an index into CompiledProgram::kernels, launched under that cubin's
+  // symbol) and the launch geometry; `label` is what a profile groups it under.
+  int kernel = -1;
+  KernelSpec launch;  // name and geometry; the source is dropped
+  std::string label;
+  // kKernel: the outputs (one per result, -1 where a result is not needed), then the
+  // operands; kGemm: out, a, b, c (-1 when beta is 0). Node indices into the function's
+  // nodes(), whose buffers the plan gives.
+  std::vector<int64_t> args;
+  // kGemm
+  GemmDescription gemm;
+  int64_t scratch_buffer = -1;  // the plan's buffer for the workspace, or -1
+  // kCopy: buffer indices of the plan, the byte count, and what it is for.
+  int64_t dst_buffer = -1, src_buffer = -1, bytes = 0;
+  std::string what;
+};
+
+struct CompiledProgram {
+  const Function* function = nullptr;
+  std::vector<CompiledKernel> kernels;  // one per distinct kernel body
+  std::vector<ProgramStep> steps;
+  BufferPlan plan;
+  // How the compile went: distinct kernels read from the kernel cache, the launch count,
+  // and the compile's phases in order ({"codegen + NVRTC (...)", 1.2}, {"memory plan", ...}).
+  int64_t cache_hits = 0;
+  int64_t num_launches = 0;
+  int64_t num_gemms = 0;
+  std::vector<std::pair<std::string, double>> phases;
+};
+
+}  // namespace kiln

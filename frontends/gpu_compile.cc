@@ -1,0 +1,39 @@
+#include "frontends/gpu_compile.h"
+
+#ifdef KILN_WITH_CUDA
+
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
+                                                              const CudaExecutableOptions& run,
+                                                              const GpuCompileOptions& compile) {
+  ASSIGN_OR_RETURN(CompiledProgram program,
+                   CompileProgram(f, ProgramOptions{.target = device.target(),
+                                                    .cache_dir = compile.cache_dir,
+                                                    .compile_threads = compile.compile_threads}));
+  return CudaExecutable::Load(std::move(program), device, run);
+}
+
+absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,
+                                                      CudaDevice& device, const CudaExecutableOptions& run) {
+  if (args.size() != f.parameters().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("@", f.name(), " takes ", f.parameters().size(), " arguments, got ",
+                                                   args.size()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutable> exe, CompileForGpu(f, device, run));
+  for (size_t i = 0; i < args.size(); ++i) RETURN_IF_ERROR(exe->SetInput(static_cast<int64_t>(i), args[i]));
+  RETURN_IF_ERROR(exe->Run());
+  std::vector<HostTensor> outputs;
+  for (size_t i = 0; i < f.outputs().size(); ++i) {
+    ASSIGN_OR_RETURN(HostTensor out, exe->Output(static_cast<int>(i)));
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+}  // namespace kiln
+
+#endif  // KILN_WITH_CUDA

@@ -1,0 +1,97 @@
+// Compile, then run (codegen/compile_program.h): codegen alone turns a training step into a
+// program the runtime only loads: the cubins, the launch list, the memory plan and the GEMM
+// descriptions, with every argument a buffer of the plan. Needs no GPU.
+#include "codegen/compile_program.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "absl/strings/match.h"
+#include "frontends/llama.h"
+#include "passes/default_pipeline.h"
+#include "passes/training_step.h"
+
+namespace kiln {
+namespace {
+
+TEST(CompileProgram, ATrainingStepBecomesALaunchListOverOnePlannedArena) {
+  ModelConfig config = *PresetConfig("llama-tiny");
+  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 2, .seq_len = 16, .precision = Precision::kBf16});
+  TrainingStepLayout layout;
+  ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout).ok());
+  ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
+  const Function& step = *m->FindFunction("train_step");
+  absl::StatusOr<CompiledProgram> program = CompileProgram(step, {.target = TargetForArch("sm_90a").value()});
+  ASSERT_TRUE(program.ok()) << program.status();
+  EXPECT_EQ(program->function, &step);
+  EXPECT_GT(program->num_launches, 100);
+  EXPECT_GT(program->num_gemms, 10);
+  EXPECT_GT(program->plan.arena_bytes, 0);
+
+  std::set<const Node*> fusions_launched;
+  int64_t kernels = 0, gemms = 0, copies = 0;
+  for (const ProgramStep& s : program->steps) {
+    switch (s.kind) {
+      case ProgramStep::Kind::kKernel: {
+        ++kernels;
+        ASSERT_GE(s.kernel, 0);
+        ASSERT_LT(s.kernel, static_cast<int>(program->kernels.size()));
+        EXPECT_FALSE(program->kernels[s.kernel].cubin.empty());
+        EXPECT_TRUE(s.launch.source.empty());  // the program keeps what runs, not the source
+        EXPECT_GT(s.launch.grid[0], 0u);
+        // Every argument is a node whose value the plan holds (or -1 for an unneeded result).
+        for (int64_t arg : s.args) {
+          if (arg < 0) continue;
+          ASSERT_LT(arg, step.num_nodes());
+          EXPECT_GE(program->plan.node_buffer[arg], 0) << s.node->name();
+        }
+        if (s.node->opcode() == Opcode::kFusion) {
+          fusions_launched.insert(s.node);
+          EXPECT_TRUE(absl::StartsWith(s.label, "fused ")) << s.label;
+        }
+        break;
+      }
+      case ProgramStep::Kind::kGemm:
+        ++gemms;
+        ASSERT_EQ(s.args.size(), 4u);
+        EXPECT_EQ(s.gemm.max_workspace_bytes, kGemmWorkspaceBytes);
+        EXPECT_GE(s.scratch_buffer, 0);
+        EXPECT_GE(program->plan.buffers[s.scratch_buffer].bytes, kGemmWorkspaceBytes);
+        EXPECT_GT(s.gemm.m * s.gemm.n * s.gemm.k, 0);
+        break;
+      case ProgramStep::Kind::kCopy:
+        ++copies;
+        EXPECT_GE(s.dst_buffer, 0);
+        EXPECT_GE(s.src_buffer, 0);
+        EXPECT_GT(s.bytes, 0);
+        break;
+    }
+  }
+  EXPECT_EQ(kernels, program->num_launches);
+  EXPECT_EQ(gemms, program->num_gemms);
+  EXPECT_GT(fusions_launched.size(), 20u);
+  // AdamW updates p, m, v in place: no donation needs a copy at the finish.
+  EXPECT_EQ(copies, static_cast<int64_t>(layout.num_params * 3 + 1) - program->plan.in_place_outputs);
+  std::printf("llama-tiny step: %lld launches, %lld GEMMs, %lld copies, %zu cubins, %s\n",
+              static_cast<long long>(kernels), static_cast<long long>(gemms), static_cast<long long>(copies),
+              program->kernels.size(), program->plan.Summary().c_str());
+}
+
+TEST(CompileProgram, ErrorsNameTheNode) {
+  Module m("m");
+  Function* f = m.AddFunction("main");
+  Node* a = f->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", int64_t{0}}}, {DType::kBF16, {4, 8}}, "a");
+  Node* b = f->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", int64_t{1}}}, {DType::kBF16, {8, 4}}, "b");
+  Node* d = f->AppendNode(Opcode::kDotGeneral, {a, b},
+                          AttrMap{{"lhs_batch", std::vector<int64_t>{}}, {"rhs_batch", std::vector<int64_t>{}},
+                                  {"lhs_contract", std::vector<int64_t>{1}}, {"rhs_contract", std::vector<int64_t>{0}}},
+                          {DType::kBF16, {4, 4}}, "d");
+  f->SetOutputs({d});
+  absl::StatusOr<CompiledProgram> program = CompileProgram(*f, {});
+  ASSERT_FALSE(program.ok());
+  EXPECT_TRUE(absl::StrContains(program.status().message(), "dot_general %d reached codegen")) << program.status();
+}
+
+}  // namespace
+}  // namespace kiln
