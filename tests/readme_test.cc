@@ -1,4 +1,4 @@
-// The README shows frontends/examples/print_llama.cc (which the build compiles) and its two
+// The README shows frontends/examples/print_llama/print_llama.cc (which the build compiles) and its two
 // commands; this keeps them from drifting apart.
 #include <gtest/gtest.h>
 
@@ -11,11 +11,11 @@ namespace {
 TEST(Readme, ShowsTheCompiledExampleVerbatim) {
   absl::StatusOr<std::string> readme = ReadFileToString(std::string(KILN_SOURCE_DIR) + "/README.md");
   absl::StatusOr<std::string> example =
-      ReadFileToString(std::string(KILN_SOURCE_DIR) + "/frontends/examples/print_llama.cc");
+      ReadFileToString(std::string(KILN_SOURCE_DIR) + "/frontends/examples/print_llama/print_llama.cc");
   ASSERT_TRUE(readme.ok()) << readme.status();
   ASSERT_TRUE(example.ok()) << example.status();
   EXPECT_TRUE(absl::StrContains(*readme, "```cpp\n" + *example + "```"))
-      << "README.md must quote frontends/examples/print_llama.cc verbatim in a ```cpp block";
+      << "README.md must quote frontends/examples/print_llama/print_llama.cc verbatim in a ```cpp block";
 }
 
 TEST(Readme, NamesTheTwoCommandsThatExist) {
