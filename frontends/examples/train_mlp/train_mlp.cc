@@ -80,7 +80,8 @@ int main() {
   std::mt19937_64 rng(1337);
   const std::vector<HostTensor> held_out = SyntheticBatch(rng);  // never trained on
   auto held_out_loss = [&]() -> double {
-    absl::StatusOr<std::vector<HostTensor>> outputs = (*session)->Forward(held_out);
+    absl::StatusOr<std::vector<HostTensor>> outputs = (*session)->Forward(held_out);  // @forward's loss
+    if (!outputs.ok()) std::fprintf(stderr, "held-out: %s\n", outputs.status().ToString().c_str());
     return outputs.ok() ? (*outputs)[0][0] : NAN;
   };
   const double before = held_out_loss();
