@@ -33,12 +33,13 @@ endforeach()
 set_target_properties(kiln_all PROPERTIES EXPORT_NAME kiln)
 set_target_properties(kiln PROPERTIES EXPORT_NAME cli)  # the executable, as kiln::cli
 
-# What in-tree code gets from the top-level CMakeLists.txt, consumers get from kiln::kiln:
-# the headers use C++20 (std::source_location, designated initializers), and
-# frontends/cuda_trainer.h declares the GPU trainer only under KILN_WITH_CUDA.
-target_compile_features(kiln_all INTERFACE cxx_std_20)
+# What in-tree code gets from the top-level CMakeLists.txt, consumers get from the targets
+# (kiln::ir is under every other): the headers use C++20 (std::source_location, designated
+# initializers), and frontends/cuda_trainer.h declares the GPU trainer only under
+# KILN_WITH_CUDA (kiln::frontends links kiln::cuda).
+target_compile_features(kiln_ir INTERFACE cxx_std_20)
 if(KILN_WITH_CUDA)
-  target_compile_definitions(kiln_all INTERFACE KILN_WITH_CUDA=1)
+  target_compile_definitions(kiln_cuda INTERFACE KILN_WITH_CUDA=1)
 endif()
 
 # Headers: one set per library, each file relative to the source root, so that the
