@@ -22,7 +22,7 @@ include(CMakePackageConfigHelpers)
 set(KILN_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
 
 # The libraries the package exports, as kiln::<name>; kiln::kiln (kiln_all) is all of them.
-set(KILN_EXPORTED_LIBRARIES kiln_static_deps kiln_ir kiln_runtime kiln_passes kiln_frontends kiln_all)
+set(KILN_EXPORTED_LIBRARIES kiln_static_deps kiln_ir kiln_runtime kiln_inference kiln_passes kiln_frontends kiln_all)
 if(KILN_WITH_CUDA)
   list(APPEND KILN_EXPORTED_LIBRARIES kiln_codegen kiln_cuda)
 endif()
@@ -58,6 +58,7 @@ kiln_header_set(kiln_ir ${CMAKE_SOURCE_DIR}/ir/*.h ${CMAKE_SOURCE_DIR}/ir/refere
 target_sources(kiln_ir PUBLIC FILE_SET generated_headers TYPE HEADERS BASE_DIRS ${CMAKE_BINARY_DIR}
                FILES ${CMAKE_BINARY_DIR}/ir/ir.pb.h)
 kiln_header_set(kiln_runtime ${CMAKE_SOURCE_DIR}/runtime/*.h ${CMAKE_SOURCE_DIR}/runtime/training/*.h)
+kiln_header_set(kiln_inference ${CMAKE_SOURCE_DIR}/runtime/inference/*.h)
 kiln_header_set(kiln_passes ${CMAKE_SOURCE_DIR}/passes/*.h)
 kiln_header_set(kiln_frontends ${CMAKE_SOURCE_DIR}/frontends/*.h)  # not cli/: the CLI's own
 if(KILN_WITH_CUDA)
