@@ -224,6 +224,7 @@ absl::StatusOr<Function*> BuildGradientFunction(Module& m, const Function& forwa
     Node* copy = g->AppendNodeWithTypes(n->id(), n->opcode(), std::move(operands), n->attrs(), n->result_types(),
                                         n->name(), n->scope());
     KILN_CHECK(copy != nullptr);  // ids and names were unique in `forward`
+    if (n->body() != nullptr) copy->set_body(CloneFunction(*n->body(), n->body()->name()));
     copy_of[n.get()] = copy;
   }
   Node* loss = copy_of.at(forward.outputs()[loss_output]);

@@ -1,5 +1,7 @@
 #include "passes/inline_function.h"
 
+#include "ir/fusion.h"
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
@@ -33,6 +35,8 @@ absl::StatusOr<std::vector<Node*>> InlineFunction(Function& dst, const Function&
     // keeps the group's order.
     map[n.get()] = dst.AppendNodeWithTypes(dst.next_id(), n->opcode(), std::move(operands), n->attrs(),
                                            n->result_types(), name, n->scope());
+    // A fusion's body is its own function: copied whole, its names untouched.
+    if (n->body() != nullptr) map[n.get()]->set_body(CloneFunction(*n->body(), FusionBodyName(name)));
   }
   std::vector<Node*> outputs;
   for (Node* o : src.outputs()) outputs.push_back(map.at(o));

@@ -17,6 +17,7 @@ std::unique_ptr<Module> LoweredForGpu(const Function& f) {
     for (const Node* o : n->operands()) operands.push_back(copy_of.at(o));
     copy_of[n.get()] = copy->AppendNodeWithTypes(n->id(), n->opcode(), std::move(operands), n->attrs(),
                                                  n->result_types(), n->name(), n->scope());
+    if (n->body() != nullptr) copy_of[n.get()]->set_body(CloneFunction(*n->body(), n->body()->name()));
   }
   std::vector<Node*> outputs;
   for (const Node* o : f.outputs()) outputs.push_back(copy_of.at(o));
