@@ -56,6 +56,12 @@ absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm) {
   if (epilogue != "none") {
     return absl::UnimplementedError(absl::StrCat(g.context, ": epilogue '", epilogue, "' is not planned"));
   }
+  for (const char* fp8_slot : {"scaled", "amax"}) {
+    if (gemm.attrs().Has(fp8_slot) && *gemm.attrs().GetInt(fp8_slot) != 0) {
+      return absl::UnimplementedError(absl::StrCat(g.context, ": ", fp8_slot,
+                                                   "=1 (an FP8 GEMM's scales and amax) is not wired to cuBLASLt yet"));
+    }
+  }
   g.a_k_inner = a_layout == "mk";
   g.b_k_inner = b_layout == "nk";
   g.alpha = static_cast<float>(alpha);

@@ -10,8 +10,8 @@
 //   result    kInferred: type follows from operands and attributes;
 //             kDeclared: the node's written type is part of its meaning (a parameter's
 //             shape, a reshape's target) and inference checks it against the operands.
-//   results   how many typed results a node of the op has (kResultsFromBody: a fusion
-//             has one per output of its body). An op with several (AdamW's
+//   results   how many typed results a node of the op has (kVariableResults: a fusion
+//             has one per output of its body, a gemm two when it writes its amax). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); the text form writes them as one line,
@@ -46,6 +46,13 @@
 //                          declared result type (any dims of that element count; its dtype f32
 //                          or the operands'). c, of the result's type, is given iff beta != 0.
 //                          Products summed over K in order, in f32 for narrow operands.
+//                          FP8 slots (issue 14 fills them): with {scaled=1}, three f32[]
+//                          operands follow (a_scale, b_scale, d_scale), a and b may be fp8
+//                          (e4m3/e5m2) and D any float type:
+//                            D = d_scale (alpha a_scale b_scale A B + beta C)
+//                          (cuBLASLt's scale pointers); with {amax=1} the node has a second
+//                          result, f32[]: max |alpha a_scale b_scale A B + beta C|, before
+//                          d_scale (cuBLASLt's AMAX_D), what delayed scaling records.
 //   gather(table, idx)     rows of table along dim 0: idx.dims ++ table.dims[1:]
 //   scatter_add(idx, upd)  declared result [V, ...]: sums upd rows into row idx; the
 //                          gradient of gather (indices out of range are dropped)
@@ -96,7 +103,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
-inline constexpr int kResultsFromBody = -1;  // a fusion: one result per output of its body
+inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm: 1 or 2
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -145,7 +152,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kReduceSum, "reduce_sum", 1, kReduction, kInferred, 1, "dims")                                                        \
   X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1, "dims")                                                        \
   X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1, "lhs_batch,rhs_batch,lhs_contract,rhs_contract,out_dtype") \
-  X(kGemm, "gemm", kVariadic, kContraction, kDeclared, 1, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue")            \
+  X(kGemm, "gemm", kVariadic, kContraction, kDeclared, kVariableResults, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue,scaled,amax")            \
   X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \
   X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1, "")                                                           \
   X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps")                                                             \
@@ -161,7 +168,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
   X(kGetResult, "get_result", 1, kResult, kInferred, 1, "index")                                                          \
-  X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kResultsFromBody, "kind")
+  X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kVariableResults, "kind")
 
 enum class Opcode {
 #define KILN_OP_ENUM(e, name, arity, cat, rule, results, attrs) e,

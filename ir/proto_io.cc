@@ -155,17 +155,17 @@ absl::Status FillFunction(const ir::FunctionProto& fp, Function* function, bool 
     const OpInfo* op = FindOpByName(np.opcode());
     if (op == nullptr) return NodeError(fp, np, absl::StrCat("unknown opcode '", absl::CHexEscape(np.opcode()), "'"));
     std::vector<TensorType> types;
-    const bool many = op->num_results > 1 || (op->num_results == kResultsFromBody && np.result_types_size() > 0);
+    const bool many = op->num_results > 1 || (op->num_results == kVariableResults && np.result_types_size() > 0);
     if (np.has_body() != (op->opcode == Opcode::kFusion)) {
       return NodeError(fp, np, np.has_body() ? "only a fusion has a body" : "a fusion needs a body");
     }
     if (np.has_body() && is_body) return NodeError(fp, np, "a fusion inside a fusion's body (bodies do not nest)");
     if (many) {
       if (np.has_type()) return NodeError(fp, np, "a multi-result node has result_types, not a type");
-      if (op->num_results == kResultsFromBody && np.result_types_size() < 2) {
-        return NodeError(fp, np, "a fusion of several results lists two or more result types");
+      if (op->num_results == kVariableResults && np.result_types_size() < 2) {
+        return NodeError(fp, np, "a node of several results lists two or more result types");
       }
-      if (op->num_results != kResultsFromBody && np.result_types_size() != op->num_results) {
+      if (op->num_results != kVariableResults && np.result_types_size() != op->num_results) {
         return NodeError(fp, np, absl::StrCat(op->name, " has ", op->num_results, " results, but ",
                                               np.result_types_size(), " result types are given"));
       }

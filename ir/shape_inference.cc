@@ -219,8 +219,25 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
 
 // gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
 // them; the declared result holds batch x M x N elements.
-absl::StatusOr<TensorType> InferGemm(absl::Span<const TensorType> xs, const AttrMap& attrs, const TensorType& declared) {
-  if (xs.size() != 2 && xs.size() != 3) return Invalid(absl::StrCat("gemm takes a, b and optionally c, got ", xs.size()));
+// A 0/1 flag attribute that may be left out (meaning 0).
+absl::StatusOr<bool> OptionalFlag(const AttrMap& attrs, absl::string_view name) {
+  if (!attrs.Has(name)) return false;
+  ASSIGN_OR_RETURN(int64_t v, attrs.GetInt(name));
+  if (v != 0 && v != 1) return Invalid(absl::StrCat("gemm ", name, "=", v, " must be 0 or 1"));
+  return v == 1;
+}
+
+absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> xs, const AttrMap& attrs,
+                                                  const TensorType& declared) {
+  ASSIGN_OR_RETURN(const bool scaled, OptionalFlag(attrs, "scaled"));
+  ASSIGN_OR_RETURN(const bool amax, OptionalFlag(attrs, "amax"));
+  ASSIGN_OR_RETURN(double beta, attrs.GetFloat("beta"));
+  const size_t want = 2 + (beta != 0 ? 1 : 0) + (scaled ? 3 : 0);
+  if (xs.size() != want) {
+    return Invalid(absl::StrCat("gemm takes a, b", beta != 0 ? ", c (beta != 0)" : "",
+                                scaled ? ", a_scale, b_scale, d_scale (scaled=1)" : "", ": ", want,
+                                " operands, got ", xs.size()));
+  }
   int64_t size[4];
   const char* const kSizes[] = {"batch", "m", "n", "k"};
   for (int i = 0; i < 4; ++i) {
@@ -233,27 +250,43 @@ absl::StatusOr<TensorType> InferGemm(absl::Span<const TensorType> xs, const Attr
   if (a_layout != "mk" && a_layout != "km") return Invalid(absl::StrCat("gemm a_layout '", a_layout, "' is not mk or km"));
   if (b_layout != "nk" && b_layout != "kn") return Invalid(absl::StrCat("gemm b_layout '", b_layout, "' is not nk or kn"));
   ASSIGN_OR_RETURN(double alpha, attrs.GetFloat("alpha"));
-  ASSIGN_OR_RETURN(double beta, attrs.GetFloat("beta"));
   if (!std::isfinite(alpha) || !std::isfinite(beta)) return Invalid("gemm alpha and beta must be finite");
   ASSIGN_OR_RETURN(std::string epilogue, attrs.GetSymbol("epilogue"));
   if (epilogue != "none") return Invalid(absl::StrCat("gemm epilogue '", epilogue, "' is not one kiln lowers (none)"));
   const TensorType& a = xs[0];
   const TensorType& b = xs[1];
   RETURN_IF_ERROR(RequireFloat(a, "gemm a"));
-  if (b.dtype != a.dtype) return Invalid(absl::StrCat("gemm operands differ in dtype: ", a.ToString(), " vs ", b.ToString()));
+  RETURN_IF_ERROR(RequireFloat(b, "gemm b"));
+  if (scaled) {
+    if (IsFp8(a.dtype) != IsFp8(b.dtype) || (!IsFp8(a.dtype) && b.dtype != a.dtype)) {
+      return Invalid(absl::StrCat("scaled gemm operands must be both fp8 or of one dtype: ", a.ToString(), " vs ",
+                                  b.ToString()));
+    }
+  } else if (b.dtype != a.dtype || IsFp8(a.dtype)) {
+    return Invalid(absl::StrCat("gemm operands must share a non-fp8 dtype (fp8 takes scaled=1): ", a.ToString(),
+                                " vs ", b.ToString()));
+  }
   if (a.num_elements() != batch * m * k || b.num_elements() != batch * n * k) {
     return Invalid(absl::StrCat("gemm a ", a.ToString(), " and b ", b.ToString(), " must hold batch*m*k = ", batch * m * k,
                                 " and batch*n*k = ", batch * n * k, " elements"));
   }
-  if (declared.num_elements() != batch * m * n || (declared.dtype != DType::kF32 && declared.dtype != a.dtype)) {
+  const bool dtype_ok = scaled ? IsFloat(declared.dtype) : (declared.dtype == DType::kF32 || declared.dtype == a.dtype);
+  if (declared.num_elements() != batch * m * n || !dtype_ok) {
     return Invalid(absl::StrCat("gemm result ", declared.ToString(), " must hold batch*m*n = ", batch * m * n,
-                                " elements of f32 or ", DTypeName(a.dtype)));
+                                scaled ? " elements of a float type" : absl::StrCat(" elements of f32 or ", DTypeName(a.dtype))));
   }
-  if ((beta != 0) != (xs.size() == 3)) return Invalid("gemm takes c exactly when beta != 0");
-  if (xs.size() == 3 && xs[2] != declared) {
+  if (beta != 0 && xs[2] != declared) {
     return Invalid(absl::StrCat("gemm c ", xs[2].ToString(), " must have the result's type ", declared.ToString()));
   }
-  return declared;
+  if (scaled) {
+    const TensorType scalar{DType::kF32, {}};
+    for (size_t i = want - 3; i < want; ++i) {
+      if (xs[i] != scalar) return Invalid(absl::StrCat("gemm scales must be f32[], got ", xs[i].ToString()));
+    }
+  }
+  std::vector<TensorType> results = {declared};
+  if (amax) results.push_back(TensorType{DType::kF32, {}});
+  return results;
 }
 
 // adamw_update(p, g, m, v, step_size, decay, sqrt_bc2): the state tensors share one f32
@@ -447,8 +480,6 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     }
     case Opcode::kDotGeneral:
       return InferDotGeneral(xs[0], xs[1], attrs);
-    case Opcode::kGemm:
-      return InferGemm(xs, attrs, *declared);
     case Opcode::kGather:
       if (xs[0].rank() < 1) return Invalid("gather table must have rank >= 1");
       RETURN_IF_ERROR(RequireInteger(xs[1], "gather indices"));
@@ -514,6 +545,7 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kAttentionGrad:
     case Opcode::kGetResult:
     case Opcode::kFusion:
+    case Opcode::kGemm:
       break;  // several results, or a body's: InferResultTypes
   }
   return Invalid("unknown opcode");
@@ -549,6 +581,9 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
       return InferAttentionFamily(op, xs, attrs);
+    case Opcode::kGemm:
+      if (declared == nullptr) return Invalid("gemm declares its result type");
+      return InferGemm(xs, attrs, *declared);
     default: {
       ASSIGN_OR_RETURN(TensorType type, InferOneResult(op, xs, attrs, declared));
       return std::vector<TensorType>{std::move(type)};
@@ -572,7 +607,9 @@ absl::StatusOr<std::vector<TensorType>> InferNodeResultTypes(const Node& node) {
     if (node.body() == nullptr) return Invalid("a fusion needs a body");
     return FusionResultTypes(operands, *node.body());
   }
-  const TensorType* declared = node.has_multiple_results() ? nullptr : &node.type();
+  // A declared type is the first result's (an op of several results that declares one, the
+  // gemm with its amax, declares its first); ops that infer theirs ignore it.
+  const TensorType* declared = node.num_results() > 0 ? &node.result_type(0) : nullptr;
   return InferResultTypes(node.opcode(), operands, node.attrs(), declared);
 }
 

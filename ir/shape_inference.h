@@ -15,8 +15,8 @@ namespace kiln {
 
 // The type of each result of a node of `op` (one for most ops; GetOpInfo(op).num_results).
 // `operands` are the operand types as OperandTypes gives them. `declared` is the node's
-// written type; it must be given for ops whose ResultRule is kDeclared and is ignored
-// otherwise. Errors say what is wrong with the operands or attributes; the caller adds the
+// written type (for a node of several results, its first result's); it must be given for ops
+// whose ResultRule is kDeclared and is ignored otherwise. Errors say what is wrong with the operands or attributes; the caller adds the
 // op name, operand types and location.
 absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<const TensorType> operands,
                                                          const AttrMap& attrs, const TensorType* declared);

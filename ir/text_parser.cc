@@ -326,7 +326,7 @@ class Parser {
     if (op->opcode == Opcode::kFusion && in_body_) {
       return ErrorAt(op_token, "a fusion body cannot hold a fusion (bodies do not nest)");
     }
-    if (op->num_results != kResultsFromBody && static_cast<int>(names.size()) != op->num_results) {
+    if (op->num_results != kVariableResults && static_cast<int>(names.size()) != op->num_results) {
       return ErrorAt(start, absl::StrCat(op->name, " has ", op->num_results, " result(s), but ", names.size(),
                                          " name(s) are written"));
     }
@@ -395,7 +395,7 @@ class Parser {
     const std::string what = absl::StrCat("%", absl::StrJoin(names, ", %"), " = ", op.name, ": ");
     absl::StatusOr<std::vector<TensorType>> operand_types = OperandTypes(op.opcode, operands);
     if (!operand_types.ok()) return ErrorAt(start, absl::StrCat(what, operand_types.status().message()));
-    const TensorType* declared = types.size() == 1 ? &types[0] : nullptr;
+    const TensorType* declared = &types[0];  // the first result's, for an op that declares it
     absl::StatusOr<std::vector<TensorType>> inferred;
     if (op.opcode == Opcode::kFusion) {
       if (absl::Status body_ok = CheckFusionBody(attrs, body); !body_ok.ok()) {

@@ -11,6 +11,7 @@
 
 #include "ir/builder.h"
 #include "ir/numerics.h"
+#include "ir/text_format.h"
 
 namespace kiln {
 namespace {
@@ -516,6 +517,53 @@ TEST(ReferenceBackend, DeadNodesDoNotRun) {
   Fn::Ok(f.b.Gather(table, ids));
   Node* live = Fn::Ok(f.b.Unary(Opcode::kNeg, table));
   EXPECT_THAT(f.Values(live, {F32({2, 1}, {1, 2}), I32({1}, {99})}), ElementsAre(-1, -2));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The gemm's FP8 slots (ir/op_table.h): D = d_scale (alpha a_scale b_scale A B + beta C), and
+// the amax of the bracket as a second result, before d_scale.
+TEST(ReferenceBackend, GemmScalesAndAmax) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : f8e4m3[1,2]
+  %b = parameter() {index=1} : f8e4m3[2,2]
+  %c = parameter() {index=2} : f32[1,2]
+  %sa = parameter() {index=3} : f32[]
+  %sb = parameter() {index=4} : f32[]
+  %sd = parameter() {index=5} : f32[]
+  %d, %amax = gemm(%a, %b, %c, %sa, %sb, %sd) {a_layout=mk, alpha=1.0, amax=1, b_layout=nk, batch=1, beta=1.0, epilogue=none, k=2, m=1, n=2, scaled=1} : (f32[1,2], f32[])
+  return %d, %amax
+})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& f = *(*m)->functions()[0];
+  // A = [1, 2]; B (as [N, K]) = [[1, 1], [2, -3]]: A B = [3, -4]; with a_scale 2, b_scale 0.5
+  // and C = [1, 1]: [4, -3]; amax 4; d_scale 0.25: D = [1, -0.75].
+  std::vector<HostTensor> args = {
+      HostTensor::FromValues({DType::kF8E4M3, {1, 2}}, {1, 2}),
+      HostTensor::FromValues({DType::kF8E4M3, {2, 2}}, {1, 1, 2, -3}),
+      HostTensor::FromValues({DType::kF32, {1, 2}}, {1, 1}),
+      HostTensor::FromValues({DType::kF32, {}}, {2}),
+      HostTensor::FromValues({DType::kF32, {}}, {0.5}),
+      HostTensor::FromValues({DType::kF32, {}}, {0.25})};
+  absl::StatusOr<std::vector<HostTensor>> out = EvaluateFunction(f, args);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].values(), (std::vector<double>{1, -0.75}));
+  EXPECT_EQ((*out)[1].values(), (std::vector<double>{4}));
+  // fp8 operands without the scales are refused where they are written.
+  absl::StatusOr<std::unique_ptr<Module>> unscaled = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : f8e4m3[1,2]
+  %b = parameter() {index=1} : f8e4m3[2,2]
+  %d = gemm(%a, %b) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=2, m=1, n=2} : f32[1,2]
+  return %d
+})");
+  ASSERT_FALSE(unscaled.ok());
+  EXPECT_NE(unscaled.status().message().find("fp8 takes scaled=1"), std::string::npos) << unscaled.status();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // (batch dims, lhs free dims, rhs free dims). Operands are used as stored: already
 // rounded to their dtype, hence exact in double; the sum is rounded once by the evaluator.
 #include <algorithm>
+#include <cmath>
 
 #include "ir/status_macros.h"
 #include "ir/reference/gemm.h"
@@ -55,7 +56,9 @@ absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const E
 
 // gemm: the same GEMM over the operands' bytes as they lie ([batch, M, K] or [batch, K, M];
 // [batch, N, K] or [batch, K, N]), then alpha and beta C in double; rounded once.
-absl::StatusOr<HostTensor> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx) {
+// D = d_scale (alpha a_scale b_scale A B + beta C) with the FP8 slots, and the amax of the
+// bracket when asked (ir/op_table.h); scales are 1 without them.
+absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(int64_t batch, node.attrs().GetInt("batch"));
   ASSIGN_OR_RETURN(int64_t m, node.attrs().GetInt("m"));
   ASSIGN_OR_RETURN(int64_t n, node.attrs().GetInt("n"));
@@ -64,6 +67,8 @@ absl::StatusOr<HostTensor> EvalGemm(const Node& node, Operands xs, const EvalCon
   ASSIGN_OR_RETURN(std::string b_layout, node.attrs().GetSymbol("b_layout"));
   ASSIGN_OR_RETURN(double alpha, node.attrs().GetFloat("alpha"));
   ASSIGN_OR_RETURN(double beta, node.attrs().GetFloat("beta"));
+  const bool scaled = node.attrs().Has("scaled") && *node.attrs().GetInt("scaled") == 1;
+  const bool amax = node.attrs().Has("amax") && *node.attrs().GetInt("amax") == 1;
   auto steps = [](int64_t count, int64_t stride) {
     std::vector<int64_t> offsets(count);
     for (int64_t i = 0; i < count; ++i) offsets[i] = i * stride;
@@ -72,14 +77,23 @@ absl::StatusOr<HostTensor> EvalGemm(const Node& node, Operands xs, const EvalCon
   const bool a_mk = a_layout == "mk", b_nk = b_layout == "nk";
   GemmOperand a{xs[0]->values().data(), steps(batch, m * k), steps(m, a_mk ? k : 1), steps(k, a_mk ? 1 : m)};
   GemmOperand b{xs[1]->values().data(), steps(batch, n * k), steps(k, b_nk ? 1 : n), steps(n, b_nk ? k : 1)};
-  HostTensor out(node.type());
+  HostTensor out(node.result_type(0));
   double* d = out.mutable_values().data();
   Gemm(a, b, d, ctx.pool);
-  if (alpha != 1.0 || beta != 0.0) {
-    const double* c = beta != 0.0 ? xs[2]->values().data() : nullptr;
-    for (int64_t i = 0; i < out.num_elements(); ++i) d[i] = alpha * d[i] + (c != nullptr ? beta * c[i] : 0.0);
+  const size_t first_scale = beta != 0.0 ? 3 : 2;
+  const double ab_scale = scaled ? xs[first_scale]->values()[0] * xs[first_scale + 1]->values()[0] : 1.0;
+  const double d_scale = scaled ? xs[first_scale + 2]->values()[0] : 1.0;
+  const double* c = beta != 0.0 ? xs[2]->values().data() : nullptr;
+  double max_abs = 0;
+  for (int64_t i = 0; i < out.num_elements(); ++i) {
+    const double v = alpha * ab_scale * d[i] + (c != nullptr ? beta * c[i] : 0.0);
+    max_abs = std::isnan(v) || std::isnan(max_abs) ? std::nan("") : std::max(max_abs, std::abs(v));
+    d[i] = d_scale * v;
   }
-  return out;
+  std::vector<HostTensor> results;
+  results.push_back(std::move(out));
+  if (amax) results.push_back(HostTensor::FromValues(TensorType{DType::kF32, {}}, {max_abs}));
+  return results;
 }
 
 }  // namespace kiln::reference

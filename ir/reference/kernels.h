@@ -52,7 +52,7 @@ absl::StatusOr<HostTensor> EvalReduceSum(const Node& node, Operands xs, const Ev
 absl::StatusOr<HostTensor> EvalReduceMax(const Node& node, Operands xs, const EvalContext& ctx);
 // dot_general.cc
 absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const EvalContext& ctx);
-absl::StatusOr<HostTensor> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx);
 // indexing_ops.cc
 absl::StatusOr<HostTensor> EvalGather(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalScatterAdd(const Node& node, Operands xs, const EvalContext& ctx);

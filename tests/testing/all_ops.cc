@@ -144,6 +144,24 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   if (!fb.Return({act, squares}).ok()) std::abort();
   absl::StatusOr<bool> made = FusionPass().RunOnFunction(*fused);
   if (!made.ok() || !*made) std::abort();
+
+  // The gemm's FP8 slots: E4M3 operands with their scales, the output's scale, and the amax
+  // as a second result (what select-fp8-gemm will make; codegen does not plan it yet).
+  Function* fp8 = m->AddFunction("fp8_gemm");
+  Builder gb(fp8);
+  Node* qa = Must(gb.Parameter("a", {DType::kF8E4M3, {4, 8}}));
+  Node* qb = Must(gb.Parameter("b", {DType::kF8E4M3, {2, 8}}));
+  Node* a_scale = Must(gb.Parameter("a_scale", {f32, {}}));
+  Node* b_scale = Must(gb.Parameter("b_scale", {f32, {}}));
+  Node* d_scale = Must(gb.Parameter("d_scale", {f32, {}}));
+  const AttrMap fp8_attrs{{"batch", int64_t{1}},     {"m", int64_t{4}},       {"n", int64_t{2}},
+                          {"k", int64_t{8}},         {"a_layout", Symbol{"mk"}}, {"b_layout", Symbol{"nk"}},
+                          {"alpha", 1.0},            {"beta", 0.0},           {"epilogue", Symbol{"none"}},
+                          {"scaled", int64_t{1}},    {"amax", int64_t{1}}};
+  const std::vector<Node*> d_and_amax = fp8->AppendMultiResultNode(
+      Opcode::kGemm, {qa, qb, a_scale, b_scale, d_scale}, fp8_attrs,
+      {TensorType{DType::kBF16, {4, 2}}, TensorType{f32, {}}}, {"d", "amax"}, "layers.0.fp8");
+  if (d_and_amax.size() != 2 || !gb.Return(d_and_amax).ok()) std::abort();
   return m;
 }
 
