@@ -117,7 +117,15 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_EQ(f->outputs()[0]->type().dims, (std::vector<int64_t>{phase == InferencePhase::kPrefill ? 1 : 4,
                                                                    phase == InferencePhase::kPrefill ? 4 : 1, 256}));
     // The normal pipelines run on them, and the donated pools survive them.
-    ASSERT_TRUE(CompileInferenceModule(**module, CompileOptions{}).ok());
+    absl::StatusOr<PipelineReport> report = CompileInferenceModule(**module, CompileOptions{});
+    ASSERT_TRUE(report.ok()) << report.status();
+    std::map<Opcode, int> ops;
+    for (const auto& n : f->nodes()) ++ops[n->opcode()];
+    EXPECT_EQ(ops[Opcode::kDotGeneral], 0) << "lower-gemm ran";
+    EXPECT_EQ(ops[Opcode::kGemm], 7 * config.n_layers + 1);  // q, k, v, o, gate, up, down; the head
+    EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
+    EXPECT_EQ(ops[Opcode::kKvCacheWrite], 2 * config.n_layers);
+    EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);
     EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
   }
 }

@@ -202,6 +202,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                   ShowAll(f.output, bytes, false).c_str());
     }
   }
+  std::fflush(stdout);  // the text, then the figures
   const GenerationStats& s = generator->stats();
   std::fprintf(stderr,
                "kiln generate: prefill %lld tokens in %.3f s (%s, %lld from the prefix cache), decode %lld tokens in "
