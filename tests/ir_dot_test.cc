@@ -135,8 +135,9 @@ TEST(Dot, ParametersAreEllipsesOutputsHighlightedEdgesTyped) {
       EXPECT_TRUE(absl::StrContains(line, "penwidth=2")) << line;
     }
   }
-  // @main's 6 parameters, @attention's 4, @fusion's 2 (the fusion bodies' own are not drawn).
-  EXPECT_EQ(ellipses, 6 + 4 + 2);
+  // @main's 6 parameters, @attention's 4, @fusion's 2 (the fusion bodies' own are not drawn),
+  // @paged_kv's 3.
+  EXPECT_EQ(ellipses, 6 + 4 + 2 + 3);
   size_t all_outputs = 0;
   for (const auto& f : m->functions()) all_outputs += f->outputs().size();
   EXPECT_EQ(outputs, static_cast<int>(all_outputs));
@@ -158,7 +159,8 @@ TEST(Dot, HidesSingleUseConstantsOnlyWhenAsked) {
     return leaves;
   };
   EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = true}), 0);
-  EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = false}), 3);  // two constants, one iota
+  // @main's two constants and one iota, @paged_kv's slots, tables and positions twice.
+  EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = false}), 3 + 6);
 }
 
 // Names outside the verifier's alphabet still make valid DOT: the writer escapes.

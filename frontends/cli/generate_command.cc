@@ -20,6 +20,7 @@
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
 #include "ir/status_macros.h"
+#include "runtime/memory_estimate.h"
 
 namespace kiln::cli {
 namespace {
@@ -169,12 +170,37 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   // A single request's problems are the command's; with --prompts a bad line is reported
   // and the others still run.
   const bool single = prompts.size() == 1;
+  if (options.num_blocks == 0 && options.block_size >= 1) {
+    // Default: blocks for every request at once (they are known up front), no more than
+    // max_running full contexts.
+    const int64_t context = options.max_context > 0     ? options.max_context
+                            : config.max_positions > 0 ? config.max_positions
+                                                       : config.seq_len;
+    const int64_t per_sequence = (context + options.block_size - 1) / options.block_size;
+    int64_t needed = 0;
+    for (const auto& p : prompts) {
+      const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(p.size()) + max_new - 1, context);
+      needed += std::max<int64_t>(1, (tokens + options.block_size - 1) / options.block_size);
+    }
+    options.num_blocks = std::min(needed, std::max<int64_t>(1, options.max_running) * per_sequence);
+  }
+  if (options.num_blocks > 0) {
+    // The pools as the reference backend holds them (a double per value, K and V, and the
+    // copy each call makes), with the weights as read and as bound.
+    const double pool_values = 2.0 * static_cast<double>(config.n_layers) * static_cast<double>(options.num_blocks) *
+                               static_cast<double>(config.n_kv_heads * options.block_size * config.head_dim);
+    RETURN_IF_ERROR(CheckFitsHostMemory(
+        SaturatingSum({HostTensorBytes(3.0 * pool_values), HostTensorBytes(2.0 * ParameterCount(config))}),
+        absl::StrCat("generating with ", args.positionals()[0], " and a KV pool of ", options.num_blocks, " blocks"),
+        "the KV pools (K and V, as passed in and as returned) and the weights, on the reference backend"));
+  }
   ASSIGN_OR_RETURN(LoadedWeights loaded, LoadWeights(args));
   ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                    Generator::Create(loaded.config, std::move(loaded.weights), options));
-  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend cpu (reference), KV pool %lld blocks of %lld tokens\n",
+  const int64_t num_blocks = generator->layout().num_blocks;
+  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend cpu (reference), KV pool of %lld block%s of %lld tokens\n",
                loaded.config.name.c_str(), std::string(PrecisionName(precision)).c_str(), loaded.source.c_str(),
-               static_cast<long long>(generator->layout().num_blocks),
+               static_cast<long long>(num_blocks), num_blocks == 1 ? "" : "s",
                static_cast<long long>(generator->layout().block_size));
   int64_t rejected = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -249,7 +275,7 @@ Command GenerateCommand() {
                {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
                {.name = "block-size", .value_name = "N", .help = "tokens per KV block", .default_value = "16"},
                {.name = "kv-blocks", .value_name = "N", .help = "KV blocks in the pool",
-                .default_value = "max-running full contexts"},
+                .default_value = "what the requests need, at most max-running full contexts"},
                {.name = "max-running", .value_name = "N", .help = "requests decoded together at most",
                 .default_value = "8"},
                {.name = "context", .value_name = "N", .help = "tokens per sequence at most",

@@ -154,11 +154,12 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* rows = Must(pb.Parameter("rows", {f32, {3, 1, 8}}));
   Node* queries = Must(pb.Parameter("queries", {f32, {2, 2, 2, 8}}));
   pb.set_scope("layers.1.attn");
-  Node* slots = Must(pb.ConstantValues({5, 0, -1}, {DType::kI32, {3}}));
-  Node* tables = Must(pb.ConstantValues({1, 0, 2, 1}, {DType::kI32, {2, 2}}));
-  Node* positions = Must(pb.ConstantValues({5, 6, -1, 3}, {DType::kI32, {2, 2}}));
   std::vector<Node*> paged_outputs;
   for (DType dtype : {f32, DType::kBF16}) {
+    // Each constant used once (tests/ir_dot_test.cc hides single-use constants).
+    Node* slots = Must(pb.ConstantValues({5, 0, -1}, {DType::kI32, {3}}));
+    Node* tables = Must(pb.ConstantValues({1, 0, 2, 1}, {DType::kI32, {2, 2}}));
+    Node* positions = Must(pb.ConstantValues({5, 6, -1, 3}, {DType::kI32, {2, 2}}));
     Node* typed_pool = Must(pb.Convert(pool, dtype));
     Node* written = Must(pb.Op(Opcode::kKvCacheWrite, {typed_pool, rows, slots}, AttrMap{{"layer", int64_t{1}}}));
     Node* typed_q = Must(pb.Convert(queries, dtype));
