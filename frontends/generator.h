@@ -81,6 +81,9 @@ class Generator {
   absl::Status Submit(inference::GenerationRequest request);
 
   // One scheduled step; returns the requests it finished (empty when nothing is left).
+  // Requests are checked at Submit, so an error here is internal (a function that failed to
+  // compile or evaluate): the pools are left as they were, but the scheduler's step stays
+  // open, and the Generator should be dropped.
   absl::StatusOr<std::vector<inference::FinishedRequest>> Step(const TokenCallback& on_token = nullptr);
   // Steps until no request is left; the finished requests in the order they finished.
   absl::StatusOr<std::vector<inference::FinishedRequest>> Run(const TokenCallback& on_token = nullptr);
