@@ -35,4 +35,9 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node);
 absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node);
 absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options);
 
+// lower_paged_kv.cc: kv_cache_write (a copy of the pool unless it is written in place, then
+// the rows) and paged_attention (a warp per query and head).
+absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node);
+
 }  // namespace kiln::codegen::composite

@@ -55,6 +55,10 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerAttentionGrad(node);
     case Opcode::kAttentionDelta:
       return composite::LowerAttentionDelta(node, options);
+    case Opcode::kKvCacheWrite:
+      return composite::LowerKvCacheWrite(node, options);
+    case Opcode::kPagedAttention:
+      return composite::LowerPagedAttention(node);
     default:
       break;
   }

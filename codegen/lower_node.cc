@@ -83,6 +83,8 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kAttention:
     case Opcode::kAttentionDelta:
     case Opcode::kAttentionGrad:
+    case Opcode::kKvCacheWrite:
+    case Opcode::kPagedAttention:
       return Lowering::kComposite;
     case Opcode::kGetResult:
       return Lowering::kResult;

@@ -19,19 +19,15 @@ struct LayerWeights {
   MlpWeights mlp;
 };
 
-// Declares every weight as a parameter, in LlamaWeights order, and hands them out in that
-// order: the same list drives the names, the shapes and the parameter indices.
-class WeightParameters {
+// Hands out the weights of DeclareLlamaWeights in their order: the same list drives the
+// names, the shapes and the parameter indices.
+class WeightCursor {
  public:
-  WeightParameters(Graph& graph, const ModelConfig& config) {
-    for (const WeightSpec& spec : LlamaWeights(config)) {
-      params_.push_back(graph.Parameter(spec.name, TensorType{DType::kF32, spec.shape}));
-    }
-  }
-  Tensor Next() { return next_ < params_.size() ? params_[next_++] : Tensor(); }
+  explicit WeightCursor(absl::Span<const Tensor> weights) : weights_(weights) {}
+  Tensor Next() { return next_ < weights_.size() ? weights_[next_++] : Tensor(); }
 
  private:
-  std::vector<Tensor> params_;
+  absl::Span<const Tensor> weights_;
   size_t next_ = 0;
 };
 
@@ -58,6 +54,39 @@ std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
   return weights;
 }
 
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config) {
+  std::vector<Tensor> params;
+  for (const WeightSpec& spec : LlamaWeights(config)) {
+    params.push_back(graph.Parameter(spec.name, TensorType{DType::kF32, spec.shape}));
+  }
+  return params;
+}
+
+Tensor LlamaLogits(Graph& g, const ModelConfig& config, absl::Span<const Tensor> weight_params, Tensor tokens,
+                   DType gemm_dtype, const LlamaAttention& attention) {
+  WeightCursor weights(weight_params);
+  Tensor embed_table = weights.Next();
+  Tensor h = InScope(g, "embed", [&] { return Embedding(embed_table, tokens); });
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    ScopeGuard layer(g, absl::StrCat("layers.", i));
+    LayerWeights w;
+    w.input_norm = weights.Next();
+    // Braced lists evaluate left to right: q, k, v, o and gate, up, down, as declared.
+    w.attention = {weights.Next(), weights.Next(), weights.Next(), weights.Next()};
+    w.post_attention_norm = weights.Next();
+    w.mlp = {weights.Next(), weights.Next(), weights.Next()};
+    // Residual adds sit in the layer's own scope, between the branches they join.
+    Tensor x = InScope(g, "attn_norm", [&] { return RMSNorm(h, w.input_norm, config.rms_eps); });
+    h = h + InScope(g, "attn", [&] { return attention(i, x, w.attention); });
+    x = InScope(g, "mlp_norm", [&] { return RMSNorm(h, w.post_attention_norm, config.rms_eps); });
+    h = h + InScope(g, "mlp", [&] { return SwiGLU(x, w.mlp, gemm_dtype); });
+  }
+  Tensor final_norm = weights.Next();
+  Tensor head = config.tie_embeddings ? embed_table : weights.Next();
+  h = InScope(g, "final_norm", [&] { return RMSNorm(h, final_norm, config.rms_eps); });
+  return InScope(g, "lm_head", [&] { return LmHead(h, head, gemm_dtype); });
+}
+
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config, const LlamaBuildOptions& options) {
   RETURN_IF_ERROR(config.Validate());
   if (options.batch < 0 || options.seq_len < 0) {
@@ -82,28 +111,11 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& conf
   Graph g(module->AddFunction("forward"));
   Tensor tokens = g.Parameter("tokens", TensorType{DType::kI32, {batch, seq_len}});
   Tensor targets = g.Parameter("targets", TensorType{DType::kI32, {batch, seq_len}});
-  WeightParameters weights(g, config);
-  Tensor embed_table = weights.Next();
-
-  Tensor h = InScope(g, "embed", [&] { return Embedding(embed_table, tokens); });
-  for (int64_t i = 0; i < config.n_layers; ++i) {
-    ScopeGuard layer(g, absl::StrCat("layers.", i));
-    LayerWeights w;
-    w.input_norm = weights.Next();
-    // Braced lists evaluate left to right: q, k, v, o and gate, up, down, as declared.
-    w.attention = {weights.Next(), weights.Next(), weights.Next(), weights.Next()};
-    w.post_attention_norm = weights.Next();
-    w.mlp = {weights.Next(), weights.Next(), weights.Next()};
-    // Residual adds sit in the layer's own scope, between the branches they join.
-    Tensor x = InScope(g, "attn_norm", [&] { return RMSNorm(h, w.input_norm, config.rms_eps); });
-    h = h + InScope(g, "attn", [&] { return CausalSelfAttention(x, w.attention, attention_shape, gemm_dtype); });
-    x = InScope(g, "mlp_norm", [&] { return RMSNorm(h, w.post_attention_norm, config.rms_eps); });
-    h = h + InScope(g, "mlp", [&] { return SwiGLU(x, w.mlp, gemm_dtype); });
-  }
-  Tensor final_norm = weights.Next();
-  Tensor head = config.tie_embeddings ? embed_table : weights.Next();
-  h = InScope(g, "final_norm", [&] { return RMSNorm(h, final_norm, config.rms_eps); });
-  Tensor logits = InScope(g, "lm_head", [&] { return LmHead(h, head, gemm_dtype); });
+  const std::vector<Tensor> weights = DeclareLlamaWeights(g, config);
+  Tensor logits = LlamaLogits(g, config, weights, tokens, gemm_dtype,
+                              [&](int64_t /*layer*/, Tensor x, const AttentionWeights& w) {
+                                return CausalSelfAttention(x, w, attention_shape, gemm_dtype);
+                              });
   Tensor loss = InScope(g, "loss", [&] { return CrossEntropyLoss(logits, targets); });
   std::vector<Tensor> outputs = {loss};
   if (options.return_logits) outputs.push_back(logits);

@@ -8,12 +8,16 @@
 // Node scopes follow the layers ("layers.3.attn"), so dumps and graphs group by layer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "frontends/model_config.h"
+#include "frontends/nn.h"
+#include "frontends/tensor.h"
 #include "ir/graph.h"
 #include "passes/compile_options.h"  // Precision
 
@@ -36,6 +40,19 @@ struct WeightSpec {
 
 // Every weight of the model, in the order @forward takes them (after tokens, targets).
 std::vector<WeightSpec> LlamaWeights(const ModelConfig& config);
+
+// The pieces @forward is built from, shared with the inference functions
+// (frontends/llama_inference.h) so that all of them take the same weights in the same order
+// and compute the same layers.
+//
+// Every weight as a parameter of `graph`, in LlamaWeights order.
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config);
+// One layer's self-attention: `x` is the normed input [B,T,D]; returns f32 [B,T,D].
+using LlamaAttention = std::function<Tensor(int64_t layer, Tensor x, const AttentionWeights& weights)>;
+// Logits f32 [B,T,V] of `tokens` [B,T]: embedding, the decoder layers (attention built by
+// `attention`, inside scope layers.N.attn), the final norm and the LM head.
+Tensor LlamaLogits(Graph& graph, const ModelConfig& config, absl::Span<const Tensor> weights, Tensor tokens,
+                   DType gemm_dtype, const LlamaAttention& attention);
 
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config,
                                                          const LlamaBuildOptions& options = {});

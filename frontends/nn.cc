@@ -88,6 +88,34 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
   return Linear(out, weights.o_proj, gemm_dtype, loc);
 }
 
+Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape, DType gemm_dtype,
+                          int64_t layer, PagedKv& kv, Loc loc) {
+  if (!x.ok()) return x;
+  const int64_t b = x.dim(0), t = x.dim(1);
+  const int64_t h = shape.n_heads, n_kv = shape.n_kv_heads, d = shape.head_dim;
+  x = Convert(x, gemm_dtype, loc);  // once for q, k and v
+  Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, loc), {b, t, h, d}, loc);
+  Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  // RoPE takes one position per row of dim 1: every token of the batch as one row of B*T.
+  Tensor flat_positions = Reshape(kv.positions, {b * t}, loc);
+  auto rope = [&](Tensor y, int64_t heads) {
+    Tensor rows = Reshape(y, {1, b * t, heads, d}, loc);
+    return RoPE(rows, flat_positions, shape.rope_theta, loc);
+  };
+  Tensor q_rows = rope(q, h);
+  Tensor k_rows = Reshape(rope(k, n_kv), {b * t, n_kv, d}, loc);
+  Tensor v_rows = Reshape(v, {b * t, n_kv, d}, loc);
+  Tensor flat_slots = Reshape(kv.slots, {b * t}, loc);
+  kv.k_pool = KvCacheWrite(kv.k_pool, Convert(k_rows, gemm_dtype, loc), flat_slots, layer, loc);
+  kv.v_pool = KvCacheWrite(kv.v_pool, Convert(v_rows, gemm_dtype, loc), flat_slots, layer, loc);
+  q = Convert(Reshape(q_rows, {b, t, h, d}, loc), gemm_dtype, loc);
+  Tensor out = PagedAttention(q, kv.k_pool, kv.v_pool, kv.block_tables, kv.positions, layer,
+                              1.0 / std::sqrt(static_cast<double>(d)), loc);
+  out = Reshape(out, {b, t, h * d}, loc);
+  return Linear(out, weights.o_proj, gemm_dtype, loc);
+}
+
 Tensor Silu(Tensor x, Loc loc) { return Mul(x, Sigmoid(x, loc), loc); }
 
 Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {

@@ -76,6 +76,27 @@ struct AttentionShape {
 Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape,
                            DType gemm_dtype, Loc loc = Loc::current());
 
+// The paged-KV cache one self-attention reads and writes (inference only; the ops are in
+// ir/op_table.h). positions, slots: i32 [B,T] (a token's position in its sequence and the
+// flat pool slot its K/V goes to; padding: position -1, slot -1); block_tables i32 [B,M];
+// k_pool, v_pool [L, NB, KV, BS, Dh] of the GEMM dtype, replaced by the written pools.
+struct PagedKv {
+  Tensor positions;
+  Tensor slots;
+  Tensor block_tables;
+  Tensor k_pool;
+  Tensor v_pool;
+};
+
+// CausalSelfAttention of x [B,T,D] with the keys and values of earlier tokens in the pools:
+// the same projections and RoPE (each token at its own position), K and V of these tokens
+// written into layer `layer` of the pools (kv_cache_write), then paged_attention over keys
+// 0..position through the block tables. With the pools holding the K/V of every earlier
+// token it computes what CausalSelfAttention computes for these rows, to the rounding of
+// the same precision policy. -> f32 [B,T,D]
+Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape, DType gemm_dtype,
+                          int64_t layer, PagedKv& kv, Loc loc = Loc::current());
+
 // silu(x) = x * sigmoid(x).
 Tensor Silu(Tensor x, Loc loc = Loc::current());
 

@@ -96,7 +96,9 @@ Tensor Graph::Iota(TensorType type, int64_t dim, Loc loc) {
   return Apply("iota", {}, loc, [&](Builder& b) { return b.Iota(std::move(type), dim, loc); });
 }
 
-absl::Status Graph::Finish(const std::vector<Tensor>& outputs, Loc loc) {
+absl::Status Graph::Finish(const std::vector<Tensor>& outputs, Loc loc) { return Finish(outputs, {}, loc); }
+
+absl::Status Graph::Finish(const std::vector<Tensor>& outputs, std::vector<int64_t> aliases, Loc loc) {
   std::vector<Node*> nodes;
   for (size_t i = 0; i < outputs.size() && ok(); ++i) {
     if (outputs[i].graph() != this) {
@@ -107,7 +109,7 @@ absl::Status Graph::Finish(const std::vector<Tensor>& outputs, Loc loc) {
     nodes.push_back(outputs[i].node());
   }
   if (!ok()) return status_;
-  Fail(builder_.Return(std::move(nodes), {}, loc));
+  Fail(builder_.Return(std::move(nodes), std::move(aliases), loc));
   if (ok()) Fail(VerifyFunction(*function()));  // catches what no single op can: e.g. a bad scope name
   return status_;
 }
@@ -250,6 +252,21 @@ Tensor RmsNorm(Tensor x, Tensor weight, double eps, Loc loc) {
 Tensor Rope(Tensor x, Tensor positions, double theta, Loc loc) {
   return Emit("rope", {x, positions}, loc,
               [&](Builder& b) { return b.Rope(x.node(), positions.node(), theta, /*inverse=*/false, loc); });
+}
+
+Tensor KvCacheWrite(Tensor pool, Tensor rows, Tensor slots, int64_t layer, Loc loc) {
+  return Emit("kv_cache_write", {pool, rows, slots}, loc, [&](Builder& b) {
+    return b.Op(Opcode::kKvCacheWrite, {pool.node(), rows.node(), slots.node()}, AttrMap{{"layer", layer}}, nullptr,
+                "", loc);
+  });
+}
+
+Tensor PagedAttention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor positions, int64_t layer,
+                      double scale, Loc loc) {
+  return Emit("paged_attention", {q, k_pool, v_pool, block_tables, positions}, loc, [&](Builder& b) {
+    return b.Op(Opcode::kPagedAttention, {q.node(), k_pool.node(), v_pool.node(), block_tables.node(), positions.node()},
+                AttrMap{{"layer", layer}, {"scale", scale}}, nullptr, "", loc);
+  });
 }
 
 Tensor CrossEntropy(Tensor logits, Tensor labels, Loc loc) {

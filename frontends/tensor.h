@@ -77,6 +77,8 @@ class Graph {
 
   // Sets the function's outputs and returns the first error of the whole build.
   absl::Status Finish(const std::vector<Tensor>& outputs, Loc loc = Loc::current());
+  // The same, with output i donated to parameter aliases[i] (-1: none; Function::output_aliases).
+  absl::Status Finish(const std::vector<Tensor>& outputs, std::vector<int64_t> aliases, Loc loc = Loc::current());
 
   // Runs `build` unless the graph failed already or an operand is failed or empty, and
   // keeps its error. `op` names the op in the error for an empty operand. Every op goes
@@ -191,5 +193,13 @@ Tensor RmsNorm(Tensor x, Tensor weight, double eps, Loc loc = Loc::current());
 Tensor Rope(Tensor x, Tensor positions, double theta, Loc loc = Loc::current());
 // Per-row loss f32[N] of logits [N, V] against labels [N].
 Tensor CrossEntropy(Tensor logits, Tensor labels, Loc loc = Loc::current());
+
+// The paged KV cache (ir/op_table.h): `rows` [N, Hkv, D] written into layer `layer` of
+// `pool` [L, NB, Hkv, BS, D] at flat `slots` i32[N] (-1: none); returns the updated pool.
+Tensor KvCacheWrite(Tensor pool, Tensor rows, Tensor slots, int64_t layer, Loc loc = Loc::current());
+// Attention of q [B, T, H, D] over keys 0..positions[b, t] of layer `layer` of the pools,
+// read through block_tables [B, M] -> f32 [B, T, H, D].
+Tensor PagedAttention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor positions, int64_t layer,
+                      double scale, Loc loc = Loc::current());
 
 }  // namespace kiln

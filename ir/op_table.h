@@ -96,6 +96,32 @@
 //                            dq = bf16(dS) k; dk = bf16(dS)ᵀ q, dv = bf16(P)ᵀ do (summed over the
 //                            query heads of each kv head); f32, q's or k's shape. Not
 //                            differentiable (the VJP of attention).
+//   kv_cache_write(pool, x, slots)  {layer}  the paged KV pool with token rows written in:
+//                          pool f32 or bf16 [L, NB, Hkv, BS, D] (layers, blocks, kv heads, block
+//                          size, head dim: DESIGN.md's layout), x float [N, Hkv, D], slots i32 [N]
+//                          flat slots (block * BS + offset). Result: pool's type, equal to pool
+//                          except pool[layer, s / BS, h, s % BS, :] = x[i, h, :] rounded to pool's
+//                          dtype for each i with s = slots[i] >= 0 (slot -1: a padding row, writes
+//                          nothing). Slots beyond NB * BS and duplicate slots are the caller's
+//                          error (the reference reports them; a kernel skips the first and races
+//                          on the second). The result is meant to be donated back to the pool's
+//                          parameter (Function::output_aliases). Not differentiable.
+//   paged_attention(q, k_pool, v_pool, block_tables, positions)  {layer, scale}  causal
+//                          attention of each query over keys 0..its position, the keys and
+//                          values read from the pool through the block table: q float [B, T, H,
+//                          D], pools of one float type [L, NB, Hkv, BS, D] (H a multiple of Hkv;
+//                          query head h reads kv head h / (H/Hkv)), block_tables i32 [B, M],
+//                          positions i32 [B, T]; f32 [B, T, H, D]. For query (b, t) at p =
+//                          positions[b, t] >= 0, key j <= p is at pool[layer, block_tables[b, j /
+//                          BS], g, j % BS, :]:
+//                            S_j = f32(f32(q . k_j) f32(scale)); P = softmax(S) (f32), rounded to the
+//                            pools' dtype; O = f32(sum_j P_j v_j)
+//                          (the forward's rounding: QK^T and PV are GEMMs of the pools' dtype with
+//                          f32 results, softmax f32). A negative p is a padding row: O = 0. A position
+//                          beyond M * BS or a block id outside [0, NB) is the caller's error (the
+//                          reference reports it). Prefill (T tokens of one sequence, their K/V
+//                          written first) and decode (one token per sequence) both use it. Not
+//                          differentiable.
 #pragma once
 
 #include "absl/strings/string_view.h"
@@ -167,6 +193,8 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
+  X(kKvCacheWrite, "kv_cache_write", 3, kIndexing, kInferred, 1, "layer")                                                 \
+  X(kPagedAttention, "paged_attention", 5, kComposite, kInferred, 1, "layer,scale")                                     \
   X(kGetResult, "get_result", 1, kResult, kInferred, 1, "index")                                                          \
   X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kVariableResults, "kind")
 

@@ -90,6 +90,8 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kAttention: return EvalAttention;
     case Opcode::kAttentionDelta: return EvalAttentionDelta;
     case Opcode::kAttentionGrad: return EvalAttentionGrad;
+    case Opcode::kKvCacheWrite: return EvalKvCacheWrite;
+    case Opcode::kPagedAttention: return EvalPagedAttention;
     case Opcode::kGetResult: return Semantics::PicksResult();
     case Opcode::kFusion: return EvalFusion;
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/paged_kv_shapes.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
@@ -540,6 +541,10 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       ASSIGN_OR_RETURN(std::vector<TensorType> types, InferAttentionFamily(op, xs, attrs));
       return types[0];
     }
+    case Opcode::kKvCacheWrite:
+      return InferKvCacheWrite(xs, attrs);
+    case Opcode::kPagedAttention:
+      return InferPagedAttention(xs, attrs);
     case Opcode::kAdamWUpdate:
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:

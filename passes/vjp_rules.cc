@@ -681,6 +681,10 @@ constexpr std::array kVjpRows = {
     // Used only inside attention's VJP: a second derivative of attention is not supported.
     VjpRow{Opcode::kAttentionDelta, NoCotangents, kNode},
     VjpRow{Opcode::kAttentionGrad, NoCotangents, kNode},
+    // The paged-KV ops run only in the inference functions (frontends/llama_inference.h):
+    // not differentiable.
+    VjpRow{Opcode::kKvCacheWrite, NoCotangents, kNode},
+    VjpRow{Opcode::kPagedAttention, NoCotangents, kNode},
     // A get_result's cotangent goes to its multi-result node's rule (passes/autodiff.cc).
     VjpRow{Opcode::kGetResult, NoCotangents, kNode},
     VjpRow{Opcode::kFusion, FusionVjp, kNode},

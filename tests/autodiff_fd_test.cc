@@ -279,6 +279,22 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * positive, b.Compare(dq, o, "lt"));
          return b.Select(positive, p[0], p[1]);
        }},
+      {"paged_kv_feeding_compare",
+       {{F32({1, 2, 1, 2, 4})}, {F32({3, 1, 4})}, {F32({1, 2, 2, 4})}, {F32({1, 2, 2, 4})}, {F32({1, 2, 2, 4})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // kv_cache_write and paged_attention run only in the inference functions and are
+         // not differentiable; like adamw_update they are covered by a use whose result
+         // carries no gradient (attention's output is within [-1, 1], never below -2).
+         ASSIGN_OR_RETURN(Node * slots, b.ConstantValues({0, 3, -1}, I32({3})));
+         ASSIGN_OR_RETURN(Node * tables, b.ConstantValues({1, 0}, I32({1, 2})));
+         ASSIGN_OR_RETURN(Node * positions, b.ConstantValues({1, 3}, I32({1, 2})));
+         ASSIGN_OR_RETURN(Node * pool, b.Op(Opcode::kKvCacheWrite, {p[0], p[1], slots}, AttrMap{{"layer", int64_t{0}}}));
+         ASSIGN_OR_RETURN(Node * o, b.Op(Opcode::kPagedAttention, {p[2], pool, pool, tables, positions},
+                                         AttrMap{{"layer", int64_t{0}}, {"scale", 0.5}}));
+         ASSIGN_OR_RETURN(Node * floor, b.Constant(-2.0, F32({1, 2, 2, 4})));
+         ASSIGN_OR_RETURN(Node * above, b.Compare(o, floor, "gt"));
+         return b.Select(above, p[3], p[4]);
+       }},
   };
 }
 

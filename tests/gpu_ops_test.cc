@@ -318,6 +318,26 @@ std::vector<OpCase> OpCases() {
                      return b.Return(outs);
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  // The paged-KV ops at a decode shape: 4 sequences write their new K and V rows into a bf16
+  // pool of 2 layers x 8 blocks x 2 kv heads x 16 x 64 (one row is padding, slot -1), then
+  // attend over positions up to 40 through block tables (the padding row at -1).
+  cases.push_back({"paged_kv_decode", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
+                     const DType bf16 = DType::kBF16;
+                     std::vector<Node*> p = Params(b, {{bf16, {2, 8, 2, 16, 64}}, {bf16, {2, 8, 2, 16, 64}},
+                                                       {bf16, {4, 2, 64}}, {bf16, {4, 2, 64}}, {bf16, {4, 1, 4, 64}}});
+                     ASSIGN_OR_RETURN(Node * slots, b.ConstantValues({40, 17, 100, -1}, {DType::kI32, {4}}));
+                     ASSIGN_OR_RETURN(Node * tables, b.ConstantValues({0, 1, 2, -1, 3, 1, -1, -1, 7, 6, 5, 4,
+                                                                       2, -1, -1, -1},
+                                                                      {DType::kI32, {4, 4}}));
+                     ASSIGN_OR_RETURN(Node * positions, b.ConstantValues({40, 17, 52, -1}, {DType::kI32, {4, 1}}));
+                     const AttrMap layer{{"layer", int64_t{1}}};
+                     ASSIGN_OR_RETURN(Node * k, b.Op(Opcode::kKvCacheWrite, {p[0], p[2], slots}, layer));
+                     ASSIGN_OR_RETURN(Node * v, b.Op(Opcode::kKvCacheWrite, {p[1], p[3], slots}, layer));
+                     ASSIGN_OR_RETURN(Node * o, b.Op(Opcode::kPagedAttention, {p[4], k, v, tables, positions},
+                                                     AttrMap{{"layer", int64_t{1}}, {"scale", 0.125}}));
+                     return b.Return({o, k, v});
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   // Fusion nodes as fuse-loops makes them: a loop fusion over a broadcast, and a reduction
   // fusion over an elementwise chain (the fused kernels' own paths, beside the all-ops ones).
   cases.push_back({"fusion_loop_and_reduction", kFewUlps, [](Builder& b) -> absl::Status {

@@ -24,5 +24,6 @@ Command EvalCommand();
 Command CompileCommand();
 Command CheckCommand();
 Command ExportInputsCommand();
+Command GenerateCommand();
 
 }  // namespace kiln::cli

@@ -73,6 +73,9 @@ absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operan
 absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<std::vector<HostTensor>> EvalAttentionGrad(const Node& node, Operands xs, const EvalContext& ctx);
+// paged_kv_ops.cc
+absl::StatusOr<HostTensor> EvalKvCacheWrite(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalPagedAttention(const Node& node, Operands xs, const EvalContext& ctx);
 
 // --- Shared helpers (tensor_layout.cc) ---
 

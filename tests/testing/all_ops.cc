@@ -162,6 +162,30 @@ std::unique_ptr<Module> BuildAllOpsModule() {
       Opcode::kGemm, {qa, qb, a_scale, b_scale, d_scale}, fp8_attrs,
       {TensorType{DType::kBF16, {4, 2}}, TensorType{f32, {}}}, {"d", "amax"}, "layers.0.fp8");
   if (d_and_amax.size() != 2 || !gb.Return(d_and_amax).ok()) std::abort();
+
+  // The paged-KV ops, as the inference functions use them (frontends/llama_inference.h): a
+  // pool of 2 layers x 3 blocks x 1 kv head x 4 slots x 8, rows written into layer 1 (slot -1
+  // writes nothing), then attention of 2 sequences x 2 queries x 2 heads through block tables
+  // (a negative position is a padding row); once in f32 and once with a bf16 pool.
+  Builder pb(m->AddFunction("paged_kv"));
+  Node* pool = Must(pb.Parameter("pool", {f32, {2, 3, 1, 4, 8}}));
+  Node* rows = Must(pb.Parameter("rows", {f32, {3, 1, 8}}));
+  Node* queries = Must(pb.Parameter("queries", {f32, {2, 2, 2, 8}}));
+  pb.set_scope("layers.1.attn");
+  std::vector<Node*> paged_outputs;
+  for (DType dtype : {f32, DType::kBF16}) {
+    // Each constant used once (tests/ir_dot_test.cc hides single-use constants).
+    Node* slots = Must(pb.ConstantValues({5, 0, -1}, {DType::kI32, {3}}));
+    Node* tables = Must(pb.ConstantValues({1, 0, 2, 1}, {DType::kI32, {2, 2}}));
+    Node* positions = Must(pb.ConstantValues({5, 6, -1, 3}, {DType::kI32, {2, 2}}));
+    Node* typed_pool = Must(pb.Convert(pool, dtype));
+    Node* written = Must(pb.Op(Opcode::kKvCacheWrite, {typed_pool, rows, slots}, AttrMap{{"layer", int64_t{1}}}));
+    Node* typed_q = Must(pb.Convert(queries, dtype));
+    paged_outputs.push_back(Must(pb.Op(Opcode::kPagedAttention, {typed_q, written, typed_pool, tables, positions},
+                                       AttrMap{{"layer", int64_t{1}}, {"scale", 0.35}})));
+  }
+  pb.set_scope("");
+  if (!pb.Return(paged_outputs).ok()) std::abort();
   return m;
 }
 

@@ -66,6 +66,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> RopeStep();
   absl::StatusOr<Node*> AdamWStep();
   absl::StatusOr<Node*> AttentionStep();
+  absl::StatusOr<Node*> PagedKvStep();
   absl::StatusOr<Node*> IotaStep();
   absl::StatusOr<Node*> DuplicateStep();
   absl::StatusOr<Node*> IdentityArithmeticStep();
@@ -333,6 +334,25 @@ absl::StatusOr<Node*> GraphGenerator::AttentionStep() {
   return b_.Transpose(sum, swap);
 }
 
+// The paged-KV ops on the rope-shaped value [1,T,2,4]: its rows written into one block of T
+// slots of a splat pool (K) and of a partner-filled pool (V), then each token attending
+// over the tokens before it through a one-entry block table.
+absl::StatusOr<Node*> GraphGenerator::PagedKvStep() {
+  const int64_t t = rope_x_->type().dims[1];
+  const std::vector<int64_t> pool_dims = {1, 1, 2, t, 4};
+  ASSIGN_OR_RETURN(Node * empty_pool, Splat(0.25 * static_cast<double>(Uniform(4)), pool_dims));
+  ASSIGN_OR_RETURN(Node * slots, b_.Iota({DType::kI32, {t}}, 0));
+  ASSIGN_OR_RETURN(Node * k_rows, b_.Reshape(Partner(rope_x_), {t, 2, 4}));
+  ASSIGN_OR_RETURN(Node * v_rows, b_.Reshape(Partner(rope_x_), {t, 2, 4}));
+  const AttrMap layer{{"layer", int64_t{0}}};
+  ASSIGN_OR_RETURN(Node * k_pool, b_.Op(Opcode::kKvCacheWrite, {empty_pool, k_rows, slots}, layer));
+  ASSIGN_OR_RETURN(Node * v_pool, b_.Op(Opcode::kKvCacheWrite, {empty_pool, v_rows, slots}, layer));
+  ASSIGN_OR_RETURN(Node * tables, b_.Constant(0, {DType::kI32, {1, 1}}));
+  ASSIGN_OR_RETURN(Node * positions, b_.Iota({DType::kI32, {1, t}}, 1));
+  return b_.Op(Opcode::kPagedAttention, {rope_x_, k_pool, v_pool, tables, positions},
+               AttrMap{{"layer", int64_t{0}}, {"scale", 0.25 * static_cast<double>(1 + Uniform(4))}});
+}
+
 absl::StatusOr<Node*> GraphGenerator::IotaStep() {
   Node* x = Pick([](const Node* n) { return n->type().rank() >= 1; });
   ASSIGN_OR_RETURN(Node * io, b_.Iota({DType::kI32, x->type().dims}, Uniform(x->type().rank())));
@@ -419,7 +439,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
       &GraphGenerator::NormStep,         &GraphGenerator::SoftmaxStep,      &GraphGenerator::CrossEntropyStep,
       &GraphGenerator::RopeStep,         &GraphGenerator::IotaStep,         &GraphGenerator::DuplicateStep,
       &GraphGenerator::DuplicateStep,    &GraphGenerator::IdentityArithmeticStep,
-      &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,      &GraphGenerator::AttentionStep,
+      &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,      &GraphGenerator::AttentionStep, &GraphGenerator::PagedKvStep,
   };
   constexpr int kNumSteps = sizeof(kSteps) / sizeof(kSteps[0]);
   for (int i = 0; i < options.num_steps; ++i) {

@@ -1,0 +1,288 @@
+// kiln generate: text (or tokens) from a model through the paged-KV inference functions
+// (frontends/generator.h), on the CPU reference backend.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "frontends/cli/backend_flag.h"
+#include "frontends/cli/commands.h"
+#include "frontends/generator.h"
+#include "frontends/hf_checkpoint.h"
+#include "frontends/model_config.h"
+#include "frontends/training_checkpoint.h"
+#include "frontends/weight_init.h"
+#include "ir/status_macros.h"
+#include "runtime/memory_estimate.h"
+
+namespace kiln::cli {
+namespace {
+
+using inference::TokenId;
+
+// The presets read and write bytes: token = byte value.
+bool IsByteLevel(const ModelConfig& config) { return config.vocab_size == 256; }
+
+struct LoadedWeights {
+  ModelConfig config;
+  std::vector<HostTensor> weights;
+  std::string source;
+};
+
+absl::StatusOr<LoadedWeights> LoadWeights(const ParsedArgs& args) {
+  const std::string& model = args.positionals()[0];
+  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(model));
+  if (args.Has("weights")) {
+    ASSIGN_OR_RETURN(TrainingCheckpoint ckpt, LoadTrainingCheckpoint(args.Get("weights")));
+    if (HuggingFaceConfigJson(ckpt.config) != HuggingFaceConfigJson(config)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(args.Get("weights"), " holds weights for a different model than '", model, "'"));
+    }
+    return LoadedWeights{config, std::move(ckpt.state.params), absl::StrCat("checkpoint ", args.Get("weights"))};
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) {
+    ASSIGN_OR_RETURN(HuggingFaceModel hf, LoadHuggingFaceModel(model));
+    return LoadedWeights{hf.config, std::move(hf.weights), absl::StrCat(model, "/model.safetensors")};
+  }
+  ASSIGN_OR_RETURN(int64_t seed, args.GetInt("init-seed", 1337));
+  return LoadedWeights{config, InitLlamaWeights(config, static_cast<uint64_t>(seed)),
+                       absl::StrCat("random init (seed ", seed, "; pass --weights CKPT for trained ones)")};
+}
+
+absl::StatusOr<std::vector<TokenId>> ParseTokenList(absl::string_view text, absl::string_view what) {
+  std::vector<TokenId> tokens;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    int32_t t = 0;
+    if (!absl::SimpleAtoi(part, &t)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": '", part, "' is not a token id (expected e.g. 1,2,3)"));
+    }
+    tokens.push_back(t);
+  }
+  return tokens;
+}
+
+std::vector<TokenId> Bytes(absl::string_view text) {
+  std::vector<TokenId> tokens;
+  for (unsigned char c : text) tokens.push_back(c);
+  return tokens;
+}
+
+// One prompt per request: --prompt TEXT, --prompt-tokens IDS, or the lines of --prompts FILE
+// (text for the byte-level presets, comma-separated ids otherwise). Empty prompts are kept:
+// the scheduler rejects them with the request's id.
+absl::StatusOr<std::vector<std::vector<TokenId>>> ReadPrompts(const ParsedArgs& args, const ModelConfig& config) {
+  const int given = args.Has("prompt") + args.Has("prompt-tokens") + args.Has("prompts");
+  if (given != 1) {
+    return absl::InvalidArgumentError("give exactly one of --prompt TEXT, --prompt-tokens IDS or --prompts FILE");
+  }
+  if (args.Has("prompt-tokens")) {
+    ASSIGN_OR_RETURN(std::vector<TokenId> tokens, ParseTokenList(args.Get("prompt-tokens"), "--prompt-tokens"));
+    return std::vector<std::vector<TokenId>>{tokens};
+  }
+  if (!IsByteLevel(config) && args.Has("prompt")) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompt takes text only for the byte-level presets (vocabulary of "
+                                                   "256); model '", config.name, "' has ", config.vocab_size,
+                                                   " tokens and kiln has no tokenizer: give --prompt-tokens 1,2,3"));
+  }
+  if (args.Has("prompt")) return std::vector<std::vector<TokenId>>{Bytes(args.Get("prompt"))};
+  std::ifstream in(args.Get("prompts"), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompts: cannot read ", args.Get("prompts")));
+  std::vector<std::vector<TokenId>> prompts;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (IsByteLevel(config)) {
+      prompts.push_back(Bytes(line));
+    } else if (line.empty()) {
+      prompts.emplace_back();
+    } else {
+      ASSIGN_OR_RETURN(std::vector<TokenId> tokens,
+                       ParseTokenList(line, absl::StrCat("--prompts line ", prompts.size() + 1)));
+      prompts.push_back(std::move(tokens));
+    }
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat("--prompts: ", args.Get("prompts"), " is empty"));
+  return prompts;
+}
+
+// A token as printed: its byte for the presets (escaped unless printable; a newline kept
+// only when `raw_newline`), else its id.
+std::string Show(TokenId t, bool bytes, bool raw_newline = true) {
+  if (!bytes) return absl::StrCat(" ", t);
+  if (t == '\n') return raw_newline ? "\n" : "\\n";
+  if (t == '\\') return "\\\\";
+  if (t >= 32 && t < 127) return std::string(1, static_cast<char>(t));
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(t) & 0xffu);
+  return buf;
+}
+
+std::string ShowAll(absl::Span<const TokenId> tokens, bool bytes, bool raw_newline = true) {
+  std::string out;
+  for (TokenId t : tokens) out += Show(t, bytes, raw_newline);
+  return out;
+}
+
+std::string Rate(int64_t tokens, double seconds) {
+  return seconds > 0 ? absl::StrFormat("%.0f tok/s", tokens / seconds) : std::string("- tok/s");
+}
+
+absl::Status RunGenerate(const ParsedArgs& args) {
+  const std::string backend = args.Get("backend", "cpu");
+  if (backend == "cuda" || backend == "auto") {
+    if (backend == "cuda") {
+      return absl::UnimplementedError(
+          "--backend cuda is not wired for generate yet (the CUDA executables do not bind a KV pool shared by "
+          "@prefill and @decode); use --backend cpu");
+    }
+  } else if (backend != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", backend, "': expected cpu (cuda: not yet)"));
+  }
+  ASSIGN_OR_RETURN(int64_t max_new, args.GetInt("max-new-tokens", 32));
+  ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 1.0));
+  ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 0));
+  ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 1.0));
+  ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0));
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.Get("precision", "bf16")));
+  GeneratorOptions options{.precision = precision};
+  ASSIGN_OR_RETURN(options.block_size, args.GetInt("block-size", 16));
+  ASSIGN_OR_RETURN(options.num_blocks, args.GetInt("kv-blocks", 0));
+  ASSIGN_OR_RETURN(options.max_running, args.GetInt("max-running", 8));
+  ASSIGN_OR_RETURN(options.max_context, args.GetInt("context", 0));
+  if (max_new < 1) return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens ", max_new, " must be >= 1"));
+  if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("--seed ", seed, " must be >= 0"));
+  inference::SamplingParams sampling{.temperature = temperature, .top_k = top_k, .top_p = top_p,
+                                     .seed = static_cast<uint64_t>(seed)};
+  RETURN_IF_ERROR(inference::ValidateSamplingParams(sampling));
+
+  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
+  ASSIGN_OR_RETURN(std::vector<std::vector<TokenId>> prompts, ReadPrompts(args, config));
+  const bool bytes = IsByteLevel(config);
+  // A single request's problems are the command's; with --prompts a bad line is reported
+  // and the others still run.
+  const bool single = prompts.size() == 1;
+  if (options.num_blocks == 0 && options.block_size >= 1) {
+    // Default: blocks for every request at once (they are known up front), no more than
+    // max_running full contexts.
+    const int64_t context = options.max_context > 0     ? options.max_context
+                            : config.max_positions > 0 ? config.max_positions
+                                                       : config.seq_len;
+    const int64_t per_sequence = (context + options.block_size - 1) / options.block_size;
+    int64_t needed = 0;
+    for (const auto& p : prompts) {
+      const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(p.size()) + max_new - 1, context);
+      needed += std::max<int64_t>(1, (tokens + options.block_size - 1) / options.block_size);
+    }
+    options.num_blocks = std::min(needed, std::max<int64_t>(1, options.max_running) * per_sequence);
+  }
+  if (options.num_blocks > 0) {
+    // The pools as the reference backend holds them (a double per value, K and V, and the
+    // copy each call makes), with the weights as read and as bound.
+    const double pool_values = 2.0 * static_cast<double>(config.n_layers) * static_cast<double>(options.num_blocks) *
+                               static_cast<double>(config.n_kv_heads * options.block_size * config.head_dim);
+    RETURN_IF_ERROR(CheckFitsHostMemory(
+        SaturatingSum({HostTensorBytes(3.0 * pool_values), HostTensorBytes(2.0 * ParameterCount(config))}),
+        absl::StrCat("generating with ", args.positionals()[0], " and a KV pool of ", options.num_blocks, " blocks"),
+        "the KV pools (K and V, as passed in and as returned) and the weights, on the reference backend"));
+  }
+  ASSIGN_OR_RETURN(LoadedWeights loaded, LoadWeights(args));
+  ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
+                   Generator::Create(loaded.config, std::move(loaded.weights), options));
+  const int64_t num_blocks = generator->layout().num_blocks;
+  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend cpu (reference), KV pool of %lld block%s of %lld tokens\n",
+               loaded.config.name.c_str(), std::string(PrecisionName(precision)).c_str(), loaded.source.c_str(),
+               static_cast<long long>(num_blocks), num_blocks == 1 ? "" : "s",
+               static_cast<long long>(generator->layout().block_size));
+  int64_t rejected = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::Status st = generator->Submit({.id = static_cast<int64_t>(i), .prompt = prompts[i],
+                                         .max_new_tokens = max_new, .sampling = sampling});
+    if (st.ok()) continue;
+    if (single) return st;
+    std::fprintf(stderr, "kiln generate: %s (line %zu skipped)\n", std::string(st.message()).c_str(), i + 1);
+    ++rejected;
+  }
+  if (single) std::printf("%s", ShowAll(prompts[0], bytes).c_str());
+  std::fflush(stdout);
+  ASSIGN_OR_RETURN(std::vector<inference::FinishedRequest> finished,
+                   generator->Run([&](inference::RequestId, TokenId token) {
+                     if (!single) return;
+                     std::printf("%s", Show(token, bytes).c_str());
+                     std::fflush(stdout);
+                   }));
+  if (single) {
+    std::printf("\n");
+  } else {
+    std::sort(finished.begin(), finished.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    for (const inference::FinishedRequest& f : finished) {
+      std::printf("[%lld] %s%s\n", static_cast<long long>(f.id), ShowAll(prompts[f.id], bytes, false).c_str(),
+                  ShowAll(f.output, bytes, false).c_str());
+    }
+  }
+  std::fflush(stdout);  // the text, then the figures
+  const GenerationStats& s = generator->stats();
+  std::fprintf(stderr,
+               "kiln generate: prefill %lld tokens in %.3f s (%s, %lld from the prefix cache), decode %lld tokens in "
+               "%.3f s (%s), %lld steps; compiling %lld functions took %.3f s\n",
+               static_cast<long long>(s.prefill_tokens), s.prefill_seconds, Rate(s.prefill_tokens, s.prefill_seconds).c_str(),
+               static_cast<long long>(s.cached_tokens), static_cast<long long>(s.decode_tokens), s.decode_seconds,
+               Rate(s.decode_tokens, s.decode_seconds).c_str(), static_cast<long long>(s.steps),
+               static_cast<long long>(s.functions_compiled), s.compile_seconds);
+  if (rejected > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(rejected, " of ", prompts.size(), " requests were rejected"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Command GenerateCommand() {
+  return {{.name = "generate",
+           .usage = "MODEL (--prompt TEXT | --prompt-tokens IDS | --prompts FILE) [options]",
+           .summary = "generate tokens from a paged KV cache (CPU reference backend)",
+           .details =
+               "Runs the @prefill and @decode functions the compiler derives from the model (causal attention\n"
+               "over the prompt writing K/V into paged blocks, then one token per sequence reading K/V through\n"
+               "block tables) with continuous batching and prefix caching, and prints the tokens as they come,\n"
+               "then the prefill and decode speed on stderr. MODEL is a preset (bytes in and out: --prompt\n"
+               "TEXT) or an HF config/folder (token ids: --prompt-tokens 1,2,3). Weights: --weights CKPT\n"
+               "(from kiln train --save), an HF folder's model.safetensors, or a seeded random init.\n"
+               "--prompts FILE runs one request per line together (text lines for the presets, comma-separated\n"
+               "ids otherwise); a bad line is reported and skipped. Only --backend cpu is wired yet.",
+           .min_positionals = 1,
+           .max_positionals = 1,
+           .flags = {
+               {.name = "prompt", .value_name = "TEXT", .help = "the prompt, as bytes (presets only)"},
+               {.name = "prompt-tokens", .value_name = "IDS", .help = "the prompt as comma-separated token ids"},
+               {.name = "prompts", .value_name = "FILE", .help = "one prompt per line, run together"},
+               {.name = "max-new-tokens", .value_name = "N", .help = "tokens to generate per prompt", .default_value = "32"},
+               {.name = "temperature", .value_name = "T", .help = "0 is greedy", .default_value = "1"},
+               {.name = "top-k", .value_name = "K", .help = "keep the K most likely tokens; 0: all", .default_value = "0"},
+               {.name = "top-p", .value_name = "P", .help = "nucleus mass in (0, 1]", .default_value = "1"},
+               {.name = "seed", .value_name = "S", .help = "sampling seed", .default_value = "0"},
+               {.name = "weights", .value_name = "CKPT", .help = "a kiln training checkpoint"},
+               {.name = "init-seed", .value_name = "S", .help = "seed of the random init without weights",
+                .default_value = "1337"},
+               {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
+               {.name = "block-size", .value_name = "N", .help = "tokens per KV block", .default_value = "16"},
+               {.name = "kv-blocks", .value_name = "N", .help = "KV blocks in the pool",
+                .default_value = "what the requests need, at most max-running full contexts"},
+               {.name = "max-running", .value_name = "N", .help = "requests decoded together at most",
+                .default_value = "8"},
+               {.name = "context", .value_name = "N", .help = "tokens per sequence at most",
+                .default_value = "the model's"},
+               {.name = "backend", .value_name = "B", .help = "cpu (cuda is not wired yet)", .default_value = "cpu"},
+           }},
+          RunGenerate};
+}
+
+}  // namespace kiln::cli

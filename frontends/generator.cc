@@ -1,0 +1,237 @@
+#include "frontends/generator.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "frontends/llama.h"
+#include "ir/reference_backend.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+using inference::BlockId;
+using inference::DecodeWork;
+using inference::PrefillWork;
+using inference::SampledToken;
+using inference::TokenId;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+HostTensor I32(std::vector<int64_t> dims, const std::vector<int32_t>& values) {
+  std::vector<double> v(values.begin(), values.end());
+  return HostTensor::FromValues(TensorType{DType::kI32, std::move(dims)}, std::move(v));
+}
+
+}  // namespace
+
+int64_t PrefillBucket(int64_t num_tokens) {
+  int64_t bucket = 1;
+  while (bucket < num_tokens) bucket *= 2;
+  return bucket;
+}
+
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& config, std::vector<HostTensor> weights,
+                                                             const GeneratorOptions& options) {
+  RETURN_IF_ERROR(config.Validate());
+  const std::vector<WeightSpec> specs = LlamaWeights(config);
+  if (weights.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", config.name, "' takes ", specs.size(), " weights, got ",
+                                                   weights.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorType want{DType::kF32, specs[i].shape};
+    if (weights[i].type() != want) {
+      return absl::InvalidArgumentError(absl::StrCat("weight ", specs[i].name, " must be ", want.ToString(), ", got ",
+                                                     weights[i].type().ToString()));
+    }
+  }
+  if (options.block_size < 1 || options.max_running < 1 || options.num_blocks < 0 || options.max_context < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("generator options: block_size (", options.block_size,
+                                                   ") and max_running (", options.max_running,
+                                                   ") must be >= 1, num_blocks (", options.num_blocks,
+                                                   ") and max_context (", options.max_context, ") >= 0"));
+  }
+  auto g = std::unique_ptr<Generator>(new Generator(config, options));
+  const int64_t model_context = config.max_positions > 0 ? config.max_positions : config.seq_len;
+  if (options.max_context > model_context && config.max_positions > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_context ", options.max_context, " is beyond model '",
+                                                   config.name, "''s max_position_embeddings of ",
+                                                   config.max_positions));
+  }
+  g->max_context_ = options.max_context > 0 ? options.max_context : model_context;
+  g->layout_.block_size = options.block_size;
+  g->layout_.max_blocks_per_sequence = (g->max_context_ + options.block_size - 1) / options.block_size;
+  g->layout_.num_blocks =
+      options.num_blocks > 0 ? options.num_blocks : options.max_running * g->layout_.max_blocks_per_sequence;
+
+  ASSIGN_OR_RETURN(inference::BlockManager blocks,
+                   inference::BlockManager::Create({.num_blocks = g->layout_.num_blocks,
+                                                    .block_size = options.block_size,
+                                                    .enable_prefix_caching = options.enable_prefix_caching}));
+  ASSIGN_OR_RETURN(inference::Scheduler scheduler,
+                   inference::Scheduler::Create({.vocab_size = config.vocab_size,
+                                                 .max_context = g->max_context_,
+                                                 .max_running = options.max_running,
+                                                 .max_prefill_tokens = options.max_prefill_tokens,
+                                                 .eos_token = options.eos_token},
+                                                std::move(blocks)));
+  g->scheduler_.emplace(std::move(scheduler));
+
+  const TensorType pool = KvPoolType(config, g->layout_, options.precision);
+  g->args_.resize(kInferenceFirstWeightParameter);
+  g->args_[kInferenceKPoolParameter] = HostTensor(pool);
+  g->args_[kInferenceVPoolParameter] = HostTensor(pool);
+  for (HostTensor& w : weights) g->args_.push_back(std::move(w));
+  return g;
+}
+
+absl::Status Generator::Submit(inference::GenerationRequest request) {
+  return scheduler_->Submit(std::move(request));  // its errors name the request
+}
+
+absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int64_t size) {
+  auto key = std::make_pair(phase, size);
+  auto it = compiled_.find(key);
+  if (it == compiled_.end()) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
+                     BuildLlamaInferenceModule(config_, layout_, options_.precision, phase, size));
+    CompileOptions compile;
+    compile.precision = options_.precision;
+    RETURN_IF_ERROR(CompileInferenceModule(*module, compile).status());
+    it = compiled_.emplace(key, std::move(module)).first;
+    stats_.compile_seconds += Seconds(start);
+    ++stats_.functions_compiled;
+  }
+  return it->second->functions()[0].get();
+}
+
+absl::StatusOr<HostTensor> Generator::Call(const Function& f, HostTensor tokens, HostTensor positions, HostTensor slots,
+                                           HostTensor block_tables) {
+  args_[0] = std::move(tokens);
+  args_[1] = std::move(positions);
+  args_[2] = std::move(slots);
+  args_[3] = std::move(block_tables);
+  ASSIGN_OR_RETURN(std::vector<HostTensor> outputs, EvaluateFunction(f, args_));
+  // The pools are donated: outputs 1 and 2 replace parameters 4 and 5.
+  args_[kInferenceKPoolParameter] = std::move(outputs[1]);
+  args_[kInferenceVPoolParameter] = std::move(outputs[2]);
+  return std::move(outputs[0]);
+}
+
+// K and V of every layer, the first num_tokens slots of src into dst: [L, NB, KV, BS, D].
+void Generator::CopyBlocks(absl::Span<const inference::BlockCopy> copies) {
+  const int64_t bs = layout_.block_size, d = config_.head_dim, kv = config_.n_kv_heads, nb = layout_.num_blocks;
+  for (int p : {kInferenceKPoolParameter, kInferenceVPoolParameter}) {
+    std::vector<double>& pool = args_[p].mutable_values();
+    for (const inference::BlockCopy& c : copies) {
+      for (int64_t layer = 0; layer < config_.n_layers; ++layer) {
+        for (int64_t h = 0; h < kv; ++h) {
+          const int64_t src = ((layer * nb + c.src) * kv + h) * bs * d;
+          const int64_t dst = ((layer * nb + c.dst) * kv + h) * bs * d;
+          std::copy(pool.begin() + src, pool.begin() + src + c.num_tokens * d, pool.begin() + dst);
+        }
+      }
+    }
+  }
+}
+
+absl::StatusOr<TokenId> Generator::SampleRow(const HostTensor& logits, int64_t row, inference::RequestId request,
+                                             int64_t position, const inference::SamplingParams& sampling,
+                                             int64_t draw) {
+  const int64_t vocab = config_.vocab_size;
+  std::vector<float> values(logits.values().begin() + row * vocab, logits.values().begin() + (row + 1) * vocab);
+  if (options_.on_logits) options_.on_logits(request, position, values);
+  absl::StatusOr<TokenId> token = sampler_.Sample(values, sampling, draw);
+  if (!token.ok()) {
+    return absl::Status(token.status().code(), absl::StrCat("request ", request, ": ", token.status().message()));
+  }
+  return token;
+}
+
+absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference::ScheduledStep& step) {
+  std::vector<SampledToken> sampled;
+  const int64_t bs = layout_.block_size, m = layout_.max_blocks_per_sequence;
+  for (const PrefillWork& p : step.prefills) {
+    const int64_t context = static_cast<int64_t>(p.tokens.size());
+    const int64_t fresh = context - p.num_cached_tokens;
+    const int64_t t = PrefillBucket(fresh);
+    ASSIGN_OR_RETURN(const Function* f, FunctionFor(InferencePhase::kPrefill, t));
+    const auto run_start = std::chrono::steady_clock::now();
+    std::vector<int32_t> tokens(t, 0), positions(t, -1), slots(t, -1), table(m, -1);
+    for (int64_t i = 0; i < static_cast<int64_t>(p.block_table.size()) && i < m; ++i) table[i] = p.block_table[i];
+    for (int64_t i = 0; i < fresh; ++i) {
+      const int64_t pos = p.num_cached_tokens + i;
+      tokens[i] = p.tokens[pos];
+      positions[i] = static_cast<int32_t>(pos);
+      slots[i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
+    }
+    ASSIGN_OR_RETURN(HostTensor logits, Call(*f, I32({1, t}, tokens), I32({1, t}, positions), I32({1, t}, slots),
+                                             I32({1, m}, table)));
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, fresh - 1, p.request, context - 1, p.sampling, p.draw));
+    sampled.push_back({p.request, token});
+    stats_.prefill_tokens += fresh;
+    stats_.cached_tokens += p.num_cached_tokens;
+    stats_.prefill_seconds += Seconds(run_start);
+  }
+  return sampled;
+}
+
+absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference::ScheduledStep& step) {
+  if (step.decodes.empty()) return std::vector<SampledToken>{};
+  const int64_t bucket = step.decode_bucket;
+  ASSIGN_OR_RETURN(const Function* f, FunctionFor(InferencePhase::kDecode, bucket));
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(inference::DecodeBatch batch, inference::PackDecodeBatch(step.decodes, bucket, layout_.block_size,
+                                                                            layout_.max_blocks_per_sequence));
+  // Padding rows attend to nothing: position -1 (context length 0).
+  std::vector<int32_t> positions(bucket);
+  for (int64_t i = 0; i < bucket; ++i) positions[i] = batch.context_lengths[i] - 1;
+  ASSIGN_OR_RETURN(HostTensor logits,
+                   Call(*f, I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions), I32({bucket, 1}, batch.slots),
+                        I32({bucket, layout_.max_blocks_per_sequence}, batch.block_tables)));
+  std::vector<SampledToken> sampled;
+  for (size_t i = 0; i < step.decodes.size(); ++i) {
+    const DecodeWork& d = step.decodes[i];
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, static_cast<int64_t>(i), d.request, d.position, d.sampling, d.draw));
+    sampled.push_back({d.request, token});
+  }
+  stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());
+  stats_.decode_seconds += Seconds(start);
+  return sampled;
+}
+
+absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Step(const TokenCallback& on_token) {
+  ASSIGN_OR_RETURN(inference::ScheduledStep step, scheduler_->Schedule());
+  if (step.empty()) return std::vector<inference::FinishedRequest>{};  // nothing in flight
+  ++stats_.steps;
+  CopyBlocks(step.block_copies);
+  ASSIGN_OR_RETURN(std::vector<SampledToken> sampled, RunPrefills(step));
+  ASSIGN_OR_RETURN(std::vector<SampledToken> decoded, RunDecodes(step));
+  sampled.insert(sampled.end(), decoded.begin(), decoded.end());
+  if (on_token) {
+    for (const SampledToken& s : sampled) on_token(s.request, s.token);
+  }
+  return scheduler_->CompleteStep(sampled);
+}
+
+absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Run(const TokenCallback& on_token) {
+  std::vector<inference::FinishedRequest> finished;
+  int64_t idle_steps = 0;
+  while (scheduler_->HasUnfinishedRequests()) {
+    const int64_t before = stats_.steps;
+    ASSIGN_OR_RETURN(std::vector<inference::FinishedRequest> done, Step(on_token));
+    finished.insert(finished.end(), done.begin(), done.end());
+    // A step that preempts its only running request schedules nothing; the next admits it.
+    idle_steps = stats_.steps == before ? idle_steps + 1 : 0;
+    if (idle_steps > 2) {
+      return absl::InternalError("the scheduler scheduled nothing for three steps with requests unfinished");
+    }
+  }
+  return finished;
+}
+
+}  // namespace kiln

@@ -1,0 +1,127 @@
+// Text generation on the CPU reference backend from a paged KV cache (issue 15): the
+// scheduler, block manager and sampler of runtime/inference/ driving the @prefill and
+// @decode functions of frontends/llama_inference.h, compiled through the normal pipelines and
+// evaluated by ir/reference_backend.h.
+//
+//   Generator::Create(config, weights, options)
+//   generator->Submit(request)        rejected (InvalidArgument, changing nothing) if it can
+//                                     never run; other requests are unaffected
+//   generator->Run(on_token)          steps until every request is done; on_token sees each
+//                                     sampled token as it comes
+//
+// Each step: the block copies of copy-on-write on the host pool, each prefill as one call of
+// @prefill (its uncached tokens padded to a power of two), then the decode batch as one call
+// of @decode padded to its bucket. The KV pools are host tensors passed in as parameters 4
+// and 5 and taken back from the outputs that are donated to them. A function is compiled the
+// first time its size is needed and kept.
+//
+// Only the CPU backend is wired: the CUDA executables (runtime/cuda/) do not yet bind a KV
+// pool shared between functions, so `--backend cuda` is refused by `kiln generate`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+#include "ir/graph.h"
+#include "ir/host_tensor.h"
+#include "passes/compile_options.h"
+#include "runtime/inference/scheduler.h"
+
+namespace kiln {
+
+struct GeneratorOptions {
+  Precision precision = Precision::kBf16;
+  int64_t block_size = 16;
+  // KV blocks in the pool; 0: enough for max_running sequences of max_context tokens.
+  int64_t num_blocks = 0;
+  int64_t max_running = 8;  // also the largest decode bucket
+  // Tokens of one sequence (prompt + output) at most; 0: the model's max_position_embeddings,
+  // or for a preset (which declares none) its training seq_len.
+  int64_t max_context = 0;
+  int64_t max_prefill_tokens = 8192;
+  bool enable_prefix_caching = true;
+  std::optional<inference::TokenId> eos_token;
+  // For tests: called with the logits of every sampled token, before sampling: the request,
+  // the position of the token whose next-token logits these are, and the logits.
+  std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
+};
+
+// Time and tokens of each phase, the compiles kept apart.
+struct GenerationStats {
+  int64_t prefill_tokens = 0;  // tokens computed by @prefill (cached ones excluded)
+  int64_t cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache
+  int64_t decode_tokens = 0;   // tokens computed by @decode (padding rows excluded)
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  double compile_seconds = 0;
+  int64_t steps = 0;
+  int64_t functions_compiled = 0;
+};
+
+using TokenCallback = std::function<void(inference::RequestId, inference::TokenId)>;
+
+class Generator {
+ public:
+  // InvalidArgument for weights that do not match LlamaWeights(config), or options that
+  // cannot work.
+  static absl::StatusOr<std::unique_ptr<Generator>> Create(const ModelConfig& config, std::vector<HostTensor> weights,
+                                                           const GeneratorOptions& options);
+
+  // The scheduler's checks: an empty prompt, a token outside the vocabulary, prompt +
+  // max_new_tokens beyond max_context, bad sampling values, a duplicate id, a request that
+  // could not fit the pool are InvalidArgument naming the request, and change nothing.
+  absl::Status Submit(inference::GenerationRequest request);
+
+  // One scheduled step; returns the requests it finished (empty when nothing is left).
+  // Requests are checked at Submit, so an error here is internal (a function that failed to
+  // compile or evaluate): the pools are left as they were, but the scheduler's step stays
+  // open, and the Generator should be dropped.
+  absl::StatusOr<std::vector<inference::FinishedRequest>> Step(const TokenCallback& on_token = nullptr);
+  // Steps until no request is left; the finished requests in the order they finished.
+  absl::StatusOr<std::vector<inference::FinishedRequest>> Run(const TokenCallback& on_token = nullptr);
+
+  const GenerationStats& stats() const { return stats_; }
+  const inference::Scheduler& scheduler() const { return *scheduler_; }
+  int64_t max_context() const { return max_context_; }
+  const PagedKvLayout& layout() const { return layout_; }
+
+ private:
+  Generator(const ModelConfig& config, const GeneratorOptions& options) : config_(config), options_(options) {}
+
+  absl::StatusOr<const Function*> FunctionFor(InferencePhase phase, int64_t size);
+  // Runs `f` on (tokens, positions, slots, block_tables) and the pools; the pools come back
+  // updated, the logits are returned.
+  absl::StatusOr<HostTensor> Call(const Function& f, HostTensor tokens, HostTensor positions, HostTensor slots,
+                                  HostTensor block_tables);
+  void CopyBlocks(absl::Span<const inference::BlockCopy> copies);
+  absl::StatusOr<inference::TokenId> SampleRow(const HostTensor& logits, int64_t row, inference::RequestId request,
+                                               int64_t position, const inference::SamplingParams& sampling,
+                                               int64_t draw);
+  absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
+  absl::StatusOr<std::vector<inference::SampledToken>> RunDecodes(const inference::ScheduledStep& step);
+
+  ModelConfig config_;
+  GeneratorOptions options_;
+  PagedKvLayout layout_;
+  int64_t max_context_ = 0;
+  std::optional<inference::Scheduler> scheduler_;
+  inference::Sampler sampler_;
+  // tokens, positions, slots, block_tables, k_pool, v_pool, weights...: the weights stay.
+  std::vector<HostTensor> args_;
+  std::map<std::pair<InferencePhase, int64_t>, std::unique_ptr<Module>> compiled_;
+  GenerationStats stats_;
+};
+
+// The prefill size a context of `num_tokens` uncached tokens is padded to: the next power of
+// two, at least 1.
+int64_t PrefillBucket(int64_t num_tokens);
+
+}  // namespace kiln

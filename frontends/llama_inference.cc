@@ -1,0 +1,75 @@
+#include "frontends/llama_inference.h"
+
+#include "absl/strings/str_cat.h"
+#include "frontends/llama.h"
+#include "frontends/nn.h"
+#include "frontends/tensor.h"
+#include "ir/status_macros.h"
+#include "ir/verifier.h"
+#include "passes/default_pipeline.h"
+
+namespace kiln {
+namespace {
+
+DType GemmDType(Precision precision) { return precision == Precision::kBf16 ? DType::kBF16 : DType::kF32; }
+
+absl::Status CheckLayout(const PagedKvLayout& layout, int64_t size) {
+  if (layout.num_blocks < 1 || layout.block_size < 1 || layout.max_blocks_per_sequence < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("paged KV layout: num_blocks (", layout.num_blocks,
+                                                   "), block_size (", layout.block_size,
+                                                   ") and max_blocks_per_sequence (", layout.max_blocks_per_sequence,
+                                                   ") must be >= 1"));
+  }
+  if (size < 1) return absl::InvalidArgumentError(absl::StrCat("inference function size ", size, " must be >= 1"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Precision precision) {
+  return TensorType{GemmDType(precision),
+                    {config.n_layers, layout.num_blocks, config.n_kv_heads, layout.block_size, config.head_dim}};
+}
+
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
+                                                                  const PagedKvLayout& layout, Precision precision,
+                                                                  InferencePhase phase, int64_t size) {
+  RETURN_IF_ERROR(config.Validate());
+  RETURN_IF_ERROR(CheckLayout(layout, size));
+  const bool prefill = phase == InferencePhase::kPrefill;
+  const int64_t batch = prefill ? 1 : size, seq = prefill ? size : 1;
+  const DType gemm_dtype = GemmDType(precision);
+  const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
+
+  auto module = std::make_unique<Module>(IsValidName(config.name) ? config.name : "llama");
+  Graph g(module->AddFunction(prefill ? "prefill" : "decode"));
+  const TensorType per_token{DType::kI32, {batch, seq}};
+  Tensor tokens = g.Parameter("tokens", per_token);
+  PagedKv kv;
+  kv.positions = g.Parameter("positions", per_token);
+  kv.slots = g.Parameter("slots", per_token);
+  kv.block_tables = g.Parameter("block_tables", TensorType{DType::kI32, {batch, layout.max_blocks_per_sequence}});
+  const TensorType pool = KvPoolType(config, layout, precision);
+  kv.k_pool = g.Parameter("k_pool", pool);
+  kv.v_pool = g.Parameter("v_pool", pool);
+  const std::vector<Tensor> weights = DeclareLlamaWeights(g, config);
+  Tensor logits = LlamaLogits(g, config, weights, tokens, gemm_dtype,
+                              [&](int64_t layer, Tensor x, const AttentionWeights& w) {
+                                return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
+                              });
+  RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool}, {-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+  RETURN_IF_ERROR(VerifyModule(*module));
+  return module;
+}
+
+absl::StatusOr<PipelineReport> CompileInferenceModule(Module& module, const CompileOptions& options) {
+  ASSIGN_OR_RETURN(PipelineReport forward, RunForwardPipeline(module, options));
+  ASSIGN_OR_RETURN(PipelineReport rest, RunDefaultPipeline(module, options));
+  forward.passes.insert(forward.passes.end(), rest.passes.begin(), rest.passes.end());
+  forward.notes.insert(forward.notes.end(), rest.notes.begin(), rest.notes.end());
+  forward.total_ms += rest.total_ms;
+  forward.pipeline = absl::StrCat(forward.pipeline, ", ", rest.pipeline);
+  return forward;
+}
+
+}  // namespace kiln

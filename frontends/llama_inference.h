@@ -1,0 +1,72 @@
+// The inference functions of a Llama model (DESIGN.md, "The inference lowering"; issue 15):
+//
+//   @prefill  one sequence, T tokens at once: the prompt's tokens not found in the prefix
+//             cache, their K/V written into the sequence's blocks, attention over the cached
+//             prefix and the new tokens together (T = a bucket the prompt is padded up to)
+//   @decode   B sequences, one token each (B = a decode batch bucket, 1, 2, 4, ...)
+//
+// Both are one function shape, built at (1, T) and at (B, 1):
+//
+//   parameters  tokens i32[B,T], positions i32[B,T], slots i32[B,T], block_tables i32[B,M],
+//               k_pool, v_pool [L, NB, KV, BS, Dh] (f32, or bf16 under the bf16 policy),
+//               then every weight in LlamaWeights order, as @forward takes them after its
+//               tokens and targets
+//   outputs     logits f32[B,T,V], k_pool', v_pool' (donated: output_aliases {-1, 4, 5})
+//
+// Sequence lengths, positions and block tables are data, so a function's shapes depend only
+// on (B, T) and the pool: one compile (and, on a GPU, one captured graph) per bucket. A
+// padding row has token 0, position -1 and slot -1: it writes no K/V and its attention is
+// zero; its logits are garbage that nobody reads.
+//
+// Why the functions are built by the frontend code that builds @forward, not rewritten from
+// @forward's graph: every shape of @forward is specialized to [batch, seq] (reshapes, iotas,
+// the causal mask's [T,T] and the loss all carry it), and its attention is a decomposed
+// pattern whose masking is by iota. A rewrite would have to re-infer every shape at (B, 1)
+// and re-derive from the mask what a position is, i.e. re-trace the model. Re-tracing the
+// same code is what kiln does instead: BuildLlamaModule and these functions share
+// DeclareLlamaWeights and LlamaLogits (frontends/llama.h) — the embedding, the layers, the
+// norms, the MLP and the LM head are the same statements — and differ only in the layer's
+// attention, PagedSelfAttention (frontends/nn.h) instead of CausalSelfAttention. The
+// weights' parameter layout is the same list (tests/llama_inference_test.cc checks it), so
+// one set of weights, a training checkpoint or a Hugging Face folder, binds to all three.
+// The functions then run through the normal pass pipelines (CompileInferenceModule).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "frontends/model_config.h"
+#include "ir/graph.h"
+#include "passes/compile_options.h"
+#include "passes/pipeline.h"
+
+namespace kiln {
+
+struct PagedKvLayout {
+  int64_t num_blocks = 0;               // NB, >= 1
+  int64_t block_size = 16;              // BS, tokens per block
+  int64_t max_blocks_per_sequence = 0;  // M, the width of a block table row
+};
+
+// The pool's type: [L, NB, KV, BS, Dh] of the GEMM dtype of `precision` (f32 or bf16).
+TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Precision precision);
+
+// The parameter index of the first weight, and of the pools, in both functions.
+inline constexpr int kInferenceKPoolParameter = 4;
+inline constexpr int kInferenceVPoolParameter = 5;
+inline constexpr int kInferenceFirstWeightParameter = 6;
+
+enum class InferencePhase { kPrefill, kDecode };
+
+// A module holding one function, @prefill (batch 1, `size` tokens) or @decode (`size`
+// sequences of one token), as the header describes. Not yet run through any pass.
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
+                                                                  const PagedKvLayout& layout, Precision precision,
+                                                                  InferencePhase phase, int64_t size);
+
+// The forward pipeline, then the default pipeline (passes/default_pipeline.h), on an
+// inference module: what `kiln compile` would run on it.
+absl::StatusOr<PipelineReport> CompileInferenceModule(Module& module, const CompileOptions& options);
+
+}  // namespace kiln

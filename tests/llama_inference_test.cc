@@ -1,0 +1,282 @@
+// The inference functions (frontends/llama_inference.h) and the generator
+// (frontends/generator.h) on the reference backend, checked against the model's own @forward:
+// every sampled token's logits equal the full forward's logits at its position, through
+// block boundaries, prefix-cache hits, decode batch padding and continuous batching.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "frontends/generator.h"
+#include "frontends/llama.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+#include "frontends/weight_init.h"
+#include "ir/reference_backend.h"
+
+namespace kiln {
+namespace {
+
+using inference::FinishedRequest;
+using inference::GenerationRequest;
+using inference::RequestId;
+using inference::SamplingParams;
+using inference::TokenId;
+
+ModelConfig Tiny() { return *PresetConfig("llama-tiny"); }
+
+const SamplingParams kGreedy{.temperature = 0};
+
+// The logits f32 [T, V] of @forward over `tokens` (batch 1).
+std::vector<std::vector<double>> ForwardLogits(const ModelConfig& config, const std::vector<HostTensor>& weights,
+                                               const std::vector<TokenId>& tokens, Precision precision) {
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  auto module = BuildLlamaModule(config, {.batch = 1, .seq_len = t, .precision = precision, .return_logits = true});
+  EXPECT_TRUE(module.ok()) << module.status();
+  std::vector<HostTensor> args;
+  args.push_back(HostTensor::FromValues({DType::kI32, {1, t}}, std::vector<double>(tokens.begin(), tokens.end())));
+  args.push_back(HostTensor({DType::kI32, {1, t}}));
+  args.insert(args.end(), weights.begin(), weights.end());
+  auto out = EvaluateFunction(*(*module)->FindFunction("forward"), args);
+  EXPECT_TRUE(out.ok()) << out.status();
+  const int64_t v = config.vocab_size;
+  std::vector<std::vector<double>> rows(t);
+  for (int64_t i = 0; i < t; ++i) {
+    rows[i].assign((*out)[1].values().begin() + i * v, (*out)[1].values().begin() + (i + 1) * v);
+  }
+  return rows;
+}
+
+int64_t Argmax(const std::vector<double>& row) {
+  return std::max_element(row.begin(), row.end()) - row.begin();
+}
+
+// What the generator showed for each (request, position).
+using LogitsLog = std::map<std::pair<RequestId, int64_t>, std::vector<float>>;
+
+GeneratorOptions Options(Precision precision, int64_t block_size, LogitsLog* log) {
+  GeneratorOptions options{.precision = precision, .block_size = block_size, .max_context = 64};
+  if (log != nullptr) {
+    options.on_logits = [log](RequestId r, int64_t position, absl::Span<const float> logits) {
+      (*log)[{r, position}] = std::vector<float>(logits.begin(), logits.end());
+    };
+  }
+  return options;
+}
+
+std::vector<TokenId> Prompt(int64_t n, int64_t salt) {
+  std::vector<TokenId> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<TokenId>((i * 37 + salt * 11 + 5) % 256));
+  return p;
+}
+
+// Every logged step of `request` against the full forward over its final context: equal to
+// 1e-5 of the row's largest magnitude (fp32).
+void ExpectLogitsMatchForward(const LogitsLog& log, RequestId request, const std::vector<TokenId>& prompt,
+                              const std::vector<TokenId>& output, const std::vector<HostTensor>& weights,
+                              double tolerance = 1e-5) {
+  std::vector<TokenId> context = prompt;
+  context.insert(context.end(), output.begin(), output.end() - 1);  // the last output is never fed back
+  const auto rows = ForwardLogits(Tiny(), weights, context, Precision::kFp32);
+  int64_t checked = 0;
+  for (const auto& [key, logits] : log) {
+    if (key.first != request) continue;
+    const int64_t position = key.second;
+    ASSERT_LT(position, static_cast<int64_t>(rows.size()));
+    double scale = 0;
+    for (double v : rows[position]) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < logits.size(); ++i) {
+      ASSERT_NEAR(logits[i], rows[position][i], tolerance * scale)
+          << "request " << request << " position " << position << " token " << i;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int64_t>(output.size())) << "one logged step per output token";
+}
+
+TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
+  const ModelConfig config = Tiny();
+  auto forward = BuildLlamaModule(config, {.batch = 1, .seq_len = 8});
+  ASSERT_TRUE(forward.ok());
+  const std::vector<Node*> fp = (*forward)->FindFunction("forward")->parameters();
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+  for (auto [phase, name] : {std::pair{InferencePhase::kPrefill, "prefill"}, std::pair{InferencePhase::kDecode, "decode"}}) {
+    auto module = BuildLlamaInferenceModule(config, layout, Precision::kBf16, phase, 4);
+    ASSERT_TRUE(module.ok()) << module.status();
+    const Function* f = (*module)->FindFunction(name);
+    ASSERT_NE(f, nullptr);
+    const std::vector<Node*> p = f->parameters();
+    ASSERT_EQ(p.size() - kInferenceFirstWeightParameter, fp.size() - 2);
+    for (size_t i = 2; i < fp.size(); ++i) {
+      EXPECT_EQ(p[i - 2 + kInferenceFirstWeightParameter]->name(), fp[i]->name());
+      EXPECT_EQ(p[i - 2 + kInferenceFirstWeightParameter]->type(), fp[i]->type());
+    }
+    EXPECT_EQ(p[kInferenceKPoolParameter]->type().ToString(), "bf16[2,8,2,4,32]");
+    EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+    EXPECT_EQ(f->outputs()[0]->type().dims, (std::vector<int64_t>{phase == InferencePhase::kPrefill ? 1 : 4,
+                                                                   phase == InferencePhase::kPrefill ? 4 : 1, 256}));
+    // The normal pipelines run on them, and the donated pools survive them.
+    absl::StatusOr<PipelineReport> report = CompileInferenceModule(**module, CompileOptions{});
+    ASSERT_TRUE(report.ok()) << report.status();
+    std::map<Opcode, int> ops;
+    for (const auto& n : f->nodes()) ++ops[n->opcode()];
+    EXPECT_EQ(ops[Opcode::kDotGeneral], 0) << "lower-gemm ran";
+    EXPECT_EQ(ops[Opcode::kGemm], 7 * config.n_layers + 1);  // q, k, v, o, gate, up, down; the head
+    EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
+    EXPECT_EQ(ops[Opcode::kKvCacheWrite], 2 * config.n_layers);
+    EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);
+    EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+  }
+}
+
+// Block size 4, a 10-token prompt (blocks 0-2, the last partly filled) and 12 new tokens:
+// every decode step crosses or fills blocks, and each step's logits are the full forward's.
+TEST(LlamaInference, DecodeLogitsEqualTheFullForwardAcrossBlockBoundaries) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 7);
+  LogitsLog log;
+  auto gen = Generator::Create(Tiny(), weights, Options(Precision::kFp32, 4, &log));
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  const std::vector<TokenId> prompt = Prompt(10, 1);
+  ASSERT_TRUE((*gen)->Submit({.id = 1, .prompt = prompt, .max_new_tokens = 12, .sampling = kGreedy}).ok());
+  auto finished = (*gen)->Run();
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  ASSERT_EQ(finished->size(), 1u);
+  ASSERT_EQ((*finished)[0].output.size(), 12u);
+  ExpectLogitsMatchForward(log, 1, prompt, (*finished)[0].output, weights);
+  EXPECT_EQ((*gen)->stats().prefill_tokens, 10);
+  EXPECT_EQ((*gen)->stats().decode_tokens, 11);
+}
+
+// A second request sharing the first one's 8-token prefix (two full blocks of 4) reuses its
+// cached blocks, prefilling only the rest, and still computes the forward's logits.
+TEST(LlamaInference, PrefixCacheHitsGiveTheForwardsLogits) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 8);
+  LogitsLog log;
+  auto gen = Generator::Create(Tiny(), weights, Options(Precision::kFp32, 4, &log));
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  const std::vector<TokenId> first = Prompt(9, 2);
+  std::vector<TokenId> second(first.begin(), first.begin() + 8);
+  for (TokenId t : {3, 1, 4}) second.push_back(t);
+  ASSERT_TRUE((*gen)->Submit({.id = 1, .prompt = first, .max_new_tokens = 6, .sampling = kGreedy}).ok());
+  auto a = (*gen)->Run();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*gen)->Submit({.id = 2, .prompt = second, .max_new_tokens = 6, .sampling = kGreedy}).ok());
+  auto b = (*gen)->Run();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*gen)->stats().cached_tokens, 8);
+  EXPECT_EQ((*gen)->stats().prefill_tokens, 9 + 3);
+  ExpectLogitsMatchForward(log, 1, first, (*a)[0].output, weights);
+  ExpectLogitsMatchForward(log, 2, second, (*b)[0].output, weights);
+}
+
+// Requests of different lengths run together (decode buckets 4 with padding rows, prefills
+// and decodes in one step) and produce what each produces alone.
+TEST(LlamaInference, ContinuousBatchingChangesNoRequestsTokens) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 9);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    requests.push_back({.id = i, .prompt = Prompt(3 + 5 * i, i), .max_new_tokens = 4 + 3 * i, .sampling = kGreedy});
+  }
+  std::map<RequestId, std::vector<TokenId>> alone;
+  for (const GenerationRequest& r : requests) {
+    auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 4, nullptr));
+    ASSERT_TRUE(gen.ok());
+    ASSERT_TRUE((*gen)->Submit(r).ok());
+    auto done = (*gen)->Run();
+    ASSERT_TRUE(done.ok()) << done.status();
+    alone[r.id] = (*done)[0].output;
+  }
+  LogitsLog log;
+  GeneratorOptions options = Options(Precision::kBf16, 4, &log);
+  options.max_running = 4;
+  auto gen = Generator::Create(Tiny(), weights, options);
+  ASSERT_TRUE(gen.ok());
+  ASSERT_TRUE((*gen)->Submit(requests[0]).ok());
+  ASSERT_TRUE((*gen)->Step().ok());  // request 0 is decoding when the others arrive
+  ASSERT_TRUE((*gen)->Submit(requests[1]).ok());
+  ASSERT_TRUE((*gen)->Submit(requests[2]).ok());
+  auto done = (*gen)->Run();
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->size(), 3u);
+  for (const FinishedRequest& f : *done) EXPECT_EQ(f.output, alone[f.id]) << "request " << f.id;
+}
+
+// Greedy generation under the bf16 policy is the argmax of the full forward, run again on
+// the growing context for every token.
+TEST(LlamaInference, GreedyGenerationIsTheArgmaxOfRepeatedFullForwards) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 10);
+  auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 16, nullptr));
+  ASSERT_TRUE(gen.ok());
+  const std::vector<TokenId> prompt = {'h', 'e', 'l', 'l', 'o'};
+  ASSERT_TRUE((*gen)->Submit({.id = 0, .prompt = prompt, .max_new_tokens = 8, .sampling = kGreedy}).ok());
+  auto done = (*gen)->Run();
+  ASSERT_TRUE(done.ok()) << done.status();
+  std::vector<TokenId> context = prompt;
+  std::vector<TokenId> expected;
+  for (int i = 0; i < 8; ++i) {
+    const auto rows = ForwardLogits(Tiny(), weights, context, Precision::kBf16);
+    expected.push_back(static_cast<TokenId>(Argmax(rows.back())));
+    context.push_back(expected.back());
+  }
+  EXPECT_EQ((*done)[0].output, expected);
+}
+
+TEST(LlamaInference, SamplingIsDeterministicPerSeed) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 11);
+  auto run = [&](uint64_t seed) {
+    auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 16, nullptr));
+    EXPECT_TRUE(gen.ok());
+    SamplingParams sampling{.temperature = 1.0, .top_k = 50, .top_p = 0.95, .seed = seed};
+    EXPECT_TRUE((*gen)->Submit({.id = 0, .prompt = Prompt(6, 3), .max_new_tokens = 16, .sampling = sampling}).ok());
+    auto done = (*gen)->Run();
+    EXPECT_TRUE(done.ok()) << done.status();
+    return (*done)[0].output;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+// Bad requests are refused at Submit with a message naming the request and the problem, and
+// a good request next to them runs as it would alone.
+TEST(LlamaInference, BadRequestsAreClearErrorsAndHarmNoOther) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 12);
+  auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 16, nullptr));
+  ASSERT_TRUE(gen.ok());
+  struct Bad {
+    GenerationRequest request;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {{.id = 1, .prompt = {}, .max_new_tokens = 4}, "request 1: the prompt is empty"},
+      {{.id = 2, .prompt = {1, 256}, .max_new_tokens = 4}, "prompt token 1 is 256, outside the vocabulary [0, 256)"},
+      {{.id = 3, .prompt = Prompt(70, 0), .max_new_tokens = 1}, "exceed the model's context of 64"},
+      {{.id = 4, .prompt = {1}, .max_new_tokens = 4, .sampling = {.temperature = -1}}, "temperature"},
+      {{.id = 5, .prompt = {1}, .max_new_tokens = 4, .sampling = {.top_p = 0}}, "top_p"},
+      {{.id = 6, .prompt = {1}, .max_new_tokens = 0}, "max_new_tokens is 0"},
+  };
+  const GenerationRequest good{.id = 0, .prompt = Prompt(5, 4), .max_new_tokens = 5, .sampling = kGreedy};
+  ASSERT_TRUE((*gen)->Submit(good).ok());
+  for (const Bad& b : bad) {
+    absl::Status st = (*gen)->Submit(b.request);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(b.message), std::string::npos) << st;
+  }
+  auto done = (*gen)->Run();
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->size(), 1u);
+  auto alone = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 16, nullptr));
+  ASSERT_TRUE((*alone)->Submit(good).ok());
+  EXPECT_EQ((*(*alone)->Run())[0].output, (*done)[0].output);
+}
+
+TEST(LlamaInference, WeightsOfAnotherShapeAreRefused) {
+  std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 1);
+  weights.pop_back();
+  auto gen = Generator::Create(Tiny(), weights, {});
+  ASSERT_FALSE(gen.ok());
+  EXPECT_NE(gen.status().message().find("takes"), std::string::npos) << gen.status();
+}
+
+}  // namespace
+}  // namespace kiln
