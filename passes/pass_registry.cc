@@ -31,7 +31,7 @@ constexpr PassInfo kPasses[] = {
      Make<CanonicalizePass>},
     {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
-    {FusionPass::kName, "groups elementwise and reduction chains into kernels, one generated kernel each",
+    {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},

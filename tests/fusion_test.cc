@@ -13,6 +13,8 @@
 #include "codegen/compile_function.h"
 #include "codegen/lower_composite.h"
 #include "ir/fusion.h"
+#include "ir/proto_io.h"
+#include "codegen/capabilities.h"
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/cse.h"
@@ -382,6 +384,42 @@ TEST(FusionKernels, EveryFusionOfATrainingStepCompiles) {
   ASSERT_TRUE(pass.Run(*all_ops).ok());
   absl::StatusOr<KernelCompileReport> ops = CompileFunctionKernels(*all_ops->functions()[0], {.arch = "sm_90a"}, nullptr);
   ASSERT_TRUE(ops.ok()) << ops.status();
+}
+
+// Issue 10's shapes together, in the compiled llama-S step (IR only, at a short sequence;
+// head dim 64, so attention is the flash op): one adamw_update per parameter, attention and
+// attention_grad as multi-result nodes, fusion nodes; and the whole step round-trips through
+// text, protobuf and JSON unchanged.
+TEST(FusionNodes, TheCompiledTrainingStepRoundTripsWithItsFusions) {
+  ModelConfig config = *PresetConfig("llama-S");
+  std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = 1, .seq_len = 64, .precision = Precision::kBf16});
+  CompileOptions options;
+  options.capabilities = &CodegenCapabilities();
+  ASSERT_TRUE(RunForwardPipeline(*m, options).ok());
+  TrainingStepLayout layout;
+  ASSERT_TRUE(BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout).ok());
+  ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
+  const Function& step = *m->FindFunction("train_step");
+  std::map<Opcode, int> count;
+  for (const auto& n : step.nodes()) ++count[n->opcode()];
+  EXPECT_EQ(count[Opcode::kAdamWUpdate], layout.num_params);
+  EXPECT_EQ(count[Opcode::kAttention], config.n_layers);
+  EXPECT_EQ(count[Opcode::kAttentionGrad], config.n_layers);
+  EXPECT_GT(count[Opcode::kFusion], 400);
+  const std::string text = PrintModule(*m);
+  absl::StatusOr<std::unique_ptr<Module>> from_text = ParseModule(text);
+  ASSERT_TRUE(from_text.ok()) << from_text.status();
+  EXPECT_EQ(PrintModule(**from_text), text);
+  absl::StatusOr<std::string> bytes = ModuleToProtoBinary(*m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<std::unique_ptr<Module>> from_proto = ModuleFromProtoBinary(*bytes);
+  ASSERT_TRUE(from_proto.ok()) << from_proto.status();
+  EXPECT_EQ(PrintModule(**from_proto), text);
+  absl::StatusOr<std::string> json = ModuleToProtoJson(*m);
+  ASSERT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<std::unique_ptr<Module>> from_json = ModuleFromProtoJson(*json);
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(PrintModule(**from_json), text);
 }
 
 // Multi-result ops: a parameter's update is one adamw_update node with three results, one
