@@ -96,40 +96,44 @@ absl::StatusOr<std::pair<HostTensor, HostTensor>> BatchTensors(const Function& s
   return std::make_pair(std::move(tokens), std::move(targets));
 }
 
+absl::StatusOr<double> RunReferenceStep(const Function& step, const TrainingStepLayout& layout,
+                                        const ReferenceOptions& options, std::vector<HostTensor> batch, double lr,
+                                        TrainingState& state) {
+  std::vector<HostTensor> args;
+  args.reserve(step.parameters().size());
+  for (auto* group : {&state.params, &state.m, &state.v}) {
+    for (HostTensor& t : *group) args.push_back(std::move(t));
+  }
+  args.push_back(std::move(state.t));
+  for (HostTensor& b : batch) args.push_back(std::move(b));
+  args.push_back(HostTensor::FromValues({DType::kF32, {}}, {lr}));
+  absl::StatusOr<std::vector<HostTensor>> outs = EvaluateFunction(step, args, options);
+  if (!outs.ok()) {
+    int64_t i = 0;
+    for (auto* group : {&state.params, &state.m, &state.v}) {
+      for (HostTensor& t : *group) t = std::move(args[i++]);
+    }
+    state.t = std::move(args[i]);
+    return outs.status();
+  }
+  const int64_t n = layout.num_params;
+  for (int64_t i = 0; i < n; ++i) {
+    state.params[i] = std::move((*outs)[1 + i]);
+    state.m[i] = std::move((*outs)[1 + n + i]);
+    state.v[i] = std::move((*outs)[1 + 2 * n + i]);
+  }
+  state.t = std::move((*outs)[1 + 3 * n]);
+  ++state.step;
+  return (*outs)[0][0];
+}
+
 absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
   ASSIGN_OR_RETURN(auto batch, BatchTensors(*step_, layout_, micro_batches));
   auto& [tokens, targets] = batch;
-  std::vector<Node*> params = step_->parameters();
-  // Arguments in TrainingStepLayout order. The state moves in and the outputs move back:
-  // the host-side analogue of the step's donated buffers.
-  std::vector<HostTensor> args;
-  args.reserve(params.size());
-  for (auto* group : {&state_.params, &state_.m, &state_.v}) {
-    for (HostTensor& t : *group) args.push_back(std::move(t));
-  }
-  args.push_back(std::move(state_.t));
-  args.push_back(std::move(tokens));
-  args.push_back(std::move(targets));
-  args.push_back(HostTensor::FromValues({DType::kF32, {}}, {lr}));
-  absl::StatusOr<std::vector<HostTensor>> outs = EvaluateFunction(*step_, args, options_);
-  if (!outs.ok()) {
-    // Give the state back so the trainer stays usable (and checkpointable) after an error.
-    int64_t i = 0;
-    for (auto* group : {&state_.params, &state_.m, &state_.v}) {
-      for (HostTensor& t : *group) t = std::move(args[i++]);
-    }
-    state_.t = std::move(args[i]);
-    return outs.status();
-  }
-  const int64_t n = layout_.num_params;
-  for (int64_t i = 0; i < n; ++i) {
-    state_.params[i] = std::move((*outs)[1 + i]);
-    state_.m[i] = std::move((*outs)[1 + n + i]);
-    state_.v[i] = std::move((*outs)[1 + 2 * n + i]);
-  }
-  state_.t = std::move((*outs)[1 + 3 * n]);
-  ++state_.step;
-  return (*outs)[0][0];
+  std::vector<HostTensor> data;
+  data.push_back(std::move(tokens));
+  data.push_back(std::move(targets));
+  return RunReferenceStep(*step_, layout_, options_, std::move(data), lr, state_);
 }
 
 }  // namespace kiln

@@ -24,6 +24,15 @@ struct TrainingState {
   int64_t step = 0;                      // steps completed
 };
 
+// One training step on the CPU reference backend: `step` (a BuildTrainingStep function of
+// `layout`) evaluated on the state, the batch's tensors (TrainingStepLayout order, after t)
+// and the learning rate. The state moves in and the donated outputs move back, the host-side
+// analogue of the step's donated buffers; on an error the state is given back unchanged, so
+// the caller stays usable (and checkpointable). Returns the loss.
+absl::StatusOr<double> RunReferenceStep(const Function& step, const TrainingStepLayout& layout,
+                                        const ReferenceOptions& options, std::vector<HostTensor> batch, double lr,
+                                        TrainingState& state);
+
 // A backend that runs training steps. The state lives where the backend keeps it (host
 // memory for the reference backend, the device for CUDA); State() copies it out for
 // checkpoints, SetState() puts a checkpoint's state back.

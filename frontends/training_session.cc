@@ -68,35 +68,7 @@ absl::StatusOr<double> TrainingSession::Step(const std::vector<std::vector<HostT
     stacked.push_back(std::move(s));
   }
 
-  // Arguments in TrainingStepLayout order. The state moves in and the donated outputs move
-  // back, as in ReferenceTrainer::Step.
-  std::vector<HostTensor> args;
-  args.reserve(step_params.size());
-  for (auto* group : {&state_.params, &state_.m, &state_.v}) {
-    for (HostTensor& t : *group) args.push_back(std::move(t));
-  }
-  args.push_back(std::move(state_.t));
-  for (HostTensor& s : stacked) args.push_back(std::move(s));
-  args.push_back(HostTensor::FromValues({DType::kF32, {}}, {lr}));
-  absl::StatusOr<std::vector<HostTensor>> outs = EvaluateFunction(*step_, args, options_.reference);
-  if (!outs.ok()) {
-    // Give the state back so the session stays usable after an error.
-    int64_t i = 0;
-    for (auto* group : {&state_.params, &state_.m, &state_.v}) {
-      for (HostTensor& t : *group) t = std::move(args[i++]);
-    }
-    state_.t = std::move(args[i]);
-    return outs.status();
-  }
-  const int64_t n = layout_.num_params;
-  for (int64_t i = 0; i < n; ++i) {
-    state_.params[i] = std::move((*outs)[1 + i]);
-    state_.m[i] = std::move((*outs)[1 + n + i]);
-    state_.v[i] = std::move((*outs)[1 + 2 * n + i]);
-  }
-  state_.t = std::move((*outs)[1 + 3 * n]);
-  ++state_.step;
-  return (*outs)[0][0];
+  return RunReferenceStep(*step_, layout_, options_.reference, std::move(stacked), lr, state_);
 }
 
 absl::StatusOr<std::vector<HostTensor>> TrainingSession::Forward(const std::vector<HostTensor>& batch) const {
