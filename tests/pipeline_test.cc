@@ -197,7 +197,7 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
-            "lower-gemm, fuse-loops");
+            "lower-gemm, elide-grad-zeroing, narrow-activations-bf16, fuse-loops");
 }
 
 TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {
