@@ -44,7 +44,7 @@ bool IsPowerOfTwo(double c) {
 // Removes `n` if nothing reads it any more, then its operands likewise (a splat constant
 // whose mul folded into a gemm's alpha, and its broadcast).
 void RemoveIfDead(Function& f, Node* n) {
-  if (!n->users().empty() || IsOutput(f, n) || n->opcode() == Opcode::kParameter) return;
+  if (!n->users().empty() || IsOutput(f, *n) || n->opcode() == Opcode::kParameter) return;
   const std::vector<Node*> operands = n->operands();
   f.RemoveNode(n);
   for (Node* operand : operands) RemoveIfDead(f, operand);
