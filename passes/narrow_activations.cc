@@ -21,6 +21,24 @@ bool HasFp8Slots(const Node& n) {
   return false;
 }
 
+// Whether every use of `v` rounds it to bf16: a convert to bf16, or a reshape or transpose
+// (which move values, so they commute with the rounding) every use of which does. The nodes
+// in between are appended to `movers`, the converts to `converts`.
+bool EveryUseRoundsToBf16(const Node& v, std::vector<Node*>& movers, std::vector<Node*>& converts) {
+  if (v.users().empty() || IsOutput(*v.parent(), v)) return false;
+  for (Node* u : v.users()) {
+    if (u->opcode() == Opcode::kConvert && u->type().dtype == DType::kBF16) {
+      converts.push_back(u);
+    } else if (u->opcode() == Opcode::kReshape || u->opcode() == Opcode::kTranspose) {
+      movers.push_back(u);
+      if (!EveryUseRoundsToBf16(*u, movers, converts)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 // A gemm that may write bf16 instead of its f32 result.
 m::Pattern NarrowableGemm() {
   return m::Op(Opcode::kGemm)
@@ -30,12 +48,16 @@ m::Pattern NarrowableGemm() {
       .WithOperand(0, m::Any().WithDType(DType::kBF16))
       .WithOperand(1, m::Any().WithDType(DType::kBF16))
       .Where("without FP8 slots", [](const Node& n) { return !HasFp8Slots(n); })
-      .Where("not a function output", [](const Node& n) { return !IsOutput(*n.parent(), n); })
-      .Where("read only by converts to bf16", [](const Node& n) {
-        return !n.users().empty() && std::all_of(n.users().begin(), n.users().end(), [](const Node* u) {
-          return u->opcode() == Opcode::kConvert && u->type().dtype == DType::kBF16;
-        });
+      .Where("read only by converts to bf16 (through reshapes and transposes)", [](const Node& n) {
+        std::vector<Node*> movers, converts;
+        return EveryUseRoundsToBf16(n, movers, converts);
       });
+}
+
+void Retype(Node* n, DType dtype) {
+  TensorType t = n->type();
+  t.dtype = dtype;
+  n->set_type(t);
 }
 
 }  // namespace
@@ -47,12 +69,12 @@ absl::StatusOr<bool> NarrowActivationsPass::RunOnFunction(Function& f) {
     if (m::Match(n.get(), narrowable)) gemms.push_back(n.get());
   }
   for (Node* gemm : gemms) {
-    TensorType narrow = gemm->type();
-    narrow.dtype = DType::kBF16;
-    gemm->set_type(narrow);
-    const std::vector<Node*> converts = gemm->users();  // a copy (each convert once: one operand)
-    for (Node* convert : converts) {
-      convert->ReplaceAllUsesWith(gemm);
+    std::vector<Node*> movers, converts;
+    EveryUseRoundsToBf16(*gemm, movers, converts);
+    Retype(gemm, DType::kBF16);
+    for (Node* mover : movers) Retype(mover, DType::kBF16);
+    for (Node* convert : converts) {  // each once: a convert has one operand
+      convert->ReplaceAllUsesWith(convert->operand(0));
       f.RemoveNode(convert);
     }
   }

@@ -22,7 +22,9 @@
 // `kiln check` would catch; the definition follows the hardware instead.)
 //
 // Taken: a gemm of bf16 operands, f32 result, beta 0 (C would have to be bf16 too), no FP8
-// slots, not a function output, every use a convert to bf16. Runs after lower-gemm and
+// slots, not a function output, every use a convert to bf16 or a reshape or transpose whose
+// every use is (they only move values, so they commute with the rounding and are retyped
+// bf16 too: the V projection's [B, T, H, D] -> [B, H, T, D] before attention). Runs after lower-gemm and
 // elide-grad-zeroing (a gemm that accumulates into a gradient stays f32) and before
 // fuse-loops (which would hide the converts inside fusions). Not done yet: elementwise
 // producers inside fusions whose every consumer converts to bf16.

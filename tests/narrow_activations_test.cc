@@ -63,6 +63,38 @@ TEST(NarrowActivations, EveryConvertIsReplaced) {
   )");
 }
 
+// Reshapes and transposes between the gemm and its converts move values: they are retyped
+// bf16 with it (the V projection on its way to attention).
+TEST(NarrowActivations, SeesThroughReshapesAndTransposes) {
+  std::string out = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[16,64]
+  %r = reshape(%y) : f32[2,8,4,16]
+  %t = transpose(%r) {perm=[0,2,1,3]} : f32[2,4,8,16]
+  %tb = convert(%t) : bf16[2,4,8,16]
+  %rb = convert(%r) : bf16[2,8,4,16]
+  return %tb, %rb
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %y = gemm(%x, %w) {{.*}} : bf16[16,64]
+    CHECK-NEXT: %r = reshape(%y) : bf16[2,8,4,16]
+    CHECK-NEXT: %t = transpose(%r) {perm=[0,2,1,3]} : bf16[2,4,8,16]
+    CHECK-NEXT: return %t, %r
+  )");
+  // One f32 reader past the transpose keeps the whole chain f32.
+  std::string kept = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[16,64]
+  %t = transpose(%y) {perm=[1,0]} : f32[64,16]
+  %tb = convert(%t) : bf16[64,16]
+  %n = neg(%t) : f32[64,16]
+  return %tb, %n
+)"), /*expect_change=*/false);
+  EXPECT_CHECKS(kept, "CHECK: %y = gemm(%x, %w) {{.*}} : f32[16,64]");
+}
+
 // Left alone: another reader of the f32 value, a function output, a convert to another
 // dtype, a gemm that accumulates into an f32 C, f32 operands (cuBLASLt writes f32 or the
 // operands' dtype).
