@@ -66,9 +66,9 @@ TEST(ElideGradZeroing, ContributionsAccumulateInTheirGemms) {
   return %c
 )"));
   EXPECT_CHECKS(out, R"(
-    CHECK:      %g0 = gemm(%x0, %d0, %r) {{{.*}}beta=1.0{{.*}}} : f32[32,64]
-    CHECK-NEXT: %g1 = gemm(%x1, %d1, %g0) {{{.*}}beta=1.0{{.*}}} : f32[32,64]
-    CHECK-NEXT: %g2 = gemm(%x1, %d0, %g1) {{{.*}}beta=1.0{{.*}}} : f32[32,64]
+    CHECK:      %g0 = gemm(%x0, %d0, %r) {a_layout=km, alpha=1.0, b_layout=kn, batch=1, beta=1.0, epilogue=none, k=16, m=32, n=64} : f32[32,64]
+    CHECK-NEXT: %g1 = gemm(%x1, %d1, %g0) {a_layout=km, alpha=1.0, b_layout=kn, batch=1, beta=1.0, epilogue=none, k=16, m=32, n=64} : f32[32,64]
+    CHECK-NEXT: %g2 = gemm(%x1, %d0, %g1) {a_layout=km, alpha=1.0, b_layout=kn, batch=1, beta=1.0, epilogue=none, k=16, m=32, n=64} : f32[32,64]
     CHECK-NEXT: return %g2
     CHECK-NOT:  add
   )");
