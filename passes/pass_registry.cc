@@ -34,7 +34,7 @@ constexpr PassInfo kPasses[] = {
     {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
     {ElideGradZeroingPass::kName,
-     "add(gemm, x) -> gemm accumulating into x (beta=1); a power-of-two scale of a gemm -> its alpha",
+     "add(gemm, x) -> gemm accumulating into x (beta=1); a 2^n scale -> alpha",
      Make<ElideGradZeroingPass>},
     {FusionPass::kName, "groups elementwise and reduction chains into kernels, one generated kernel each",
      Make<FusionPass>},
