@@ -36,7 +36,9 @@
 //   reduce_sum/reduce_max(x) {dims}  the listed dims are removed
 //   dot_general(a, b)      {lhs_batch, rhs_batch, lhs_contract, rhs_contract, [out_dtype]}
 //                          result dims: batch, a's free dims, b's free dims (in order);
-//                          out_dtype (default a's dtype) is the accumulate/result type
+//                          out_dtype (default a's dtype) is the result type; a float sum is
+//                          the f32 accumulator (rounded to f32), then rounded to a narrower
+//                          out_dtype (bf16, f16, fp8) from there, as the gemm below
 //   gemm(a, b[, c])        {batch, m, n, k, a_layout=mk|km, b_layout=nk|kn, alpha, beta,
 //                          epilogue=none}  the backend form of dot_general (passes/lower_gemm.h):
 //                          for each of `batch` matrices, D = alpha A B + beta C with A M x K
@@ -46,10 +48,21 @@
 //                          declared result type (any dims of that element count; its dtype f32
 //                          or the operands'). c, of the result's type, is given iff beta != 0.
 //                          Products summed over K in order, in f32 for narrow operands.
+//                          Rounding, exactly as the reference computes it (cuBLASLt's f32
+//                          compute and scale type: its epilogue works on the f32 accumulator):
+//                            acc = f32(sum);  t = f32(alpha acc);  D = f32(t + f32(beta C))
+//                          then D is rounded to the result dtype. So a bf16 result is the f32
+//                          result converted (narrow-activations-bf16 relies on it: no double
+//                          rounding of its own), and add(gemm(a, b), x) is gemm(a, b, x)
+//                          {beta=1} bit for bit (elide-grad-zeroing). cuBLASLt may fuse
+//                          alpha acc + beta C into one fma; that agrees with the above whenever
+//                          alpha is a power of two or beta is 0, which is all kiln emits.
 //                          FP8 slots (issue 14 fills them): with {scaled=1}, three f32[]
 //                          operands follow (a_scale, b_scale, d_scale), a and b may be fp8
 //                          (e4m3/e5m2) and D any float type:
 //                            D = d_scale (alpha a_scale b_scale A B + beta C)
+//                          (alpha' = f32(alpha a_scale b_scale) takes alpha's place above,
+//                          and D = f32(d_scale D) before the result dtype)
 //                          (cuBLASLt's scale pointers); with {amax=1} the node has a second
 //                          result, f32[]: max |alpha a_scale b_scale A B + beta C|, before
 //                          d_scale (cuBLASLt's AMAX_D), what delayed scaling records.

@@ -8,8 +8,10 @@
 #include "passes/canonicalize.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
+#include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
 #include "passes/lower_gemm.h"
+#include "passes/narrow_activations.h"
 #include "passes/pass_registry.h"
 #include "passes/select_flash_attention.h"
 
@@ -35,6 +37,12 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // The backend form of every GEMM; before fusion, so that a transpose it inserts can be
   // fused into the kernel that produces its operand.
   p.Add(std::make_unique<LowerGemmPass>());
+  // Gradient sums accumulate in their GEMMs (beta=1) instead of separate adds; before
+  // narrowing, so that a gemm that accumulates keeps its f32 result.
+  p.Add(std::make_unique<ElideGradZeroingPass>());
+  // GEMMs whose results are only converted to bf16 write bf16; before fusion, which would
+  // hide the converts inside fusion bodies.
+  p.Add(std::make_unique<NarrowActivationsPass>());
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());

@@ -9,8 +9,10 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
+#include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
 #include "passes/lower_gemm.h"
+#include "passes/narrow_activations.h"
 #include "passes/select_flash_attention.h"
 
 namespace kiln {
@@ -31,10 +33,15 @@ constexpr PassInfo kPasses[] = {
      Make<CanonicalizePass>},
     {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
+    {ElideGradZeroingPass::kName,
+     "add(gemm, x) -> gemm accumulating into x (beta=1); a 2^n scale -> alpha",
+     Make<ElideGradZeroingPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
+    {NarrowActivationsPass::kName, "a gemm whose f32 result is only converted to bf16 writes bf16 itself",
+     Make<NarrowActivationsPass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},
     {kSimplifyPassName, "canonicalize, cse and dce, rerun until a round changes nothing", BuildSimplifyPass},

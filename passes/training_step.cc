@@ -103,15 +103,12 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   }
   ASSIGN_OR_RETURN(Node * lr, b.Parameter("lr", {DType::kF32, {}}));
 
-  // Gradient accumulation, in the straightforward form: zero, then add each micro-batch.
-  b.set_scope("grad_accum");
-  std::vector<Node*> grads;
-  for (Node* p : params) {
-    ASSIGN_OR_RETURN(Node * zero, a.Scalar(0.0));
-    ASSIGN_OR_RETURN(Node * g, a.Splat(zero, p));
-    grads.push_back(g);
-  }
-  ASSIGN_OR_RETURN(Node * loss_sum, a.Scalar(0.0));
+  // Gradient accumulation: the first micro-batch's gradient is the sum so far (never a zeroed
+  // buffer plus it: +0 + g is not g when g is -0, so no pass could remove such an add), each
+  // later one is added. elide-grad-zeroing (passes/elide_grad_zeroing.h) then folds each add
+  // into the GEMM that computes the addend (beta=1).
+  std::vector<Node*> grads(layout.num_params, nullptr);
+  Node* loss_sum = nullptr;
   for (int64_t micro = 0; micro < k; ++micro) {
     std::vector<Node*> args;
     b.set_scope("");
@@ -128,13 +125,21 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     ASSIGN_OR_RETURN(std::vector<Node*> outs, InlineFunction(*step, forward, args, prefix));
     ASSIGN_OR_RETURN(std::vector<Node*> micro_grads, AppendBackward(*step, outs[0], params));
     b.set_scope("grad_accum");
-    ASSIGN_OR_RETURN(loss_sum, b.Add(loss_sum, outs[0]));
+    if (micro == 0) {
+      loss_sum = outs[0];
+    } else {
+      ASSIGN_OR_RETURN(loss_sum, b.Add(loss_sum, outs[0]));
+    }
     for (int64_t i = 0; i < layout.num_params; ++i) {
       Node* g = micro_grads[i];
       if (k > 1) {
         ASSIGN_OR_RETURN(g, a.MulConst(g, 1.0 / static_cast<double>(k)));
       }
-      ASSIGN_OR_RETURN(grads[i], b.Add(grads[i], g));
+      if (micro == 0) {
+        grads[i] = g;
+      } else {
+        ASSIGN_OR_RETURN(grads[i], b.Add(grads[i], g));
+      }
     }
   }
   ASSIGN_OR_RETURN(Node * inv_k, a.Scalar(1.0 / static_cast<double>(k)));
@@ -143,11 +148,18 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   // Global-norm clipping.
   if (h.clip_norm > 0) {
     b.set_scope("grad_clip");
-    ASSIGN_OR_RETURN(Node * sq_sum, a.Scalar(0.0));
+    Node* sq_sum = nullptr;  // the first square sum starts it, as the gradients' sums do
     for (Node* g : grads) {
       ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
       ASSIGN_OR_RETURN(Node * s, a.SumAll(g2));
-      ASSIGN_OR_RETURN(sq_sum, b.Add(sq_sum, s));
+      if (sq_sum == nullptr) {
+        sq_sum = s;
+      } else {
+        ASSIGN_OR_RETURN(sq_sum, b.Add(sq_sum, s));
+      }
+    }
+    if (sq_sum == nullptr) {
+      ASSIGN_OR_RETURN(sq_sum, a.Scalar(0.0));
     }
     ASSIGN_OR_RETURN(Node * norm, b.Unary(Opcode::kSqrt, sq_sum));
     ASSIGN_OR_RETURN(Node * denom, a.AddConst(norm, 1e-6));

@@ -26,6 +26,7 @@
 #include "frontends/weight_init.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
+#include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
 #include "passes/training_compile.h"
 #include "passes/training_step.h"
@@ -604,6 +605,8 @@ absl::Status RunTrain(const ParsedArgs& args) {
                  compile.main_report().ToString().c_str(),
                  FormatFusionReport(*step_fn, fusion ? fusion->decisions() : std::vector<FusionDecision>{}, false)
                      .c_str());
+    std::fprintf(stderr, "kiln train: zero-initialised accumulators: %lld\n",
+                 static_cast<long long>(CountZeroInitialisedAccumulators(*module)));
   }
 
   std::unique_ptr<Trainer> trainer;

@@ -1,10 +1,14 @@
 // dot_general: maps the operands' batch, free and contracting dims to a batched GEMM
 // [batch, M, K] x [batch, K, N] -> [batch, M, N], which is exactly the result layout
 // (batch dims, lhs free dims, rhs free dims). Operands are used as stored: already
-// rounded to their dtype, hence exact in double; the sum is rounded once by the evaluator.
+// rounded to their dtype, hence exact in double. The sum is the f32 accumulator: rounded to
+// f32 first, then (for a narrower result: bf16, f16, fp8) by the evaluator to the result's
+// dtype, as cuBLASLt converts its f32 accumulator (ir/op_table.h). For an f32 result that is
+// one rounding, as before.
 #include <algorithm>
 #include <cmath>
 
+#include "ir/numerics.h"
 #include "ir/status_macros.h"
 #include "ir/reference/gemm.h"
 #include "ir/reference/kernels.h"
@@ -36,6 +40,12 @@ std::vector<int64_t> FreeDims(const TensorType& x, const std::vector<int64_t>& b
   return free;
 }
 
+// The f32 accumulator every float GEMM result is computed in: the double sum rounded to f32
+// (a no-op under f32_as_f64, which keeps f32 values in double).
+void RoundToAccumulator(double* values, int64_t n, DType result, const EvalContext& ctx) {
+  if (IsFloat(result)) RoundValuesToDType(values, n, DType::kF32, ctx.options.f32_as_f64);
+}
+
 }  // namespace
 
 absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const EvalContext& ctx) {
@@ -51,13 +61,18 @@ absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const E
                 OffsetsOf(rt, FreeDims(rt, rhs_batch, rhs_contract))};
   HostTensor out(node.type());
   Gemm(a, b, out.mutable_values().data(), ctx.pool);
+  RoundToAccumulator(out.mutable_values().data(), out.num_elements(), node.type().dtype, ctx);
   return out;
 }
 
 // gemm: the same GEMM over the operands' bytes as they lie ([batch, M, K] or [batch, K, M];
-// [batch, N, K] or [batch, K, N]), then alpha and beta C in double; rounded once.
-// D = d_scale (alpha a_scale b_scale A B + beta C) with the FP8 slots, and the amax of the
-// bracket when asked (ir/op_table.h); scales are 1 without them.
+// [batch, N, K] or [batch, K, N]), then cuBLASLt's f32 epilogue, each step rounded to f32
+// (ir/op_table.h):
+//   acc = f32(A B);  t = f32(alpha' acc);  D = f32(t + f32(beta C))  (then d_scale, and the
+//   evaluator rounds D to the result dtype)
+// with alpha' = f32(alpha a_scale b_scale) and the amax of the bracket when asked; scales are
+// 1 without the FP8 slots. So gemm(a, b) then add(., x) is gemm(a, b, x) {beta=1} bit for bit,
+// and a bf16 result is the f32 result converted.
 absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(int64_t batch, node.attrs().GetInt("batch"));
   ASSIGN_OR_RETURN(int64_t m, node.attrs().GetInt("m"));
@@ -80,15 +95,21 @@ absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, 
   HostTensor out(node.result_type(0));
   double* d = out.mutable_values().data();
   Gemm(a, b, d, ctx.pool);
+  const int64_t count = out.num_elements();
+  const bool keep = ctx.options.f32_as_f64 || !IsFloat(out.type().dtype);  // integers: exact
+  auto f32 = [keep](double v) { return keep ? v : RoundToDType(v, DType::kF32); };
+  RoundToAccumulator(d, count, out.type().dtype, ctx);
   const size_t first_scale = beta != 0.0 ? 3 : 2;
   const double ab_scale = scaled ? xs[first_scale]->values()[0] * xs[first_scale + 1]->values()[0] : 1.0;
   const double d_scale = scaled ? xs[first_scale + 2]->values()[0] : 1.0;
+  const double scaled_alpha = f32(alpha * ab_scale);
   const double* c = beta != 0.0 ? xs[2]->values().data() : nullptr;
   double max_abs = 0;
-  for (int64_t i = 0; i < out.num_elements(); ++i) {
-    const double v = alpha * ab_scale * d[i] + (c != nullptr ? beta * c[i] : 0.0);
+  for (int64_t i = 0; i < count; ++i) {
+    const double t = f32(scaled_alpha * d[i]);
+    const double v = c != nullptr ? f32(t + f32(beta * c[i])) : t;
     max_abs = std::isnan(v) || std::isnan(max_abs) ? std::nan("") : std::max(max_abs, std::abs(v));
-    d[i] = d_scale * v;
+    d[i] = scaled ? f32(d_scale * v) : v;
   }
   std::vector<HostTensor> results;
   results.push_back(std::move(out));

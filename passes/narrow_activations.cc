@@ -1,0 +1,84 @@
+#include "passes/narrow_activations.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "ir/pattern_match.h"
+
+namespace kiln {
+namespace {
+
+namespace m = match;
+
+bool IsOutput(const Function& f, const Node& n) {
+  return std::find(f.outputs().begin(), f.outputs().end(), &n) != f.outputs().end();
+}
+
+bool HasFp8Slots(const Node& n) {
+  for (const char* slot : {"scaled", "amax"}) {
+    if (n.attrs().Has(slot) && *n.attrs().GetInt(slot) != 0) return true;
+  }
+  return false;
+}
+
+// Whether every use of `v` rounds it to bf16: a convert to bf16, or a reshape or transpose
+// (which move values, so they commute with the rounding) every use of which does. The nodes
+// in between are appended to `movers`, the converts to `converts`.
+bool EveryUseRoundsToBf16(const Node& v, std::vector<Node*>& movers, std::vector<Node*>& converts) {
+  if (v.users().empty() || IsOutput(*v.parent(), v)) return false;
+  for (Node* u : v.users()) {
+    if (u->opcode() == Opcode::kConvert && u->type().dtype == DType::kBF16) {
+      converts.push_back(u);
+    } else if (u->opcode() == Opcode::kReshape || u->opcode() == Opcode::kTranspose) {
+      movers.push_back(u);
+      if (!EveryUseRoundsToBf16(*u, movers, converts)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A gemm that may write bf16 instead of its f32 result.
+m::Pattern NarrowableGemm() {
+  return m::Op(Opcode::kGemm)
+      .WithNumOperands(2)
+      .WithDType(DType::kF32)
+      .WithAttr("beta", 0.0)
+      .WithOperand(0, m::Any().WithDType(DType::kBF16))
+      .WithOperand(1, m::Any().WithDType(DType::kBF16))
+      .Where("without FP8 slots", [](const Node& n) { return !HasFp8Slots(n); })
+      .Where("read only by converts to bf16 (through reshapes and transposes)", [](const Node& n) {
+        std::vector<Node*> movers, converts;
+        return EveryUseRoundsToBf16(n, movers, converts);
+      });
+}
+
+void Retype(Node* n, DType dtype) {
+  TensorType t = n->type();
+  t.dtype = dtype;
+  n->set_type(t);
+}
+
+}  // namespace
+
+absl::StatusOr<bool> NarrowActivationsPass::RunOnFunction(Function& f) {
+  const m::Pattern narrowable = NarrowableGemm();
+  std::vector<Node*> gemms;
+  for (const auto& n : f.nodes()) {
+    if (m::Match(n.get(), narrowable)) gemms.push_back(n.get());
+  }
+  for (Node* gemm : gemms) {
+    std::vector<Node*> movers, converts;
+    EveryUseRoundsToBf16(*gemm, movers, converts);
+    Retype(gemm, DType::kBF16);
+    for (Node* mover : movers) Retype(mover, DType::kBF16);
+    for (Node* convert : converts) {  // each once: a convert has one operand
+      convert->ReplaceAllUsesWith(convert->operand(0));
+      f.RemoveNode(convert);
+    }
+  }
+  return !gemms.empty();
+}
+
+}  // namespace kiln

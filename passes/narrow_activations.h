@@ -1,0 +1,45 @@
+// narrow-activations-bf16: a value whose every consumer rounds it to bf16 is stored bf16 by
+// its producer. Today's producer is the GEMM: cuBLASLt accumulates in f32 and can write the
+// result as bf16 itself, so a gemm whose f32 result is read only by converts to bf16 (an
+// activation about to be a GEMM operand, or saved for the backward) writes bf16 and the
+// converts go: no f32 copy is written, read back and kept, no convert kernel runs.
+//
+// Before:
+//   %x = parameter() {index=0} : bf16[16,32]
+//   %w = parameter() {index=1} : bf16[64,32]
+//   %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : f32[16,64]
+//   %yb = convert(%y) : bf16[16,64]
+//   %z = mul(%yb, %yb) : bf16[16,64]
+// After:
+//   %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : bf16[16,64]
+//   %z = mul(%y, %y) : bf16[16,64]
+//
+// Exact by the gemm's definition (ir/op_table.h): a narrow result is the f32 accumulator
+// (after alpha and beta) rounded to the result dtype, which is what cuBLASLt does and what
+// the reference backend computes; so bf16(gemm : f32) and gemm : bf16 are the same bits and
+// there is no double rounding the pass would add or remove. (Had the reference rounded its
+// exact sum straight to bf16, the pass would change values in rare halfway cases, which
+// `kiln check` would catch; the definition follows the hardware instead.)
+//
+// Taken: a gemm of bf16 operands, f32 result, beta 0 (C would have to be bf16 too), no FP8
+// slots, not a function output, every use a convert to bf16 or a reshape or transpose whose
+// every use is (they only move values, so they commute with the rounding and are retyped
+// bf16 too: the V projection's [B, T, H, D] -> [B, H, T, D] before attention). Runs after lower-gemm and
+// elide-grad-zeroing (a gemm that accumulates into a gradient stays f32) and before
+// fuse-loops (which would hide the converts inside fusions). Not done yet: elementwise
+// producers inside fusions whose every consumer converts to bf16.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "passes/pass.h"
+
+namespace kiln {
+
+class NarrowActivationsPass : public FunctionPass {
+ public:
+  static constexpr absl::string_view kName = "narrow-activations-bf16";
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
+};
+
+}  // namespace kiln

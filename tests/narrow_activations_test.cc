@@ -1,0 +1,215 @@
+// narrow-activations-bf16 (passes/narrow_activations.h): a gemm whose f32 result is read only
+// by converts to bf16 writes bf16 itself. IR text in, FileCheck on the print, meaning checked
+// on the reference backend (tests/testing/pass_test.h); the gemm's rounding rule that makes it
+// exact; and the count on llama-tiny's training step.
+#include "passes/narrow_activations.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "frontends/llama.h"
+#include "ir/reference_backend.h"
+#include "ir/text_format.h"
+#include "passes/training_compile.h"
+#include "runtime/differential_check.h"
+#include "tests/testing/filecheck.h"
+#include "tests/testing/pass_test.h"
+
+namespace kiln {
+namespace {
+
+std::string Narrow(absl::string_view body, bool expect_change = true) {
+  NarrowActivationsPass pass;
+  return testing::RunPassOnText(pass, absl::StrCat("module @m\nfunc @main {\n", body, "}\n"), expect_change);
+}
+
+#define EXPECT_CHECKS(out, checks) EXPECT_TRUE(testing::FileCheck(out, checks).ok()) << testing::FileCheck(out, checks)
+
+constexpr absl::string_view kGemmAttrs =
+    "{a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64}";
+
+TEST(NarrowActivations, HeaderExample) {
+  std::string out = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[16,64]
+  %yb = convert(%y) : bf16[16,64]
+  %z = mul(%yb, %yb) : bf16[16,64]
+  return %z
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : bf16[16,64]
+    CHECK-NEXT: %z = mul(%y, %y) : bf16[16,64]
+    CHECK-NOT:  convert
+  )");
+}
+
+// Every convert of the result goes (cse may not have merged them yet), whatever shape the
+// result has.
+TEST(NarrowActivations, EveryConvertIsReplaced) {
+  std::string out = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[2,8,64]
+  %a = convert(%y) : bf16[2,8,64]
+  %b = convert(%y) : bf16[2,8,64]
+  return %a, %b
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %y = gemm(%x, %w) {{.*}} : bf16[2,8,64]
+    CHECK-NEXT: return %y, %y
+  )");
+}
+
+// Reshapes and transposes between the gemm and its converts move values: they are retyped
+// bf16 with it (the V projection on its way to attention).
+TEST(NarrowActivations, SeesThroughReshapesAndTransposes) {
+  std::string out = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[16,64]
+  %r = reshape(%y) : f32[2,8,4,16]
+  %t = transpose(%r) {perm=[0,2,1,3]} : f32[2,4,8,16]
+  %tb = convert(%t) : bf16[2,4,8,16]
+  %rb = convert(%r) : bf16[2,8,4,16]
+  return %tb, %rb
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %y = gemm(%x, %w) {{.*}} : bf16[16,64]
+    CHECK-NEXT: %r = reshape(%y) : bf16[2,8,4,16]
+    CHECK-NEXT: %t = transpose(%r) {perm=[0,2,1,3]} : bf16[2,4,8,16]
+    CHECK-NEXT: return %t, %r
+  )");
+  // One f32 reader past the transpose keeps the whole chain f32.
+  std::string kept = Narrow(absl::StrCat(R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+  %y = gemm(%x, %w) )", kGemmAttrs, R"( : f32[16,64]
+  %t = transpose(%y) {perm=[1,0]} : f32[64,16]
+  %tb = convert(%t) : bf16[64,16]
+  %n = neg(%t) : f32[64,16]
+  return %tb, %n
+)"), /*expect_change=*/false);
+  EXPECT_CHECKS(kept, "CHECK: %y = gemm(%x, %w) {{.*}} : f32[16,64]");
+}
+
+// Left alone: another reader of the f32 value, a function output, a convert to another
+// dtype, a gemm that accumulates into an f32 C, f32 operands (cuBLASLt writes f32 or the
+// operands' dtype).
+TEST(NarrowActivations, OnlyWhenEveryUseRoundsToBf16) {
+  const std::string gemm = absl::StrCat("gemm(%x, %w) ", kGemmAttrs, " : f32[16,64]");
+  const std::string params = R"(
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[64,32]
+)";
+  for (const std::string& body : {
+           absl::StrCat(params, "  %y = ", gemm, "\n  %yb = convert(%y) : bf16[16,64]\n  %n = neg(%y) : f32[16,64]\n",
+                        "  return %yb, %n\n"),
+           absl::StrCat(params, "  %y = ", gemm, "\n  %yb = convert(%y) : bf16[16,64]\n  return %yb, %y\n"),
+           absl::StrCat(params, "  %y = ", gemm, "\n  %yh = convert(%y) : f16[16,64]\n  return %yh\n"),
+           absl::StrCat(params, "  %c = parameter() {index=2} : f32[16,64]\n",
+                        "  %y = gemm(%x, %w, %c) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=1.0, "
+                        "epilogue=none, k=32, m=16, n=64} : f32[16,64]\n",
+                        "  %yb = convert(%y) : bf16[16,64]\n  return %yb\n"),
+           std::string(R"(
+  %x = parameter() {index=0} : f32[16,32]
+  %w = parameter() {index=1} : f32[64,32]
+  %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : f32[16,64]
+  %yb = convert(%y) : bf16[16,64]
+  return %yb
+)"),
+       }) {
+    std::string out = Narrow(body, /*expect_change=*/false);
+    EXPECT_NE(out.find(": f32[16,64]"), std::string::npos) << body << out;
+  }
+}
+
+// The rule that makes the pass exact (ir/op_table.h): a bf16 gemm result is the f32
+// accumulator rounded to bf16, not the exact sum rounded once. A = [1, 2^-8, 2^-33],
+// B = [1, 1, 1]: the sum 1 + 2^-8 + 2^-33 is just above the halfway point between bf16's 1
+// and 1 + 2^-7, so rounding it once would give 1 + 2^-7; in f32 it is 1 + 2^-8 exactly, a
+// tie, which bf16 rounds to even: 1. cuBLASLt (f32 compute, bf16 D) gives 1.
+TEST(NarrowActivations, ABf16GemmResultIsTheF32ResultRounded) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : bf16[1,3]
+  %b = parameter() {index=1} : bf16[1,3]
+  %wide = gemm(%a, %b) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=3, m=1, n=1} : f32[1,1]
+  %via_f32 = convert(%wide) : bf16[1,1]
+  %direct = gemm(%a, %b) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=3, m=1, n=1} : bf16[1,1]
+  return %wide, %via_f32, %direct
+})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<HostTensor> args = {
+      HostTensor::FromValues({DType::kBF16, {1, 3}}, {1, std::ldexp(1.0, -8), std::ldexp(1.0, -33)}),
+      HostTensor::FromValues({DType::kBF16, {1, 3}}, {1, 1, 1})};
+  absl::StatusOr<std::vector<HostTensor>> out = EvaluateFunction(*(*m)->functions()[0], args);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].values()[0], 1 + std::ldexp(1.0, -8));
+  EXPECT_EQ((*out)[1].values()[0], 1.0);
+  EXPECT_EQ((*out)[2].values()[0], 1.0);
+}
+
+struct StepCounts {
+  int64_t converts = 0;    // fusion bodies included
+  int64_t fusions = 0;     // generated kernels
+  int64_t bf16_gemms = 0;  // gemms that write bf16
+  int64_t f32_gemms = 0;
+};
+
+void CountInto(const Function& f, StepCounts& c) {
+  for (const auto& n : f.nodes()) {
+    c.converts += n->opcode() == Opcode::kConvert;
+    c.fusions += n->opcode() == Opcode::kFusion;
+    if (n->opcode() == Opcode::kGemm) (n->type().dtype == DType::kBF16 ? c.bf16_gemms : c.f32_gemms)++;
+    if (n->body() != nullptr) CountInto(*n->body(), c);
+  }
+}
+
+StepCounts CountStep(const Function& f) {
+  StepCounts c;
+  CountInto(f, c);
+  return c;
+}
+
+// llama-tiny's training step through the training compile, with and without the pass: the
+// GEMMs whose results feed only bf16 converts write bf16 (the projections whose outputs are
+// the next GEMM's operands), the step computes the same values, and no such gemm is left.
+TEST(NarrowActivations, LlamaTinyTrainingStep) {
+  auto compile = [](bool narrow) {
+    ModelConfig c = *PresetConfig("llama-tiny");
+    std::unique_ptr<Module> m = *BuildLlamaModule(c, {.batch = 1, .seq_len = 16, .precision = Precision::kBf16});
+    CompileOptions options;
+    if (!narrow) options.disabled_passes = {std::string(NarrowActivationsPass::kName)};
+    absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
+    EXPECT_TRUE(tc.ok()) << tc.status();
+    absl::Status run = tc->Run(*m);
+    EXPECT_TRUE(run.ok()) << run;
+    return m;
+  };
+  std::unique_ptr<Module> before = compile(false);
+  std::unique_ptr<Module> after = compile(true);
+  const StepCounts b = CountStep(*before->FindFunction("train_step"));
+  const StepCounts a = CountStep(*after->FindFunction("train_step"));
+  std::printf("llama-tiny step: converts %lld -> %lld, fusions %lld -> %lld, bf16 gemms %lld -> %lld (of %lld)\n",
+              static_cast<long long>(b.converts), static_cast<long long>(a.converts),
+              static_cast<long long>(b.fusions), static_cast<long long>(a.fusions),
+              static_cast<long long>(b.bf16_gemms), static_cast<long long>(a.bf16_gemms),
+              static_cast<long long>(a.bf16_gemms + a.f32_gemms));
+  EXPECT_EQ(b.bf16_gemms, 0);
+  EXPECT_GT(a.bf16_gemms, 0);
+  EXPECT_EQ(a.bf16_gemms + a.f32_gemms, b.bf16_gemms + b.f32_gemms);
+  EXPECT_EQ(a.converts, b.converts - a.bf16_gemms);  // one convert per narrowed gemm (after cse)
+  // Nothing left for the pass: running it again changes nothing.
+  NarrowActivationsPass again;
+  absl::StatusOr<bool> changed = again.Run(*after);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(*changed);
+  absl::Status same = CheckMeaningPreserved(*before, *after);
+  EXPECT_TRUE(same.ok()) << same;
+}
+
+}  // namespace
+}  // namespace kiln
