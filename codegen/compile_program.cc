@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/compile_function.h"
 #include "codegen/kernel_cache.h"
+#include "ir/node_predicates.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
@@ -56,11 +57,9 @@ absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm) {
   if (epilogue != "none") {
     return absl::UnimplementedError(absl::StrCat(g.context, ": epilogue '", epilogue, "' is not planned"));
   }
-  for (const char* fp8_slot : {"scaled", "amax"}) {
-    if (gemm.attrs().Has(fp8_slot) && *gemm.attrs().GetInt(fp8_slot) != 0) {
-      return absl::UnimplementedError(absl::StrCat(g.context, ": ", fp8_slot,
-                                                   "=1 (an FP8 GEMM's scales and amax) is not wired to cuBLASLt yet"));
-    }
+  if (HasFp8Slots(gemm)) {
+    return absl::UnimplementedError(absl::StrCat(g.context, ": scaled=1 or amax=1 (an FP8 GEMM's scales and amax) ",
+                                                 "is not wired to cuBLASLt yet"));
   }
   g.a_k_inner = a_layout == "mk";
   g.b_k_inner = b_layout == "nk";

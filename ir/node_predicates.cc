@@ -1,5 +1,6 @@
 #include "ir/node_predicates.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -29,6 +30,19 @@ std::optional<double> SplatValue(const Node& node) {
 bool IsSplatOf(const Node& node, double want) {
   std::optional<double> v = SplatValue(node);
   return v && *v == want && std::signbit(*v) == std::signbit(want);
+}
+
+bool IsFunctionOutput(const Node& node) {
+  const std::vector<Node*>& outputs = node.parent()->outputs();
+  return std::find(outputs.begin(), outputs.end(), &node) != outputs.end();
+}
+
+bool HasFp8Slots(const Node& gemm) {
+  for (const char* slot : {"scaled", "amax"}) {
+    absl::StatusOr<int64_t> v = gemm.attrs().GetInt(slot);
+    if (v.ok() && *v != 0) return true;
+  }
+  return false;
 }
 
 }  // namespace kiln

@@ -23,4 +23,10 @@ std::optional<double> SplatValue(const Node& node);
 // 0.0; NaN is never matched).
 bool IsSplatOf(const Node& node, double want);
 
+// Whether `node` is one of its function's outputs (so it must be stored).
+bool IsFunctionOutput(const Node& node);
+
+// Whether a gemm uses its FP8 slots ({scaled=1} or {amax=1}: ir/op_table.h).
+bool HasFp8Slots(const Node& gemm);
+
 }  // namespace kiln

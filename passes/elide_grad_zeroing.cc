@@ -14,16 +14,6 @@ namespace {
 
 namespace m = match;
 
-bool IsOutput(const Function& f, const Node& n) {
-  return std::find(f.outputs().begin(), f.outputs().end(), &n) != f.outputs().end();
-}
-
-bool HasFp8Slots(const Node& n) {
-  for (const char* slot : {"scaled", "amax"}) {
-    if (n.attrs().Has(slot) && *n.attrs().GetInt(slot) != 0) return true;
-  }
-  return false;
-}
 
 // A gemm that writes a fresh result (beta 0) read by one node alone, which may take it over.
 m::Pattern SoleUseGemm(Node** gemm) {
@@ -32,7 +22,7 @@ m::Pattern SoleUseGemm(Node** gemm) {
       .WithAttr("beta", 0.0)
       .Where("without FP8 slots", [](const Node& n) { return !HasFp8Slots(n); })
       .Where("used once, not a function output",
-             [](const Node& n) { return n.users().size() == 1 && !IsOutput(*n.parent(), n); })
+             [](const Node& n) { return n.users().size() == 1 && !IsFunctionOutput(n); })
       .Capture(gemm);
 }
 
@@ -44,7 +34,7 @@ bool IsPowerOfTwo(double c) {
 // Removes `n` if nothing reads it any more, then its operands likewise (a splat constant
 // whose mul folded into a gemm's alpha, and its broadcast).
 void RemoveIfDead(Function& f, Node* n) {
-  if (!n->users().empty() || IsOutput(f, *n) || n->opcode() == Opcode::kParameter) return;
+  if (!n->users().empty() || IsFunctionOutput(*n) || n->opcode() == Opcode::kParameter) return;
   const std::vector<Node*> operands = n->operands();
   f.RemoveNode(n);
   for (Node* operand : operands) RemoveIfDead(f, operand);

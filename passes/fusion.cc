@@ -11,13 +11,6 @@
 namespace kiln {
 namespace {
 
-bool IsOutput(const Node& node) {
-  for (const Node* out : node.parent()->outputs()) {
-    if (out == &node) return true;
-  }
-  return false;
-}
-
 // Reads no memory: an iota, a splat constant, or a loop op of such nodes only. Copying it
 // into every fusion that uses it costs arithmetic, never bytes. The depth bound keeps a
 // pathological chain from being copied without end.
@@ -57,7 +50,7 @@ std::string WhyNeverFused(const Node& producer) {
     if (category == OpCategory::kComposite) return "a hand-written kernel template";
     return absl::StrCat(producer.op_name(), " is not a loop op");
   }
-  if (IsOutput(producer)) return "a function output: it is stored";
+  if (IsFunctionOutput(producer)) return "a function output: it is stored";
   return "";
 }
 
@@ -141,7 +134,7 @@ absl::Status Outline(Function& f, const Group& group, absl::flat_hash_set<const 
   root->ReplaceAllUsesWith(fusion[0]);
   // Members in reverse definition order: each one's users are gone before it is asked.
   for (auto it = members.rbegin(); it != members.rend(); ++it) {
-    if ((*it)->users().empty() && !IsOutput(**it)) {
+    if ((*it)->users().empty() && !IsFunctionOutput(**it)) {
       removed.insert(*it);
       f.RemoveNode(*it);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ir/node_predicates.h"
 #include "ir/pattern_match.h"
 
 namespace kiln {
@@ -10,22 +11,12 @@ namespace {
 
 namespace m = match;
 
-bool IsOutput(const Function& f, const Node& n) {
-  return std::find(f.outputs().begin(), f.outputs().end(), &n) != f.outputs().end();
-}
-
-bool HasFp8Slots(const Node& n) {
-  for (const char* slot : {"scaled", "amax"}) {
-    if (n.attrs().Has(slot) && *n.attrs().GetInt(slot) != 0) return true;
-  }
-  return false;
-}
 
 // Whether every use of `v` rounds it to bf16: a convert to bf16, or a reshape or transpose
 // (which move values, so they commute with the rounding) every use of which does. The nodes
 // in between are appended to `movers`, the converts to `converts`.
 bool EveryUseRoundsToBf16(const Node& v, std::vector<Node*>& movers, std::vector<Node*>& converts) {
-  if (v.users().empty() || IsOutput(*v.parent(), v)) return false;
+  if (v.users().empty() || IsFunctionOutput(v)) return false;
   for (Node* u : v.users()) {
     if (u->opcode() == Opcode::kConvert && u->type().dtype == DType::kBF16) {
       converts.push_back(u);
