@@ -88,6 +88,13 @@ __device__ __forceinline__ float Max(float a, float b) { return (a != a || b != 
 __device__ __forceinline__ float Min(float a, float b) { return (a != a || b != b) ? __fadd_rn(a, b) : (a < b ? a : b); }
 __device__ __forceinline__ double Max(double a, double b) { return (a != a || b != b) ? __dadd_rn(a, b) : (a > b ? a : b); }
 __device__ __forceinline__ double Min(double a, double b) { return (a != a || b != b) ? __dadd_rn(a, b) : (a < b ? a : b); }
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), unfused
+// roundings and CUDA's tanhf (a few ulp from the reference's double result).
+__device__ __forceinline__ float Gelu(float x) {
+  const float cubic = __fmul_rn(0.044715f, __fmul_rn(x, __fmul_rn(x, x)));
+  const float t = tanhf(__fmul_rn(0.7978845608028654f, __fadd_rn(x, cubic)));
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
+}
 // Integer division truncating toward zero. The reference rejects a zero divisor before
 // running; a kernel cannot, and yields 0.
 __device__ __forceinline__ double IntDiv(double a, double b) {

@@ -148,6 +148,7 @@ std::vector<FdCase> AllCases() {
       Unary(Opcode::kRsqrt, 0.5, 2),
       Unary(Opcode::kTanh),
       Unary(Opcode::kSigmoid),
+      Unary(Opcode::kGelu, -3, 3),
       Binary(Opcode::kAdd),
       Binary(Opcode::kSub),
       Binary(Opcode::kMul),
@@ -210,6 +211,15 @@ std::vector<FdCase> AllCases() {
       {"rms_norm_grad_weight",
        {{F32(kShape)}, {F32({4})}, {F32(kShape)}},
        [](Builder& b, P p) { return b.Op(Opcode::kRmsNormGradWeight, {p[0], p[1], p[2]}, AttrMap{{"eps", 1e-5}}); }},
+      {"layer_norm",
+       {{F32(kShape)}, {F32({4})}, {F32({4})}},
+       [](Builder& b, P p) { return b.LayerNorm(p[0], p[1], p[2], 1e-5); }},
+      {"layer_norm_of_a_product",  // longer rows, and an input that is itself differentiated
+       {{F32({3, 8})}, {F32({8})}, {F32({8})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         ASSIGN_OR_RETURN(Node * y, b.Mul(p[0], p[0]));
+         return b.LayerNorm(y, p[1], p[2], 1e-5);
+       }},
       {"softmax", {{F32(kShape)}}, [](Builder& b, P p) { return b.Softmax(p[0]); }},
       {"softmax_grad",
        {{F32(kShape)}, {F32(kShape)}},
