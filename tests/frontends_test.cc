@@ -346,8 +346,10 @@ TEST_F(HuggingFaceConfig, GroupedQueryDefaults) {
 }
 
 TEST_F(HuggingFaceConfig, RejectsOtherModels) {
-  EXPECT_THAT(Message(Rejection(R"({"model_type": "gpt2", "hidden_size": 768})")),
-              HasSubstr("model_type is \"gpt2\"; kiln imports only \"llama\" models"));
+  EXPECT_THAT(Message(Rejection(R"({"model_type": "mistral", "hidden_size": 768})")),
+              HasSubstr("model_type is \"mistral\"; kiln imports only \"llama\" and \"gpt2\" models"));
+  EXPECT_THAT(Message(Rejection(R"({"model_type": "gpt2", "activation_function": "relu"})")),
+              HasSubstr("activation_function \"relu\" is not supported"));
   EXPECT_THAT(Message(Rejection(R"({"model_type": "llama", "architectures": ["MistralForCausalLM"]})")),
               HasSubstr("\"MistralForCausalLM\" is not a Llama architecture"));
   EXPECT_THAT(Message(Rejection(R"({"hidden_size": 768})")), HasSubstr("missing field \"model_type\""));
