@@ -45,6 +45,13 @@ std::vector<int64_t> FileShape(const ModelConfig& config, const WeightSpec& spec
   return shape;
 }
 
+
+struct FoundTensor {
+  HostTensor tensor;
+  std::string file;  // for errors
+};
+using FoundTensors = std::map<std::string, FoundTensor>;
+
 // The original GPT-2 upload names its weights without "transformer." (wte.weight,
 // h.0.ln_1.weight, ...); save_pretrained writes them with it. Either is found.
 FoundTensors::iterator FindWeight(FoundTensors& found, const ModelConfig& config, const std::string& name) {
@@ -55,12 +62,6 @@ FoundTensors::iterator FindWeight(FoundTensors& found, const ModelConfig& config
   }
   return it;
 }
-
-struct FoundTensor {
-  HostTensor tensor;
-  std::string file;  // for errors
-};
-using FoundTensors = std::map<std::string, FoundTensor>;
 
 absl::Status AddTensors(Safetensors st, const std::string& file, FoundTensors& found) {
   for (NamedTensor& t : st.tensors) {
