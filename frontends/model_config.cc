@@ -413,9 +413,9 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model) {
 }
 
 int64_t ParameterCount(const ModelConfig& config) {
-  int64_t embedding = config.vocab_size * config.d_model;  // the padding rows of GPT-2's table not counted
-  if (config.family == ModelFamily::kGpt2) embedding += config.max_positions * config.d_model;  // wpe
-  return embedding + NonEmbeddingParameterCount(config) - (config.tie_embeddings ? embedding : 0);
+  const int64_t embedding = config.vocab_size * config.d_model;  // the padding rows of GPT-2's table not counted
+  const int64_t positions = config.family == ModelFamily::kGpt2 ? config.max_positions * config.d_model : 0;  // wpe
+  return embedding + positions + NonEmbeddingParameterCount(config) - (config.tie_embeddings ? embedding : 0);
 }
 
 int64_t NonEmbeddingParameterCount(const ModelConfig& config) {
