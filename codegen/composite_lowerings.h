@@ -14,6 +14,9 @@ namespace kiln::codegen::composite {
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const CodegenOptions& options);
 
+// lower_layer_norm.cc: layer_norm (a row kernel; its gradients are rms_norm's, passes/vjp_rules.cc).
+absl::StatusOr<LoweredNode> LowerLayerNorm(const Node& node, const CodegenOptions& options);
+
 // lower_softmax.cc: softmax and softmax_grad.
 absl::StatusOr<LoweredNode> LowerSoftmax(const Node& node, const CodegenOptions& options);
 

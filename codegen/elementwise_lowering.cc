@@ -66,6 +66,8 @@ absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vecto
       return round(absl::StrCat("tanhf(", a, ")"));
     case Opcode::kSigmoid:
       return round(absl::StrCat("__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-", a, ")))"));
+    case Opcode::kGelu:
+      return round(absl::StrCat("kiln::Gelu(", a, ")"));
     case Opcode::kAdd:
       return round(call(integer ? "__dadd_rn" : "__fadd_rn", a, b));
     case Opcode::kSub:

@@ -88,6 +88,16 @@ __device__ __forceinline__ float Max(float a, float b) { return (a != a || b != 
 __device__ __forceinline__ float Min(float a, float b) { return (a != a || b != b) ? __fadd_rn(a, b) : (a < b ? a : b); }
 __device__ __forceinline__ double Max(double a, double b) { return (a != a || b != b) ? __dadd_rn(a, b) : (a > b ? a : b); }
 __device__ __forceinline__ double Min(double a, double b) { return (a != a || b != b) ? __dadd_rn(a, b) : (a < b ? a : b); }
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
+// as x / (1 + exp(-2u)) (the same function, without 1 + tanh's cancellation for x < 0) in
+// double: the error of u is amplified by |2u| in exp, which f32 would show as tens of ulps.
+// Elementwise kernels are memory-bound; the few double ops cost nothing visible.
+__device__ __forceinline__ float Gelu(float x) {
+  const double xd = x;
+  const double cubic = __dmul_rn(0.044715, __dmul_rn(xd, __dmul_rn(xd, xd)));
+  const double u = __dmul_rn(0.7978845608028654, __dadd_rn(xd, cubic));
+  return static_cast<float>(__ddiv_rn(xd, __dadd_rn(1.0, exp(-2.0 * u))));
+}
 // Integer division truncating toward zero. The reference rejects a zero divisor before
 // running; a kernel cannot, and yields 0.
 __device__ __forceinline__ double IntDiv(double a, double b) {

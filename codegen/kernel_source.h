@@ -9,7 +9,7 @@
 //     double, round once": f32 has more than 2p+2 significand bits for those formats, so
 //     the double rounding through f32 is innocuous (Figueroa, 1995).
 //   - f32 add/sub/mul/div/sqrt/max/min/compare/select/convert are IEEE and so bit-exact;
-//     exp/log/tanh/rsqrt/sigmoid use CUDA's f32 functions (within 2 ulp of the reference's
+//     exp/log/tanh/rsqrt/sigmoid use CUDA's f32 functions (gelu computes in double) (within 2 ulp of the reference's
 //     correctly rounded double result). No fast-math; arithmetic is written with __fadd_rn
 //     and friends so that no FMA contraction changes a result.
 //   - Integers compute in double, as the reference holds them, and store truncating toward

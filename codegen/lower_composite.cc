@@ -35,6 +35,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerRmsNorm(node, options);
     case Opcode::kRmsNormGradWeight:
       return composite::LowerRmsNormGradWeight(node, options);
+    case Opcode::kLayerNorm:
+      return composite::LowerLayerNorm(node, options);
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:
       return composite::LowerSoftmax(node, options);

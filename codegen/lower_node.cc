@@ -44,6 +44,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kRsqrt:
     case Opcode::kTanh:
     case Opcode::kSigmoid:
+    case Opcode::kGelu:
     case Opcode::kAdd:
     case Opcode::kSub:
     case Opcode::kMul:
@@ -74,6 +75,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kRmsNorm:
     case Opcode::kRmsNormGradInput:
     case Opcode::kRmsNormGradWeight:
+    case Opcode::kLayerNorm:
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:
     case Opcode::kCrossEntropy:

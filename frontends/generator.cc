@@ -36,6 +36,11 @@ int64_t PrefillBucket(int64_t num_tokens) {
 absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& config, std::vector<HostTensor> weights,
                                                              const GeneratorOptions& options) {
   RETURN_IF_ERROR(config.Validate());
+  if (config.family != ModelFamily::kLlama) {
+    return absl::UnimplementedError(absl::StrCat("model '", config.name,
+                                                 "' is a GPT-2 model: the paged-KV inference functions "
+                                                 "(frontends/llama_inference.h) are built for Llama models only"));
+  }
   const std::vector<WeightSpec> specs = LlamaWeights(config);
   if (weights.size() != specs.size()) {
     return absl::InvalidArgumentError(absl::StrCat("model '", config.name, "' takes ", specs.size(), " weights, got ",

@@ -1,5 +1,6 @@
 #include "frontends/hf_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -7,7 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "frontends/llama.h"
+#include "frontends/gpt2.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "runtime/safetensors.h"
@@ -30,13 +31,37 @@ bool IsFile(const std::string& path) {
 
 // Buffers transformers registers on the model that are not weights; older checkpoints
 // saved them alongside the weights.
-bool IsNonWeightBuffer(absl::string_view name) { return absl::EndsWith(name, "rotary_emb.inv_freq"); }
+// GPT-2's original upload also holds each block's causal mask (h.N.attn.bias, and
+// attn.masked_bias in some), buffers of the old GPT2Attention.
+bool IsNonWeightBuffer(absl::string_view name) {
+  return absl::EndsWith(name, "rotary_emb.inv_freq") || absl::EndsWith(name, ".attn.bias") ||
+         absl::EndsWith(name, ".attn.masked_bias");
+}
+
+// GPT-2 files hold vocab_size rows of wte, kiln padded_vocab_size(): the HF shape of a weight.
+std::vector<int64_t> FileShape(const ModelConfig& config, const WeightSpec& spec) {
+  std::vector<int64_t> shape = spec.shape;
+  if (spec.name == "transformer.wte.weight") shape[0] = config.vocab_size;
+  return shape;
+}
+
 
 struct FoundTensor {
   HostTensor tensor;
   std::string file;  // for errors
 };
 using FoundTensors = std::map<std::string, FoundTensor>;
+
+// The original GPT-2 upload names its weights without "transformer." (wte.weight,
+// h.0.ln_1.weight, ...); save_pretrained writes them with it. Either is found.
+FoundTensors::iterator FindWeight(FoundTensors& found, const ModelConfig& config, const std::string& name) {
+  auto it = found.find(name);
+  constexpr absl::string_view kPrefix = "transformer.";
+  if (it == found.end() && config.family == ModelFamily::kGpt2 && absl::StartsWith(name, kPrefix)) {
+    it = found.find(name.substr(kPrefix.size()));
+  }
+  return it;
+}
 
 absl::Status AddTensors(Safetensors st, const std::string& file, FoundTensors& found) {
   for (NamedTensor& t : st.tensors) {
@@ -130,8 +155,9 @@ absl::StatusOr<HuggingFaceModel> LoadHuggingFaceModel(const std::string& folder)
   ASSIGN_OR_RETURN(model.config, ConfigFromHuggingFace(config_path));
   ASSIGN_OR_RETURN(FoundTensors found, ReadWeightFiles(folder));
 
-  for (const WeightSpec& spec : LlamaWeights(model.config)) {
-    auto it = found.find(spec.name);
+  const std::vector<WeightSpec> specs = ModelWeights(model.config);
+  for (const WeightSpec& spec : specs) {
+    auto it = FindWeight(found, model.config, spec.name);
     if (it == found.end()) {
       const bool untied_head = spec.name == "lm_head.weight";
       return absl::InvalidArgumentError(absl::StrCat(
@@ -139,14 +165,17 @@ absl::StatusOr<HuggingFaceModel> LoadHuggingFaceModel(const std::string& folder)
           untied_head ? " (config.json does not set tie_word_embeddings, so the model needs its own LM head)" : ""));
     }
     HostTensor& t = it->second.tensor;
-    if (t.type().dims != spec.shape || !IsFloat(t.type().dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(it->second.file, ": weight '", spec.name, "' is ",
+    const std::vector<int64_t> file_shape = FileShape(model.config, spec);
+    if (t.type().dims != file_shape || !IsFloat(t.type().dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(it->second.file, ": weight '", it->first, "' is ",
                                                      t.type().ToString(), ", expected a float tensor of shape ",
-                                                     DimsToString(spec.shape), " (from ", config_path, ")"));
+                                                     DimsToString(file_shape), " (from ", config_path, ")"));
     }
-    // Every kiln float value is exact in f32, so this only relabels the dtype.
-    model.weights.push_back(
-        HostTensor::FromValues(TensorType{DType::kF32, spec.shape}, std::move(t.mutable_values())));
+    // Every kiln float value is exact in f32, so this only relabels the dtype (and pads
+    // GPT-2's wte with zero rows).
+    std::vector<double> values = std::move(t.mutable_values());
+    values.resize(TensorType{DType::kF32, spec.shape}.num_elements(), 0.0);
+    model.weights.push_back(HostTensor::FromValues(TensorType{DType::kF32, spec.shape}, std::move(values)));
     found.erase(it);
   }
 
@@ -154,18 +183,22 @@ absl::StatusOr<HuggingFaceModel> LoadHuggingFaceModel(const std::string& folder)
   auto head = found.find("lm_head.weight");
   if (model.config.tie_embeddings && head != found.end()) {
     const HostTensor& embedding = model.weights.front();
-    if (head->second.tensor.type().dims != embedding.type().dims ||
-        head->second.tensor.values() != embedding.values()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          head->second.file, ": lm_head.weight differs from model.embed_tokens.weight, but ", config_path,
-          " ties them (tie_word_embeddings)"));
+    const std::vector<int64_t> file_shape = FileShape(model.config, specs.front());
+    const std::vector<double>& head_values = head->second.tensor.values();
+    if (head->second.tensor.type().dims != file_shape ||
+        !std::equal(head_values.begin(), head_values.end(), embedding.values().begin())) {
+      return absl::InvalidArgumentError(absl::StrCat(head->second.file, ": lm_head.weight differs from ",
+                                                     specs.front().name, ", but ", config_path,
+                                                     " ties them (tie_word_embeddings)"));
     }
     found.erase(head);
   }
   for (const auto& [name, tensor] : found) {
     if (IsNonWeightBuffer(name)) continue;
     return absl::InvalidArgumentError(absl::StrCat(tensor.file, ": unexpected tensor '", name,
-                                                   "', not a weight of the Llama model ", config_path,
+                                                   "', not a weight of the ",
+                                                   model.config.family == ModelFamily::kGpt2 ? "GPT-2" : "Llama",
+                                                   " model ", config_path,
                                                    " describes"));
   }
   return model;
@@ -178,11 +211,11 @@ absl::Status ExportHuggingFaceModel(const std::string& folder, const ModelConfig
     return absl::InvalidArgumentError(
         absl::StrCat("Hugging Face export writes f32 or bf16 weights, not ", DTypeName(dtype)));
   }
-  const std::vector<WeightSpec> specs = LlamaWeights(config);
+  const std::vector<WeightSpec> specs = ModelWeights(config);
   if (weights.size() != specs.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Hugging Face export: got ", weights.size(),
                                                    " weights, but the model has ", specs.size(),
-                                                   " (in LlamaWeights order)"));
+                                                   " (in ModelWeights order)"));
   }
   Safetensors st;
   // What transformers' save_pretrained writes; its loader refuses other "format" values.
@@ -194,8 +227,11 @@ absl::Status ExportHuggingFaceModel(const std::string& folder, const ModelConfig
                                                      ", expected a float tensor of shape ",
                                                      DimsToString(specs[i].shape)));
     }
-    st.tensors.push_back(
-        {specs[i].name, HostTensor::FromValues(TensorType{dtype, specs[i].shape}, weights[i].values())});
+    // GPT-2's wte loses its padding rows: Hugging Face's holds vocab_size.
+    const TensorType file_type{dtype, FileShape(config, specs[i])};
+    std::vector<double> values(weights[i].values().begin(),
+                               weights[i].values().begin() + file_type.num_elements());
+    st.tensors.push_back({specs[i].name, HostTensor::FromValues(file_type, std::move(values))});
   }
 
   std::error_code error;
@@ -207,6 +243,24 @@ absl::Status ExportHuggingFaceModel(const std::string& folder, const ModelConfig
 }
 
 std::string HuggingFaceConfigJson(const ModelConfig& config, DType dtype) {
+  if (config.family == ModelFamily::kGpt2) {  // GPT2Config's fields, as transformers writes them
+    const nlohmann::ordered_json json = {
+        {"architectures", nlohmann::ordered_json::array({"GPT2LMHeadModel"})},
+        {"model_type", "gpt2"},
+        {"n_embd", config.d_model},
+        {"n_layer", config.n_layers},
+        {"n_head", config.n_heads},
+        {"n_inner", config.d_ff},
+        {"n_positions", config.max_positions},
+        {"n_ctx", config.max_positions},
+        {"vocab_size", config.vocab_size},
+        {"layer_norm_epsilon", config.rms_eps},
+        {"activation_function", "gelu_new"},
+        {"tie_word_embeddings", true},
+        {"torch_dtype", std::string(TorchDTypeName(dtype))},
+    };
+    return json.dump(2) + "\n";
+  }
   const nlohmann::ordered_json json = {
       {"architectures", nlohmann::ordered_json::array({"LlamaForCausalLM"})},
       {"model_type", "llama"},

@@ -33,13 +33,29 @@ ModelConfig Preset(std::string name, int64_t vocab, int64_t d_model, int64_t lay
   return c;  // untied, rms_eps 1e-5, rope_theta 1e4: the struct's defaults
 }
 
-// DESIGN.md's reference shapes, plus one small enough to train on 2 CPU cores in a minute.
+// GPT-2: MLP 4 d wide, one kv head per head, the head tied to the embedding, positions learned.
+ModelConfig Gpt2Preset(std::string name, int64_t vocab, int64_t d_model, int64_t layers, int64_t heads,
+                       int64_t positions, int64_t seq_len, int64_t batch) {
+  ModelConfig c = Preset(std::move(name), vocab, d_model, layers, heads, heads, d_model / heads, 4 * d_model, seq_len,
+                         batch);
+  c.family = ModelFamily::kGpt2;
+  c.tie_embeddings = true;
+  c.max_positions = positions;
+  return c;  // LayerNorm eps 1e-5 (rms_eps), as GPT-2's layer_norm_epsilon
+}
+
+// DESIGN.md's reference shapes, plus one small enough to train on 2 CPU cores in a minute;
+// and GPT-2's two smallest sizes (nanoGPT's and llm.c's), plus one as small for tests.
 const std::vector<ModelConfig>& Presets() {
   static const std::vector<ModelConfig> presets = {
       //      name          vocab  d_model layers heads kv  head_dim d_ff  seq   batch
       Preset("llama-tiny", 256, 128, 2, 4, 2, 32, 384, 64, 8),
       Preset("llama-S", 32000, 768, 16, 12, 4, 64, 2048, 1024, 16),
       Preset("llama-M", 32000, 2048, 16, 16, 8, 128, 5632, 2048, 4),
+      //          name         vocab  d_model layers heads positions seq   batch
+      Gpt2Preset("gpt2-tiny", 256, 128, 2, 2, 64, 64, 8),
+      Gpt2Preset("gpt2-124M", 50257, 768, 12, 12, 1024, 1024, 16),
+      Gpt2Preset("gpt2-350M", 50257, 1024, 24, 16, 1024, 1024, 8),
   };
   return presets;
 }
@@ -98,10 +114,6 @@ class ConfigFields {
 
 // Only what kiln builds: a Llama decoder with SiLU, plain RoPE and bias-free projections.
 absl::Status CheckIsPlainLlama(const ConfigFields& fields, const nlohmann::json& json) {
-  ASSIGN_OR_RETURN(std::string model_type, fields.String("model_type"));
-  if (model_type != "llama") {
-    return fields.Error(absl::StrCat("model_type is \"", model_type, "\"; kiln imports only \"llama\" models"));
-  }
   if (fields.Has("architectures")) {
     const nlohmann::json& archs = json["architectures"];
     if (!archs.is_array()) return fields.Error("field \"architectures\" must be a list of strings");
@@ -160,7 +172,64 @@ absl::Status CheckLooksLikeConfig(absl::string_view content, const std::string& 
       absl::StrContains(what, "safetensors") ? " (a checkpoint goes with --resume or --weights)" : ""));
 }
 
+// GPT2Config (transformers): n_embd, n_layer, n_head, n_positions, vocab_size, n_inner
+// (null: 4 n_embd), activation_function, layer_norm_epsilon; the head is always tied. Only
+// what kiln builds: the tanh GELU and GPT-2's own attention scaling.
+absl::StatusOr<ModelConfig> Gpt2ConfigFromJson(const ConfigFields& fields, const nlohmann::json& json) {
+  if (fields.Has("architectures")) {
+    const nlohmann::json& archs = json["architectures"];
+    if (!archs.is_array()) return fields.Error("field \"architectures\" must be a list of strings");
+    for (const nlohmann::json& arch : archs) {
+      if (!arch.is_string() || !absl::StartsWith(arch.get<std::string>(), "GPT2")) {
+        return fields.Error(absl::StrCat("architecture ", arch.dump(), " is not a GPT-2 architecture"));
+      }
+    }
+  }
+  if (fields.Has("activation_function")) {
+    ASSIGN_OR_RETURN(std::string act, fields.String("activation_function"));
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      return fields.Error(absl::StrCat("activation_function \"", act,
+                                       "\" is not supported (kiln's gelu is the tanh approximation: gelu_new)"));
+    }
+  }
+  for (const auto& [flag, expected] : {std::pair<const char*, bool>{"scale_attn_weights", true},
+                                       {"scale_attn_by_inverse_layer_idx", false},
+                                       {"reorder_and_upcast_attn", false},
+                                       {"tie_word_embeddings", true}}) {
+    ASSIGN_OR_RETURN(bool value, fields.Bool(flag, expected));
+    if (value != expected) {
+      return fields.Error(absl::StrCat(flag, " = ", value ? "true" : "false", " is not supported"));
+    }
+  }
+  ModelConfig c;
+  c.name = "hf-gpt2";
+  c.family = ModelFamily::kGpt2;
+  c.tie_embeddings = true;
+  ASSIGN_OR_RETURN(c.d_model, fields.Int("n_embd", 768));
+  ASSIGN_OR_RETURN(c.n_layers, fields.Int("n_layer", 12));
+  ASSIGN_OR_RETURN(c.n_heads, fields.Int("n_head", 12));
+  ASSIGN_OR_RETURN(c.vocab_size, fields.Int("vocab_size", 50257));
+  ASSIGN_OR_RETURN(c.max_positions, fields.Int("n_positions", 1024));
+  ASSIGN_OR_RETURN(c.d_ff, fields.Int("n_inner", 4 * c.d_model));
+  ASSIGN_OR_RETURN(c.rms_eps, fields.Number("layer_norm_epsilon", 1e-5));
+  if (c.n_heads <= 0 || c.d_model % c.n_heads != 0) {
+    return fields.Error(absl::StrCat("n_embd (", c.d_model, ") must be a positive multiple of n_head (", c.n_heads, ")"));
+  }
+  c.n_kv_heads = c.n_heads;
+  c.head_dim = c.d_model / c.n_heads;
+  if (c.max_positions <= 0) return fields.Error(absl::StrCat("n_positions is ", c.max_positions, ", must be > 0"));
+  c.seq_len = std::min(c.max_positions, kMaxDefaultSeqLen);
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return fields.Error(valid.message());
+  return c;
+}
+
 int64_t LayerParameterCount(const ModelConfig& c) {
+  if (c.family == ModelFamily::kGpt2) {
+    const int64_t attention = 4 * c.d_model * c.d_model + 4 * c.d_model;  // c_attn and c_proj, with biases
+    const int64_t mlp = 2 * c.d_model * c.d_ff + c.d_ff + c.d_model;      // c_fc and c_proj, with biases
+    return attention + mlp + 4 * c.d_model;                               // ln_1, ln_2: weight and bias
+  }
   const int64_t attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads);  // q, o, k, v
   const int64_t mlp = 3 * c.d_model * c.d_ff;                                               // gate, up, down
   const int64_t norms = 2 * c.d_model;
@@ -182,7 +251,17 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(what, ": n_heads (", n_heads, ") must be a multiple of n_kv_heads (",
                                                    n_kv_heads, ") for grouped-query attention"));
   }
-  if (head_dim % 2 != 0) {
+  if (family == ModelFamily::kGpt2) {
+    if (n_kv_heads != n_heads || n_heads * head_dim != d_model || !tie_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": GPT-2 has one kv head per head (", n_kv_heads, " of ",
+                                                     n_heads, "), heads * head_dim = d_model (", n_heads, " * ",
+                                                     head_dim, " vs ", d_model, ") and a tied head"));
+    }
+    if (max_positions <= 0 || seq_len > max_positions) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": GPT-2 needs n_positions (", max_positions,
+                                                     ") > 0 and at least seq_len (", seq_len, ")"));
+    }
+  } else if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": head_dim (", head_dim, ") must be even: RoPE rotates pairs of dimensions"));
   }
@@ -234,6 +313,12 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
       absl::StrCat("unknown preset '", name, "'; presets are ", absl::StrJoin(PresetNames(), ", ")));
 }
 
+int64_t ModelConfig::padded_vocab_size() const {
+  constexpr int64_t kVocabMultiple = 128;
+  if (family != ModelFamily::kGpt2) return vocab_size;
+  return (vocab_size + kVocabMultiple - 1) / kVocabMultiple * kVocabMultiple;
+}
+
 absl::StatusOr<ModelConfig> ConfigFromHuggingFace(const std::string& path) {
   std::filesystem::path file = path;
   std::error_code ignored;  // a path that cannot be inspected fails to open below
@@ -265,6 +350,12 @@ absl::StatusOr<ModelConfig> ConfigFromHuggingFaceJson(absl::string_view text, co
   }
 
   ConfigFields fields(json, file.string());
+  ASSIGN_OR_RETURN(std::string model_type, fields.String("model_type"));
+  if (model_type == "gpt2") return Gpt2ConfigFromJson(fields, json);
+  if (model_type != "llama") {
+    return fields.Error(
+        absl::StrCat("model_type is \"", model_type, "\"; kiln imports only \"llama\" and \"gpt2\" models"));
+  }
   RETURN_IF_ERROR(CheckIsPlainLlama(fields, json));
   ModelConfig c;
   c.name = "hf-llama";
@@ -322,13 +413,14 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const std::string& model) {
 }
 
 int64_t ParameterCount(const ModelConfig& config) {
-  const int64_t embedding = config.vocab_size * config.d_model;
-  return embedding + NonEmbeddingParameterCount(config) - (config.tie_embeddings ? embedding : 0);
+  const int64_t embedding = config.vocab_size * config.d_model;  // the padding rows of GPT-2's table not counted
+  const int64_t positions = config.family == ModelFamily::kGpt2 ? config.max_positions * config.d_model : 0;  // wpe
+  return embedding + positions + NonEmbeddingParameterCount(config) - (config.tie_embeddings ? embedding : 0);
 }
 
 int64_t NonEmbeddingParameterCount(const ModelConfig& config) {
   const int64_t lm_head = config.vocab_size * config.d_model;
-  const int64_t final_norm = config.d_model;
+  const int64_t final_norm = (config.family == ModelFamily::kGpt2 ? 2 : 1) * config.d_model;  // + ln_f's bias
   return config.n_layers * LayerParameterCount(config) + final_norm + lm_head;
 }
 

@@ -31,6 +31,15 @@ Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
   return DotGeneral(lhs, rhs, dims, DType::kF32, loc);
 }
 
+Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, Loc loc) {
+  DotDims dims{.lhs_contract = {x.rank() - 1}, .rhs_contract = {0}};
+  Tensor lhs = Convert(x, gemm_dtype, loc);
+  Tensor rhs = Convert(weight, gemm_dtype, loc);
+  Tensor y = DotGeneral(lhs, rhs, dims, DType::kF32, loc);
+  if (!y.ok()) return y;
+  return Add(y, Broadcast(bias, {y.rank() - 1}, y.type().dims, loc), loc);
+}
+
 Tensor Embedding(Tensor table, Tensor ids, Loc loc) { return Gather(table, ids, loc); }
 
 Tensor RMSNorm(Tensor x, Tensor weight, double eps, Loc loc) { return RmsNorm(x, weight, eps, loc); }
@@ -61,6 +70,13 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
   q = Transpose(RoPE(q, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
   k = Transpose(RoPE(k, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
   v = Transpose(v, kSwapSeqAndHeads, loc);
+  return Linear(CausalAttentionCore(q, k, v, gemm_dtype, loc), weights.o_proj, gemm_dtype, loc);
+}
+
+Tensor CausalAttentionCore(Tensor q, Tensor k, Tensor v, DType gemm_dtype, Loc loc) {
+  if (!q.ok()) return q;
+  Graph& graph = *q.graph();
+  const int64_t b = q.dim(0), h = q.dim(1), t = q.dim(2), d = q.dim(3), n_kv = k.dim(1);
   k = RepeatKvHeads(k, h / n_kv, loc);
   v = RepeatKvHeads(v, h / n_kv, loc);
 
@@ -84,8 +100,7 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
   probs = Convert(probs, gemm_dtype, loc);
   v = Convert(v, gemm_dtype, loc);
   Tensor out = DotGeneral(probs, v, pv, DType::kF32, loc);
-  out = Reshape(Transpose(out, kSwapSeqAndHeads, loc), {b, t, h * d}, loc);
-  return Linear(out, weights.o_proj, gemm_dtype, loc);
+  return Reshape(Transpose(out, kSwapSeqAndHeads, loc), {b, t, h * d}, loc);
 }
 
 Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape, DType gemm_dtype,

@@ -44,6 +44,12 @@ namespace kiln {
 // dot_general(cvt(x), cvt(W)) contracting x's last dim with W's dim 1, no batch dims.
 Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
 
+// y = x · W + b for x [..., in], weight [in, out] (GPT-2's Conv1D layout, as Hugging Face
+// stores it) and bias [out] -> f32 [..., out]: dot_general(cvt(x), cvt(W)) contracting x's
+// last dim with W's dim 0, then add(y, broadcast(b)). (A cuBLASLt bias epilogue would fold
+// the add into the GEMM: a later optimization; fuse-loops fuses it with its consumers.)
+Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, Loc loc = Loc::current());
+
 // Rows of table [V, D] picked by integer ids [...] -> [..., D] (gather).
 Tensor Embedding(Tensor table, Tensor ids, Loc loc = Loc::current());
 
@@ -75,6 +81,12 @@ struct AttentionShape {
 // pattern at the top of this file.
 Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape,
                            DType gemm_dtype, Loc loc = Loc::current());
+
+// The part of CausalSelfAttention after the projections and RoPE, from the pattern above:
+// q [B,H,T,Dh], k and v [B,KV,T,Dh] (KV divides H) -> the GQA repeat, the causal softmax
+// attention and o = reshape(transpose(...), [B,T,H*Dh]), f32. GPT-2 (frontends/gpt2.h) feeds
+// it q, k, v split from one fused c_attn projection.
+Tensor CausalAttentionCore(Tensor q, Tensor k, Tensor v, DType gemm_dtype, Loc loc = Loc::current());
 
 // The paged-KV cache one self-attention reads and writes (inference only; the ops are in
 // ir/op_table.h). positions, slots: i32 [B,T] (a token's position in its sequence and the

@@ -149,6 +149,7 @@ Tensor Sqrt(Tensor x, Loc loc) { return UnaryOp(Opcode::kSqrt, x, loc); }
 Tensor Rsqrt(Tensor x, Loc loc) { return UnaryOp(Opcode::kRsqrt, x, loc); }
 Tensor Tanh(Tensor x, Loc loc) { return UnaryOp(Opcode::kTanh, x, loc); }
 Tensor Sigmoid(Tensor x, Loc loc) { return UnaryOp(Opcode::kSigmoid, x, loc); }
+Tensor Gelu(Tensor x, Loc loc) { return UnaryOp(Opcode::kGelu, x, loc); }
 Tensor Abs(Tensor x, Loc loc) { return UnaryOp(Opcode::kAbs, x, loc); }
 
 Tensor Compare(Tensor a, Tensor b, std::string direction, Loc loc) {
@@ -247,6 +248,11 @@ Tensor Softmax(Tensor x, Loc loc) {
 
 Tensor RmsNorm(Tensor x, Tensor weight, double eps, Loc loc) {
   return Emit("rms_norm", {x, weight}, loc, [&](Builder& b) { return b.RmsNorm(x.node(), weight.node(), eps, loc); });
+}
+
+Tensor LayerNorm(Tensor x, Tensor weight, Tensor bias, double eps, Loc loc) {
+  return Emit("layer_norm", {x, weight, bias}, loc,
+              [&](Builder& b) { return b.LayerNorm(x.node(), weight.node(), bias.node(), eps, loc); });
 }
 
 Tensor Rope(Tensor x, Tensor positions, double theta, Loc loc) {

@@ -160,6 +160,7 @@ Tensor Sqrt(Tensor x, Loc loc = Loc::current());
 Tensor Rsqrt(Tensor x, Loc loc = Loc::current());
 Tensor Tanh(Tensor x, Loc loc = Loc::current());
 Tensor Sigmoid(Tensor x, Loc loc = Loc::current());
+Tensor Gelu(Tensor x, Loc loc = Loc::current());  // the tanh approximation
 Tensor Abs(Tensor x, Loc loc = Loc::current());
 
 // `direction` is one of eq, ne, lt, le, gt, ge; the result is pred.
@@ -190,6 +191,7 @@ Tensor Matmul(Tensor a, Tensor b, std::optional<DType> out_dtype = std::nullopt,
 Tensor Gather(Tensor table, Tensor indices, Loc loc = Loc::current());
 Tensor Softmax(Tensor x, Loc loc = Loc::current());  // over the last dim
 Tensor RmsNorm(Tensor x, Tensor weight, double eps, Loc loc = Loc::current());
+Tensor LayerNorm(Tensor x, Tensor weight, Tensor bias, double eps, Loc loc = Loc::current());
 Tensor Rope(Tensor x, Tensor positions, double theta, Loc loc = Loc::current());
 // Per-row loss f32[N] of logits [N, V] against labels [N].
 Tensor CrossEntropy(Tensor logits, Tensor labels, Loc loc = Loc::current());

@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "frontends/hf_checkpoint.h"
-#include "frontends/llama.h"
+#include "frontends/gpt2.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "runtime/safetensors.h"
@@ -24,7 +24,7 @@ constexpr absl::string_view kSettingPrefix = "kiln.setting.";
 }  // namespace
 
 absl::Status SaveTrainingCheckpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
-  std::vector<WeightSpec> specs = LlamaWeights(ckpt.config);
+  std::vector<WeightSpec> specs = ModelWeights(ckpt.config);
   const TrainingState& s = ckpt.state;
   if (specs.size() != s.params.size() || specs.size() != s.m.size() || specs.size() != s.v.size()) {
     return absl::InternalError("checkpoint: state does not match the model's weights");
@@ -92,7 +92,7 @@ absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& pat
     }
     return t;
   };
-  for (const WeightSpec& spec : LlamaWeights(ckpt.config)) {
+  for (const WeightSpec& spec : ModelWeights(ckpt.config)) {
     TensorType type{DType::kF32, spec.shape};
     ASSIGN_OR_RETURN(HostTensor p, take(spec.name, type));
     ASSIGN_OR_RETURN(HostTensor m, take(absl::StrCat("adamw.m.", spec.name), type));

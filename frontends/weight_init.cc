@@ -5,7 +5,7 @@
 #include <numbers>
 
 #include "absl/strings/match.h"
-#include "frontends/llama.h"
+#include "frontends/gpt2.h"
 #include "ir/thread_pool.h"
 
 namespace kiln {
@@ -40,19 +40,30 @@ void FillNormal(double* out, int64_t n, uint64_t seed, uint64_t tensor, double s
 }  // namespace
 
 std::vector<HostTensor> InitLlamaWeights(const ModelConfig& config, uint64_t seed) {
+  return InitModelWeights(config, seed);
+}
+
+std::vector<HostTensor> InitModelWeights(const ModelConfig& config, uint64_t seed) {
   const double std_dev = 0.02;
   const double residual_std = std_dev / std::sqrt(2.0 * static_cast<double>(config.n_layers));
   std::vector<HostTensor> weights;
   uint64_t tensor = 0;
-  for (const WeightSpec& spec : LlamaWeights(config)) {
+  for (const WeightSpec& spec : ModelWeights(config)) {
     ++tensor;
     TensorType type{DType::kF32, spec.shape};
     std::vector<double> values(type.num_elements());
-    if (absl::EndsWith(spec.name, "norm.weight")) {
+    const bool gpt2_norm = absl::StrContains(spec.name, ".ln_");
+    if (absl::EndsWith(spec.name, "norm.weight") || (gpt2_norm && absl::EndsWith(spec.name, ".weight"))) {
       std::fill(values.begin(), values.end(), 1.0);
+    } else if (absl::EndsWith(spec.name, ".bias")) {
+      std::fill(values.begin(), values.end(), 0.0);
     } else {
-      bool residual_out = absl::EndsWith(spec.name, "o_proj.weight") || absl::EndsWith(spec.name, "down_proj.weight");
+      bool residual_out = absl::EndsWith(spec.name, "o_proj.weight") || absl::EndsWith(spec.name, "down_proj.weight") ||
+                          absl::EndsWith(spec.name, "c_proj.weight");
       FillNormal(values.data(), static_cast<int64_t>(values.size()), seed, tensor, residual_out ? residual_std : std_dev);
+      if (spec.name == "transformer.wte.weight") {  // GPT-2's padding rows: zero, never read by the loss
+        std::fill(values.begin() + config.vocab_size * config.d_model, values.end(), 0.0);
+      }
     }
     weights.push_back(HostTensor::FromValues(type, std::move(values)));
   }

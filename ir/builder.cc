@@ -228,6 +228,10 @@ absl::StatusOr<Node*> Builder::RmsNorm(Node* x, Node* w, double eps, Loc loc) {
   return Op(Opcode::kRmsNorm, {x, w}, AttrMap{{"eps", eps}}, nullptr, "", loc);
 }
 
+absl::StatusOr<Node*> Builder::LayerNorm(Node* x, Node* w, Node* bias, double eps, Loc loc) {
+  return Op(Opcode::kLayerNorm, {x, w, bias}, AttrMap{{"eps", eps}}, nullptr, "", loc);
+}
+
 absl::StatusOr<Node*> Builder::Softmax(Node* x, Loc loc) { return Op(Opcode::kSoftmax, {x}, {}, nullptr, "", loc); }
 
 absl::StatusOr<Node*> Builder::CrossEntropy(Node* logits, Node* labels, Loc loc) {

@@ -74,6 +74,7 @@ class Builder {
   absl::StatusOr<Node*> Gather(Node* table, Node* indices, Loc loc = Loc::current());
   absl::StatusOr<Node*> ScatterAdd(Node* indices, Node* updates, TensorType result, Loc loc = Loc::current());
   absl::StatusOr<Node*> RmsNorm(Node* x, Node* w, double eps, Loc loc = Loc::current());
+  absl::StatusOr<Node*> LayerNorm(Node* x, Node* w, Node* bias, double eps, Loc loc = Loc::current());
   absl::StatusOr<Node*> Softmax(Node* x, Loc loc = Loc::current());
   absl::StatusOr<Node*> CrossEntropy(Node* logits, Node* labels, Loc loc = Loc::current());
   absl::StatusOr<Node*> Rope(Node* x, Node* positions, double theta, bool inverse = false,

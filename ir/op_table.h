@@ -23,7 +23,8 @@
 //   parameter()            {index}                     function input number `index`
 //   constant()             {value} or {values=[...]}   splat, or dense row-major values
 //   iota()                 {dim}                       element = its index along `dim`
-//   neg/abs/exp/log/sqrt/rsqrt/tanh/sigmoid(x)         float elementwise
+//   neg/abs/exp/log/sqrt/rsqrt/tanh/sigmoid/gelu(x)    float elementwise; gelu is the tanh
+//                          approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   add/sub/mul/div/max/min(a, b)                      same types on both sides
 //   compare(a, b)          {direction=eq|ne|lt|le|gt|ge}  -> pred
 //   select(p, a, b)                                    p ? a : b; p is pred of the same shape
@@ -72,6 +73,10 @@
 //   rms_norm(x, w)         {eps}  y = x * rsqrt(mean(x^2, last) + eps) * w, computed in f32
 //   rms_norm_grad_input(x, w, dy)  {eps}  dL/dx
 //   rms_norm_grad_weight(x, w, dy) {eps}  dL/dw, summed over all leading dims
+//   layer_norm(x, w, b)    {eps}  y = (x - mean) * rsqrt(var + eps) * w + b over the last dim
+//                          (var = mean((x - mean)^2), biased), computed in f32; w, b [D]. Its
+//                          VJP is rms_norm_grad_input/_weight of the centered x (layer_norm(x)
+//                          = rms_norm(x - mean(x), w) + b), dx centered again, db a reduce_sum
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
 //   cross_entropy(logits, labels)           per-row loss -log softmax(logits)[label], f32
@@ -174,6 +179,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kRsqrt, "rsqrt", 1, kUnary, kInferred, 1, "")                                                                         \
   X(kTanh, "tanh", 1, kUnary, kInferred, 1, "")                                                                           \
   X(kSigmoid, "sigmoid", 1, kUnary, kInferred, 1, "")                                                                     \
+  X(kGelu, "gelu", 1, kUnary, kInferred, 1, "")                                                                           \
   X(kAdd, "add", 2, kBinary, kInferred, 1, "")                                                                            \
   X(kSub, "sub", 2, kBinary, kInferred, 1, "")                                                                            \
   X(kMul, "mul", 2, kBinary, kInferred, 1, "")                                                                            \
@@ -197,6 +203,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps")                                                             \
   X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1, "eps")                                         \
   X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1, "eps")                                       \
+  X(kLayerNorm, "layer_norm", 3, kComposite, kInferred, 1, "eps")                                                         \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "")                                                      \

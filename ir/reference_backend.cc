@@ -57,7 +57,8 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kSqrt:
     case Opcode::kRsqrt:
     case Opcode::kTanh:
-    case Opcode::kSigmoid: return EvalUnary;
+    case Opcode::kSigmoid:
+    case Opcode::kGelu: return EvalUnary;
     case Opcode::kAdd:
     case Opcode::kSub:
     case Opcode::kMul:
@@ -81,6 +82,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kRmsNorm: return EvalRmsNorm;
     case Opcode::kRmsNormGradInput: return EvalRmsNormGradInput;
     case Opcode::kRmsNormGradWeight: return EvalRmsNormGradWeight;
+    case Opcode::kLayerNorm: return EvalLayerNorm;
     case Opcode::kSoftmax: return EvalSoftmax;
     case Opcode::kSoftmaxGrad: return EvalSoftmaxGrad;
     case Opcode::kCrossEntropy: return EvalCrossEntropy;

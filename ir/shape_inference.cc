@@ -218,6 +218,23 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
   return op == Opcode::kRmsNormGradInput ? x : w;
 }
 
+// layer_norm(x, w, b): w and b the input's last dim.
+absl::StatusOr<TensorType> InferLayerNorm(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
+  if (!(eps >= 0)) return Invalid("layer_norm eps must be >= 0");
+  const TensorType& x = xs[0];
+  RETURN_IF_ERROR(RequireFloat(x, "layer_norm input"));
+  if (x.rank() < 1) return Invalid("layer_norm input must have rank >= 1");
+  for (int i : {1, 2}) {
+    RETURN_IF_ERROR(RequireFloat(xs[i], i == 1 ? "layer_norm weight" : "layer_norm bias"));
+    if (xs[i].rank() != 1 || xs[i].dims[0] != x.dims.back()) {
+      return Invalid(absl::StrCat("layer_norm ", i == 1 ? "weight " : "bias ", xs[i].ToString(), " must be [",
+                                  x.dims.back(), "], the input's last dim"));
+    }
+  }
+  return x;
+}
+
 // gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
 // them; the declared result holds batch x M x N elements.
 // A 0/1 flag attribute that may be left out (meaning 0).
@@ -411,6 +428,7 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kRsqrt:
     case Opcode::kTanh:
     case Opcode::kSigmoid:
+    case Opcode::kGelu:
       if (op == Opcode::kNeg || op == Opcode::kAbs) {
         if (xs[0].dtype == DType::kPred) return Invalid("operand must be numeric, got pred");
       } else {
@@ -498,6 +516,8 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kRmsNormGradInput:
     case Opcode::kRmsNormGradWeight:
       return InferRmsNormFamily(op, xs, attrs);
+    case Opcode::kLayerNorm:
+      return InferLayerNorm(xs, attrs);
     case Opcode::kSoftmax:
       RETURN_IF_ERROR(RequireFloat(xs[0], "softmax input"));
       if (xs[0].rank() < 1) return Invalid("softmax input must have rank >= 1");

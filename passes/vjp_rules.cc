@@ -120,6 +120,36 @@ absl::StatusOr<Grads> SigmoidVjp(const VjpArgs& a) {
   return Grads{dx};
 }
 
+// y = gelu(x) = x Phi(x) with Phi(x) = (1 + t) / 2, t = tanh(u), u = k (x + c x^3):
+// dx = dy (Phi(x) + x (1 - t^2) k (1 + 3 c x^2) / 2), elementwise ops that fuse-loops
+// puts in one kernel with their neighbours (no gelu_grad op needed).
+absl::StatusOr<Grads> GeluVjp(const VjpArgs& a) {
+  Builder& b = *a.builder;
+  Node* x = a.node->operand(0);
+  const TensorType& type = x->type();
+  constexpr double kSqrt2OverPi = 0.7978845608028654, kCubic = 0.044715;
+  ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, type));
+  ASSIGN_OR_RETURN(Node * half, b.Constant(0.5, type));
+  ASSIGN_OR_RETURN(Node * k, b.Constant(kSqrt2OverPi, type));
+  ASSIGN_OR_RETURN(Node * c, b.Constant(kCubic, type));
+  ASSIGN_OR_RETURN(Node * c3, b.Constant(3 * kCubic, type));
+  ASSIGN_OR_RETURN(Node * x2, b.Mul(x, x));
+  ASSIGN_OR_RETURN(Node * cubic, MulAll(b, {c, x2, x}));
+  ASSIGN_OR_RETURN(Node * inner, b.Add(x, cubic));
+  ASSIGN_OR_RETURN(Node * u, b.Mul(k, inner));
+  ASSIGN_OR_RETURN(Node * t, b.Unary(Opcode::kTanh, u));
+  ASSIGN_OR_RETURN(Node * one_plus_t, b.Add(one, t));
+  ASSIGN_OR_RETURN(Node * phi, b.Mul(half, one_plus_t));
+  ASSIGN_OR_RETURN(Node * t2, b.Mul(t, t));
+  ASSIGN_OR_RETURN(Node * sech2, b.Sub(one, t2));
+  ASSIGN_OR_RETURN(Node * c3x2, b.Mul(c3, x2));
+  ASSIGN_OR_RETURN(Node * du_inner, b.Add(one, c3x2));
+  ASSIGN_OR_RETURN(Node * rest, MulAll(b, {half, x, sech2, k, du_inner}));
+  ASSIGN_OR_RETURN(Node * slope, b.Add(phi, rest));
+  ASSIGN_OR_RETURN(Node * dx, b.Mul(a.cotangent, slope));
+  return Grads{dx};
+}
+
 // ---- binary, select, convert -----------------------------------------------------------------
 
 absl::StatusOr<Grads> AddVjp(const VjpArgs& a) { return Grads{a.cotangent, a.cotangent}; }
@@ -454,6 +484,42 @@ absl::StatusOr<Grads> RmsNormVjp(const VjpArgs& a) {
   return g;
 }
 
+// layer_norm(x, w, b) = rms_norm(c, w) + b with c = x - mean(x) (row-wise, over the last
+// dim). Centering is linear and symmetric (P = I - 11^T / D), so dx = P (rms_norm's dx at c):
+// rms_norm_grad_input of c, minus its row mean; dw = rms_norm_grad_weight of c; db = the sum
+// of dy over the leading dims. The rms_norm kernels do the work (and give second
+// derivatives); a fused layer_norm backward kernel would save the passes that center c and
+// dx (a later optimization).
+absl::StatusOr<Grads> LayerNormVjp(const VjpArgs& a) {
+  Builder& b = *a.builder;
+  ASSIGN_OR_RETURN(double eps, a.node->attrs().GetFloat("eps"));
+  Node* x = a.node->operand(0);
+  Node* w = a.node->operand(1);
+  const int last = x->type().rank() - 1;
+  const double inv_d = 1.0 / static_cast<double>(x->type().dims.back());
+  auto center = [&](Node* v) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * sum, RowSum(b, v));
+    ASSIGN_OR_RETURN(Node * scale, b.Constant(inv_d, v->type()));
+    ASSIGN_OR_RETURN(Node * mean, b.Mul(sum, scale));
+    return b.Sub(v, mean);
+  };
+  Grads g(3, nullptr);
+  if (a.wanted[0] || a.wanted[1]) {
+    ASSIGN_OR_RETURN(Node * c, center(x));
+    if (a.wanted[0]) {
+      ASSIGN_OR_RETURN(Node * dc, RmsNormFamily(b, Opcode::kRmsNormGradInput, c, w, a.cotangent, eps));
+      ASSIGN_OR_RETURN(g[0], center(dc));
+    }
+    if (a.wanted[1]) {
+      ASSIGN_OR_RETURN(g[1], RmsNormFamily(b, Opcode::kRmsNormGradWeight, c, w, a.cotangent, eps));
+    }
+  }
+  if (a.wanted[2]) {
+    ASSIGN_OR_RETURN(g[2], b.ReduceSum(a.cotangent, Iota(last)));
+  }
+  return g;
+}
+
 // Per row, with n = x r, r = (mean(x^2) + eps)^-1/2 and D the row length, the normalization's
 // Jacobian J = r I - r^3 x x^T / D is symmetric, and rms_norm_grad_input(x, w, dy) = J (w dy).
 // So with v = w dy and cotangent G: d(dy) = w (J G), d(w) = sum over rows of dy (J G), and
@@ -646,6 +712,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kRsqrt, RsqrtVjp, kNode},
     VjpRow{Opcode::kTanh, TanhVjp, kNode},
     VjpRow{Opcode::kSigmoid, SigmoidVjp, kNode},
+    VjpRow{Opcode::kGelu, GeluVjp, kNode},
     VjpRow{Opcode::kAdd, AddVjp, kNode},
     VjpRow{Opcode::kSub, SubVjp, kNode},
     VjpRow{Opcode::kMul, MulVjp, kNode},
@@ -671,6 +738,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kRmsNorm, RmsNormVjp, kNode},
     VjpRow{Opcode::kRmsNormGradInput, RmsNormGradInputVjp, kNode},
     VjpRow{Opcode::kRmsNormGradWeight, RmsNormGradWeightVjp, kNode},
+    VjpRow{Opcode::kLayerNorm, LayerNormVjp, kNode},
     VjpRow{Opcode::kSoftmax, SoftmaxVjp, kNode},
     VjpRow{Opcode::kSoftmaxGrad, SoftmaxGradVjp, kNode},
     VjpRow{Opcode::kCrossEntropy, CrossEntropyVjp, kNode},

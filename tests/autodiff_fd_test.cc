@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "frontends/gpt2.h"
 #include "frontends/llama.h"
 #include "ir/builder.h"
 #include "ir/status_macros.h"
@@ -148,6 +149,7 @@ std::vector<FdCase> AllCases() {
       Unary(Opcode::kRsqrt, 0.5, 2),
       Unary(Opcode::kTanh),
       Unary(Opcode::kSigmoid),
+      Unary(Opcode::kGelu, -3, 3),
       Binary(Opcode::kAdd),
       Binary(Opcode::kSub),
       Binary(Opcode::kMul),
@@ -210,6 +212,15 @@ std::vector<FdCase> AllCases() {
       {"rms_norm_grad_weight",
        {{F32(kShape)}, {F32({4})}, {F32(kShape)}},
        [](Builder& b, P p) { return b.Op(Opcode::kRmsNormGradWeight, {p[0], p[1], p[2]}, AttrMap{{"eps", 1e-5}}); }},
+      {"layer_norm",
+       {{F32(kShape)}, {F32({4})}, {F32({4})}},
+       [](Builder& b, P p) { return b.LayerNorm(p[0], p[1], p[2], 1e-5); }},
+      {"layer_norm_of_a_product",  // longer rows, and an input that is itself differentiated
+       {{F32({3, 8})}, {F32({8})}, {F32({8})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         ASSIGN_OR_RETURN(Node * y, b.Mul(p[0], p[0]));
+         return b.LayerNorm(y, p[1], p[2], 1e-5);
+       }},
       {"softmax", {{F32(kShape)}}, [](Builder& b, P p) { return b.Softmax(p[0]); }},
       {"softmax_grad",
        {{F32(kShape)}, {F32(kShape)}},
@@ -390,6 +401,48 @@ TEST(AutodiffLlamaTest, TinyLossGradientMatchesFiniteDifferences) {
                                   static_cast<int64_t>(tokens[tokens.num_elements() - 1]) * row + row - 1};
     }
     // Three entries spread over the tensor: first, middle, a pseudo-random one.
+    return std::vector<int64_t>{0, n / 2, (p * 7919) % n};
+  });
+}
+
+// The whole GPT-2 loss (learned positions, LayerNorm, fused c_attn, biases, GELU, the head
+// tied to wte), a vocabulary of 250 padded to 256. wte's gradient has both uses: a row of a
+// token in the batch gets the embedding's and the head's, a row of an absent token the
+// head's only, a padding row none (sampled: the finite differences see all of them).
+TEST(AutodiffGpt2Test, TinyLossGradientMatchesFiniteDifferences) {
+  ModelConfig config = PresetConfig("gpt2-tiny").value();
+  config.vocab_size = 250;
+  config.n_layers = 1;
+  ASSERT_EQ(config.padded_vocab_size(), 256);
+  absl::StatusOr<std::unique_ptr<Module>> m =
+      BuildGpt2Module(config, {.batch = 2, .seq_len = 8, .precision = Precision::kFp32});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& forward = *(*m)->FindFunction("forward");
+  const std::vector<Node*> params = forward.parameters();
+  std::vector<HostTensor> args;
+  std::vector<int64_t> weights;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TensorType& t = params[i]->type();
+    if (IsFloat(t.dtype)) {
+      args.push_back(RandomArgument({t, -0.5, 0.5}, /*seed=*/3000 + i));
+      weights.push_back(static_cast<int64_t>(i));
+    } else {
+      args.push_back(RandomArgument({t, 0, static_cast<double>(config.vocab_size)}, /*seed=*/3000 + i));
+    }
+  }
+  const HostTensor tokens = args[0];
+  ASSERT_EQ(params[2]->name(), "transformer.wte.weight");
+  std::set<int64_t> present(tokens.values().begin(), tokens.values().end());
+  int64_t absent = 0;
+  while (present.count(absent)) ++absent;
+  ExpectGradientsMatchFiniteDifferences(**m, forward, weights, std::move(args), [&](int64_t p) {
+    const std::vector<int64_t>& dims = params[p]->type().dims;
+    const int64_t n = params[p]->type().num_elements();
+    if (params[p]->name() == "transformer.wte.weight") {
+      const int64_t row = dims[1];
+      return std::vector<int64_t>{static_cast<int64_t>(tokens[0]) * row + 3, static_cast<int64_t>(tokens[5]) * row,
+                                  absent * row + row / 2, 252 * row + 1};  // present, present, absent, padding
+    }
     return std::vector<int64_t>{0, n / 2, (p * 7919) % n};
   });
 }

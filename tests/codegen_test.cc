@@ -1,6 +1,6 @@
 // Codegen without a GPU: every op lowers and its kernels compile with NVRTC for sm_90a;
 // the generated sources have the structure we mean (vector widths, index types, reduction
-// strategies, exact constant bits); and every kernel of llama-tiny, llama-S and llama-M,
+// strategies, exact constant bits); and every kernel of llama-tiny, llama-S, llama-M, gpt2-tiny and gpt2-124M,
 // forward and training step, compiles with zero errors. Whether the kernels compute the
 // right numbers is checked on the GPU (tests/gpu_*).
 #include <gtest/gtest.h>
@@ -23,6 +23,7 @@
 #include "codegen/lower_node.h"
 #include "passes/lower_gemm.h"
 #include "codegen/nvrtc_compiler.h"
+#include "frontends/gpt2.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
 #include "ir/builder.h"
@@ -333,15 +334,15 @@ TEST(Codegen, CompileFunctionSharesOneCubinPerBody) {
   for (const CompiledKernel& k : report->kernels) EXPECT_TRUE(IsElf(k.cubin));
 }
 
-// The CI requirement: every kernel of the Llama presets, forward and training
-// step, compiles for sm_90a. Runs cold (empty cache), then warm (every body a cache hit).
-class LlamaKernels : public ::testing::TestWithParam<const char*> {};
+// The CI requirement: every kernel of the Llama and GPT-2 presets, forward and
+// training step, compiles for sm_90a. Runs cold (empty cache), then warm (every body a cache hit).
+class PresetKernels : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(LlamaKernels, EveryKernelCompilesForSm90a) {
+TEST_P(PresetKernels, EveryKernelCompilesForSm90a) {
   absl::StatusOr<ModelConfig> config = PresetConfig(GetParam());
   ASSERT_TRUE(config.ok()) << config.status();
   const auto build_start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<Module>> module = BuildLlamaModule(*config);
+  absl::StatusOr<std::unique_ptr<Module>> module = BuildModelModule(*config);
   ASSERT_TRUE(module.ok()) << module.status();
   ASSERT_TRUE(BuildTrainingStep(**module, *(*module)->FindFunction("forward"), {}).ok());
   absl::StatusOr<PipelineReport> pipeline = RunDefaultPipeline(**module, CompileOptions{});
@@ -376,7 +377,8 @@ TEST_P(LlamaKernels, EveryKernelCompilesForSm90a) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, LlamaKernels, ::testing::Values("llama-tiny", "llama-S", "llama-M"),
+INSTANTIATE_TEST_SUITE_P(Presets, PresetKernels,
+                         ::testing::Values("llama-tiny", "llama-S", "llama-M", "gpt2-tiny", "gpt2-124M"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) c = c == '-' ? '_' : c;

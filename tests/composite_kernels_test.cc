@@ -149,6 +149,24 @@ TEST(CompositeKernelsTest, RmsNormGradWeight) {
   }
 }
 
+// layer_norm compiles under NVRTC for GPT-2's widths (768, 1024) and odd ones, any float dtypes.
+TEST(CompositeKernelsTest, LayerNormForward) {
+  struct Shape {
+    DType x, w;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kF32, kF32, {4, 768}},
+                                           {kBF16, kF32, {2, 1024, 1024}},
+                                           {kF32, kF32, {3, 1}},
+                                           {kF32, kBF16, {2, 5, 33}},
+                                           {kF16, kF32, {2, 8192}}}) {
+    SCOPED_TRACE((TensorType{s.x, s.dims}).ToString());
+    const int64_t d = s.dims.back();
+    OneOp one = MakeOneOp(Opcode::kLayerNorm, {{s.x, s.dims}, {s.w, {d}}, {s.w, {d}}}, Eps());
+    EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
 TEST(CompositeKernelsTest, Softmax) {
   for (const TensorType& x : std::vector<TensorType>{{kF32, {4, 32000}},
                                                      {kBF16, {2, 3, 32000}},

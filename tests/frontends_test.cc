@@ -172,7 +172,8 @@ TEST(TensorApi, FinishRejectsAnInvalidScopeName) {
 // --- presets -------------------------------------------------------------------------
 
 TEST(Presets, HaveTheAgreedShapes) {
-  EXPECT_EQ(PresetNames(), (std::vector<std::string>{"llama-tiny", "llama-S", "llama-M"}));
+  EXPECT_EQ(PresetNames(), (std::vector<std::string>{"llama-tiny", "llama-S", "llama-M", "gpt2-tiny", "gpt2-124M",
+                                                     "gpt2-350M"}));
   ModelConfig tiny = *PresetConfig("llama-tiny");
   EXPECT_EQ(tiny.vocab_size, 256);
   EXPECT_EQ(tiny.d_model, 128);
@@ -186,7 +187,7 @@ TEST(Presets, HaveTheAgreedShapes) {
   for (const std::string& name : PresetNames()) {
     ModelConfig c = *PresetConfig(name);
     EXPECT_EQ(c.name, name);
-    EXPECT_FALSE(c.tie_embeddings) << name;
+    EXPECT_EQ(c.tie_embeddings, c.family == ModelFamily::kGpt2) << name;  // GPT-2's head is wte
     EXPECT_EQ(c.rms_eps, 1e-5) << name;
     EXPECT_EQ(c.rope_theta, 10000.0) << name;
     EXPECT_TRUE(c.Validate().ok()) << c.Validate();
@@ -346,8 +347,10 @@ TEST_F(HuggingFaceConfig, GroupedQueryDefaults) {
 }
 
 TEST_F(HuggingFaceConfig, RejectsOtherModels) {
-  EXPECT_THAT(Message(Rejection(R"({"model_type": "gpt2", "hidden_size": 768})")),
-              HasSubstr("model_type is \"gpt2\"; kiln imports only \"llama\" models"));
+  EXPECT_THAT(Message(Rejection(R"({"model_type": "mistral", "hidden_size": 768})")),
+              HasSubstr("model_type is \"mistral\"; kiln imports only \"llama\" and \"gpt2\" models"));
+  EXPECT_THAT(Message(Rejection(R"({"model_type": "gpt2", "activation_function": "relu"})")),
+              HasSubstr("activation_function \"relu\" is not supported"));
   EXPECT_THAT(Message(Rejection(R"({"model_type": "llama", "architectures": ["MistralForCausalLM"]})")),
               HasSubstr("\"MistralForCausalLM\" is not a Llama architecture"));
   EXPECT_THAT(Message(Rejection(R"({"hidden_size": 768})")), HasSubstr("missing field \"model_type\""));

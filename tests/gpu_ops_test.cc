@@ -130,7 +130,8 @@ std::vector<OpCase> OpCases() {
   for (const UnaryRange& u : {UnaryRange{Opcode::kNeg, -3, 3, kExact}, UnaryRange{Opcode::kAbs, -3, 3, kExact},
                               UnaryRange{Opcode::kExp, -8, 8, kFewUlps}, UnaryRange{Opcode::kLog, 1e-3, 50, kFewUlps},
                               UnaryRange{Opcode::kSqrt, 0, 50, kExact}, UnaryRange{Opcode::kRsqrt, 1e-3, 50, kFewUlps},
-                              UnaryRange{Opcode::kTanh, -4, 4, kFewUlps}, UnaryRange{Opcode::kSigmoid, -8, 8, kFewUlps}}) {
+                              UnaryRange{Opcode::kTanh, -4, 4, kFewUlps}, UnaryRange{Opcode::kSigmoid, -8, 8, kFewUlps},
+                              UnaryRange{Opcode::kGelu, -6, 6, kFewUlps}}) {
     for (DType d : {f32, bf16}) {
       cases.push_back({absl::StrCat(OpName(u.op), "_", DTypeName(d)), u.f32_tol,
                        [u, d](Builder& b) { return Ret(b, b.Unary(u.op, *b.Parameter("x", {d, {3, 67}}))); },
@@ -249,6 +250,16 @@ std::vector<OpCase> OpCases() {
   cases.push_back({"rms_norm", kSums, [x_w](Builder& b) {
                      auto [x, w] = x_w(b);
                      return Ret(b, b.RmsNorm(x, w, 1e-5));
+                   }});
+  cases.push_back({"layer_norm", kSums, [x_w](Builder& b) {
+                     auto [x, w] = x_w(b);
+                     Node* bias = *b.Parameter("b", {DType::kF32, {64}});
+                     return Ret(b, b.LayerNorm(x, w, bias, 1e-5));
+                   }});
+  cases.push_back({"layer_norm_gpt2_row", kSums, [](Builder& b) {  // 768 wide, bf16 out
+                     std::vector<Node*> p = Params(b, {{f32, {8, 768}}, {f32, {768}}, {f32, {768}}});
+                     Node* y = *b.LayerNorm(p[0], p[1], p[2], 1e-5);
+                     return Ret(b, b.Convert(y, bf16));
                    }});
   for (Opcode op : {Opcode::kRmsNormGradInput, Opcode::kRmsNormGradWeight}) {
     cases.push_back({std::string(OpName(op)), kSums, [x_w, op](Builder& b) {

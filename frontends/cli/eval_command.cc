@@ -8,7 +8,7 @@
 #include "frontends/cli/commands.h"
 #include "frontends/cli/forward_runner.h"
 #include "frontends/hf_checkpoint.h"
-#include "frontends/llama.h"
+#include "frontends/gpt2.h"
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "ir/status_macros.h"
@@ -57,7 +57,7 @@ absl::Status RunEval(const ParsedArgs& args) {
   if (seq < 1 || batch < 1) return absl::InvalidArgumentError("--seq and --batch must be >= 1");
   // Shapes first (cheap, and within the limits), then what they cost, then the weights.
   ASSIGN_OR_RETURN(std::unique_ptr<Module> sized,
-                   BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision}));
+                   BuildModelModule(config, {.batch = batch, .seq_len = seq, .precision = precision}));
   RETURN_IF_ERROR(CheckFitsHostMemory(
       SaturatingSum({HostTensorBytes(2.0 * ParameterCount(config)), ReferencePeakBytes(*sized->FindFunction("forward"))}),
       absl::StrCat("evaluating ", args.positionals()[0], " with --batch ", batch, " --seq ", seq),

@@ -9,7 +9,7 @@
 //   DIR/inputs.json        shapes, the seed, the learning rate of each step, AdamW's settings
 //                          and the parameter counts (what the files mean, for a reader)
 //
-// The weights come from InitLlamaWeights and the batches from SampleBatch with the arguments
+// The weights come from InitModelWeights and the batches from SampleBatch with the arguments
 // `kiln train` passes (train_command.cc), so they are the same numbers, not a copy of the
 // recipe. Gradient accumulation is not covered: one micro-batch per step (--accum 1).
 #include <algorithm>
@@ -100,7 +100,7 @@ absl::Status RunExportInputs(const ParsedArgs& args) {
   const std::string batches_path = (std::filesystem::path(out) / "batches.bin").string();
   RETURN_IF_ERROR(WriteFileAtomically(batches_path, batches));
 
-  RETURN_IF_ERROR(ExportHuggingFaceModel(out, config, InitLlamaWeights(config, static_cast<uint64_t>(seed))));
+  RETURN_IF_ERROR(ExportHuggingFaceModel(out, config, InitModelWeights(config, static_cast<uint64_t>(seed))));
 
   // kiln train's default schedule for --steps N and --lr X (horizon N).
   const LrSchedule schedule = LrSchedule::Default(lr, steps);
@@ -112,7 +112,8 @@ absl::Status RunExportInputs(const ParsedArgs& args) {
       {"format", "kiln-export-inputs-1"},
       {"model", config.name},
       {"config",
-       {{"vocab_size", config.vocab_size},
+       {{"family", config.family == ModelFamily::kGpt2 ? "gpt2" : "llama"},
+        {"vocab_size", config.vocab_size},
         {"d_model", config.d_model},
         {"n_layers", config.n_layers},
         {"n_heads", config.n_heads},

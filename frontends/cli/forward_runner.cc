@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "frontends/gpt2.h"
 #include "frontends/gpu_compile.h"
 #include "ir/status_macros.h"
 #include "passes/lower_gemm.h"
@@ -60,7 +61,7 @@ absl::StatusOr<std::pair<double, int64_t>> MeanEvalLoss(const ModelConfig& confi
     std::unique_ptr<ForwardRunner>& runner = runners[rows];
     if (!runner) {
       ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
-                       BuildLlamaModule(config, {.batch = rows, .seq_len = seq, .precision = precision}));
+                       BuildModelModule(config, {.batch = rows, .seq_len = seq, .precision = precision}));
       ASSIGN_OR_RETURN(runner, ForwardRunner::Create(std::move(module), weights, backend));
     }
     TokenBatch b = EvalBatch(data, first, rows, seq);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "frontends/gpt2.h"
 #include "frontends/model_config.h"
 #include "ir/file_util.h"
 #include "ir/module_io.h"
@@ -91,7 +92,7 @@ absl::StatusOr<LoadedModule> LoadModuleForCompile(const std::string& model_or_fi
   } else {
     ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(model_or_file));
     ASSIGN_OR_RETURN(LlamaBuildOptions options, LlamaBuildOptionsFromArgs(args));
-    ASSIGN_OR_RETURN(loaded.module, BuildLlamaModule(config, options));
+    ASSIGN_OR_RETURN(loaded.module, BuildModelModule(config, options));
     loaded.config = config;
   }
   return loaded;

@@ -18,7 +18,7 @@
 #include "frontends/cli/forward_runner.h"
 #include "frontends/cli/model_source.h"
 #include "frontends/hf_checkpoint.h"
-#include "frontends/llama.h"
+#include "frontends/gpt2.h"
 #include "frontends/model_config.h"
 #include "frontends/cuda_trainer.h"
 #include "frontends/trainer.h"
@@ -291,7 +291,7 @@ absl::StatusOr<InitialWeights> LoadInitialWeights(const ParsedArgs& args, const 
     return InitialWeights{std::move(hf.weights), absl::StrCat((std::filesystem::path(model) / "").string(),
                                                               "model.safetensors")};
   }
-  return InitialWeights{InitLlamaWeights(config, seed), absl::StrCat("random init (seed ", seed, ")")};
+  return InitialWeights{InitModelWeights(config, seed), absl::StrCat("random init (seed ", seed, ")")};
 }
 
 // "step 12/150  loss 4.8123  tok/s 9120  elapsed 3.1s": a line per step when stdout is not
@@ -561,7 +561,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
     phase_start = std::chrono::steady_clock::now();
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
-                   BuildLlamaModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
+                   BuildModelModule(config, {.batch = s.batch, .seq_len = s.seq, .precision = s.precision}));
   CompileOptions compile_options;
   compile_options.precision = s.precision;
 #ifdef KILN_WITH_CUDA

@@ -74,6 +74,11 @@ absl::StatusOr<HostTensor> EvalUnary(const Node& node, Operands xs, const EvalCo
       return MapUnary(node, x, ctx, [](double a) { return std::tanh(a); });
     case Opcode::kSigmoid:
       return MapUnary(node, x, ctx, [](double a) { return 1.0 / (1.0 + std::exp(-a)); });
+    case Opcode::kGelu:
+      return MapUnary(node, x, ctx, [](double a) {
+        constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2 / pi)
+        return 0.5 * a * (1.0 + std::tanh(kSqrt2OverPi * (a + 0.044715 * a * a * a)));
+      });
     default:
       return absl::InternalError(absl::StrCat(node.op_name(), " is not a unary op"));
   }

@@ -60,6 +60,7 @@ absl::StatusOr<HostTensor> EvalScatterAdd(const Node& node, Operands xs, const E
 absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const EvalContext& ctx);
 // softmax_ops.cc
 absl::StatusOr<HostTensor> EvalSoftmax(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const EvalContext& ctx);

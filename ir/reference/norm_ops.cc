@@ -3,6 +3,8 @@
 //   y  = x * r * w
 //   dx = r * (w * dy) - x * r^3 / D * sum(w * dy * x)
 //   dw = sum over rows of dy * x * r
+// and layer_norm, the same of the centered row c = x - mean(x), plus the bias:
+//   y  = c * (1 / sqrt(mean(c^2) + eps)) * w + b
 #include <algorithm>
 #include <cmath>
 
@@ -39,6 +41,25 @@ absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const Eval
     double* y = out.mutable_values().data() + r * rows.length;
     const double inv_rms = InverseRms(x, rows.length, eps);
     for (int64_t i = 0; i < rows.length; ++i) y[i] = x[i] * inv_rms * w[i];
+  });
+  return out;
+}
+
+absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
+  const Rows rows = RowsOf(xs[0]->type());
+  const double* w = xs[1]->values().data();
+  const double* bias = xs[2]->values().data();
+  HostTensor out(node.type());
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    const double* x = xs[0]->values().data() + r * rows.length;
+    double* y = out.mutable_values().data() + r * rows.length;
+    double sum = 0;
+    for (int64_t i = 0; i < rows.length; ++i) sum += x[i];
+    const double mean = sum / static_cast<double>(rows.length);
+    for (int64_t i = 0; i < rows.length; ++i) y[i] = x[i] - mean;  // centered, then normed in place
+    const double inv_std = InverseRms(y, rows.length, eps);
+    for (int64_t i = 0; i < rows.length; ++i) y[i] = y[i] * inv_std * w[i] + bias[i];
   });
   return out;
 }

@@ -42,7 +42,7 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   b.set_scope("layers.0.unary");
   Node* u = x;
   for (Opcode op : {Opcode::kNeg, Opcode::kAbs, Opcode::kExp, Opcode::kLog, Opcode::kSqrt, Opcode::kRsqrt,
-                    Opcode::kTanh, Opcode::kSigmoid}) {
+                    Opcode::kTanh, Opcode::kSigmoid, Opcode::kGelu}) {
     u = Must(b.Unary(op, u));
   }
   b.set_scope("layers.0.binary");
@@ -82,7 +82,8 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   b.set_scope("layers.1.composite");
   Node* g = Must(b.Gather(table, ids));
   Node* sc = Must(b.ScatterAdd(ids, g, {f32, {5, 4}}));
-  Node* rn = Must(b.RmsNorm(x, w, 1e-5));
+  Node* ln = Must(b.LayerNorm(x, w, w, 1e-5));  // w as the bias too: no new leaves
+  Node* rn = Must(b.RmsNorm(ln, w, 1e-5));
   Node* gi = Must(b.Op(Opcode::kRmsNormGradInput, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
   Node* gw = Must(b.Op(Opcode::kRmsNormGradWeight, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
   Node* sm = Must(b.Softmax(r));

@@ -99,8 +99,9 @@ Node* GraphGenerator::Partner(Node* x) {
 
 absl::StatusOr<Node*> GraphGenerator::UnaryStep() {
   static constexpr Opcode kOps[] = {Opcode::kNeg,  Opcode::kAbs,  Opcode::kExp,  Opcode::kLog,
-                                    Opcode::kSqrt, Opcode::kRsqrt, Opcode::kTanh, Opcode::kSigmoid};
-  const Opcode op = kOps[Uniform(8)];
+                                    Opcode::kSqrt, Opcode::kRsqrt, Opcode::kTanh, Opcode::kSigmoid,
+                                    Opcode::kGelu};
+  const Opcode op = kOps[Uniform(9)];
   Node* x = Pick();
   // Keep log/sqrt/rsqrt mostly in their domain so the graph's values stay informative.
   if (op == Opcode::kLog || op == Opcode::kSqrt || op == Opcode::kRsqrt) {
@@ -257,8 +258,9 @@ absl::StatusOr<Node*> GraphGenerator::NormStep() {
   std::iota(leading.begin(), leading.end(), 0);
   ASSIGN_OR_RETURN(Node * w, b_.ReduceMax(x, leading));  // a weight of the last dim's size
   ASSIGN_OR_RETURN(Node * y, b_.RmsNorm(x, w, 1e-5));
-  switch (Uniform(3)) {
+  switch (Uniform(4)) {
     case 0: return y;
+    case 3: return b_.LayerNorm(x, w, w, 1e-5);  // w as the bias too
     case 1: return b_.Op(Opcode::kRmsNormGradInput, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}});
     default: {
       ASSIGN_OR_RETURN(Node * gw, b_.Op(Opcode::kRmsNormGradWeight, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}}));
