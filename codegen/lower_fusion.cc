@@ -91,6 +91,17 @@ class GroupEmitter {
           memo_[key] = v;
           return v;
         }
+        case Opcode::kSlice: {
+          ASSIGN_OR_RETURN(std::string operand_index, SliceIndex(*node, index));
+          ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
+          memo_[key] = v;
+          return v;
+        }
+        case Opcode::kConcatenate: {
+          ASSIGN_OR_RETURN(std::string v, Concatenate(*node, index));
+          memo_[key] = v;
+          return v;
+        }
         default: {
           std::vector<std::string> operands;
           for (const Node* o : node->operands()) {
@@ -146,6 +157,65 @@ class GroupEmitter {
     if (sum.empty()) return std::string("0");
     const std::string var = absl::StrCat("i", next_var_++);
     absl::StrAppend(&code_, "      const Index ", var, " = ", sum, ";\n");
+    return var;
+  }
+
+  // The operand's linear index for element `index` of a slice: result coordinate c along
+  // dim d reads operand coordinate start[d] + c * stride[d].
+  absl::StatusOr<std::string> SliceIndex(const Node& slice, const std::string& index) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> start, slice.attrs().GetInts("start"));
+    ASSIGN_OR_RETURN(std::vector<int64_t> stride, slice.attrs().GetInts("stride"));
+    const std::vector<int64_t>& out_dims = slice.type().dims;
+    const std::vector<int64_t> out_strides = RowMajorStrides(out_dims);
+    const std::vector<int64_t> in_strides = RowMajorStrides(slice.operand(0)->type().dims);
+    int64_t base = 0;
+    for (size_t d = 0; d < start.size(); ++d) base += start[d] * in_strides[d];
+    std::string sum = absl::StrCat(base);
+    for (size_t d = 0; d < out_dims.size(); ++d) {
+      if (out_dims[d] == 1) continue;
+      absl::StrAppendFormat(&sum, " + ((%s / %d) %% %d) * %d", index, out_strides[d], out_dims[d],
+                            stride[d] * in_strides[d]);
+    }
+    const std::string var = absl::StrCat("i", next_var_++);
+    absl::StrAppend(&code_, "      const Index ", var, " = ", sum, ";\n");
+    return var;
+  }
+
+  // Element `index` of a concatenate: the operand whose run along `dim` holds it, computed
+  // in a branch of its own, so that only that operand's inputs are read. Values computed
+  // inside a branch are scoped to it: the memo forgets them when the branch closes.
+  absl::StatusOr<std::string> Concatenate(const Node& concat, const std::string& index) {
+    ASSIGN_OR_RETURN(int64_t dim, concat.attrs().GetInt("dim"));
+    const std::vector<int64_t>& out_dims = concat.type().dims;
+    int64_t inner = 1;
+    for (size_t d = dim + 1; d < out_dims.size(); ++d) inner *= out_dims[d];
+    const int n = next_var_++;
+    const std::string var = absl::StrCat("v", n);
+    const std::string c = absl::StrCat("c", n), o = absl::StrCat("o", n), r = absl::StrCat("r", n);
+    absl::StrAppendFormat(&code_,
+                          "      %s %s;\n"
+                          "      {\n"
+                          "      const Index %s = (%s / %d) %% %d;  // coordinate along dim %d\n"
+                          "      const Index %s = %s / %d;\n"
+                          "      const Index %s = %s %% %d;\n",
+                          CudaTypeName(concat.type().dtype), var, c, index, inner, out_dims[dim], dim, o, index,
+                          inner * out_dims[dim], r, index, inner);
+    int64_t offset = 0;
+    bool first = true;
+    for (const Node* operand : concat.operands()) {
+      const int64_t run = operand->type().dims[dim];
+      if (run == 0) continue;  // an empty operand contributes nothing
+      const std::string j = absl::StrCat("i", next_var_++);
+      absl::StrAppendFormat(&code_, "      %sif (%s < %d) {\n      const Index %s = (%s * %d + (%s - %d)) * %d + %s;\n",
+                            first ? "" : "} else ", c, offset + run, j, o, run, c, offset, inner, r);
+      first = false;
+      const auto saved = memo_;
+      ASSIGN_OR_RETURN(std::string v, Value(operand, j));
+      absl::StrAppend(&code_, "      ", var, " = ", v, ";\n");
+      memo_ = saved;
+      offset += run;
+    }
+    absl::StrAppend(&code_, first ? "" : "      }\n", "      }\n");
     return var;
   }
 

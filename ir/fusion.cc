@@ -51,6 +51,8 @@ bool IsLoopOp(const Node& node) {
     case Opcode::kBroadcast:
     case Opcode::kReshape:
     case Opcode::kTranspose:
+    case Opcode::kSlice:
+    case Opcode::kConcatenate:
     case Opcode::kIota:
       return true;
     case Opcode::kConstant:

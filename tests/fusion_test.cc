@@ -92,6 +92,34 @@ TEST(Fusion, FusionsSurviveTheTextFormAndCompile) {
   EXPECT_EQ(report->num_kernels, 1);
 }
 
+// A slice and a concatenate are index maps: they join the loop that reads them (GPT-2's QKV
+// split and its backward's d(qkv)), and the reference sees the same values.
+TEST(Fusion, SlicesAndConcatenatesJoinTheLoop) {
+  const std::string fused = RunFusion(R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[4,24]
+  %y = parameter() {index=1} : f32[4,8]
+  %q = slice(%x) {start=[0,0], limit=[4,8], stride=[1,1]} : f32[4,8]
+  %k = slice(%x) {start=[0,9], limit=[4,24], stride=[1,2]} : f32[4,8]
+  %qk = mul(%q, %k) : f32[4,8]
+  %e = exp(%y) : f32[4,8]
+  %c = concatenate(%qk, %e) {dim=1} : f32[4,16]
+  %b = convert(%c) : bf16[4,16]
+  return %b
+})");
+  EXPECT_TRUE(testing::FileCheck(fused, R"(
+CHECK: %b = fusion(%x, %y) {kind=loop}
+CHECK: slice
+CHECK: slice
+CHECK: concatenate
+CHECK: return %b
+)").ok()) << fused;
+  std::unique_ptr<Module> m = *ParseModule(fused);
+  absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(*m->functions()[0], {.arch = "sm_90a"}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->num_kernels, 1);
+}
+
 TEST(Fusion, AProducerWithAUseOutsideIsStoredAndTheReasonIsTheDecisionsOwn) {
   constexpr absl::string_view text = R"(module @m
 func @main {
