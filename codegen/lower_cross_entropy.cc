@@ -7,12 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
+#include "ir/node_predicates.h"
 #include "ir/status_macros.h"
 
 namespace kiln::codegen::composite {
 
 absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOptions& options) {
   const TensorType& logits = node.operand(0)->type();
+  // `classes` is the row length here (RowGeometry's word); CrossEntropyClasses(node) the
+  // prefix of it that is classes, the rest padding.
   const int64_t rows = logits.dims[0], classes = logits.dims[1];
   if (node.type().num_elements() == 0) return Kernels({});
   RETURN_IF_ERROR(CheckRowLength(node, classes));
@@ -30,12 +33,12 @@ absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOpt
                   ""};
   if (forward) {
     wrapper.call = absl::StrCat("CrossEntropyForward<", CudaTypeName(logits.dtype), ", ", CudaTypeName(labels), ", ",
-                                RowArgs(rows, classes, g), ">(out, logits, labels)");
+                                RowArgs(rows, classes, g), ", ", CrossEntropyClasses(node), ">(out, logits, labels)");
   } else {
     wrapper.params.push_back(Param(DType::kF32, "dloss"));
     wrapper.call = absl::StrCat("CrossEntropyBackward<", CudaTypeName(logits.dtype), ", ", CudaTypeName(labels), ", ",
-                                CudaTypeName(node.type().dtype), ", ", RowArgs(rows, classes, g),
-                                ">(out, logits, labels, dloss)");
+                                CudaTypeName(node.type().dtype), ", ", RowArgs(rows, classes, g), ", ",
+                                CrossEntropyClasses(node), ">(out, logits, labels, dloss)");
   }
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }

@@ -92,11 +92,8 @@ Tensor Gpt2Logits(Graph& g, const ModelConfig& config, absl::Span<const Tensor> 
   Tensor ln_f_w = take();
   Tensor ln_f_b = take();
   h = InScope(g, "ln_f", [&] { return LayerNorm(h, ln_f_w, ln_f_b, config.rms_eps); });
-  return InScope(g, "lm_head", [&] {
-    Tensor logits = LmHead(h, wte, gemm_dtype);  // [B,T,Vp]: the tied table
-    if (config.padded_vocab_size() == config.vocab_size) return logits;
-    return Slice(logits, {0, 0, 0}, {b, t, config.vocab_size});
-  });
+  // [B,T,Vp]: the tied table, padded rows included (the loss skips their columns).
+  return InScope(g, "lm_head", [&] { return LmHead(h, wte, gemm_dtype); });
 }
 
 absl::StatusOr<std::unique_ptr<Module>> BuildGpt2Module(const ModelConfig& config, const LlamaBuildOptions& options) {
@@ -126,9 +123,15 @@ absl::StatusOr<std::unique_ptr<Module>> BuildGpt2Module(const ModelConfig& confi
     weights.push_back(g.Parameter(spec.name, TensorType{DType::kF32, spec.shape}));
   }
   Tensor logits = Gpt2Logits(g, config, weights, tokens, gemm_dtype);
-  Tensor loss = InScope(g, "loss", [&] { return CrossEntropyLoss(logits, targets); });
+  const bool padded = config.padded_vocab_size() != config.vocab_size;
+  Tensor loss = InScope(g, "loss", [&] { return CrossEntropyLoss(logits, targets, padded ? config.vocab_size : 0); });
   std::vector<Tensor> outputs = {loss};
-  if (options.return_logits) outputs.push_back(logits);
+  if (options.return_logits) {
+    outputs.push_back(padded ? InScope(g, "lm_head", [&] {
+      return Slice(logits, {0, 0, 0}, {shaped.batch, shaped.seq_len, config.vocab_size});
+    })
+                             : logits);
+  }
   RETURN_IF_ERROR(g.Finish(outputs));
   RETURN_IF_ERROR(VerifyModule(*module));
   return module;

@@ -34,7 +34,9 @@ namespace kiln {
 // Every weight of the model, in the order @forward takes them (after tokens, targets).
 std::vector<WeightSpec> Gpt2Weights(const ModelConfig& config);
 
-// Logits f32 [B,T,V] of `tokens` [B,T] given the weights in Gpt2Weights order.
+// Logits f32 [B,T,Vp] of `tokens` [B,T] given the weights in Gpt2Weights order, over the
+// padded vocabulary (config.padded_vocab_size()): columns V.. belong to the tied table's
+// padding rows, and the loss takes them as padding (cross_entropy {classes=V}).
 Tensor Gpt2Logits(Graph& graph, const ModelConfig& config, absl::Span<const Tensor> weights, Tensor tokens,
                   DType gemm_dtype);
 

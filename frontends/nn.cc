@@ -142,11 +142,11 @@ Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
 
 Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) { return Linear(x, weight, gemm_dtype, loc); }
 
-Tensor CrossEntropyLoss(Tensor logits, Tensor labels, Loc loc) {
+Tensor CrossEntropyLoss(Tensor logits, Tensor labels, int64_t classes, Loc loc) {
   const int64_t rows = logits.dim(0) * logits.dim(1), vocab = logits.dim(2);
   Tensor flat_logits = Reshape(logits, {rows, vocab}, loc);
   Tensor flat_labels = Reshape(labels, {rows}, loc);
-  Tensor per_row = CrossEntropy(flat_logits, flat_labels, loc);
+  Tensor per_row = CrossEntropy(flat_logits, flat_labels, classes, loc);
   // A failed logits tensor has rows == 0; the op is a no-op then, so 1/0 never reaches IR.
   return Mul(ReduceSum(per_row, {0}, loc), rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0, loc);
 }

@@ -125,7 +125,8 @@ Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc = L
 Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
 
 // Mean token cross-entropy f32[] of logits [B,T,V] against labels [B,T]:
-// cross_entropy on [B*T,V] and [B*T], then reduce_sum and mul by 1/(B*T).
-Tensor CrossEntropyLoss(Tensor logits, Tensor labels, Loc loc = Loc::current());
+// cross_entropy on [B*T,V] and [B*T], then reduce_sum and mul by 1/(B*T). classes > 0:
+// logits' last `V - classes` columns are padding (a vocabulary padded for the GEMMs).
+Tensor CrossEntropyLoss(Tensor logits, Tensor labels, int64_t classes = 0, Loc loc = Loc::current());
 
 }  // namespace kiln

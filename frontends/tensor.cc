@@ -275,9 +275,9 @@ Tensor PagedAttention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table
   });
 }
 
-Tensor CrossEntropy(Tensor logits, Tensor labels, Loc loc) {
+Tensor CrossEntropy(Tensor logits, Tensor labels, int64_t classes, Loc loc) {
   return Emit("cross_entropy", {logits, labels}, loc,
-              [&](Builder& b) { return b.CrossEntropy(logits.node(), labels.node(), loc); });
+              [&](Builder& b) { return b.CrossEntropy(logits.node(), labels.node(), classes, loc); });
 }
 
 }  // namespace kiln

@@ -194,7 +194,8 @@ Tensor RmsNorm(Tensor x, Tensor weight, double eps, Loc loc = Loc::current());
 Tensor LayerNorm(Tensor x, Tensor weight, Tensor bias, double eps, Loc loc = Loc::current());
 Tensor Rope(Tensor x, Tensor positions, double theta, Loc loc = Loc::current());
 // Per-row loss f32[N] of logits [N, V] against labels [N].
-Tensor CrossEntropy(Tensor logits, Tensor labels, Loc loc = Loc::current());
+// classes > 0: only the first `classes` columns of logits are classes, the rest padding.
+Tensor CrossEntropy(Tensor logits, Tensor labels, int64_t classes = 0, Loc loc = Loc::current());
 
 // The paged KV cache (ir/op_table.h): `rows` [N, Hkv, D] written into layer `layer` of
 // `pool` [L, NB, Hkv, BS, D] at flat `slots` i32[N] (-1: none); returns the updated pool.

@@ -234,8 +234,10 @@ absl::StatusOr<Node*> Builder::LayerNorm(Node* x, Node* w, Node* bias, double ep
 
 absl::StatusOr<Node*> Builder::Softmax(Node* x, Loc loc) { return Op(Opcode::kSoftmax, {x}, {}, nullptr, "", loc); }
 
-absl::StatusOr<Node*> Builder::CrossEntropy(Node* logits, Node* labels, Loc loc) {
-  return Op(Opcode::kCrossEntropy, {logits, labels}, {}, nullptr, "", loc);
+absl::StatusOr<Node*> Builder::CrossEntropy(Node* logits, Node* labels, int64_t classes, Loc loc) {
+  AttrMap attrs;
+  if (classes > 0) attrs.Set("classes", classes);
+  return Op(Opcode::kCrossEntropy, {logits, labels}, std::move(attrs), nullptr, "", loc);
 }
 
 absl::StatusOr<Node*> Builder::Rope(Node* x, Node* positions, double theta, bool inverse, Loc loc) {

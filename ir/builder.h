@@ -76,7 +76,8 @@ class Builder {
   absl::StatusOr<Node*> RmsNorm(Node* x, Node* w, double eps, Loc loc = Loc::current());
   absl::StatusOr<Node*> LayerNorm(Node* x, Node* w, Node* bias, double eps, Loc loc = Loc::current());
   absl::StatusOr<Node*> Softmax(Node* x, Loc loc = Loc::current());
-  absl::StatusOr<Node*> CrossEntropy(Node* logits, Node* labels, Loc loc = Loc::current());
+  // classes > 0: only the logits' first `classes` columns are classes (ir/op_table.h).
+  absl::StatusOr<Node*> CrossEntropy(Node* logits, Node* labels, int64_t classes = 0, Loc loc = Loc::current());
   absl::StatusOr<Node*> Rope(Node* x, Node* positions, double theta, bool inverse = false,
                              Loc loc = Loc::current());
 

@@ -45,4 +45,9 @@ bool HasFp8Slots(const Node& gemm) {
   return false;
 }
 
+int64_t CrossEntropyClasses(const Node& node) {
+  if (absl::StatusOr<int64_t> classes = node.attrs().GetInt("classes"); classes.ok()) return *classes;
+  return node.operand(0)->type().dims[1];
+}
+
 }  // namespace kiln

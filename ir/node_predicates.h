@@ -26,6 +26,10 @@ bool IsSplatOf(const Node& node, double want);
 // Whether `node` is one of its function's outputs (so it must be stored).
 bool IsFunctionOutput(const Node& node);
 
+// The classes of a cross_entropy or cross_entropy_grad: its {classes} attribute, or all
+// of the logits' columns without one (shape inference checks the attribute's range).
+int64_t CrossEntropyClasses(const Node& node);
+
 // Whether a gemm uses its FP8 slots ({scaled=1} or {amax=1}: ir/op_table.h).
 bool HasFp8Slots(const Node& gemm);
 

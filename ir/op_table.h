@@ -79,8 +79,12 @@
 //                          = rms_norm(x - mean(x), w) + b), dx centered again, db a reduce_sum
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
-//   cross_entropy(logits, labels)           per-row loss -log softmax(logits)[label], f32
-//   cross_entropy_grad(logits, labels, dloss)  dL/dlogits
+//   cross_entropy(logits, labels)  {classes}  per-row loss -log softmax(logits)[label], f32;
+//                          logits [N, V], labels [N]. Optional classes C (1 <= C <= V, default
+//                          V): only the first C columns are classes (softmax over them, labels in
+//                          [0, C)); columns C.. are padding that the loss never reads, so a
+//                          vocabulary padded for the GEMMs (GPT-2's 50257 -> 50304) needs no slice
+//   cross_entropy_grad(logits, labels, dloss)  {classes}  dL/dlogits; 0 in the padding columns
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
 //                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
 //   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2)  {beta1, beta2, eps, result}
@@ -206,8 +210,8 @@ enum class ResultRule { kInferred, kDeclared };
   X(kLayerNorm, "layer_norm", 3, kComposite, kInferred, 1, "eps")                                                         \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
-  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "")                                                      \
-  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "")                                             \
+  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "classes")                                               \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "classes")                                      \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
   X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \

@@ -538,6 +538,13 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
         return Invalid(absl::StrCat("labels ", labels.ToString(), " must be [", logits.dims[0], "] for logits ",
                                     logits.ToString()));
       }
+      if (attrs.Has("classes")) {
+        ASSIGN_OR_RETURN(int64_t classes, attrs.GetInt("classes"));
+        if (classes < 1 || classes > logits.dims[1]) {
+          return Invalid(absl::StrCat("classes ", classes, " must be in [1, ", logits.dims[1], "] for logits ",
+                                      logits.ToString()));
+        }
+      }
       TensorType loss{DType::kF32, {logits.dims[0]}};
       if (op == Opcode::kCrossEntropy) return loss;
       RETURN_IF_ERROR(RequireSame(xs[2], loss, "dloss and per-row loss types"));

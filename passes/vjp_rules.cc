@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ir/node_predicates.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
@@ -654,7 +655,7 @@ absl::StatusOr<Grads> CrossEntropyVjp(const VjpArgs& a) {
   Grads g(2, nullptr);
   if (a.wanted[0]) {
     ASSIGN_OR_RETURN(g[0], a.builder->Op(Opcode::kCrossEntropyGrad,
-                                         {a.node->operand(0), a.node->operand(1), a.cotangent}));
+                                         {a.node->operand(0), a.node->operand(1), a.cotangent}, a.node->attrs()));
   }
   return g;
 }
@@ -669,6 +670,12 @@ absl::StatusOr<Grads> CrossEntropyGradVjp(const VjpArgs& a) {
   Node* dloss = a.node->operand(2);
   Node* G = a.cotangent;
   Grads g(3, nullptr);
+  if (CrossEntropyClasses(*a.node) != logits->type().dims[1]) {
+    // The softmax below would run over the padding columns too.
+    return absl::UnimplementedError(absl::StrCat("the second derivative of cross_entropy_grad %", a.node->name(),
+                                                 " with padding columns (classes < ", logits->type().dims[1],
+                                                 ") is not implemented"));
+  }
   if (a.wanted[0]) {
     ASSIGN_OR_RETURN(Node * p, b.Softmax(logits));
     ASSIGN_OR_RETURN(Node * dloss_cast, b.Convert(dloss, logits->type().dtype));
@@ -678,7 +685,7 @@ absl::StatusOr<Grads> CrossEntropyGradVjp(const VjpArgs& a) {
   }
   if (a.wanted[2]) {
     ASSIGN_OR_RETURN(Node * ones, b.Constant(1.0, dloss->type()));
-    ASSIGN_OR_RETURN(Node * unit, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, ones}));
+    ASSIGN_OR_RETURN(Node * unit, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, ones}, a.node->attrs()));
     ASSIGN_OR_RETURN(Node * g_unit, b.Mul(G, unit));
     ASSIGN_OR_RETURN(Node * per_row, b.ReduceSum(g_unit, {1}));
     ASSIGN_OR_RETURN(g[2], b.Convert(per_row, dloss->type().dtype));

@@ -281,6 +281,18 @@ std::vector<OpCase> OpCases() {
                      return Ret(b, b.CrossEntropy(p[0], p[1]));
                    },
                    {{-5, 5}, {0, 100}}});
+  // A vocabulary padded for the GEMMs: 100 classes in rows of 104, the padding holding
+  // 1e4, larger than any logit (a kernel that read it into the softmax would be far off).
+  cases.push_back({"cross_entropy_padded", kSums, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{f32, {6, 100}}, {i32, {6}}, {f32, {6}}});
+                     ASSIGN_OR_RETURN(Node * pad, b.Constant(1e4, {f32, {6, 4}}));
+                     ASSIGN_OR_RETURN(Node * logits, b.Concatenate({p[0], pad}, 1));
+                     ASSIGN_OR_RETURN(Node * loss, b.CrossEntropy(logits, p[1], 100));
+                     ASSIGN_OR_RETURN(Node * grad, b.Op(Opcode::kCrossEntropyGrad, {logits, p[1], p[2]},
+                                                        AttrMap{{"classes", int64_t{100}}}));
+                     return b.Return({loss, grad});
+                   },
+                   {{-5, 5}, {0, 100}, {-1, 1}}});
   cases.push_back({"cross_entropy_grad", kSums, [](Builder& b) {
                      Node* logits = *b.Parameter("logits", {f32, {6, 100}});
                      Node* labels = *b.Parameter("labels", {DType::kI32, {6}});
@@ -364,6 +376,31 @@ std::vector<OpCase> OpCases() {
                      RETURN_IF_ERROR(b.Return({out, sum}));
                      ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
                      if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}}});
+  // Slices and concatenates inside fusions (their index maps, a branch per concatenated
+  // operand): a strided slice of a wider input, as the GPT-2 QKV split reads its GEMM's
+  // output, and a concatenate of computed pieces, as its backward assembles d(qkv), feeding
+  // a transpose, a convert and a reduction.
+  cases.push_back({"fusion_slice_concatenate", kFewUlps, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{f32, {6, 40, 24}}, {bf16, {6, 8, 24}}});
+                     ASSIGN_OR_RETURN(Node * s, b.Slice(p[0], {0, 3, 0}, {6, 35, 24}, {1, 2, 1}));
+                     ASSIGN_OR_RETURN(Node * sq, b.Mul(s, s));
+                     ASSIGN_OR_RETURN(Node * y, b.Convert(p[1], f32));
+                     ASSIGN_OR_RETURN(Node * e, b.Unary(Opcode::kExp, y));
+                     ASSIGN_OR_RETURN(Node * c, b.Concatenate({sq, e, y}, 1));
+                     ASSIGN_OR_RETURN(Node * t, b.Transpose(c, {0, 2, 1}));
+                     ASSIGN_OR_RETURN(Node * out, b.Convert(t, bf16));
+                     ASSIGN_OR_RETURN(Node * y2, b.Convert(p[1], f32));
+                     ASSIGN_OR_RETURN(Node * c2, b.Concatenate({y2, y2}, 2));
+                     ASSIGN_OR_RETURN(Node * sum, b.ReduceSum(c2, {1}));
+                     RETURN_IF_ERROR(b.Return({out, sum}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     int64_t fusions = 0;
+                     for (const auto& n : b.function()->nodes()) fusions += n->opcode() == Opcode::kFusion;
+                     if (fusions != 2) return absl::InternalError(absl::StrCat("expected 2 fusions, got ", fusions));
                      return absl::OkStatus();
                    },
                    {{-2, 2}, {-2, 2}}});

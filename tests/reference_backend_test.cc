@@ -400,6 +400,43 @@ TEST(ReferenceBackend, CrossEntropyIsLogsumexpMinusLabelLogit) {
   EXPECT_THAT(bad.status().message(), HasSubstr("label 3 of row 1 is out of range [0, 3)"));
 }
 
+// {classes=C}: the columns after the first C are padding. The loss is the loss of the
+// first C columns alone, whatever the padding holds; its gradient there is 0; a label in
+// the padding is out of range.
+TEST(ReferenceBackend, CrossEntropyClassesSkipThePaddingColumns) {
+  const std::vector<double> padded = {0.5, -1, 2, 99, -7, 3, 0, 0, 1e30, 5};
+  const std::vector<double> unpadded = {0.5, -1, 2, 3, 0, 0};
+  const HostTensor labels = I32({2}, {2, 0});
+  const HostTensor dloss = F32({2}, {0.5, -2});
+  auto per_row = [&](const std::vector<double>& l, int64_t width, int64_t classes) {
+    Fn f;
+    Node* logits = f.Param("logits", {kF32, {2, width}});
+    Node* plabels = f.Param("labels", {kI32, {2}});
+    Node* pd = f.Param("dloss", dloss.type());
+    Node* loss = Fn::Ok(f.b.CrossEntropy(logits, plabels, classes));
+    AttrMap attrs;
+    if (classes > 0) attrs.Set("classes", classes);
+    Node* grad = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {logits, plabels, pd}, attrs));
+    absl::StatusOr<std::vector<HostTensor>> r = f.Eval({loss, grad}, {F32({2, width}, l), labels, dloss}, kDouble);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::make_pair((*r)[0].values(), (*r)[1].values())
+                  : std::make_pair(std::vector<double>{}, std::vector<double>{});
+  };
+  const auto [loss, grad] = per_row(padded, 5, 3);
+  const auto [want_loss, want_grad] = per_row(unpadded, 3, 0);
+  ExpectNear(loss, want_loss, 0);
+  ExpectNear(grad, {want_grad[0], want_grad[1], want_grad[2], 0, 0, want_grad[3], want_grad[4], want_grad[5], 0, 0}, 0);
+
+  Fn f;
+  Node* logits = f.Param("logits", {kF32, {2, 5}});
+  Node* plabels = f.Param("labels", {kI32, {2}});
+  auto bad = f.Eval({Fn::Ok(f.b.CrossEntropy(logits, plabels, 3))}, {F32({2, 5}, padded), I32({2}, {0, 3})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("label 3 of row 1 is out of range [0, 3)"));
+  Fn g;
+  EXPECT_FALSE(g.b.CrossEntropy(g.Param("logits", {kF32, {2, 5}}), g.Param("labels", {kI32, {2}}), 6).ok());
+}
+
 TEST(ReferenceBackend, CrossEntropyGradIsSoftmaxMinusOneHotTimesDloss) {
   const HostTensor logits = HostTensor::Random({kF32, {2, 4}}, 10, -2, 2);
   const HostTensor labels = I32({2}, {3, 1});

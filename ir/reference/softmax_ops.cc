@@ -4,11 +4,14 @@
 //   softmax_grad:        dx = y * (dy - sum(dy * y))
 //   cross_entropy:       loss = logsumexp(row) - row[label]
 //   cross_entropy_grad:  dlogits = (softmax(row) - onehot(label)) * dloss
+// where a cross-entropy's row is the first {classes} columns (ir/op_table.h); the gradient
+// of the padding columns after them is 0.
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
+#include "ir/node_predicates.h"
 #include "ir/reference/kernels.h"
 
 namespace kiln::reference {
@@ -84,25 +87,27 @@ absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const 
 
 absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx) {
   const Rows rows = RowsOf(xs[0]->type());
-  RETURN_IF_ERROR(CheckLabels(*xs[1], rows.length));
+  const int64_t classes = CrossEntropyClasses(node);
+  RETURN_IF_ERROR(CheckLabels(*xs[1], classes));
   HostTensor out(node.type());
   ForEachRow(ctx, rows, [&](int64_t r) {
     const double* logits = xs[0]->values().data() + r * rows.length;
-    out.mutable_values()[r] = LogSumExp(logits, rows.length) - logits[static_cast<int64_t>((*xs[1])[r])];
+    out.mutable_values()[r] = LogSumExp(logits, classes) - logits[static_cast<int64_t>((*xs[1])[r])];
   });
   return out;
 }
 
 absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx) {
   const Rows rows = RowsOf(xs[0]->type());
-  RETURN_IF_ERROR(CheckLabels(*xs[1], rows.length));
-  HostTensor out(node.type());
+  const int64_t classes = CrossEntropyClasses(node);
+  RETURN_IF_ERROR(CheckLabels(*xs[1], classes));
+  HostTensor out(node.type());  // zeros: the padding columns' gradient
   ForEachRow(ctx, rows, [&](int64_t r) {
     double* dlogits = out.mutable_values().data() + r * rows.length;
-    SoftmaxRow(xs[0]->values().data() + r * rows.length, rows.length, dlogits);
+    SoftmaxRow(xs[0]->values().data() + r * rows.length, classes, dlogits);
     dlogits[static_cast<int64_t>((*xs[1])[r])] -= 1.0;
     const double dloss = (*xs[2])[r];
-    for (int64_t i = 0; i < rows.length; ++i) dlogits[i] *= dloss;
+    for (int64_t i = 0; i < classes; ++i) dlogits[i] *= dloss;
   });
   return out;
 }
