@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/compile_function.h"
 #include "codegen/kernel_cache.h"
+#include "ir/gemm_slots.h"
 #include "ir/node_predicates.h"
 #include "ir/status_macros.h"
 
@@ -53,9 +54,10 @@ absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm) {
   ASSIGN_OR_RETURN(std::string b_layout, gemm.attrs().GetSymbol("b_layout"));
   ASSIGN_OR_RETURN(double alpha, gemm.attrs().GetFloat("alpha"));
   ASSIGN_OR_RETURN(double beta, gemm.attrs().GetFloat("beta"));
-  ASSIGN_OR_RETURN(std::string epilogue, gemm.attrs().GetSymbol("epilogue"));
-  if (epilogue != "none") {
-    return absl::UnimplementedError(absl::StrCat(g.context, ": epilogue '", epilogue, "' is not planned"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(gemm.attrs()));
+  if (slots.bias >= 0) {
+    g.bias = true;
+    g.bias_dtype = gemm.operand(slots.bias)->type().dtype;
   }
   if (HasFp8Slots(gemm)) {
     return absl::UnimplementedError(absl::StrCat(g.context, ": scaled=1 or amax=1 (an FP8 GEMM's scales and amax) ",
@@ -143,8 +145,10 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
     if (empty) continue;
     if (nk.lowered.kind == LoweringKind::kGemm) {
       ProgramStep step{.kind = ProgramStep::Kind::kGemm, .node = &node};
+      ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
       step.args = {i, index_of.at(node.operand(0)), index_of.at(node.operand(1)),
-                   node.num_operands() > 2 ? index_of.at(node.operand(2)) : -1};
+                   slots.c >= 0 ? index_of.at(node.operand(slots.c)) : -1,
+                   slots.bias >= 0 ? index_of.at(node.operand(slots.bias)) : -1};
       step.gemm = std::move(gemms[i]);
       step.scratch_buffer = program.plan.scratch_buffer[i];
       program.steps.push_back(std::move(step));

@@ -31,6 +31,9 @@ struct GemmDescription {
   bool b_k_inner = true;  // b is [batch, N, K] (nk); else [batch, K, N] (kn)
   float alpha = 1.0f, beta = 0.0f;
   DType a_dtype = DType::kBF16, b_dtype = DType::kBF16, d_dtype = DType::kF32;
+  // epilogue=bias: a vector [n] added to each row of D (cuBLASLt's CUBLASLT_EPILOGUE_BIAS).
+  bool bias = false;
+  DType bias_dtype = DType::kF32;
   // The most workspace cuBLASLt's algorithm may use; the plan reserves this much scratch.
   int64_t max_workspace_bytes = 0;
   std::string context;  // "%name (gemm)", for errors
@@ -47,7 +50,8 @@ struct ProgramStep {
   KernelSpec launch;  // name and geometry; the source is dropped
   std::string label;
   // kKernel: the outputs (one per result, -1 where a result is not needed), then the
-  // operands; kGemm: out, a, b, c (-1 when beta is 0). Node indices into the function's
+  // operands; kGemm: out, a, b, c (-1 when beta is 0), bias (-1 without epilogue=bias).
+  // Node indices into the function's
   // nodes(), whose buffers the plan gives.
   std::vector<int64_t> args;
   // kGemm

@@ -40,8 +40,8 @@
 //                          out_dtype (default a's dtype) is the result type; a float sum is
 //                          the f32 accumulator (rounded to f32), then rounded to a narrower
 //                          out_dtype (bf16, f16, fp8) from there, as the gemm below
-//   gemm(a, b[, c])        {batch, m, n, k, a_layout=mk|km, b_layout=nk|kn, alpha, beta,
-//                          epilogue=none}  the backend form of dot_general (passes/lower_gemm.h):
+//   gemm(a, b[, c][, bias])  {batch, m, n, k, a_layout=mk|km, b_layout=nk|kn, alpha, beta,
+//                          epilogue=none|bias}  the backend form of dot_general (passes/lower_gemm.h):
 //                          for each of `batch` matrices, D = alpha A B + beta C with A M x K
 //                          and B K x N, each operand's bytes read as they lie in memory (a as
 //                          [batch, M, K] for mk or [batch, K, M] for km, b as [batch, N, K] for
@@ -58,6 +58,11 @@
 //                          {beta=1} bit for bit (elide-grad-zeroing). cuBLASLt may fuse
 //                          alpha acc + beta C into one fma; that agrees with the above whenever
 //                          alpha is a power of two or beta is 0, which is all kiln emits.
+//                          epilogue=bias (passes/gemm_bias_epilogue.h): an operand bias [n], f32
+//                          or the result's dtype, follows c (or b); each row of D gets it added
+//                          after the above, D = f32(D + f32(bias[j])) for column j, before the
+//                          rounding to the result dtype (cuBLASLt's CUBLASLT_EPILOGUE_BIAS).
+//                          Operand positions: ir/gemm_slots.h.
 //                          FP8 slots (issue 14 fills them): with {scaled=1}, three f32[]
 //                          operands follow (a_scale, b_scale, d_scale), a and b may be fp8
 //                          (e4m3/e5m2) and D any float type:

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/gemm_slots.h"
 #include "ir/paged_kv_shapes.h"
 #include "ir/status_macros.h"
 
@@ -237,22 +238,16 @@ absl::StatusOr<TensorType> InferLayerNorm(absl::Span<const TensorType> xs, const
 
 // gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
 // them; the declared result holds batch x M x N elements.
-// A 0/1 flag attribute that may be left out (meaning 0).
-absl::StatusOr<bool> OptionalFlag(const AttrMap& attrs, absl::string_view name) {
-  if (!attrs.Has(name)) return false;
-  ASSIGN_OR_RETURN(int64_t v, attrs.GetInt(name));
-  if (v != 0 && v != 1) return Invalid(absl::StrCat("gemm ", name, "=", v, " must be 0 or 1"));
-  return v == 1;
-}
-
 absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> xs, const AttrMap& attrs,
                                                   const TensorType& declared) {
-  ASSIGN_OR_RETURN(const bool scaled, OptionalFlag(attrs, "scaled"));
-  ASSIGN_OR_RETURN(const bool amax, OptionalFlag(attrs, "amax"));
+  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(attrs);
+  if (!slots.ok()) return Invalid(std::string(slots.status().message()));
+  const bool scaled = slots->a_scale >= 0, amax = slots->amax;
   ASSIGN_OR_RETURN(double beta, attrs.GetFloat("beta"));
-  const size_t want = 2 + (beta != 0 ? 1 : 0) + (scaled ? 3 : 0);
+  const size_t want = slots->num_operands;
   if (xs.size() != want) {
     return Invalid(absl::StrCat("gemm takes a, b", beta != 0 ? ", c (beta != 0)" : "",
+                                slots->bias >= 0 ? ", bias (epilogue=bias)" : "",
                                 scaled ? ", a_scale, b_scale, d_scale (scaled=1)" : "", ": ", want,
                                 " operands, got ", xs.size()));
   }
@@ -269,8 +264,6 @@ absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> x
   if (b_layout != "nk" && b_layout != "kn") return Invalid(absl::StrCat("gemm b_layout '", b_layout, "' is not nk or kn"));
   ASSIGN_OR_RETURN(double alpha, attrs.GetFloat("alpha"));
   if (!std::isfinite(alpha) || !std::isfinite(beta)) return Invalid("gemm alpha and beta must be finite");
-  ASSIGN_OR_RETURN(std::string epilogue, attrs.GetSymbol("epilogue"));
-  if (epilogue != "none") return Invalid(absl::StrCat("gemm epilogue '", epilogue, "' is not one kiln lowers (none)"));
   const TensorType& a = xs[0];
   const TensorType& b = xs[1];
   RETURN_IF_ERROR(RequireFloat(a, "gemm a"));
@@ -293,12 +286,19 @@ absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> x
     return Invalid(absl::StrCat("gemm result ", declared.ToString(), " must hold batch*m*n = ", batch * m * n,
                                 scaled ? " elements of a float type" : absl::StrCat(" elements of f32 or ", DTypeName(a.dtype))));
   }
-  if (beta != 0 && xs[2] != declared) {
-    return Invalid(absl::StrCat("gemm c ", xs[2].ToString(), " must have the result's type ", declared.ToString()));
+  if (slots->c >= 0 && xs[slots->c] != declared) {
+    return Invalid(absl::StrCat("gemm c ", xs[slots->c].ToString(), " must have the result's type ", declared.ToString()));
+  }
+  if (slots->bias >= 0) {
+    const TensorType& bias = xs[slots->bias];
+    if (bias.dims != std::vector<int64_t>{n} || (bias.dtype != DType::kF32 && bias.dtype != declared.dtype)) {
+      return Invalid(absl::StrCat("gemm bias ", bias.ToString(), " must be [n] = [", n, "] of f32 or the result's dtype ",
+                                  DTypeName(declared.dtype)));
+    }
   }
   if (scaled) {
     const TensorType scalar{DType::kF32, {}};
-    for (size_t i = want - 3; i < want; ++i) {
+    for (int i = slots->a_scale; i <= slots->d_scale; ++i) {
       if (xs[i] != scalar) return Invalid(absl::StrCat("gemm scales must be f32[], got ", xs[i].ToString()));
     }
   }

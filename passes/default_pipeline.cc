@@ -10,6 +10,7 @@
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
+#include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
 #include "passes/narrow_activations.h"
 #include "passes/pass_registry.h"
@@ -37,6 +38,9 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // The backend form of every GEMM; before fusion, so that a transpose it inserts can be
   // fused into the kernel that produces its operand.
   p.Add(std::make_unique<LowerGemmPass>());
+  // Row biases added by cuBLASLt's epilogue; before elide-grad-zeroing, which would take
+  // the bias add for an accumulation and materialize the broadcast as C.
+  p.Add(std::make_unique<GemmBiasEpiloguePass>());
   // Gradient sums accumulate in their GEMMs (beta=1) instead of separate adds; before
   // narrowing, so that a gemm that accumulates keeps its f32 result.
   p.Add(std::make_unique<ElideGradZeroingPass>());

@@ -11,6 +11,7 @@
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
+#include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
 #include "passes/narrow_activations.h"
 #include "passes/select_flash_attention.h"
@@ -38,6 +39,8 @@ constexpr PassInfo kPasses[] = {
      Make<ElideGradZeroingPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
+    {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
+     Make<GemmBiasEpiloguePass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
     {NarrowActivationsPass::kName, "a gemm whose f32 result is only converted to bf16 writes bf16 itself",

@@ -16,6 +16,7 @@
 #include "codegen/compile_program.h"
 #include "runtime/cuda/executable.h"
 #include "ir/reference_backend.h"
+#include "ir/text_format.h"
 #include "passes/lower_gemm.h"
 #include "tests/testing/dot_cases.h"
 #include "tests/testing/gpu.h"
@@ -108,6 +109,49 @@ TEST(GpuGemm, IntegerValuedOperandsAreExact) {
     absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
     absl::StatusOr<std::vector<HostTensor>> got = GemmOnGpu(f, args);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ((*got)[0].values(), (*want)[0].values());
+  }
+}
+
+// epilogue=bias (passes/gemm_bias_epilogue.h) on cuBLASLt's CUBLASLT_EPILOGUE_BIAS, with and
+// without C, f32 and bf16 results: integer-valued operands and bias make every sum exact,
+// so the GPU must equal the reference's definition bit for bit.
+TEST(GpuGemm, BiasEpilogueMatchesTheDefinitionExactly) {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    const char* name;
+    const char* out;
+    const char* bias;
+    bool with_c;
+  };
+  for (const Case& c : {Case{"f32", "f32", "f32", false}, Case{"f32_after_c", "f32", "f32", true},
+                        Case{"bf16", "bf16", "bf16", false}, Case{"bf16_f32_bias", "bf16", "f32", false}}) {
+    SCOPED_TRACE(c.name);
+    const std::string text = absl::StrCat(R"(module @m
+func @main {
+  %x = parameter() {index=0} : bf16[64,32]
+  %w = parameter() {index=1} : bf16[32,48]
+  %b = parameter() {index=2} : )", c.bias, R"([48]
+)", c.with_c ? absl::StrCat("  %c = parameter() {index=3} : ", c.out, "[64,48]\n") : "",
+                                          "  %y = gemm(%x, %w, ", c.with_c ? "%c, " : "",
+                                          "%b) {a_layout=mk, alpha=1.0, b_layout=kn, batch=1, beta=",
+                                          c.with_c ? "1.0" : "0.0", ", epilogue=bias, k=32, m=64, n=48} : ", c.out,
+                                          R"([64,48]
+  return %y
+})");
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(text);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const Function& f = *(*m)->functions()[0];
+    std::vector<HostTensor> args;
+    for (const Node* p : f.parameters()) {
+      HostTensor t = HostTensor::Random(p->type(), 10 + args.size(), -3, 3);
+      for (double& v : t.mutable_values()) v = std::round(v);
+      args.push_back(std::move(t));
+    }
+    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+    ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ((*got)[0].values(), (*want)[0].values());
   }
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/gemm_slots.h"
 #include "ir/numerics.h"
 #include "ir/status_macros.h"
 #include "ir/reference/gemm.h"
@@ -72,7 +73,8 @@ absl::StatusOr<HostTensor> EvalDotGeneral(const Node& node, Operands xs, const E
 //   evaluator rounds D to the result dtype)
 // with alpha' = f32(alpha a_scale b_scale) and the amax of the bracket when asked; scales are
 // 1 without the FP8 slots. So gemm(a, b) then add(., x) is gemm(a, b, x) {beta=1} bit for bit,
-// and a bf16 result is the f32 result converted.
+// and a bf16 result is the f32 result converted. epilogue=bias adds f32(bias[j]) to column j
+// of the bracket, before d_scale and the amax.
 absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(int64_t batch, node.attrs().GetInt("batch"));
   ASSIGN_OR_RETURN(int64_t m, node.attrs().GetInt("m"));
@@ -82,8 +84,8 @@ absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, 
   ASSIGN_OR_RETURN(std::string b_layout, node.attrs().GetSymbol("b_layout"));
   ASSIGN_OR_RETURN(double alpha, node.attrs().GetFloat("alpha"));
   ASSIGN_OR_RETURN(double beta, node.attrs().GetFloat("beta"));
-  const bool scaled = node.attrs().Has("scaled") && *node.attrs().GetInt("scaled") == 1;
-  const bool amax = node.attrs().Has("amax") && *node.attrs().GetInt("amax") == 1;
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
+  const bool scaled = slots.a_scale >= 0, amax = slots.amax;
   auto steps = [](int64_t count, int64_t stride) {
     std::vector<int64_t> offsets(count);
     for (int64_t i = 0; i < count; ++i) offsets[i] = i * stride;
@@ -99,15 +101,16 @@ absl::StatusOr<std::vector<HostTensor>> EvalGemm(const Node& node, Operands xs, 
   const bool keep = ctx.options.f32_as_f64 || !IsFloat(out.type().dtype);  // integers: exact
   auto f32 = [keep](double v) { return keep ? v : RoundToDType(v, DType::kF32); };
   RoundToAccumulator(d, count, out.type().dtype, ctx);
-  const size_t first_scale = beta != 0.0 ? 3 : 2;
-  const double ab_scale = scaled ? xs[first_scale]->values()[0] * xs[first_scale + 1]->values()[0] : 1.0;
-  const double d_scale = scaled ? xs[first_scale + 2]->values()[0] : 1.0;
+  const double ab_scale = scaled ? xs[slots.a_scale]->values()[0] * xs[slots.b_scale]->values()[0] : 1.0;
+  const double d_scale = scaled ? xs[slots.d_scale]->values()[0] : 1.0;
   const double scaled_alpha = f32(alpha * ab_scale);
-  const double* c = beta != 0.0 ? xs[2]->values().data() : nullptr;
+  const double* c = slots.c >= 0 ? xs[slots.c]->values().data() : nullptr;
+  const double* bias = slots.bias >= 0 ? xs[slots.bias]->values().data() : nullptr;
   double max_abs = 0;
   for (int64_t i = 0; i < count; ++i) {
     const double t = f32(scaled_alpha * d[i]);
-    const double v = c != nullptr ? f32(t + f32(beta * c[i])) : t;
+    double v = c != nullptr ? f32(t + f32(beta * c[i])) : t;
+    if (bias != nullptr) v = f32(v + f32(bias[i % n]));
     max_abs = std::isnan(v) || std::isnan(max_abs) ? std::nan("") : std::max(max_abs, std::abs(v));
     d[i] = scaled ? f32(d_scale * v) : v;
   }

@@ -85,7 +85,7 @@ absl::Status CudaExecutable::BuildSteps() {
     Step step{.program = &ps};
     switch (ps.kind) {
       case ProgramStep::Kind::kGemm: {
-        if (ps.args.size() != 4) return absl::InvalidArgumentError(absl::StrCat(ps.gemm.context, ": a GEMM step takes 4 buffers"));
+        if (ps.args.size() != 5) return absl::InvalidArgumentError(absl::StrCat(ps.gemm.context, ": a GEMM step takes 5 buffers"));
         absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(ps.gemm, *device_);
         if (!plan.ok()) return plan.status();
         gemms_.push_back(*std::move(plan));
@@ -132,7 +132,7 @@ absl::Status CudaExecutable::EnqueueStep(const Step& step) const {
       return EnqueueLaunch(*step.launch, step.pointers, stream, NodeContext(*step.program->node));
     case ProgramStep::Kind::kGemm:
       return step.gemm->Enqueue(step.pointers[0], step.pointers[1], step.pointers[2], step.pointers[3],
-                                step.pointers[4], stream);
+                                step.pointers[4], step.pointers[5], stream);
     case ProgramStep::Kind::kCopy:
       if (step.program->bytes == 0 || step.dst == step.src) return absl::OkStatus();
       KILN_RETURN_IF_CUDA_ERROR(

@@ -55,6 +55,21 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
       cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), ctx);
   KILN_RETURN_IF_CUBLAS_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), ctx);
+  if (g.bias) {
+    ASSIGN_OR_RETURN(const cudaDataType_t bias_type, CudaDataType(g.bias_dtype));
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KILN_RETURN_IF_CUBLAS_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), ctx);
+    KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                               &bias_type, sizeof(bias_type)),
+                                ctx);
+    if (g.batch > 1) {  // the same bias for every matrix of the batch
+      const int64_t stride = 0;
+      KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                                 &stride, sizeof(stride)),
+                                  ctx);
+    }
+  }
 
   auto make_layout = [&](cublasLtMatrixLayout_t* desc, cudaDataType_t type, int64_t rows, int64_t cols,
                          int64_t batch_stride) -> absl::Status {
@@ -97,15 +112,20 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
   return plan;
 }
 
-absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, void* scratch,
-                               cudaStream_t stream) const {
+absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, const void* bias,
+                               void* scratch, cudaStream_t stream) const {
   const GemmDescription& g = g_;
   if (g.batch * g.m * g.n == 0) return absl::OkStatus();
-  if (g.k == 0 && g.beta == 0.0f) {  // an empty sum
+  if (g.k == 0 && g.beta == 0.0f && !g.bias) {  // an empty sum
     KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes_, stream), g.context);
     return absl::OkStatus();
   }
-  if (g.k == 0) return absl::UnimplementedError(absl::StrCat(g.context, ": a gemm with K = 0 and beta != 0"));
+  if (g.k == 0) return absl::UnimplementedError(absl::StrCat(g.context, ": a gemm with K = 0 and beta != 0 or a bias"));
+  if (g.bias) {
+    if (bias == nullptr) return absl::InvalidArgumentError(absl::StrCat(g.context, ": epilogue=bias without a bias"));
+    KILN_RETURN_IF_CUBLAS_ERROR(
+        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), g.context);
+  }
   void* workspace = workspace_bytes_ > 0 ? scratch : nullptr;
   // cuBLAS's A is the IR's b and its B the IR's a (see the header); C is read only if beta != 0.
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, b, a_desc_, a, b_desc_, &g.beta,

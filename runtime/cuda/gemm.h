@@ -16,6 +16,10 @@
 //   [batch, K, M] (km)     M x K, ld M         T             [batch, K, N] (kn)     N (N x K, ld N)
 //
 // with batch strides M·K, N·K and M·N. D = alpha A B + beta C, C the gemm's third operand.
+// epilogue=bias: cuBLASLt's CUBLASLT_EPILOGUE_BIAS adds a vector of length rows-of-D in its
+// column-major view, which is N, the IR's columns: D[i, j] += bias[j], as the IR defines it.
+// The bias pointer is an attribute of the matmul descriptor, so a plan with a bias sets it
+// at each enqueue (in a CUDA graph, once at capture: the arena's addresses do not move).
 //
 // Numerics: bf16/f16 operands accumulate in f32 (CUBLAS_COMPUTE_32F, f32 alpha/beta) and
 // round once to the result dtype; f32 operands use CUBLAS_COMPUTE_32F_PEDANTIC, so no TF32
@@ -49,9 +53,10 @@ class GemmPlan {
   // reserves).
   int64_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Enqueues the matmul. `c` is the gemm's third operand (null when beta is 0); `scratch`
-  // holds the description's max_workspace_bytes, 256-byte aligned, like every operand.
-  absl::Status Enqueue(void* out, const void* a, const void* b, const void* c, void* scratch,
+  // Enqueues the matmul. `c` is the gemm's C (null when beta is 0), `bias` its bias vector
+  // (null without epilogue=bias); `scratch` holds the description's max_workspace_bytes,
+  // 256-byte aligned, like every operand.
+  absl::Status Enqueue(void* out, const void* a, const void* b, const void* c, const void* bias, void* scratch,
                        cudaStream_t stream) const;
 
  private:
