@@ -10,6 +10,7 @@
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
+#include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/lower_gemm.h"
 #include "passes/narrow_activations.h"
@@ -38,6 +39,10 @@ constexpr PassInfo kPasses[] = {
      Make<ElideGradZeroingPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
+    {FuseResidualNormPass::kName,
+     "add + norm -> one kernel writing the sum and the norm (narrow where converted); the residual gradient's "
+     "add -> the norm's input-gradient kernel",
+     Make<FuseResidualNormPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
     {NarrowActivationsPass::kName, "a gemm whose f32 result is only converted to bf16 writes bf16 itself",
