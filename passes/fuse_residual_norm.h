@@ -50,9 +50,11 @@
 // finished step), after elide-grad-zeroing, and before fuse-loops, which would otherwise
 // take the adds and converts into loop fusions. After elide-grad-zeroing on purpose: a
 // residual add whose branch is a GEMM's sole use is that GEMM's C (beta=1) by then, which
-// moves fewer bytes (the GEMM reads h and writes h2: 8 bytes an element, against writing the
-// branch and the fused norm reading it and h and writing h2: 12), with the same launches;
-// the norm then still writes y narrow. layer_norm's backward (passes/vjp_rules.cc) centers the
+// moves fewer bytes with the same launches: 12 an element besides y (the GEMM reads h as C
+// and writes h2, the norm reads h2), against 16 (the GEMM writes the branch, the fused norm
+// reads it and h and writes h2); the norm then still writes y narrow. (cuBLASLt with C was
+// once measured slower on the H200 (issue 13): if it still is, run this pass before
+// elide-grad-zeroing, and the forward adds become add_rms_norm instead.) layer_norm's backward (passes/vjp_rules.cc) centers the
 // input gradient before the residual add, which fuse-loops then puts in the centering kernel:
 // there is no add of an rms_norm_grad_input for this pass to fold there. Not done: an input
 // gradient with no residual add whose uses convert it (the final norm's) keeps its convert.

@@ -40,8 +40,7 @@ constexpr PassInfo kPasses[] = {
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,
-     "add + norm -> one kernel writing the sum and the norm (narrow where converted); the residual gradient's "
-     "add -> the norm's input-gradient kernel",
+     "add + norm -> one kernel writing both; norms written narrow; backward add folded",
      Make<FuseResidualNormPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
