@@ -10,11 +10,13 @@
 
 namespace kiln::codegen::composite {
 
-// lower_rms_norm.cc: rms_norm and rms_norm_grad_input (a row kernel each), rms_norm_grad_weight.
+// lower_rms_norm.cc: rms_norm and rms_norm_grad_input and their residual forms add_rms_norm
+// and add_rms_norm_grad_input (a row kernel each), rms_norm_grad_weight.
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const CodegenOptions& options);
 
-// lower_layer_norm.cc: layer_norm (a row kernel; its gradients are rms_norm's, passes/vjp_rules.cc).
+// lower_layer_norm.cc: layer_norm and add_layer_norm (a row kernel; its gradients are
+// rms_norm's, passes/vjp_rules.cc).
 absl::StatusOr<LoweredNode> LowerLayerNorm(const Node& node, const CodegenOptions& options);
 
 // lower_softmax.cc: softmax and softmax_grad.

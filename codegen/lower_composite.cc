@@ -32,10 +32,13 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
   switch (node.opcode()) {
     case Opcode::kRmsNorm:
     case Opcode::kRmsNormGradInput:
+    case Opcode::kAddRmsNorm:
+    case Opcode::kAddRmsNormGradInput:
       return composite::LowerRmsNorm(node, options);
     case Opcode::kRmsNormGradWeight:
       return composite::LowerRmsNormGradWeight(node, options);
     case Opcode::kLayerNorm:
+    case Opcode::kAddLayerNorm:
       return composite::LowerLayerNorm(node, options);
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:

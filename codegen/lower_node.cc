@@ -76,6 +76,9 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kRmsNormGradInput:
     case Opcode::kRmsNormGradWeight:
     case Opcode::kLayerNorm:
+    case Opcode::kAddRmsNorm:
+    case Opcode::kAddLayerNorm:
+    case Opcode::kAddRmsNormGradInput:
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:
     case Opcode::kCrossEntropy:

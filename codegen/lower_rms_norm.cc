@@ -19,27 +19,72 @@ constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 
 }  // namespace
 
+// rms_norm and rms_norm_grad_input, and their residual forms (add_rms_norm: sum and y;
+// add_rms_norm_grad_input: dx and its optional copy), each one row kernel: the residual
+// forms instantiate the same templates with their optional pointers set.
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
-  const Rows rows = RowsOf(node.operand(0)->type());
+  const Opcode op = node.opcode();
+  // The normed input: h of add_rms_norm (the sum has its type), x of the gradients.
+  const int x_at = op == Opcode::kAddRmsNormGradInput ? 1 : 0;
+  const int w_at = op == Opcode::kAddRmsNorm ? 2 : x_at + 1;
+  const Rows rows = RowsOf(node.operand(x_at)->type());
   if (rows.count == 0 || rows.length == 0) return Kernels({});
   RETURN_IF_ERROR(CheckRowLength(node, rows.length));
-  const DType x = node.operand(0)->type().dtype, w = node.operand(1)->type().dtype, y = node.type().dtype;
-  const bool forward = node.opcode() == Opcode::kRmsNorm;
-  std::vector<DType> dtypes = {x, w, y};
-  if (!forward) dtypes.push_back(node.operand(2)->type().dtype);
+  const DType x = node.operand(x_at)->type().dtype, w = node.operand(w_at)->type().dtype;
+  // The normed output (y, or dx) is the last result of add_rms_norm, the first otherwise.
+  const DType y = op == Opcode::kAddRmsNorm ? node.result_type(1).dtype : node.result_type(0).dtype;
+  std::vector<DType> dtypes;
+  for (const TensorType& t : node.result_types()) dtypes.push_back(t.dtype);
+  for (const Node* operand : node.operands()) dtypes.push_back(operand->type().dtype);
   const RowGeometry g = ChooseRowGeometry(rows.count, rows.length, ChunkWidth(rows.length, dtypes), options);
   RETURN_IF_ERROR(CheckGrid(node, g.blocks));
-  Wrapper wrapper{"rms_norm", RowComment(rows.count, rows.length, g), "", {Param(x, "x"), Param(w, "w")}, ""};
-  if (forward) {
-    wrapper.call = absl::StrCat("RmsNormForward<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(y), ", ",
-                                RowArgs(rows.count, rows.length, g), ">(out, x, w, ", FloatLiteral(eps), ")");
-  } else {
-    const DType dy = node.operand(2)->type().dtype;
-    wrapper.params.push_back(Param(dy, "dy"));
-    wrapper.call = absl::StrCat("RmsNormGradInput<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy),
-                                ", ", CudaTypeName(y), ", ", RowArgs(rows.count, rows.length, g),
-                                ">(out, x, w, dy, ", FloatLiteral(eps), ")");
+  const std::string eps_literal = FloatLiteral(eps);
+  Wrapper wrapper{"rms_norm", RowComment(rows.count, rows.length, g), "", {}, ""};
+  switch (op) {
+    case Opcode::kRmsNorm:
+      wrapper.params = {Param(x, "x"), Param(w, "w")};
+      wrapper.call = absl::StrCat("RmsNormForward<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(y),
+                                  ", ", RowArgs(rows.count, rows.length, g), ">(out, x, w, ", eps_literal, ")");
+      break;
+    case Opcode::kAddRmsNorm: {
+      const DType branch = node.operand(1)->type().dtype, sum = node.result_type(0).dtype;
+      wrapper.comment += "; writes the residual sum h + branch and its norm";
+      wrapper.outputs = {absl::StrCat(CudaTypeName(sum), "* sum"), absl::StrCat(CudaTypeName(y), "* y")};
+      wrapper.params = {Param(x, "h"), Param(branch, "branch"), Param(w, "w")};
+      wrapper.call = absl::StrCat("RmsNormForward<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(y),
+                                  ", ", RowArgs(rows.count, rows.length, g), ", ", CudaTypeName(branch), ", ",
+                                  CudaTypeName(sum), ">(y, h, w, ", eps_literal, ", branch, sum)");
+      break;
+    }
+    case Opcode::kRmsNormGradInput:
+    case Opcode::kAddRmsNormGradInput: {
+      const DType dy = node.operand(x_at + 2)->type().dtype;
+      const bool residual = op == Opcode::kAddRmsNormGradInput;
+      const bool copy = node.num_results() == 2;
+      if (residual) wrapper.params.push_back(Param(node.operand(0)->type().dtype, "dres"));
+      wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
+      std::string dx_name = "out";
+      if (copy) {
+        wrapper.outputs = {absl::StrCat(CudaTypeName(y), "* dx"),
+                           absl::StrCat(CudaTypeName(node.result_type(1).dtype), "* dx_copy")};
+        dx_name = "dx";
+      }
+      if (residual) {
+        wrapper.comment += copy ? "; adds the residual gradient and writes a copy of dx" : "; adds the residual gradient";
+      }
+      wrapper.call = absl::StrCat(
+          "RmsNormGradInput<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ", CudaTypeName(y),
+          ", ", RowArgs(rows.count, rows.length, g),
+          residual ? absl::StrCat(", ", CudaTypeName(node.operand(0)->type().dtype), ", ",
+                                  CudaTypeName(copy ? node.result_type(1).dtype : y))
+                   : "",
+          ">(", dx_name, ", x, w, dy, ", eps_literal, residual ? absl::StrCat(", dres, ", copy ? "dx_copy" : "nullptr") : "",
+          ")");
+      break;
+    }
+    default:
+      return absl::InternalError(absl::StrCat(Where(node), " is not of the rms_norm family"));
   }
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }

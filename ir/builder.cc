@@ -86,11 +86,15 @@ absl::StatusOr<Node*> Builder::Op(Opcode op, std::vector<Node*> operands, AttrMa
 absl::StatusOr<std::vector<Node*>> Builder::MultiResultOp(Opcode op, std::vector<Node*> operands, AttrMap attrs,
                                                           std::vector<std::string> names, Loc loc) {
   next_name_.clear();
-  if (!HasMultipleResults(op)) {
+  if (GetOpInfo(op).num_results == 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": has one result: build it with Builder::Op"));
   }
   ASSIGN_OR_RETURN(std::vector<TensorType> types, Infer(op, operands, attrs, nullptr, loc));
+  if (types.size() < 2) {  // an op whose result count its attributes set
+    return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc),
+                                                   ": these attributes give one result: build it with Builder::Op"));
+  }
   if (!names.empty() && names.size() != types.size()) {
     return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": ", names.size(),
                                                    " names for ", types.size(), " results"));

@@ -71,8 +71,11 @@ class DotWriter {
   explicit DotWriter(const DotOptions& options) : options_(options) {}
 
   std::string Write(const Module& module) {
+    // newrank: rank the nodes of all clusters together; dot's per-cluster ranking (2.43, on
+    // Debian 12) fails with "trouble in init_rank" on some nestings of scope clusters, the
+    // module of all ops among them.
     absl::StrAppend(&out_, "digraph ", Quoted(module.name()), " {\n",
-                    "  graph [fontname=\"Helvetica\", fontsize=11];\n",
+                    "  graph [fontname=\"Helvetica\", fontsize=11, newrank=true];\n",
                     "  node [shape=box, style=\"rounded,filled\", fillcolor=white, fontname=\"Helvetica\", "
                     "fontsize=10];\n",
                     "  edge [fontname=\"Helvetica\", fontsize=8, color=gray40, fontcolor=gray30];\n");

@@ -11,7 +11,8 @@
 //             kDeclared: the node's written type is part of its meaning (a parameter's
 //             shape, a reshape's target) and inference checks it against the operands.
 //   results   how many typed results a node of the op has (kVariableResults: a fusion
-//             has one per output of its body, a gemm two when it writes its amax). An op with several (AdamW's
+//             has one per output of its body, a gemm two when it writes its amax,
+//             add_rms_norm_grad_input two when it writes a copy). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); the text form writes them as one line,
@@ -75,13 +76,31 @@
 //   gather(table, idx)     rows of table along dim 0: idx.dims ++ table.dims[1:]
 //   scatter_add(idx, upd)  declared result [V, ...]: sums upd rows into row idx; the
 //                          gradient of gather (indices out of range are dropped)
-//   rms_norm(x, w)         {eps}  y = x * rsqrt(mean(x^2, last) + eps) * w, computed in f32
+//   rms_norm(x, w)         {eps, [out_dtype]}  y = x * rsqrt(mean(x^2, last) + eps) * w,
+//                          computed in f32. With out_dtype (x must then be f32) y is that f32
+//                          result rounded to out_dtype: convert(rms_norm(x, w)) bit for bit
+//                          (fuse-residual-norm makes it where every use of y converts it)
 //   rms_norm_grad_input(x, w, dy)  {eps}  dL/dx
 //   rms_norm_grad_weight(x, w, dy) {eps}  dL/dw, summed over all leading dims
-//   layer_norm(x, w, b)    {eps}  y = (x - mean) * rsqrt(var + eps) * w + b over the last dim
-//                          (var = mean((x - mean)^2), biased), computed in f32; w, b [D]. Its
-//                          VJP is rms_norm_grad_input/_weight of the centered x (layer_norm(x)
+//   layer_norm(x, w, b)    {eps, [out_dtype]}  y = (x - mean) * rsqrt(var + eps) * w + b over
+//                          the last dim (var = mean((x - mean)^2), biased), computed in f32;
+//                          w, b [D]; out_dtype as rms_norm's. Its VJP is
+//                          rms_norm_grad_input/_weight of the centered x (layer_norm(x)
 //                          = rms_norm(x - mean(x), w) + b), dx centered again, db a reduce_sum
+//   add_rms_norm(h, branch, w)  {eps, [out_dtype]}  a residual add and the norm of its sum in
+//                          one kernel; h and branch f32 of one shape; results (sum, y):
+//                            sum = f32(h + branch);  y = rms_norm(sum, w) {eps, out_dtype}
+//                          so sum is add(h, branch) and y convert(rms_norm(add(h, branch), w))
+//                          bit for bit (out_dtype default f32: no convert). Made by
+//                          fuse-residual-norm after autodiff; not differentiable.
+//   add_layer_norm(h, branch, w, b)  {eps, [out_dtype]}  the same with layer_norm(sum, w, b)
+//   add_rms_norm_grad_input(dres, x, w, dy)  {eps, [copy_dtype]}  a residual gradient plus the
+//                          norm's input gradient, in one kernel; dres and x f32 of one shape:
+//                            dx = f32(dres + rms_norm_grad_input(x, w, dy))
+//                          add(dres, rms_norm_grad_input(x, w, dy)) bit for bit. With copy_dtype
+//                          a second result, convert(dx) to copy_dtype, written by the same
+//                          kernel (the bf16 operand of the GEMMs that read dx). Made by
+//                          fuse-residual-norm; not differentiable.
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
 //   cross_entropy(logits, labels)  {classes}  per-row loss -log softmax(logits)[label], f32;
@@ -156,7 +175,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
-inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm: 1 or 2
+inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm, add_rms_norm_grad_input: 1 or 2
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -209,10 +228,13 @@ enum class ResultRule { kInferred, kDeclared };
   X(kGemm, "gemm", kVariadic, kContraction, kDeclared, kVariableResults, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue,scaled,amax")            \
   X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \
   X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1, "")                                                           \
-  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps")                                                             \
+  X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps,out_dtype")                                                   \
   X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1, "eps")                                         \
   X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1, "eps")                                       \
-  X(kLayerNorm, "layer_norm", 3, kComposite, kInferred, 1, "eps")                                                         \
+  X(kLayerNorm, "layer_norm", 3, kComposite, kInferred, 1, "eps,out_dtype")                                               \
+  X(kAddRmsNorm, "add_rms_norm", 3, kComposite, kInferred, 2, "eps,out_dtype")                                            \
+  X(kAddLayerNorm, "add_layer_norm", 4, kComposite, kInferred, 2, "eps,out_dtype")                                        \
+  X(kAddRmsNormGradInput, "add_rms_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype")        \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "classes")                                               \

@@ -83,6 +83,9 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kRmsNormGradInput: return EvalRmsNormGradInput;
     case Opcode::kRmsNormGradWeight: return EvalRmsNormGradWeight;
     case Opcode::kLayerNorm: return EvalLayerNorm;
+    case Opcode::kAddRmsNorm:
+    case Opcode::kAddLayerNorm: return EvalAddNorm;
+    case Opcode::kAddRmsNormGradInput: return EvalAddRmsNormGradInput;
     case Opcode::kSoftmax: return EvalSoftmax;
     case Opcode::kSoftmaxGrad: return EvalSoftmaxGrad;
     case Opcode::kCrossEntropy: return EvalCrossEntropy;

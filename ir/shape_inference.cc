@@ -199,6 +199,20 @@ std::vector<int64_t> GatheredDims(const TensorType& table, const TensorType& idx
   return dims;
 }
 
+// A norm's result: x's type, or with {out_dtype} x's f32 result rounded to out_dtype (the
+// kernel computes in f32 and rounds once on store, so x must be f32 for that to be one
+// rounding on the GPU as in the reference).
+absl::StatusOr<TensorType> WithOutDtype(TensorType x, const AttrMap& attrs, absl::string_view op) {
+  if (!attrs.Has("out_dtype")) return x;
+  ASSIGN_OR_RETURN(DType out, attrs.GetDType("out_dtype"));
+  if (!IsFloat(out)) return Invalid(absl::StrCat(op, " out_dtype must be a float type"));
+  if (x.dtype != DType::kF32) {
+    return Invalid(absl::StrCat(op, " with out_dtype takes an f32 input, got ", x.ToString()));
+  }
+  x.dtype = out;
+  return x;
+}
+
 absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const TensorType> xs, const AttrMap& attrs) {
   ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
   if (!(eps >= 0)) return Invalid("rms_norm eps must be >= 0");
@@ -211,7 +225,7 @@ absl::StatusOr<TensorType> InferRmsNormFamily(Opcode op, absl::Span<const Tensor
     return Invalid(absl::StrCat("rms_norm weight ", w.ToString(), " must be [", x.dims.back(),
                                 "], the input's last dim"));
   }
-  if (op == Opcode::kRmsNorm) return x;
+  if (op == Opcode::kRmsNorm) return WithOutDtype(x, attrs, "rms_norm");
   if (xs[2].dims != x.dims || !IsFloat(xs[2].dtype)) {
     return Invalid(absl::StrCat("rms_norm gradient dy ", xs[2].ToString(), " must have the input's shape ",
                                 DimsToString(x.dims)));
@@ -233,7 +247,47 @@ absl::StatusOr<TensorType> InferLayerNorm(absl::Span<const TensorType> xs, const
                                   x.dims.back(), "], the input's last dim"));
     }
   }
-  return x;
+  return WithOutDtype(x, attrs, "layer_norm");
+}
+
+// add_rms_norm(h, branch, w) and add_layer_norm(h, branch, w, b): the norm's checks on the
+// sum; results (sum, y).
+absl::StatusOr<std::vector<TensorType>> InferAddNorm(Opcode op, absl::Span<const TensorType> xs,
+                                                     const AttrMap& attrs) {
+  const absl::string_view name = OpName(op);
+  const TensorType& h = xs[0];
+  if (h.dtype != DType::kF32 || xs[1] != h) {
+    return Invalid(absl::StrCat(name, " h ", h.ToString(), " and branch ", xs[1].ToString(),
+                                " must be f32 of one shape"));
+  }
+  std::vector<TensorType> norm_operands(xs.begin() + 1, xs.end());
+  norm_operands[0] = h;  // the sum's type
+  TensorType y;
+  if (op == Opcode::kAddRmsNorm) {
+    ASSIGN_OR_RETURN(y, InferRmsNormFamily(Opcode::kRmsNorm, norm_operands, attrs));
+  } else {
+    ASSIGN_OR_RETURN(y, InferLayerNorm(norm_operands, attrs));
+  }
+  return std::vector<TensorType>{h, y};
+}
+
+// add_rms_norm_grad_input(dres, x, w, dy): rms_norm_grad_input's checks on (x, w, dy); dres
+// of x's type, f32; results dx (dres's type) and, with {copy_dtype}, its copy.
+absl::StatusOr<std::vector<TensorType>> InferAddRmsNormGradInput(absl::Span<const TensorType> xs,
+                                                                 const AttrMap& attrs) {
+  const TensorType& dres = xs[0];
+  if (dres.dtype != DType::kF32 || xs[1] != dres) {
+    return Invalid(absl::StrCat("add_rms_norm_grad_input dres ", dres.ToString(), " and x ", xs[1].ToString(),
+                                " must be f32 of one shape"));
+  }
+  ASSIGN_OR_RETURN(TensorType dx, InferRmsNormFamily(Opcode::kRmsNormGradInput, xs.subspan(1), attrs));
+  std::vector<TensorType> results = {dx};
+  if (attrs.Has("copy_dtype")) {
+    ASSIGN_OR_RETURN(DType copy, attrs.GetDType("copy_dtype"));
+    if (!IsFloat(copy)) return Invalid("add_rms_norm_grad_input copy_dtype must be a float type");
+    results.push_back(TensorType{copy, dx.dims});
+  }
+  return results;
 }
 
 // gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
@@ -573,6 +627,9 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kPagedAttention:
       return InferPagedAttention(xs, attrs);
     case Opcode::kAdamWUpdate:
+    case Opcode::kAddRmsNorm:
+    case Opcode::kAddLayerNorm:
+    case Opcode::kAddRmsNormGradInput:
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
     case Opcode::kGetResult:
@@ -610,6 +667,11 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
   switch (op) {
     case Opcode::kAdamWUpdate:
       return InferAdamWUpdate(xs, attrs);
+    case Opcode::kAddRmsNorm:
+    case Opcode::kAddLayerNorm:
+      return InferAddNorm(op, xs, attrs);
+    case Opcode::kAddRmsNormGradInput:
+      return InferAddRmsNormGradInput(xs, attrs);
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
       return InferAttentionFamily(op, xs, attrs);

@@ -220,6 +220,34 @@ struct RowLayout {
   static __device__ __forceinline__ int Lane() { return threadIdx.x % kThreadsPerRow; }
   // First element of this thread's chunk k; the chunk exists when this is < kLength.
   static __device__ __forceinline__ int ChunkStart(int k) { return (k * kThreadsPerRow + Lane()) * kVec; }
+  static constexpr int kRowLength = kLength;
+  static constexpr int kChunkWidth = kVec;
 };
+
+// This thread's chunks of one row of x, as floats (the row kernels keep them in registers).
+// With a residual branch (non-null: the fused residual norms, add_rms_norm and
+// add_layer_norm), the row is x + branch, added in fp32 and rounded once to TS as add's own
+// kernel would store it, and that sum is stored to `sum_row`: the residual stream is
+// written by the kernel that norms it, never written by one kernel and read back by the next.
+// The wrappers pass a literal nullptr for a plain norm, so that path compiles away; a null
+// `sum_row` with a branch is a sum no one reads (a multi-result node's unneeded result).
+template <typename Layout, typename TX, typename TB, typename TS>
+__device__ __forceinline__ void LoadRowWithResidual(const TX* x_row, const TB* branch_row, TS* sum_row,
+                                                    float (&xs)[Layout::kChunks][Layout::kChunkWidth]) {
+  constexpr int kVec = Layout::kChunkWidth;
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+    const int i = Layout::ChunkStart(k);
+    if (i >= Layout::kRowLength) continue;
+    LoadFloats(x_row + i, xs[k]);
+    if (branch_row != nullptr) {
+      float bs[kVec];
+      LoadFloats(branch_row + i, bs);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) xs[k][j] = ToFloat(FromFloat<TS>(xs[k][j] + bs[j]));
+      if (sum_row != nullptr) StoreFloats(sum_row + i, xs[k]);
+    }
+  }
+}
 
 }  // namespace kiln::kernels

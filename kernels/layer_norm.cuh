@@ -5,7 +5,8 @@
 //                                                    E[x^2] - mean^2, which cancels)
 //   y    = (x - mean) * r * w + b
 // The row slice stays in registers, so x is read from memory once. The gradients are the
-// rms_norm kernels run on the centered row (passes/vjp_rules.cc, LayerNormVjp).
+// rms_norm kernels run on the centered row (passes/vjp_rules.cc, LayerNormVjp). Its residual
+// form (add_layer_norm) reads x + branch and writes that sum too (LoadRowWithResidual).
 #pragma once
 
 #include "kernels/common.cuh"
@@ -14,23 +15,24 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
-// y = layer_norm(x, w, b). Launch: RowLayout's geometry (grid = ceil(kRows / kRowsPerBlock),
-// block = kThreadsPerRow * kRowsPerBlock).
+// y = layer_norm(x, w, b), or with `branch` (add_layer_norm) s = x + branch and y =
+// layer_norm(s, w, b), s written to `residual_sum`. Launch: RowLayout's geometry (grid =
+// ceil(kRows / kRowsPerBlock), block = kThreadsPerRow * kRowsPerBlock).
 template <typename TX, typename TW, typename TB, typename TY, long long kRows, int kD, int kVec, int kThreadsPerRow,
-          int kRowsPerBlock>
-__device__ __forceinline__ void LayerNormForward(TY* y, const TX* x, const TW* w, const TB* b, float eps) {
+          int kRowsPerBlock, typename TBranch = float, typename TS = float>
+__device__ __forceinline__ void LayerNormForward(TY* y, const TX* x, const TW* w, const TB* b, float eps,
+                                                 const TBranch* branch = nullptr, TS* residual_sum = nullptr) {
   using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
   const long long row = Layout::Row();
   if (row >= kRows) return;  // whole warps only: a warp is one row
-  const TX* x_row = x + row * kD;
 
   float xs[Layout::kChunks][kVec];
+  LoadRowWithResidual<Layout>(x + row * kD, branch == nullptr ? nullptr : branch + row * kD,
+                              residual_sum == nullptr ? nullptr : residual_sum + row * kD, xs);
   float sum = 0.f;
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {
-    const int i = Layout::ChunkStart(k);
-    if (i >= kD) continue;
-    LoadFloats(x_row + i, xs[k]);
+    if (Layout::ChunkStart(k) >= kD) continue;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sum += xs[k][j];
   }
@@ -58,7 +60,7 @@ __device__ __forceinline__ void LayerNormForward(TY* y, const TX* x, const TW* w
     LoadFloats(b + i, bs);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ys[j] = xs[k][j] * r * ws[j] + bs[j];
-    StoreFloats(y + row * kD + i, ys);
+    if (y != nullptr) StoreFloats(y + row * kD + i, ys);  // null: add_layer_norm's y unread
   }
 }
 

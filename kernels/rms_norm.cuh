@@ -7,6 +7,11 @@
 //   dw = sum over rows of dy * x * r
 // The forward and input-gradient kernels keep their row slice in registers, so each input
 // is read from memory once; r is never materialized, each kernel recomputes it from x.
+// Their residual forms (fuse-residual-norm's ops) are the same kernels with optional
+// pointers: add_rms_norm reads x = h + branch and writes that sum too
+// (LoadRowWithResidual); add_rms_norm_grad_input adds the residual gradient dres to dx
+// and may write a narrow copy of dx, so neither the sum nor dx is read back by an add or a
+// convert kernel.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -15,23 +20,24 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
-// y = rms_norm(x, w). Launch: RowLayout's geometry (grid = ceil(kRows / kRowsPerBlock),
-// block = kThreadsPerRow * kRowsPerBlock).
+// y = rms_norm(x, w), or with `branch` (add_rms_norm) sum = x + branch and y = rms_norm(sum,
+// w). Launch: RowLayout's geometry (grid = ceil(kRows / kRowsPerBlock), block =
+// kThreadsPerRow * kRowsPerBlock).
 template <typename TX, typename TW, typename TY, long long kRows, int kD, int kVec, int kThreadsPerRow,
-          int kRowsPerBlock>
-__device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, float eps) {
+          int kRowsPerBlock, typename TB = float, typename TS = float>
+__device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, float eps, const TB* branch = nullptr,
+                                               TS* sum = nullptr) {
   using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
   const long long row = Layout::Row();
   if (row >= kRows) return;  // whole warps only: a warp is one row
-  const TX* x_row = x + row * kD;
 
   float xs[Layout::kChunks][kVec];
+  LoadRowWithResidual<Layout>(x + row * kD, branch == nullptr ? nullptr : branch + row * kD,
+                              sum == nullptr ? nullptr : sum + row * kD, xs);
   float sum_squares = 0.f;
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {
-    const int i = Layout::ChunkStart(k);
-    if (i >= kD) continue;
-    LoadFloats(x_row + i, xs[k]);
+    if (Layout::ChunkStart(k) >= kD) continue;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sum_squares += xs[k][j] * xs[k][j];
   }
@@ -45,15 +51,18 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
     LoadFloats(w + i, ws);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ys[j] = xs[k][j] * r * ws[j];
-    StoreFloats(y + row * kD + i, ys);
+    if (y != nullptr) StoreFloats(y + row * kD + i, ys);  // null: add_rms_norm's y unread
   }
 }
 
-// dx = rms_norm_grad_input(x, w, dy). Same geometry as the forward. Keeps x and w * dy of
-// its chunks in registers between the two row sums and the output.
+// dx = rms_norm_grad_input(x, w, dy), or with `dres` (add_rms_norm_grad_input) dx = dres +
+// that, the input gradient rounded to TDX first as its own kernel would store it; with
+// `copy`, dx again rounded to TC. Same geometry as the forward. Keeps x and w * dy of its
+// chunks in registers between the two row sums and the output.
 template <typename TX, typename TW, typename TDY, typename TDX, long long kRows, int kD, int kVec,
-          int kThreadsPerRow, int kRowsPerBlock>
-__device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps) {
+          int kThreadsPerRow, int kRowsPerBlock, typename TR = float, typename TC = float>
+__device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps,
+                                                 const TR* dres = nullptr, TC* copy = nullptr) {
   using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
   const long long row = Layout::Row();
   if (row >= kRows) return;
@@ -87,7 +96,14 @@ __device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW*
     float dxs[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dxs[j] = r * wdys[k][j] - xs[k][j] * x_scale;
-    StoreFloats(dx + row * kD + i, dxs);
+    if (dres != nullptr) {
+      float rs[kVec];
+      LoadFloats(dres + row * kD + i, rs);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dxs[j] = ToFloat(FromFloat<TDX>(ToFloat(FromFloat<TDX>(dxs[j])) + rs[j]));
+    }
+    if (dx != nullptr) StoreFloats(dx + row * kD + i, dxs);  // null: unread (only the copy is)
+    if (copy != nullptr) StoreFloats(copy + row * kD + i, dxs);
   }
 }
 

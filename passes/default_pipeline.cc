@@ -9,6 +9,7 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
+#include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
@@ -47,6 +48,12 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // GEMMs whose results are only converted to bf16 write bf16; before fusion, which would
   // hide the converts inside fusion bodies.
   p.Add(std::make_unique<NarrowActivationsPass>());
+  // A residual add and its norm in one kernel, norms written in the dtype their consumers
+  // convert to, the residual gradient's add in the norm's backward kernel. After
+  // elide-grad-zeroing, which has made a residual add whose branch is a GEMM that GEMM's C
+  // (fewer bytes; passes/fuse_residual_norm.h), and before fusion, which would take the adds
+  // and converts into loop fusions.
+  p.Add(std::make_unique<FuseResidualNormPass>());
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());

@@ -10,6 +10,7 @@
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
+#include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
@@ -39,6 +40,9 @@ constexpr PassInfo kPasses[] = {
      Make<ElideGradZeroingPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
+    {FuseResidualNormPass::kName,
+     "add + norm -> one kernel writing both; norms written narrow; backward add folded",
+     Make<FuseResidualNormPass>},
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",

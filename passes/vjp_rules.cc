@@ -705,6 +705,14 @@ absl::StatusOr<Grads> GemmVjp(const VjpArgs&) {
   return absl::UnimplementedError("gemm is a backend op made by lower-gemm after autodiff; differentiate dot_general");
 }
 
+// An error, not zero gradients: a fused residual norm reaching autodiff means a pass ran in
+// the wrong order, which silent zeros would hide.
+absl::StatusOr<Grads> FusedResidualNormVjp(const VjpArgs& a) {
+  return absl::UnimplementedError(absl::StrCat(a.node->op_name(),
+                                               " is made by fuse-residual-norm on the finished training step; "
+                                               "differentiate the add and the norm it fuses"));
+}
+
 constexpr CotangentType kNode = CotangentType::kNodeType;
 
 constexpr std::array kVjpRows = {
@@ -746,6 +754,9 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kRmsNormGradInput, RmsNormGradInputVjp, kNode},
     VjpRow{Opcode::kRmsNormGradWeight, RmsNormGradWeightVjp, kNode},
     VjpRow{Opcode::kLayerNorm, LayerNormVjp, kNode},
+    VjpRow{Opcode::kAddRmsNorm, FusedResidualNormVjp, kNode},
+    VjpRow{Opcode::kAddLayerNorm, FusedResidualNormVjp, kNode},
+    VjpRow{Opcode::kAddRmsNormGradInput, FusedResidualNormVjp, kNode},
     VjpRow{Opcode::kSoftmax, SoftmaxVjp, kNode},
     VjpRow{Opcode::kSoftmaxGrad, SoftmaxGradVjp, kNode},
     VjpRow{Opcode::kCrossEntropy, CrossEntropyVjp, kNode},

@@ -274,6 +274,20 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * ones, b.Constant(1.0, out));
          return b.Select(positive, ones, zero);
        }},
+      {"fused_residual_norms_feeding_compare",
+       {{F32({3, 8})}, {F32({3, 8})}, {F32({8})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // fuse-residual-norm makes these from the finished training step (their rule says to
+         // differentiate the add and the norm); like gemm they are covered by a use whose
+         // result carries no gradient.
+         const AttrMap eps{{"eps", 1e-5}};
+         ASSIGN_OR_RETURN(std::vector<Node*> rms, b.MultiResultOp(Opcode::kAddRmsNorm, {p[0], p[1], p[2]}, eps));
+         ASSIGN_OR_RETURN(std::vector<Node*> ln,
+                          b.MultiResultOp(Opcode::kAddLayerNorm, {rms[0], rms[1], p[2], p[2]}, eps));
+         ASSIGN_OR_RETURN(Node * dx, b.Op(Opcode::kAddRmsNormGradInput, {ln[0], ln[1], p[2], p[0]}, eps));
+         ASSIGN_OR_RETURN(Node * positive, b.Compare(dx, p[1], "lt"));
+         return b.Select(positive, p[0], p[1]);
+       }},
       {"attention_family_feeding_compare",
        {{F32({1, 2, 4, 4})}, {F32({1, 2, 4, 4})}},
        [](Builder& b, P p) -> absl::StatusOr<Node*> {

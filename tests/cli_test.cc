@@ -297,12 +297,12 @@ TEST_F(CliTest, CompileHelpListsTheRegisteredPasses) {
   auto help = RunCommand(Kiln() + " compile --help");
   ASSERT_EQ(help.exit_code, 0) << help.output;
   for (const char* line : {"  canonicalize  ", "  cse  ", "  dce  ", "  fuse-loops  ", "  lower-gemm  ", "  elide-grad-zeroing  ",
-                           "  narrow-activations-bf16  ", "  select-flash-attention  ",
+                           "  narrow-activations-bf16  ", "  fuse-residual-norm  ", "  gemm-bias-epilogue  ", "  select-flash-attention  ",
                            "  simplify  ", "merges nodes that compute the same value"}) {
     EXPECT_TRUE(absl::StrContains(help.output, line)) << line << "\n" << help.output;
   }
-  EXPECT_TRUE(absl::StrContains(help.output, "simplify(canonicalize, cse, dce), dce, lower-gemm, elide-grad-zeroing, "
-                                                 "narrow-activations-bf16, fuse-loops")) << help.output;
+  EXPECT_TRUE(absl::StrContains(help.output, "simplify(canonicalize, cse, dce), dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, "
+                                                 "narrow-activations-bf16, fuse-residual-norm, fuse-loops")) << help.output;
 }
 
 // `kiln check` for the default pipeline and for every pass alone, on llama-tiny's forward

@@ -29,8 +29,11 @@ struct OneOp {
   Node* node = nullptr;
 };
 
+// `results`: how many the node has (an op whose attributes set the count, such as
+// add_rms_norm_grad_input's {copy_dtype}, says so here).
 OneOp MakeOneOp(Opcode op, const std::vector<TensorType>& operands, AttrMap attrs = {},
-                const TensorType* declared = nullptr) {
+                const TensorType* declared = nullptr, int results = 0) {
+  if (results == 0) results = GetOpInfo(op).num_results;
   OneOp one{std::make_unique<Module>("m"), nullptr};
   Builder b(one.module->AddFunction("f"));
   std::vector<Node*> params;
@@ -40,9 +43,9 @@ OneOp MakeOneOp(Opcode op, const std::vector<TensorType>& operands, AttrMap attr
     if (!p.ok()) return one;
     params.push_back(*p);
   }
-  if (HasMultipleResults(op)) {  // the node itself, not its results
+  if (results > 1) {  // the node itself, not its results
     std::vector<std::string> names;
-    for (int i = 0; i < GetOpInfo(op).num_results; ++i) names.push_back(absl::StrCat("layers.0.out.", i));
+    for (int i = 0; i < results; ++i) names.push_back(absl::StrCat("layers.0.out.", i));
     absl::StatusOr<std::vector<Node*>> results = b.MultiResultOp(op, params, std::move(attrs), std::move(names));
     EXPECT_TRUE(results.ok()) << results.status();
     if (results.ok()) one.node = (*results)[0]->operand(0);
@@ -164,6 +167,35 @@ TEST(CompositeKernelsTest, LayerNormForward) {
     const int64_t d = s.dims.back();
     OneOp one = MakeOneOp(Opcode::kLayerNorm, {{s.x, s.dims}, {s.w, {d}}, {s.w, {d}}}, Eps());
     EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
+  }
+}
+
+// fuse-residual-norm's ops: the residual forms of the norm kernels, over the same geometry
+// paths (a warp per row with 16-byte accesses, one element, the scalar path, a block per
+// row), with y f32 or bf16, and the residual gradient with and without its bf16 copy; and
+// the norms written bf16.
+TEST(CompositeKernelsTest, FusedResidualNorms) {
+  for (const std::vector<int64_t>& dims :
+       std::vector<std::vector<int64_t>>{{4, 768}, {3, 1}, {2, 5, 33}, {2, 8192}}) {
+    SCOPED_TRACE((TensorType{kF32, dims}).ToString());
+    const TensorType x{kF32, dims}, w{kF32, {dims.back()}};
+    for (bool narrow : {false, true}) {
+      AttrMap attrs = Eps();
+      if (narrow) attrs.Set("out_dtype", Symbol{"bf16"});
+      EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kAddRmsNorm, {x, x, w}, attrs).node).size(), 1u);
+      EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kAddLayerNorm, {x, x, w, w}, attrs).node).size(), 1u);
+      if (narrow) {
+        EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kRmsNorm, {x, w}, attrs).node).size(), 1u);
+        EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kLayerNorm, {x, w, w}, attrs).node).size(), 1u);
+      }
+    }
+    EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kAddRmsNormGradInput, {x, x, w, x}, Eps()).node).size(), 1u);
+    AttrMap copy = Eps();
+    copy.Set("copy_dtype", Symbol{"bf16"});
+    std::vector<KernelSpec> kernels =
+        LowerAndCompile(MakeOneOp(Opcode::kAddRmsNormGradInput, {x, x, w, x}, copy, nullptr, 2).node);
+    ASSERT_EQ(kernels.size(), 1u);
+    EXPECT_NE(kernels[0].source.find("__nv_bfloat16* dx_copy"), std::string::npos) << kernels[0].source;
   }
 }
 

@@ -261,6 +261,44 @@ std::vector<OpCase> OpCases() {
                      Node* y = *b.LayerNorm(p[0], p[1], p[2], 1e-5);
                      return Ret(b, b.Convert(y, bf16));
                    }});
+  // fuse-residual-norm's forms: the norm written bf16, the residual add with it (both
+  // results), and the residual gradient with and without its bf16 copy; 64 wide (a warp per
+  // row, 16-byte accesses), 768 (GPT-2's and llama-S's rows) and 33 (the scalar path).
+  const AttrMap to_bf16{{"eps", 1e-5}, {"out_dtype", Symbol{"bf16"}}};
+  cases.push_back({"rms_norm_bf16_out", kSums, [x_w, to_bf16](Builder& b) {
+                     auto [x, w] = x_w(b);
+                     return Ret(b, b.Op(Opcode::kRmsNorm, {x, w}, to_bf16));
+                   }});
+  cases.push_back({"layer_norm_bf16_out", kSums, [to_bf16](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{f32, {8, 768}}, {f32, {768}}, {f32, {768}}});
+                     return Ret(b, b.Op(Opcode::kLayerNorm, {p[0], p[1], p[2]}, to_bf16));
+                   }});
+  for (int64_t d : {int64_t{64}, int64_t{768}, int64_t{33}}) {
+    for (Opcode op : {Opcode::kAddRmsNorm, Opcode::kAddLayerNorm}) {
+      const bool narrow = d != 33;  // the scalar path keeps y f32
+      cases.push_back({absl::StrCat(OpName(op), "_", d), kSums, [=](Builder& b) -> absl::Status {
+                         std::vector<TensorType> types = {{f32, {2, 3, d}}, {f32, {2, 3, d}}, {f32, {d}}};
+                         if (op == Opcode::kAddLayerNorm) types.push_back({f32, {d}});
+                         std::vector<Node*> p = Params(b, types);
+                         AttrMap attrs{{"eps", 1e-5}};
+                         if (narrow) attrs.Set("out_dtype", Symbol{"bf16"});
+                         ASSIGN_OR_RETURN(std::vector<Node*> sum_and_y, b.MultiResultOp(op, p, attrs));
+                         return b.Return(sum_and_y);
+                       }});
+    }
+    for (bool copy : {true, false}) {
+      cases.push_back({absl::StrCat("add_rms_norm_grad_input_", d, copy ? "_copy" : ""), kSums,
+                       [=](Builder& b) -> absl::Status {
+                         std::vector<Node*> p = Params(b, {{f32, {2, 3, d}}, {f32, {2, 3, d}}, {f32, {d}}, {f32, {2, 3, d}}});
+                         AttrMap attrs{{"eps", 1e-5}};
+                         if (!copy) return Ret(b, b.Op(Opcode::kAddRmsNormGradInput, p, attrs));
+                         attrs.Set("copy_dtype", Symbol{"bf16"});
+                         ASSIGN_OR_RETURN(std::vector<Node*> dx_and_copy,
+                                          b.MultiResultOp(Opcode::kAddRmsNormGradInput, p, attrs));
+                         return b.Return(dx_and_copy);
+                       }});
+    }
+  }
   for (Opcode op : {Opcode::kRmsNormGradInput, Opcode::kRmsNormGradWeight}) {
     cases.push_back({std::string(OpName(op)), kSums, [x_w, op](Builder& b) {
                        auto [x, w] = x_w(b);

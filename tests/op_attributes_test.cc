@@ -50,7 +50,7 @@ TEST(OpAttributes, TheTableMatchesTheAttributesEveryOpIsBuiltWith) {
 // (fusion is a node now).
 TEST(OpAttributes, TheNamesAreTheOpTablesColumn) {
   EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kRmsNorm).begin(), KnownAttributes(Opcode::kRmsNorm).end()),
-            std::vector<absl::string_view>{"eps"});
+            (std::vector<absl::string_view>{"eps", "out_dtype"}));
   EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kSlice).begin(), KnownAttributes(Opcode::kSlice).end()),
             (std::vector<absl::string_view>{"start", "limit", "stride"}));
   EXPECT_EQ(std::vector<absl::string_view>(KnownAttributes(Opcode::kFusion).begin(), KnownAttributes(Opcode::kFusion).end()),
@@ -65,7 +65,7 @@ TEST(OpAttributes, TheVerifierRejectsUnknownAttributes) {
       "module @m\n\nfunc @main {\n  %x = parameter() {index=0} : f32[2,4]\n  %w = parameter() {index=1} : f32[4]\n"
       "  %y = rms_norm(%x, %w) {eps=1e-05, esp=1e-05} : f32[2,4]\n  return %y\n}\n");
   ASSERT_FALSE(misspelt.ok());
-  EXPECT_TRUE(absl::StrContains(misspelt.status().message(), "unknown attribute 'esp' (rms_norm takes eps;"))
+  EXPECT_TRUE(absl::StrContains(misspelt.status().message(), "unknown attribute 'esp' (rms_norm takes eps, out_dtype;"))
       << misspelt.status();
 }
 

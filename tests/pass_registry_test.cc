@@ -55,7 +55,8 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   absl::StatusOr<Pipeline> bad = BuildPipelineFromNames({"cse", "bogus"}, CompileOptions{});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "unknown pass 'bogus' (known: default, " + RegisteredPassNames() + ")");
-  EXPECT_EQ(RegisteredPassNames(), "canonicalize, cse, dce, elide-grad-zeroing, fuse-loops, lower-gemm, narrow-activations-bf16, "
+  EXPECT_EQ(RegisteredPassNames(), "canonicalize, cse, dce, elide-grad-zeroing, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, lower-gemm, "
+            "narrow-activations-bf16, "
             "select-flash-attention, simplify");
 }
 

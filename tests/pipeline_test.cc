@@ -139,15 +139,15 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path().filename());
   std::sort(files.begin(), files.end());
   // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
-  // itself finishes, then the final dce, lower-gemm, elide-grad-zeroing and
-  // narrow-activations-bf16 (no gemms here: dumped unchanged), then fusion makes its fusion
-  // nodes.
+  // itself finishes, then the final dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing,
+  // narrow-activations-bf16 and fuse-residual-norm (no gemms or norms here: dumped
+  // unchanged), then fusion makes its fusion nodes.
   const std::vector<std::string> expected = {
       "000-input.kir",          "001-after-canonicalize.kir", "002-after-cse.kir",
       "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
       "006-after-dce.kir",      "007-after-simplify.kir",     "008-after-dce.kir",
-      "009-after-lower-gemm.kir", "010-after-elide-grad-zeroing.kir", "011-after-narrow-activations-bf16.kir",
-      "012-after-fuse-loops.kir"};
+      "009-after-lower-gemm.kir", "010-after-gemm-bias-epilogue.kir", "011-after-elide-grad-zeroing.kir",
+      "012-after-narrow-activations-bf16.kir", "013-after-fuse-residual-norm.kir", "014-after-fuse-loops.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -155,8 +155,8 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
     EXPECT_TRUE(ParseModule(*text).ok()) << file;
   }
   EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
-  EXPECT_EQ(*ReadFileToString(dir + "/012-after-fuse-loops.kir"), PrintModule(*m));
-  EXPECT_NE(ReadFileToString(dir + "/012-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
+  EXPECT_EQ(*ReadFileToString(dir + "/013-after-fuse-loops.kir"), PrintModule(*m));
+  EXPECT_NE(ReadFileToString(dir + "/013-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -200,7 +200,7 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
-            "lower-gemm, elide-grad-zeroing, narrow-activations-bf16, fuse-loops");
+            "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, fuse-residual-norm, fuse-loops");
 }
 
 TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {

@@ -81,7 +81,8 @@ TEST(TrainingCompile, ADisabledPassReachesWhicheverPipelineHasIt) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(),
             "cannot disable unknown pass 'nope'; pipeline forward has: select-flash-attention, dce; pipeline default "
-            "has: simplify, canonicalize, cse, dce, lower-gemm, elide-grad-zeroing, narrow-activations-bf16, fuse-loops");
+            "has: simplify, canonicalize, cse, dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, "
+            "fuse-residual-norm, fuse-loops");
 }
 
 TEST(TrainingCompile, DumpsAreNumberedOnceInTheOrderThingsRan) {

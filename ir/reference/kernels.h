@@ -61,6 +61,10 @@ absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const Eval
 absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const EvalContext& ctx);
+// add_rms_norm and add_layer_norm: (sum, y).
+absl::StatusOr<std::vector<HostTensor>> EvalAddNorm(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node, Operands xs,
+                                                                const EvalContext& ctx);
 // softmax_ops.cc
 absl::StatusOr<HostTensor> EvalSoftmax(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const EvalContext& ctx);

@@ -5,9 +5,12 @@
 //   dw = sum over rows of dy * x * r
 // and layer_norm, the same of the centered row c = x - mean(x), plus the bias:
 //   y  = c * (1 / sqrt(mean(c^2) + eps)) * w + b
+// The fused residual forms (add_rms_norm, add_layer_norm, add_rms_norm_grad_input) round
+// every intermediate the unfused ops would have stored, so they equal those ops bit for bit.
 #include <algorithm>
 #include <cmath>
 
+#include "ir/numerics.h"
 #include "ir/status_macros.h"
 #include "ir/reference/kernels.h"
 
@@ -29,39 +32,91 @@ void ForEachRow(const EvalContext& ctx, Rows rows, Fn fn) {
                        });
 }
 
-}  // namespace
+// One row of each norm, in double; the Eval functions below run them over rows.
+void RmsNormRow(const double* x, const double* w, int64_t length, double eps, double* y) {
+  const double inv_rms = InverseRms(x, length, eps);
+  for (int64_t i = 0; i < length; ++i) y[i] = x[i] * inv_rms * w[i];
+}
 
-absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const EvalContext& ctx) {
-  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
-  const Rows rows = RowsOf(xs[0]->type());
-  const double* w = xs[1]->values().data();
-  HostTensor out(node.type());
+void LayerNormRow(const double* x, const double* w, const double* bias, int64_t length, double eps, double* y) {
+  double sum = 0;
+  for (int64_t i = 0; i < length; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(length);
+  for (int64_t i = 0; i < length; ++i) y[i] = x[i] - mean;  // centered, then normed in place
+  const double inv_std = InverseRms(y, length, eps);
+  for (int64_t i = 0; i < length; ++i) y[i] = y[i] * inv_std * w[i] + bias[i];
+}
+
+void RmsNormGradInputRow(const double* x, const double* w, const double* dy, int64_t length, double eps,
+                         double* dx) {
+  const double inv_rms = InverseRms(x, length, eps);
+  double dot = 0;  // sum(w * dy * x)
+  for (int64_t i = 0; i < length; ++i) dot += w[i] * dy[i] * x[i];
+  const double scale = inv_rms * inv_rms * inv_rms * dot / static_cast<double>(length);
+  for (int64_t i = 0; i < length; ++i) dx[i] = inv_rms * w[i] * dy[i] - x[i] * scale;
+}
+
+// A norm's y over every row of x (x's type), then, for {out_dtype}, rounded to x's dtype
+// first: the evaluator rounds to out_dtype after, so y is convert(norm(x)) bit for bit.
+template <typename Row>
+HostTensor NormOfRows(const HostTensor& x, const TensorType& y_type, const EvalContext& ctx, Row row) {
+  const Rows rows = RowsOf(x.type());
+  HostTensor out(y_type);
   ForEachRow(ctx, rows, [&](int64_t r) {
-    const double* x = xs[0]->values().data() + r * rows.length;
     double* y = out.mutable_values().data() + r * rows.length;
-    const double inv_rms = InverseRms(x, rows.length, eps);
-    for (int64_t i = 0; i < rows.length; ++i) y[i] = x[i] * inv_rms * w[i];
+    row(x.values().data() + r * rows.length, rows.length, y);
+    if (y_type.dtype != x.type().dtype) {
+      RoundValuesToDType(y, rows.length, x.type().dtype, ctx.options.f32_as_f64);
+    }
   });
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
+  const double* w = xs[1]->values().data();
+  return NormOfRows(*xs[0], node.type(), ctx,
+                    [&](const double* x, int64_t length, double* y) { RmsNormRow(x, w, length, eps, y); });
+}
+
 absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
-  const Rows rows = RowsOf(xs[0]->type());
   const double* w = xs[1]->values().data();
   const double* bias = xs[2]->values().data();
-  HostTensor out(node.type());
-  ForEachRow(ctx, rows, [&](int64_t r) {
-    const double* x = xs[0]->values().data() + r * rows.length;
-    double* y = out.mutable_values().data() + r * rows.length;
-    double sum = 0;
-    for (int64_t i = 0; i < rows.length; ++i) sum += x[i];
-    const double mean = sum / static_cast<double>(rows.length);
-    for (int64_t i = 0; i < rows.length; ++i) y[i] = x[i] - mean;  // centered, then normed in place
-    const double inv_std = InverseRms(y, rows.length, eps);
-    for (int64_t i = 0; i < rows.length; ++i) y[i] = y[i] * inv_std * w[i] + bias[i];
-  });
-  return out;
+  return NormOfRows(*xs[0], node.type(), ctx,
+                    [&](const double* x, int64_t length, double* y) { LayerNormRow(x, w, bias, length, eps, y); });
+}
+
+// sum = h + branch rounded to its dtype (as add's result is), then the norm of that sum.
+absl::StatusOr<std::vector<HostTensor>> EvalAddNorm(const Node& node, Operands xs, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
+  HostTensor sum(node.result_type(0));
+  {
+    const std::vector<double>& h = xs[0]->values();
+    const std::vector<double>& branch = xs[1]->values();
+    std::vector<double>& s = sum.mutable_values();
+    ctx.pool.ParallelFor(static_cast<int64_t>(s.size()), kElementsPerChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) s[i] = h[i] + branch[i];
+      RoundValuesToDType(s.data() + begin, end - begin, sum.type().dtype, ctx.options.f32_as_f64);
+    });
+  }
+  const double* w = xs[2]->values().data();
+  HostTensor y;
+  if (node.opcode() == Opcode::kAddRmsNorm) {
+    y = NormOfRows(sum, node.result_type(1), ctx,
+                   [&](const double* x, int64_t length, double* out) { RmsNormRow(x, w, length, eps, out); });
+  } else {
+    const double* bias = xs[3]->values().data();
+    y = NormOfRows(sum, node.result_type(1), ctx, [&](const double* x, int64_t length, double* out) {
+      LayerNormRow(x, w, bias, length, eps, out);
+    });
+  }
+  std::vector<HostTensor> results;
+  results.push_back(std::move(sum));
+  results.push_back(std::move(y));
+  return results;
 }
 
 absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx) {
@@ -70,16 +125,41 @@ absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, c
   const double* w = xs[1]->values().data();
   HostTensor out(node.type());
   ForEachRow(ctx, rows, [&](int64_t r) {
-    const double* x = xs[0]->values().data() + r * rows.length;
-    const double* dy = xs[2]->values().data() + r * rows.length;
-    double* dx = out.mutable_values().data() + r * rows.length;
-    const double inv_rms = InverseRms(x, rows.length, eps);
-    double dot = 0;  // sum(w * dy * x)
-    for (int64_t i = 0; i < rows.length; ++i) dot += w[i] * dy[i] * x[i];
-    const double scale = inv_rms * inv_rms * inv_rms * dot / static_cast<double>(rows.length);
-    for (int64_t i = 0; i < rows.length; ++i) dx[i] = inv_rms * w[i] * dy[i] - x[i] * scale;
+    const int64_t at = r * rows.length;
+    RmsNormGradInputRow(xs[0]->values().data() + at, w, xs[2]->values().data() + at, rows.length, eps,
+                        out.mutable_values().data() + at);
   });
   return out;
+}
+
+// dx = dres + (the input gradient rounded to dx's dtype, as rms_norm_grad_input's result
+// is); the copy is dx again, which the evaluator rounds to copy_dtype.
+absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node, Operands xs,
+                                                                const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
+  const Rows rows = RowsOf(xs[1]->type());
+  const double* w = xs[2]->values().data();
+  const DType dtype = node.result_type(0).dtype;
+  HostTensor dx(node.result_type(0));
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    const int64_t at = r * rows.length;
+    double* out = dx.mutable_values().data() + at;
+    RmsNormGradInputRow(xs[1]->values().data() + at, w, xs[3]->values().data() + at, rows.length, eps, out);
+    RoundValuesToDType(out, rows.length, dtype, ctx.options.f32_as_f64);
+    const double* dres = xs[0]->values().data() + at;
+    for (int64_t i = 0; i < rows.length; ++i) out[i] += dres[i];
+    RoundValuesToDType(out, rows.length, dtype, ctx.options.f32_as_f64);
+  });
+  std::vector<HostTensor> results;
+  if (node.num_results() == 2) {
+    HostTensor copy(node.result_type(1));
+    copy.mutable_values() = dx.values();
+    results.push_back(std::move(dx));
+    results.push_back(std::move(copy));
+  } else {
+    results.push_back(std::move(dx));
+  }
+  return results;
 }
 
 absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext& ctx) {

@@ -85,6 +85,21 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* ln = Must(b.LayerNorm(x, w, w, 1e-5));  // w as the bias too: no new leaves
   Node* rn = Must(b.RmsNorm(ln, w, 1e-5));
   Node* gi = Must(b.Op(Opcode::kRmsNormGradInput, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
+  // The fused residual norms (fuse-residual-norm's), folded into gi's value so that the
+  // outputs stay as they were: each form once, narrow results included.
+  {
+    const AttrMap to_bf16{{"eps", 1e-5}, {"out_dtype", Symbol{"bf16"}}};
+    Node* rn_bf16 = Must(b.Op(Opcode::kRmsNorm, {x, w}, to_bf16));
+    Node* ln_bf16 = Must(b.Op(Opcode::kLayerNorm, {x, w, w}, to_bf16));
+    const std::vector<Node*> arn = Must(b.MultiResultOp(Opcode::kAddRmsNorm, {x, ln, w}, to_bf16));
+    const std::vector<Node*> aln =
+        Must(b.MultiResultOp(Opcode::kAddLayerNorm, {arn[0], x, w, w}, AttrMap{{"eps", 1e-5}}));
+    const std::vector<Node*> dx_and_copy = Must(b.MultiResultOp(
+        Opcode::kAddRmsNormGradInput, {aln[0], x, w, aln[1]}, AttrMap{{"eps", 1e-5}, {"copy_dtype", Symbol{"bf16"}}}));
+    Node* dx = Must(b.Op(Opcode::kAddRmsNormGradInput, {dx_and_copy[0], x, w, rn}, AttrMap{{"eps", 1e-5}}));
+    for (Node* narrow : {rn_bf16, ln_bf16, arn[1], dx_and_copy[1]}) gi = Must(b.Add(gi, Must(b.Convert(narrow, f32))));
+    gi = Must(b.Add(gi, dx));
+  }
   Node* gw = Must(b.Op(Opcode::kRmsNormGradWeight, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
   Node* sm = Must(b.Softmax(r));
   Node* smg = Must(b.Op(Opcode::kSoftmaxGrad, {sm, r}));

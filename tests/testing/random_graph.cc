@@ -61,6 +61,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> DotStep();
   absl::StatusOr<Node*> IndexingStep();
   absl::StatusOr<Node*> NormStep();
+  absl::StatusOr<Node*> FusedNormStep(Node* x, Node* w);
   absl::StatusOr<Node*> SoftmaxStep();
   absl::StatusOr<Node*> CrossEntropyStep();
   absl::StatusOr<Node*> RopeStep();
@@ -259,12 +260,45 @@ absl::StatusOr<Node*> GraphGenerator::NormStep() {
   ASSIGN_OR_RETURN(Node * w, b_.ReduceMax(x, leading));  // a weight of the last dim's size
   ASSIGN_OR_RETURN(Node * y, b_.RmsNorm(x, w, 1e-5));
   switch (Uniform(4)) {
-    case 0: return y;
+    case 0: return x->type().dtype == DType::kF32 && Coin() ? FusedNormStep(x, w) : y;
     case 3: return b_.LayerNorm(x, w, w, 1e-5);  // w as the bias too
     case 1: return b_.Op(Opcode::kRmsNormGradInput, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}});
     default: {
       ASSIGN_OR_RETURN(Node * gw, b_.Op(Opcode::kRmsNormGradWeight, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}}));
       return b_.Add(gw, w);
+    }
+  }
+}
+
+// fuse-residual-norm's forms (x is f32): a norm written bf16, the residual add with its norm
+// (one result returned, the other left unread), the residual gradient with or without its
+// bf16 copy. Narrow results are converted back, so later steps see f32.
+absl::StatusOr<Node*> GraphGenerator::FusedNormStep(Node* x, Node* w) {
+  const AttrMap to_bf16{{"eps", 1e-5}, {"out_dtype", Symbol{"bf16"}}};
+  const AttrMap plain{{"eps", 1e-5}};
+  switch (Uniform(4)) {
+    case 0: {
+      ASSIGN_OR_RETURN(Node * y, Coin() ? b_.Op(Opcode::kRmsNorm, {x, w}, to_bf16)
+                                        : b_.Op(Opcode::kLayerNorm, {x, w, w}, to_bf16));
+      return b_.Convert(y, DType::kF32);
+    }
+    case 1:
+    case 2: {
+      std::vector<Node*> operands = {x, Partner(x), w};
+      if (Coin()) operands.push_back(w);  // add_layer_norm, w as the bias too
+      const Opcode op = operands.size() == 4 ? Opcode::kAddLayerNorm : Opcode::kAddRmsNorm;
+      ASSIGN_OR_RETURN(std::vector<Node*> sum_and_y, b_.MultiResultOp(op, operands, Coin() ? to_bf16 : plain));
+      if (Coin()) return sum_and_y[0];
+      return sum_and_y[1]->type().dtype == DType::kF32 ? sum_and_y[1] : b_.Convert(sum_and_y[1], DType::kF32);
+    }
+    default: {
+      const std::vector<Node*> operands = {Partner(x), x, w, Partner(x)};
+      if (Coin()) return b_.Op(Opcode::kAddRmsNormGradInput, operands, plain);
+      ASSIGN_OR_RETURN(std::vector<Node*> dx_and_copy,
+                       b_.MultiResultOp(Opcode::kAddRmsNormGradInput, operands,
+                                        AttrMap{{"eps", 1e-5}, {"copy_dtype", Symbol{"bf16"}}}));
+      if (Coin()) return dx_and_copy[0];
+      return b_.Convert(dx_and_copy[1], DType::kF32);
     }
   }
 }

@@ -1,0 +1,205 @@
+#include "passes/fuse_residual_norm.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "ir/node_predicates.h"
+#include "ir/pattern_match.h"
+
+namespace kiln {
+namespace {
+
+namespace m = match;
+
+bool IsNorm(const Node& n) { return n.opcode() == Opcode::kRmsNorm || n.opcode() == Opcode::kLayerNorm; }
+
+// An f32 value the fused kernels may read as it lies: not a broadcast, which fuse-loops
+// would fold into the add's own kernel without storing it.
+m::Pattern ResidualOperand() {
+  return m::Any().WithDType(DType::kF32).Where("not a broadcast",
+                                               [](const Node& n) { return n.opcode() != Opcode::kBroadcast; });
+}
+
+// add(h, branch): f32 operands of the add's own shape (its type rule makes them equal).
+m::Pattern ResidualAdd() {
+  return m::Op(Opcode::kAdd).WithDType(DType::kF32).WithOperands({ResidualOperand(), ResidualOperand()});
+}
+
+// The input gradient of a norm, read by the add alone.
+m::Pattern SoleUseGradInput(Node** gi) {
+  return m::Op(Opcode::kRmsNormGradInput)
+      .WithDType(DType::kF32)
+      .Where("used once, not a function output",
+             [](const Node& n) { return n.users().size() == 1 && !IsFunctionOutput(n); })
+      .Capture(gi);
+}
+
+// The uses of `v` that convert it to a narrower float type: all of them converting to one
+// dtype (the first such use's), in use order, each node once.
+std::vector<Node*> NarrowingConverts(const Node& v, std::optional<DType>& dtype) {
+  std::vector<Node*> converts;
+  for (Node* u : v.users()) {
+    if (u->opcode() != Opcode::kConvert || !IsFloat(u->type().dtype) || u->type().dtype == v.type().dtype) continue;
+    if (!dtype.has_value()) dtype = u->type().dtype;
+    if (u->type().dtype == *dtype && std::find(converts.begin(), converts.end(), u) == converts.end()) {
+      converts.push_back(u);
+    }
+  }
+  return converts;
+}
+
+// Whether every use of the norm `y` converts it to one float dtype (then y may be written
+// in it); the converts are appended to `converts`.
+std::optional<DType> EveryUseConverts(const Node& y, std::vector<Node*>& converts) {
+  if (y.users().empty() || IsFunctionOutput(y) || y.type().dtype != DType::kF32) return std::nullopt;
+  std::optional<DType> dtype;
+  converts = NarrowingConverts(y, dtype);
+  size_t uses = 0;
+  for (const Node* c : converts) uses += std::count(y.users().begin(), y.users().end(), c);
+  if (uses != y.users().size()) {
+    converts.clear();  // y stays as it is, and so do its converts
+    return std::nullopt;
+  }
+  return dtype;
+}
+
+// Makes every use of each convert read `value` instead, and removes the converts.
+void ReplaceConverts(Function& f, const std::vector<Node*>& converts, Node* value) {
+  for (Node* c : converts) {
+    c->ReplaceAllUsesWith(value);
+    f.RemoveNode(c);
+  }
+}
+
+// Whether `a` is defined before `b` in `f` (positions of the function's node order).
+class Order {
+ public:
+  explicit Order(const Function& f) {
+    for (size_t i = 0; i < f.nodes().size(); ++i) position_[f.nodes()[i].get()] = static_cast<int64_t>(i);
+  }
+  // Nodes made after construction are not known; the pass asks only about older ones.
+  bool Before(const Node* a, const Node* b) const { return position_.at(a) < position_.at(b); }
+
+ private:
+  absl::flat_hash_map<const Node*, int64_t> position_;
+};
+
+// Frees `n`'s name for the node that replaces it and returns the name.
+std::string TakeName(Function& f, Node* n) {
+  std::string name = n->name();
+  KILN_CHECK(f.RenameNode(n, f.UniqueName(absl::StrCat(name, ".unfused"))));
+  return name;
+}
+
+// norm(add(h, branch)) -> add_norm(h, branch), or norm(x) {out_dtype} where every use of the
+// norm converts it. Returns whether it changed anything.
+bool FuseForward(Function& f, const Order& order, Node* norm) {
+  if (norm->attrs().Has("out_dtype")) return false;  // already written narrow
+  std::vector<Node*> converts;
+  const std::optional<DType> narrow = EveryUseConverts(*norm, converts);
+  AttrMap attrs = norm->attrs();
+  if (narrow.has_value()) attrs.Set("out_dtype", Symbol{std::string(DTypeName(*narrow))});
+  TensorType y_type = norm->type();
+  if (narrow.has_value()) y_type.dtype = *narrow;
+
+  Node* add = norm->operand(0);
+  const std::vector<Node*> params(norm->operands().begin() + 1, norm->operands().end());  // w (and b)
+  bool fold = m::Match(add, ResidualAdd()) && !add->has_multiple_results();
+  for (const Node* p : params) fold = fold && order.Before(p, add);  // the fused node goes where the add was
+  if (!fold) {
+    if (!narrow.has_value()) return false;
+    norm->mutable_attrs() = std::move(attrs);
+    norm->set_type(y_type);
+    ReplaceConverts(f, converts, norm);
+    return true;
+  }
+
+  const Opcode fused = norm->opcode() == Opcode::kRmsNorm ? Opcode::kAddRmsNorm : Opcode::kAddLayerNorm;
+  std::vector<Node*> operands = {add->operand(0), add->operand(1)};
+  operands.insert(operands.end(), params.begin(), params.end());
+  const std::string sum_name = TakeName(f, add);
+  const std::string y_name = TakeName(f, norm);
+  const std::vector<Node*> results = f.AppendMultiResultNode(fused, std::move(operands), std::move(attrs),
+                                                             {add->type(), y_type}, {sum_name, y_name},
+                                                             norm->scope(), /*before=*/add);
+  KILN_CHECK(results.size() == 2);
+  ReplaceConverts(f, converts, results[1]);
+  norm->ReplaceAllUsesWith(results[1]);  // none left when y is narrow
+  f.RemoveNode(norm);
+  add->ReplaceAllUsesWith(results[0]);
+  f.RemoveNode(add);
+  return true;
+}
+
+// add(dres, rms_norm_grad_input(x, w, dy)) -> add_rms_norm_grad_input(dres, x, w, dy), with a
+// narrow copy for the add's converts.
+bool FuseBackward(Function& f, Node* add) {
+  if (!m::Match(add, ResidualAdd())) return false;
+  Node* gi = nullptr;
+  int gi_side = -1;
+  for (int side : {1, 0}) {  // autodiff writes add(sum so far, new contribution)
+    if (m::Match(add->operand(side), SoleUseGradInput(&gi))) {
+      gi_side = side;
+      break;
+    }
+  }
+  if (gi_side < 0) return false;
+  Node* dres = add->operand(1 - gi_side);
+  std::optional<DType> copy_dtype;
+  const std::vector<Node*> converts = NarrowingConverts(*add, copy_dtype);
+  AttrMap attrs = gi->attrs();
+  std::vector<TensorType> types = {add->type()};
+  std::vector<std::string> names = {TakeName(f, add)};
+  if (copy_dtype.has_value()) {
+    attrs.Set("copy_dtype", Symbol{std::string(DTypeName(*copy_dtype))});
+    types.push_back(converts[0]->type());
+    names.push_back(TakeName(f, converts[0]));
+  }
+  const std::vector<Node*> operands = {dres, gi->operand(0), gi->operand(1), gi->operand(2)};
+  Node* dx = nullptr;
+  if (copy_dtype.has_value()) {
+    const std::vector<Node*> results = f.AppendMultiResultNode(Opcode::kAddRmsNormGradInput, operands,
+                                                               std::move(attrs), types, names, gi->scope(), add);
+    KILN_CHECK(results.size() == 2);
+    dx = results[0];
+    ReplaceConverts(f, converts, results[1]);
+  } else {
+    dx = f.InsertNodeBefore(add, Opcode::kAddRmsNormGradInput, operands, std::move(attrs), types[0], names[0],
+                            gi->scope());
+    KILN_CHECK(dx != nullptr);
+  }
+  add->ReplaceAllUsesWith(dx);
+  f.RemoveNode(add);
+  f.RemoveNode(gi);
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> FuseResidualNormPass::RunOnFunction(Function& f) {
+  bool changed = false;
+  // Forward first: each norm is removed only by its own rewrite, so the list stays valid
+  // (an add two norms read is folded into the first; the second reads the sum).
+  {
+    const Order order(f);
+    std::vector<Node*> norms;
+    for (const auto& n : f.nodes()) {
+      if (IsNorm(*n)) norms.push_back(n.get());
+    }
+    for (Node* norm : norms) changed |= FuseForward(f, order, norm);
+  }
+  // Then the backward's adds: each removes itself, its input gradient and its converts,
+  // none of which is another listed add.
+  std::vector<Node*> adds;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kAdd) adds.push_back(n.get());
+  }
+  for (Node* add : adds) changed |= FuseBackward(f, add);
+  return changed;
+}
+
+}  // namespace kiln

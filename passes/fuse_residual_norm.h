@@ -1,0 +1,77 @@
+// fuse-residual-norm: a residual add and the norm that reads its sum become one kernel that
+// writes both, and a norm's output is written in the dtype its consumers convert it to.
+// In the backward, the residual gradient's add folds into the norm's input-gradient kernel,
+// which also writes the narrow copy the next GEMMs read. What no longer runs: the add's
+// kernel (and its reading h2 back), the converts after the norm and after the gradient.
+//
+// Forward, before:
+//   %h = parameter() {index=0} : f32[8,64]
+//   %branch = parameter() {index=1} : f32[8,64]
+//   %w = parameter() {index=2} : f32[64]
+//   %h2 = add(%h, %branch) : f32[8,64]
+//   %y = rms_norm(%h2, %w) {eps=1e-05} : f32[8,64]
+//   %yb = convert(%y) : bf16[8,64]
+//   return %h2, %yb
+// After:
+//   %h2, %y = add_rms_norm(%h, %branch, %w) {eps=1e-05, out_dtype=bf16} : (f32[8,64], bf16[8,64])
+//   return %h2, %y
+//
+// Backward, before (dres the gradient that reached h2 through the residual stream):
+//   %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+//   %dx = add(%dres, %gi) : f32[8,64]
+//   %dxb = convert(%dx) : bf16[8,64]
+//   return %dx, %dxb
+// After:
+//   %dx, %dxb = add_rms_norm_grad_input(%dres, %x, %w, %dy) {copy_dtype=bf16, eps=1e-05} : (f32[8,64], bf16[8,64])
+//   return %dx, %dxb
+//
+// Rewrites (layer_norm and add_layer_norm alike):
+//   norm(add(h, b)) -> add_norm(h, b): the sum stays a result, so every other use of h2
+//     (the residual stream read by the next layer, or the backward) reads it there;
+//   norm(x) whose every use is a convert to one float dtype -> norm(x) {out_dtype}, the
+//     converts gone (the first layer's norm, whose x is the embedding, and any norm whose
+//     add another pass has taken);
+//   add(dres, rms_norm_grad_input(x, w, dy)) (either order) -> add_rms_norm_grad_input,
+//     with {copy_dtype} and a second result replacing the add's converts to that dtype when
+//     it has some (its other uses read dx).
+// Exact: each fused op is defined (ir/op_table.h) as the ops it replaces with every
+// intermediate rounded as they stored it, and the reference backend computes it so; the
+// kernels are the same row kernels with optional pointers (kernels/rms_norm.cuh,
+// layer_norm.cuh), computing in f32 and rounding once per stored value.
+//
+// Taken only where legal and a win: the add's operands are f32 (the residual stream's
+// dtype; the fused kernels keep the sum f32) of the add's shape, and neither is a broadcast
+// (one fuse-loops would fold into the add's kernel for free; the fused norm would read it
+// materialized); the norm's weight (and bias) is defined before the add, where the fused
+// node goes; the input gradient has no use but the add and is no function output (else it
+// must be stored anyway).
+//
+// Runs after autodiff and the training step (its ops have no VJP: they are made from the
+// finished step), after elide-grad-zeroing, and before fuse-loops, which would otherwise
+// take the adds and converts into loop fusions. After elide-grad-zeroing on purpose: a
+// residual add whose branch is a GEMM's sole use is that GEMM's C (beta=1) by then, which
+// moves fewer bytes with the same launches: 12 an element besides y (the GEMM reads h as C
+// and writes h2, the norm reads h2), against 16 (the GEMM writes the branch, the fused norm
+// reads it and h and writes h2); the norm then still writes y narrow. (cuBLASLt with C was
+// once measured slower on the H200 (issue 13): if it still is, run this pass before
+// elide-grad-zeroing, and the forward adds become add_rms_norm instead.) layer_norm's backward (passes/vjp_rules.cc) centers the
+// input gradient before the residual add, which fuse-loops then puts in the centering kernel:
+// there is no add of an rms_norm_grad_input for this pass to fold there. Not done: an input
+// gradient with no residual add whose uses convert it (the final norm's) keeps its convert.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "passes/pass.h"
+
+namespace kiln {
+
+class FuseResidualNormPass : public FunctionPass {
+ public:
+  static constexpr absl::string_view kName = "fuse-residual-norm";
+  absl::string_view name() const override { return kName; }
+  absl::StatusOr<bool> RunOnFunction(Function& function) override;
+};
+
+}  // namespace kiln
