@@ -355,7 +355,11 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, k_head + static_cast<long long>(j) * kN * kD, t);
       fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, v_head + static_cast<long long>(j) * kN * kD, t);
       fa::CpAsyncCommit();
-      // The group before this one (the q tile, then tile j - 1) has landed: publish it.
+      // The group before this one (the q tile, then tile j - 1) has landed: publish it. A
+      // tile is published only once the next is issued, which waits for a free stage: so
+      // the consumers must free tile j - 1 before they wait for tile j, or, with two stages,
+      // neither side moves (a consumer that keeps v of tile j - 1 while it computes tile j's
+      // scores, as FlashAttention-3's software pipelining does, deadlocks here).
       fw::CpAsyncWait<1>();
       fw::FenceProxyAsync();
       fw::BarrierArrive(j == 0 ? q_full : full + 8 * ((j - 1) % kStages));
