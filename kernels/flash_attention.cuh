@@ -35,7 +35,7 @@
 // (relative 2^-9 per term) and from it only: select-flash-attention's proof allows for it.
 // The backward recomputes the normalized P = exp(S - LSE) from the stored LSE, in fp32, as
 // the IR's softmax gradient does.
-// The one departure from the IR: Delta here is rowsum(dO_b * O), where O was computed
+// A second departure, in the backward: Delta here is rowsum(dO_b * O), where O was computed
 // with bf16(P); the IR's softmax gradient sums dP * P with P in fp32. The two differ by
 // sum_j dP_ij (bf16(P_ij) - P_ij), bf16 rounding noise of P (relative 2^-9 per term).
 //

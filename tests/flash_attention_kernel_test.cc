@@ -10,6 +10,10 @@
 //     rounding boundary within the GPU's fp32 error. The backward is also compared with the
 //     unfused IR's own definition of the softmax gradient (Delta = sum dP * P), and runs
 //     twice to the same bits (no atomics).
+// The Hopper forward (kernels/flash_attention_wgmma.cuh) likewise: in CI it compiles for
+// sm_90a with ptxas reporting no spills (registers and spills printed from NVRTC's log); on an
+// sm_90a GPU its O and LSE match the reference and the mma.sync forward's O (the same
+// definition with other tiles), at T of 256 and 1024, D of 64 and 128.
 #include <gtest/gtest.h>
 
 #include <cctype>
