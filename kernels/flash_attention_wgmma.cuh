@@ -20,17 +20,20 @@
 // columns is D / 64 column blocks of R x 64 elements, row r of a block 128 bytes at r * 128,
 // its 16-byte chunk c at chunk c ^ (r % 8); every block starts 1024-byte aligned.
 //
-// Why cp.async and not TMA: a tensor map (CUtensorMap, built on the host by
-// cuTensorMapEncodeTiled, which the static CUDA runtime could reach through
-// cudaGetDriverEntryPoint without linking libcuda) embeds the global address and must be a
-// by-value __grid_constant__ kernel parameter; kiln's launches (runtime/cuda/kernel_launch.h)
-// pass device pointers only, planned into CUDA graphs. The 1-D bulk copy (cp.async.bulk)
-// needs no tensor map but writes contiguous bytes, and the swizzle above moves every 16-byte
-// chunk of a row. So the producer warpgroup issues 16-byte cp.async (each of its 128 threads
-// a share of every tile), waits for its own copies, fences them into the async proxy that
-// wgmma reads shared memory through, and arrives on the stage's mbarrier. A stage's
-// barrier completes one tile behind its issue, so one tile is always in flight while the
-// consumers compute another.
+// Why cp.async and not TMA: a tensor map (CUtensorMap) embeds the global address of the
+// tensor it describes and is encoded on the host by cuTensorMapEncodeTiled, which the static
+// CUDA runtime reaches through cudaGetDriverEntryPoint without linking libcuda. It may be a
+// by-value __grid_constant__ kernel parameter or live in global memory, but either way it
+// has to be made from the buffer's address, which kiln knows only once an executable's arena
+// is allocated, and kiln's launches (runtime/cuda/kernel_launch.h) pass device pointers only:
+// the runtime would have to build the maps at load and hand them to the kernel, plumbing not
+// in this kernel's change. The 1-D bulk copy (cp.async.bulk) needs no tensor map but writes
+// contiguous bytes, and the swizzle above moves every 16-byte chunk of a row. So the producer
+// warpgroup issues 16-byte cp.async (each of its 128 threads a share of every tile), waits
+// for its own copies, fences them into the async proxy that wgmma reads shared memory
+// through, and arrives on the stage's mbarrier. A stage's barrier completes one tile behind
+// its issue, so one tile is always in flight while the consumers compute another. On the
+// H200 the loads look like the limit (bench/RESULTS.md): TMA is the next step.
 //
 // Causal: a block walks only the key tiles at or before its last query; the diagonal tile is
 // masked element by element. Blocks are ordered heaviest first, as in the mma.sync kernels.
