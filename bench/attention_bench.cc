@@ -14,7 +14,13 @@
 // every element. One JSON object a line on stdout (bench/run_attention_h200.sh merges them
 // with bench/attention_torch.py's), a readable table on stderr.
 //
-//   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64]
+//   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64] [--max-error 2e-3]
+//
+// Self-checking: it exits 1 when a forward's O is further than --max-error from the reference
+// on a sampled row, or the two forwards differ by more than that anywhere (or give NaN). The
+// bound is loose on purpose: correct kernels differ from the reference by fp32 accumulation
+// order and the odd bf16 P̃ at a rounding boundary (about 1e-4 at these shapes on the H200),
+// a wrong tile, mask or swizzle by O's own magnitude (0.1-1).
 //
 // Linked like the GPU tests (Abseil and protobuf statically, the CUDA runtime statically,
 // never libcuda); it needs an sm_90a GPU to do anything but say why it cannot run.
@@ -195,6 +201,7 @@ absl::StatusOr<Timing> Time(const std::vector<std::pair<const Loaded*, std::vect
 struct Options {
   std::vector<std::string> shapes = {"S", "M", "L"};
   int iters = 20, warmup = 3, rows = 64;
+  double max_error = 2e-3;
 };
 
 void Report(const Shape& s, const std::string& impl, const Timing& t, double flops, double err_ref,
@@ -290,6 +297,11 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   Report(s, "kiln fwd wgmma", *t_w, s.forward_flops(), err_w, w_vs_m, "mma.sync");
   Report(s, "kiln fwd mma.sync", *t_m, s.forward_flops(), err_m, w_vs_m, "wgmma");
   Report(s, "kiln fwd+bwd", *t_fb, 3.5 * s.forward_flops(), err_w, w_vs_m, "mma.sync");
+  // NaN compares false: written so that it fails.
+  if (!(err_w <= opt.max_error && err_m <= opt.max_error && w_vs_m <= opt.max_error)) {
+    return absl::InternalError(absl::StrCat("O beyond --max-error ", opt.max_error, ": wgmma vs reference ", err_w,
+                                            ", mma.sync vs reference ", err_m, ", wgmma vs mma.sync ", w_vs_m));
+  }
   return absl::OkStatus();
 }
 
@@ -299,6 +311,8 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
     const bool has_value = i + 1 < argc;
     if (a == "--shapes" && has_value) {
       opt.shapes = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+    } else if (a == "--max-error" && has_value) {
+      if (!absl::SimpleAtod(argv[++i], &opt.max_error) || !(opt.max_error >= 0)) return false;
     } else if ((a == "--iters" || a == "--warmup" || a == "--rows") && has_value) {
       int value = 0;
       if (!absl::SimpleAtoi(argv[++i], &value) || value < (a == "--warmup" ? 0 : 1)) return false;
@@ -313,7 +327,7 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
 int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
-    std::fprintf(stderr, "usage: attention_bench [--shapes S,M,L] [--iters N] [--warmup N] [--rows N]\n");
+    std::fprintf(stderr, "usage: attention_bench [--shapes S,M,L] [--iters N] [--warmup N] [--rows N] [--max-error X]\n");
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Open();
@@ -334,6 +348,7 @@ int Main(int argc, char** argv) {
       ++failures;
     }
   }
+  if (failures > 0) std::fprintf(stderr, "attention_bench: FAILED (%d shape(s))\n", failures);
   return failures == 0 ? 0 : 1;
 }
 

@@ -7,6 +7,8 @@
 # The script finds attention_torch.py beside itself, and attention_bench there too when
 # ATTENTION_BENCH is unset and there is one (a folder carried with the three files works).
 # Knobs: SHAPES=S,M,L ITERS=20 WARMUP=3 OUT_DIR=/tmp/kiln-attention PYTHON=python3.
+# Exit 1 (and a last line saying FAILED) when attention_bench's self-check fails (kiln's O
+# against the reference and the two forwards against each other) or either side cannot run.
 # attention_bench links libnvrtc and libcublasLt dynamically: LD_LIBRARY_PATH gets
 # /usr/local/cuda/lib64 when it is there.
 set -uo pipefail
@@ -49,4 +51,5 @@ for shape in ("S", "M", "L"):
         print(f"{label:<24} {r['impl']:<36} {r['median_ms']:9.3f} {r['min_ms']:8.3f} {r['max_ms']:8.3f} "
               f"{r['tflops']:8.1f}  {ref:>10}  {vs}")
 PY
+echo "run_attention_h200: $([[ $status == 0 ]] && echo OK || echo FAILED)"
 exit $status
