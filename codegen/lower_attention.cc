@@ -60,11 +60,13 @@ absl::StatusOr<AttentionCall> AttentionCallOf(const Node& node) {
 
 }  // namespace
 
+namespace {
 // Whether attention's forward runs on the wgmma kernel: the target has warpgroup MMA and
 // the shape fits its 128-query, 128-key tiles; otherwise the mma.sync kernel.
 bool UsesWgmmaForward(const AttentionCall& a, const Target& target) {
   return target.has_wgmma && FlashAttentionWgmmaUnsupportedReason(a.b, a.h, a.hkv, a.t, a.d) == nullptr;
 }
+}  // namespace
 
 // attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
 // no backward reads it).

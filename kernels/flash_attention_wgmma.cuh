@@ -41,7 +41,10 @@
 // the mma.sync kernel otherwise (FlashAttentionWgmmaUnsupportedReason).
 //
 // Launch: FlashAttentionWgmmaForwardLaunch (grid, 384 threads, shared bytes); the wrapper
-// declares __launch_bounds__(384, 1).
+// declares __launch_bounds__(384), so ptxas gives every thread 168 registers at launch (65536 /
+// 384, one block an SM) and setmaxnreg moves them: the producer keeps 72, the consumers get 216
+// (128 * 72 + 256 * 216 = 384 * 168). tests/flash_attention_kernel_test.cc checks that ptxas
+// spills nothing at D 64 and 128.
 #pragma once
 
 #include "kernels/flash_attention.cuh"
@@ -303,7 +306,7 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&
 // ------------------------------------------------------------------------------- kernel
 
 // o = attention(q, k, v) and lse (fp32 [B, H, T], natural log) on wgmma, for `scale`.
-// Launch: FlashAttentionWgmmaForwardLaunch; the wrapper declares __launch_bounds__(384, 1).
+// Launch: FlashAttentionWgmmaForwardLaunch; the wrapper declares __launch_bounds__(384).
 template <typename TO, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, float* __restrict__ lse,
                                                            const __nv_bfloat16* __restrict__ q,
