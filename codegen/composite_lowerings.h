@@ -35,8 +35,9 @@ absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOpti
 absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptions& options);
 
-// lower_attention.cc: attention, attention_grad and attention_delta.
-absl::StatusOr<LoweredNode> LowerAttention(const Node& node);
+// lower_attention.cc: attention (on wgmma when options.target has it, else mma.sync),
+// attention_grad and attention_delta.
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node);
 absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options);
 

@@ -28,6 +28,9 @@ struct CompiledKernel {
   std::string name;   // the kernel symbol
   std::string cubin;  // ELF for the target's arch
   bool from_cache = false;
+  // NVRTC's log when NvrtcOptions::ptxas_info asked for ptxas's resource report (registers,
+  // spill stores and loads, stack); empty otherwise and for cached kernels.
+  std::string log;
 };
 
 enum class LoweringKind {

@@ -1,5 +1,7 @@
 // Lowering of attention, attention_grad and attention_delta to the flash kernels of
-// kernels/flash_attention.cuh.
+// kernels/flash_attention.cuh, and of attention's forward on a target with wgmma (sm_90a)
+// to kernels/flash_attention_wgmma.cuh. Both forwards compute the op's one definition
+// (ir/op_table.h) and store the same LSE, which the mma.sync backward reads.
 #include "codegen/composite_lowerings.h"
 
 #include <string>
@@ -9,6 +11,7 @@
 #include "codegen/kernel_source.h"
 #include "ir/status_macros.h"
 #include "kernels/flash_attention.cuh"  // launch geometry only: plain C++ outside a CUDA compiler
+#include "kernels/flash_attention_wgmma.cuh"
 
 namespace kiln::codegen::composite {
 namespace {
@@ -19,6 +22,8 @@ using kernels::FlashAttentionBackwardDqLaunch;
 using kernels::FlashAttentionForwardLaunch;
 using kernels::FlashAttentionLaunch;
 using kernels::FlashAttentionUnsupportedReason;
+using kernels::FlashAttentionWgmmaForwardLaunch;
+using kernels::FlashAttentionWgmmaUnsupportedReason;
 
 // The flash kernels' geometry for this node's shapes (kernels/flash_attention.cuh).
 absl::Status CheckAttentionShape(const Node& node, const TensorType& q, const TensorType& kv) {
@@ -55,21 +60,31 @@ absl::StatusOr<AttentionCall> AttentionCallOf(const Node& node) {
 
 }  // namespace
 
+namespace {
+// Whether attention's forward runs on the wgmma kernel: the target has warpgroup MMA and
+// the shape fits its 128-query, 128-key tiles; otherwise the mma.sync kernel.
+bool UsesWgmmaForward(const AttentionCall& a, const Target& target) {
+  return target.has_wgmma && FlashAttentionWgmmaUnsupportedReason(a.b, a.h, a.hkv, a.t, a.d) == nullptr;
+}
+}  // namespace
+
 // attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
 // no backward reads it).
-absl::StatusOr<LoweredNode> LowerAttention(const Node& node) {
+absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
-  const int64_t b = a.b, h = a.h, hkv = a.hkv, t = a.t, d = a.d;
-  const double scale = a.scale;
-  const FlashAttentionLaunch launch = FlashAttentionForwardLaunch(b, h, t, d);
+  const bool wgmma = UsesWgmmaForward(a, options.target);
+  const FlashAttentionLaunch launch =
+      wgmma ? FlashAttentionWgmmaForwardLaunch(a.b, a.h, a.t, a.d) : FlashAttentionForwardLaunch(a.b, a.h, a.t, a.d);
   Wrapper w;
-  w.header = "flash_attention";
-  w.comment = absl::StrCat("causal flash attention and its LSE, ", launch.block_m, " queries per block of ",
-                           launch.block_threads, " threads, key tiles of ", launch.block_n);
+  w.header = wgmma ? "flash_attention_wgmma" : "flash_attention";
+  w.comment = absl::StrCat(wgmma ? "causal flash attention on wgmma (a producer and two consumer warpgroups)"
+                                 : "causal flash attention on mma.sync",
+                           " and its LSE, ", launch.block_m, " queries per block of ", launch.block_threads,
+                           " threads, key tiles of ", launch.block_n);
   w.outputs = {"float* out", "float* lse"};
   w.params = {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v")};
-  w.call = absl::StrCat("FlashAttentionForward<float, ", b, ", ", h, ", ", hkv, ", ", t, ", ", d,
-                        ">(out, lse, q, k, v, ", FloatLiteral(scale), ")");
+  w.call = absl::StrCat(wgmma ? "FlashAttentionWgmmaForward" : "FlashAttentionForward", "<float, ", a.b, ", ", a.h,
+                        ", ", a.hkv, ", ", a.t, ", ", a.d, ">(out, lse, q, k, v, ", FloatLiteral(a.scale), ")");
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 

@@ -55,7 +55,7 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
     case Opcode::kScatterAdd:
       return composite::LowerScatterAdd(node, options);
     case Opcode::kAttention:
-      return composite::LowerAttention(node);
+      return composite::LowerAttention(node, options);
     case Opcode::kAttentionGrad:
       return composite::LowerAttentionGrad(node);
     case Opcode::kAttentionDelta:

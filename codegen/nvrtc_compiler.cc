@@ -61,6 +61,7 @@ absl::Status CheckArch(const std::string& arch) {
 std::vector<std::string> NvrtcFlags(const NvrtcOptions& options) {
   std::vector<std::string> flags = {"--gpu-architecture=" + options.arch, "-std=c++17"};
   if (options.line_info) flags.push_back("-lineinfo");
+  if (options.ptxas_info) flags.push_back("--ptxas-options=-v");
   for (absl::string_view dir : absl::StrSplit(KILN_CUDA_INCLUDE_DIRS, ':', absl::SkipEmpty())) {
     flags.push_back(absl::StrCat("--include-path=", dir));
   }
@@ -98,7 +99,9 @@ struct ProgramDeleter {
   }
 };
 
-absl::StatusOr<std::string> RunNvrtc(const KernelSpec& kernel, const std::vector<std::string>& flags) {
+// `log`, when given, receives NVRTC's log of a successful compile.
+absl::StatusOr<std::string> RunNvrtc(const KernelSpec& kernel, const std::vector<std::string>& flags,
+                                     std::string* log = nullptr) {
   const TemplateHeaders& headers = Templates();
   const std::string file = kernel.name + ".cu";
   std::unique_ptr<nvrtcProgram, ProgramDeleter> program(new nvrtcProgram(nullptr));
@@ -121,6 +124,12 @@ absl::StatusOr<std::string> RunNvrtc(const KernelSpec& kernel, const std::vector
     return absl::InvalidArgumentError(absl::StrCat(
         "kernel ", kernel.name, " failed to compile (", nvrtcGetErrorString(r), ", ", absl::StrJoin(flags, " "),
         "):\n", log, "\n", line > 0 ? SourceExcerpt(kernel.source, line) : SourceExcerpt(kernel.source, 4)));
+  }
+  if (log != nullptr) {
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(*program, &log_size);
+    log->assign(log_size, '\0');
+    if (log_size > 0) nvrtcGetProgramLog(*program, log->data());
   }
   size_t size = 0;
   r = nvrtcGetCUBINSize(*program, &size);
@@ -146,6 +155,11 @@ absl::StatusOr<CompiledKernel> CompileKernel(const KernelSpec& kernel, const Nvr
   RETURN_IF_ERROR(CheckArch(options.arch));
   const std::vector<std::string> flags = NvrtcFlags(options);
   std::string key;
+  if (options.ptxas_info) {  // a report is wanted: compile, never from the cache
+    std::string log;
+    ASSIGN_OR_RETURN(std::string cubin, RunNvrtc(kernel, flags, &log));
+    return CompiledKernel{kernel.name, std::move(cubin), /*from_cache=*/false, std::move(log)};
+  }
   if (cache != nullptr) {
     static const std::string version = NvrtcVersion();
     key = KernelCache::Key(kernel.source, absl::StrCat(absl::StrJoin(flags, " "), "\ntemplates ", Templates().digest),

@@ -15,6 +15,7 @@ namespace kiln {
 struct NvrtcOptions {
   std::string arch = "sm_90a";  // "sm_XY" or "sm_XYa"
   bool line_info = true;        // -lineinfo: compute-sanitizer and profilers map to source
+  bool ptxas_info = false;      // --ptxas-options=-v: registers and spills into CompiledKernel::log (uncached)
 };
 
 // Errors carry the kernel name, NVRTC's log and the first lines of the source around the

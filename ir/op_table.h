@@ -131,8 +131,16 @@
 //   attention(q, k, v)     {scale}  causal softmax attention under the bf16 policy; q bf16
 //                          [B,H,T,D], k and v bf16 [B,Hkv,T,D], H a multiple of Hkv (query head
 //                          h reads kv head h / (H/Hkv)); f32 [B,H,T,D]:
-//                            S = (q kᵀ) scale, key > query masked; P = softmax(S) (f32);
-//                            O = bf16(P) v, accumulated in f32
+//                            S = (q kᵀ) scale, key > query masked; P rounded to bf16 before
+//                            its normalization (so one pass over the keys computes it):
+//                            m_i = ceil(max_j S_ij log2 e), P̃_ij = bf16(2^(S_ij log2 e - m_i)),
+//                            l_i = sum_j 2^(S_ij log2 e - m_i) (f32, unrounded terms),
+//                            O_i = (sum_j P̃_ij v_j) / l_i, accumulated in f32. bf16 rounding
+//                            commutes with powers of 2, so O is sum_j bf16(e^S_ij) v_j /
+//                            sum_j e^S_ij whatever whole m_i is chosen: kernels rescaling a
+//                            power-of-two running max differ from it by f32 rounding only.
+//                            It differs from the decomposed bf16(softmax(S)) v by bf16 noise
+//                            of P (relative 2^-9 a term)
 //                            LSE = logsumexp of each masked, scaled row of S (the backward's)
 //                          (select-flash-attention makes it from the decomposed pattern;
 //                          kernels/flash_attention.cuh never stores S or P)

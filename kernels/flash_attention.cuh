@@ -1,11 +1,14 @@
 // Causal flash attention, forward and backward, on bf16 tensor cores (mma.sync m16n8k16,
-// fp32 accumulation), computing what frontends/nn.cc's decomposed attention computes under
-// the bf16 precision policy, without ever materializing the [T, T] scores:
+// fp32 accumulation), computing the `attention` op of ir/op_table.h without ever
+// materializing the [T, T] scores:
 //
 //   S     = (q · kᵀ) * scale                       bf16 operands, fp32 accumulation
 //   S_ij  = -inf where key j > query i             causal mask
-//   P     = softmax(S) in fp32                     LSE = log(sum(exp(S))) per row
-//   O     = bf16(P) · v                            P rounded to bf16 once, fp32 accumulation
+//   m_i   = ceil(max_j S_ij * log2 e)              the row max, rounded up to a whole power of 2
+//   P̃_ij  = bf16(2^(S_ij * log2 e - m_i))          unnormalized, rounded to bf16 once
+//   l_i   = sum_j 2^(S_ij * log2 e - m_i)          fp32, of the unrounded terms
+//   O_i   = (sum_j P̃_ij v_j) / l_i                 fp32 accumulation, one division
+//   LSE_i = (m_i + log2 l_i) * ln 2 = log sum_j exp(S_ij)
 //
 // and, given dO (the cotangent of O), with dO_b = bf16(dO) as kiln's autocast VJP rounds it:
 //
@@ -20,14 +23,19 @@
 // h / (H / Hkv). T must be a multiple of 64 and D 64 or 128 (larger D would spill the
 // registers that hold a warp's accumulators; FlashAttentionUnsupportedReason says which).
 //
-// Exactly as unfused: P is normalized before its rounding to bf16, as the IR's
-// convert(softmax(S)) is. The forward therefore runs two passes over the keys of a query
-// block: the first computes each row's max and sum (online, never rescaling anything but
-// two scalars), the second P = exp(S - LSE), rounds it and multiplies by v. No rescaling
-// of O, no division at the end; the second pass costs one extra q·kᵀ (forward = 3 GEMMs of
-// the causal half instead of 2). The backward recomputes P with the very same instructions
-// from the stored LSE, so forward and backward see identical bits of P.
-// The one departure from the IR: Delta here is rowsum(dO_b * O), where O was computed
+// P is rounded to bf16 before normalization, so the forward is one pass over the keys with
+// an online softmax (FlashAttention-2's), 2 GEMMs of the causal half. Because bf16 rounding
+// commutes with scaling by a power of two, bf16(2^(x - m)) 2^(m - m') = bf16(2^(x - m')): a
+// running max kept at whole powers of two makes every rescaling of O and l exact, and O
+// does not depend on which tile raised the max, nor on the tile sizes (the wgmma kernel,
+// kernels/flash_attention_wgmma.cuh, uses other tiles and gets the same O up to fp32
+// accumulation order). The offset m_i only keeps the terms in range: the definition is
+// O_i = sum_j bf16(e^S_ij) v_j / sum_j e^S_ij with bf16 rounding to 8 significant bits.
+// This differs from the unfused IR's bf16(softmax(S)) v by bf16 rounding noise of P
+// (relative 2^-9 per term) and from it only: select-flash-attention's proof allows for it.
+// The backward recomputes the normalized P = exp(S - LSE) from the stored LSE, in fp32, as
+// the IR's softmax gradient does.
+// A second departure, in the backward: Delta here is rowsum(dO_b * O), where O was computed
 // with bf16(P); the IR's softmax gradient sums dP * P with P in fp32. The two differ by
 // sum_j dP_ij (bf16(P_ij) - P_ij), bf16 rounding noise of P (relative 2^-9 per term).
 //
@@ -460,6 +468,13 @@ __device__ __forceinline__ float Probability(float s, float scale_log2, float ls
   return exp2f(fmaf(s, scale_log2, -lse2));
 }
 
+// 2^e for an integer-valued e <= 0 (or -inf), exactly: the factor that moves a forward's
+// running sums from one whole-power-of-two row max to a larger one. Below 2^-126 it is 0
+// (the rescaled terms are then under fp32's normal range relative to the new max).
+__device__ __forceinline__ float Pow2(float e) {
+  return !(e >= -126.f) ? 0.f : __int_as_float((static_cast<int>(e) + 127) << 23);
+}
+
 }  // namespace flash_attention
 
 // ------------------------------------------------------------------------------- kernels
@@ -493,15 +508,13 @@ __device__ __forceinline__ void FlashAttentionForward(TO* __restrict__ o, float*
   const int row = warp_row0 + (lane >> 2);  // this thread's rows: row and row + 8
   const int col_in_tile = (lane & 3) * 2;   // and columns col, col + 1 of each 8-wide slice
 
-  // Stages: key tiles 0..n-1 for the statistics, then again with v for the output. With
-  // o null (only the LSE wanted) only the statistics run.
+  // One pass over the key tiles at or before the block's last query. With o null (only
+  // the LSE wanted) v is neither loaded nor multiplied.
   const int key_tiles = (q0 + kM + kN - 1) / kN;
-  const int stages = o != nullptr ? 2 * key_tiles : key_tiles;
-  auto issue = [&](int stage) {
-    const int tile = stage < key_tiles ? stage : stage - key_tiles;
-    const int buffer = stage & 1;
+  auto issue = [&](int tile) {
+    const int buffer = tile & 1;
     fa::LoadTileAsync<kN, kD>(k_tiles + buffer * kN * kD, k_head + static_cast<long long>(tile) * kN * kD);
-    if (stage >= key_tiles) {
+    if (o != nullptr) {
       fa::LoadTileAsync<kN, kD>(v_tiles + buffer * kN * kD, v_head + static_cast<long long>(tile) * kN * kD);
     }
   };
@@ -511,95 +524,81 @@ __device__ __forceinline__ void FlashAttentionForward(TO* __restrict__ o, float*
 
   const float scale_log2 = scale * fa::kLog2e;
   unsigned qa[kD / 16][4];
-  float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running max of S * scale_log2, rows r and r + 8
-  float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(. - max2))
-  float lse2[2] = {0.f, 0.f};
+  float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running row max of S * scale_log2, rounded up to an integer
+  float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(S * scale_log2 - max2))
   float acc_o[kD / 8][4];
   fa::Zero(acc_o);
 
-  for (int stage = 0; stage < stages; ++stage) {
+  for (int tile = 0; tile < key_tiles; ++tile) {
     fa::CpAsyncWaitAll();
-    __syncthreads();  // stage's tiles landed; every warp is done with the other buffer
-    if (stage + 1 < stages) {
-      issue(stage + 1);
+    __syncthreads();  // tile's k and v landed; every warp is done with the other buffer
+    if (tile + 1 < key_tiles) {
+      issue(tile + 1);
       fa::CpAsyncCommit();
     }
-    if (stage == 0) fa::LoadA<kD, kD>(qa, q_tile, warp * fa::kRowsPerWarp);
-    if (stage == key_tiles) {
-      // Statistics complete: LSE = ln(sum exp(S)) = (max2 + log2(sum)) * ln 2. The second
-      // pass, like the backward, uses LSE * log2(e) of the stored value: the same bits.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float total = sum[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
-        const float row_lse = (max2[r] + log2f(total)) * fa::kLn2;
-        if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = row_lse;
-        lse2[r] = row_lse * fa::kLog2e;
-      }
-    }
-    const bool second_pass = stage >= key_tiles;
-    const int k0 = (second_pass ? stage - key_tiles : stage) * kN;
+    if (tile == 0) fa::LoadA<kD, kD>(qa, q_tile, warp * fa::kRowsPerWarp);
+    const int k0 = tile * kN;
     if (k0 > warp_row0 + fa::kRowsPerWarp - 1) continue;  // every key after every row of this warp
     const bool masked = k0 + kN - 1 > warp_row0;          // some key after some row
 
     float acc_s[kN / 8][4];
     fa::Zero(acc_s);
-    fa::GemmABt<kN, kD>(acc_s, qa, k_tiles + (stage & 1) * kN * kD);
-    if (masked) {
+    fa::GemmABt<kN, kD>(acc_s, qa, k_tiles + (tile & 1) * kN * kD);
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (k0 + j * 8 + col_in_tile + (e & 1) > row + (e >> 1) * 8) acc_s[j][e] = -CUDART_INF_F;
-        }
+      for (int e = 0; e < 4; ++e) {
+        acc_s[j][e] *= scale_log2;
+        if (masked && k0 + j * 8 + col_in_tile + (e & 1) > row + (e >> 1) * 8) acc_s[j][e] = -CUDART_INF_F;
       }
     }
-
-    if (!second_pass) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_max = -CUDART_INF_F;
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(acc_s[j][2 * r], acc_s[j][2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max2 = fmaxf(max2[r], tile_max * scale_log2);
-        // A row with no key yet (all masked) keeps max -inf; subtracting 0 then keeps every
-        // exp2 at exp2(-inf) = 0 instead of NaN.
-        const float offset = new_max2 == -CUDART_INF_F ? 0.f : new_max2;
-        float s = sum[r] * exp2f(max2[r] - offset);
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) {
-          s += exp2f(fmaf(acc_s[j][2 * r], scale_log2, -offset));
-          s += exp2f(fmaf(acc_s[j][2 * r + 1], scale_log2, -offset));
-        }
-        sum[r] = s;
-        max2[r] = new_max2;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[j][e] = fa::Probability(acc_s[j][e], scale_log2, lse2[e >> 1]);
-      }
-      unsigned pa[kN / 16][4];
-      fa::AccumulatorToA<kN>(pa, acc_s);
-      fa::GemmAB<kD, kN>(acc_o, pa, v_tiles + (stage & 1) * kN * kD);
-    }
-  }
-  if (o != nullptr) {
-    fa::StoreAccumulator<kD>(o + (row_base + warp_row0) * kD, acc_o);
-  } else {
-    // Statistics only: the loop ended before stage key_tiles, where the LSE is written.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float total = sum[r];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
-      if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
+      float tile_max = -CUDART_INF_F;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(acc_s[j][2 * r], acc_s[j][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      // Tile 0 holds key 0, which every row sees: the max is finite from then on, and a row
+      // whose keys in a later tile are all masked keeps it (max with -inf).
+      const float new_max2 = fmaxf(max2[r], ceilf(tile_max));
+      const float rescale = fa::Pow2(max2[r] - new_max2);
+      max2[r] = new_max2;
+      float row_sum = sum[r] * rescale;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        acc_o[j][2 * r] *= rescale;
+        acc_o[j][2 * r + 1] *= rescale;
+      }
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        acc_s[j][2 * r] = exp2f(acc_s[j][2 * r] - new_max2);
+        acc_s[j][2 * r + 1] = exp2f(acc_s[j][2 * r + 1] - new_max2);
+        row_sum += acc_s[j][2 * r] + acc_s[j][2 * r + 1];
+      }
+      sum[r] = row_sum;
+    }
+    if (o != nullptr) {
+      unsigned pa[kN / 16][4];
+      fa::AccumulatorToA<kN>(pa, acc_s);
+      fa::GemmAB<kD, kN>(acc_o, pa, v_tiles + (tile & 1) * kN * kD);
     }
   }
+  // O = (sum_j bf16(exp2(S_ij * scale_log2 - max2)) v_j) / sum_j exp2(S_ij * scale_log2 - max2);
+  // LSE = ln(sum_j exp(S_ij)) = (max2 + log2(sum)) * ln 2.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      acc_o[j][2 * r] /= total;
+      acc_o[j][2 * r + 1] /= total;
+    }
+  }
+  if (o != nullptr) fa::StoreAccumulator<kD>(o + (row_base + warp_row0) * kD, acc_o);
 }
 
 // delta = rowsum(bf16(dout) * o), fp32 [kRows]: the backward's per-row constant.

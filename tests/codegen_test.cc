@@ -22,6 +22,7 @@
 #include "codegen/kernel_cache.h"
 #include "codegen/lower_node.h"
 #include "passes/lower_gemm.h"
+#include "passes/target.h"
 #include "codegen/nvrtc_compiler.h"
 #include "frontends/gpt2.h"
 #include "frontends/llama.h"
@@ -108,6 +109,41 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
   // Every op but dot_general (lowered away) and the four without kernels (parameter,
   // reshape, gemm, get_result) made some.
   EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 5));
+}
+
+// attention's forward is the Target's: wgmma on sm_90a when T is a multiple of 128 (the
+// kernel's tiles), mma.sync on other targets and shapes. Both compile with NVRTC; the
+// backward is mma.sync everywhere.
+TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
+  auto lower = [](int64_t t, const Target& target) -> KernelSpec {
+    Module m;
+    Builder a(m.AddFunction("f"));
+    const DType bf16 = DType::kBF16;
+    Node* q = *a.Parameter("q", {bf16, {1, 4, t, 64}});
+    Node* k = *a.Parameter("k", {bf16, {1, 2, t, 64}});
+    Node* v = *a.Parameter("v", {bf16, {1, 2, t, 64}});
+    absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(Opcode::kAttention, {q, k, v}, {{"scale", 0.125}}, {"o", "lse"});
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (const auto& n : m.functions()[0]->nodes()) {
+      if (n->opcode() != Opcode::kAttention) continue;
+      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
+      EXPECT_TRUE(lowered.ok()) << lowered.status();
+      if (!lowered.ok() || lowered->kernels.size() != 1) return KernelSpec{};
+      return lowered->kernels[0];
+    }
+    return KernelSpec{};
+  };
+  const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
+  const KernelSpec wgmma = lower(256, hopper);
+  EXPECT_TRUE(absl::StrContains(wgmma.source, "FlashAttentionWgmmaForward<float, 1, 4, 2, 256, 64>")) << wgmma.source;
+  EXPECT_EQ(wgmma.block[0], 384u);
+  EXPECT_EQ(wgmma.grid[0], 4u * 256 / 128);
+  ExpectCompiles(wgmma);
+  for (const KernelSpec& k : {lower(256, ampere), lower(192, hopper)}) {
+    EXPECT_TRUE(absl::StrContains(k.source, "FlashAttentionForward<float, 1, 4, 2, ")) << k.source;
+    EXPECT_EQ(k.block[0], 128u);
+    ExpectCompiles(k);
+  }
 }
 
 TEST(Codegen, LoweringKindsOfWorklessOps) {

@@ -10,9 +10,15 @@
 //     rounding boundary within the GPU's fp32 error. The backward is also compared with the
 //     unfused IR's own definition of the softmax gradient (Delta = sum dP * P), and runs
 //     twice to the same bits (no atomics).
+// The Hopper forward (kernels/flash_attention_wgmma.cuh) likewise: in CI it compiles for
+// sm_90a with ptxas reporting no spills (registers and spills printed from NVRTC's log); on an
+// sm_90a GPU its O and LSE match the reference and the mma.sync forward's O (the same
+// definition with other tiles), at T of 256 and 1024, D of 64 and 128.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -24,6 +30,7 @@
 #include "codegen/kernel_spec.h"
 #include "codegen/nvrtc_compiler.h"
 #include "kernels/flash_attention.cuh"
+#include "kernels/flash_attention_wgmma.cuh"
 #include "runtime/cuda/kernel_launch.h"
 #include "ir/numerics.h"
 #include "tests/testing/flash_attention_reference.h"
@@ -62,10 +69,10 @@ std::string ShapeArgs(const AttentionShape& s) {
 }
 
 KernelSpec Spec(const std::string& name, const std::string& params, const std::string& call,
-                const kernels::FlashAttentionLaunch& launch) {
+                const kernels::FlashAttentionLaunch& launch, const char* header = "flash_attention") {
   KernelSpec spec;
   spec.name = name;
-  spec.source = absl::StrCat("#include \"kernels/flash_attention.cuh\"\n\n",
+  spec.source = absl::StrCat("#include \"kernels/", header, ".cuh\"\n\n",
                              "extern \"C\" __global__ void __launch_bounds__(", launch.block_threads, ") ", name,
                              "(", params, ") {\n  kiln::kernels::", call, ";\n}\n");
   spec.grid = {launch.grid_x, 1, 1};
@@ -83,6 +90,17 @@ KernelSpec ForwardKernel(const KernelCase& c) {
               absl::StrCat("FlashAttentionForward<", CudaName(c.o), ", ", ShapeArgs(s), ">(o, lse, q, k, v, ",
                            ScaleLiteral(s.scale), ")"),
               kernels::FlashAttentionForwardLaunch(s.batch, s.heads, s.seq_len, s.head_dim));
+}
+
+// The Hopper forward (kernels/flash_attention_wgmma.cuh): same operands and results.
+KernelSpec WgmmaForwardKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_wgmma"),
+              absl::StrCat(CudaName(c.o), "* o, float* lse, ", kQkv),
+              absl::StrCat("FlashAttentionWgmmaForward<", CudaName(c.o), ", ", ShapeArgs(s), ">(o, lse, q, k, v, ",
+                           ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionWgmmaForwardLaunch(s.batch, s.heads, s.seq_len, s.head_dim),
+              "flash_attention_wgmma");
 }
 
 KernelSpec DeltaKernel(const KernelCase& c) {
@@ -175,6 +193,75 @@ TEST(FlashAttentionKernelTest, RefusesUnsupportedShapes) {
   ASSERT_FALSE(compiled.ok());
   EXPECT_NE(compiled.status().message().find("T must be a positive multiple of 64"), std::string::npos)
       << compiled.status();
+}
+
+// ptxas's report for a kernel (NVRTC with --ptxas-options=-v): registers per thread, and
+// bytes of spill stores and loads (local memory the register allocator had to use).
+struct PtxasReport {
+  int registers = -1, spill_stores = -1, spill_loads = -1;
+};
+PtxasReport ParsePtxasReport(const std::string& log) {
+  PtxasReport r;
+  auto number_before = [&](const std::string& what) {
+    const size_t at = log.find(what);
+    if (at == std::string::npos) return -1;
+    size_t begin = at;
+    while (begin > 0 && log[begin - 1] == ' ') --begin;
+    size_t digits = begin;
+    while (digits > 0 && std::isdigit(static_cast<unsigned char>(log[digits - 1]))) --digits;
+    return digits == begin ? -1 : std::stoi(log.substr(digits, begin - digits));
+  };
+  r.spill_stores = number_before("bytes spill stores");
+  r.spill_loads = number_before("bytes spill loads");
+  const size_t used = log.find("Used ");
+  if (used != std::string::npos) r.registers = std::atoi(log.c_str() + used + 5);
+  return r;
+}
+
+TEST(FlashAttentionKernelTest, WgmmaForwardGeometryFitsAnH200) {
+  for (const KernelCase& c : {kLlamaS, kLlamaM}) {
+    const KernelSpec k = WgmmaForwardKernel(c);
+    SCOPED_TRACE(k.name);
+    EXPECT_EQ(k.block[0], 384u);  // a producer and two consumer warpgroups
+    EXPECT_LE(k.shared_bytes, kH200SharedPerBlock);
+  }
+  // One block per 128 queries of each head.
+  EXPECT_EQ(WgmmaForwardKernel(kLlamaS).grid[0], 16u * 12 * 1024 / 128);
+  EXPECT_EQ(WgmmaForwardKernel(kLlamaM).grid[0], 4u * 16 * 2048 / 128);
+}
+
+// The Hopper forward compiles for sm_90a at llama-S (D 64) and llama-M (D 128), fp32 and bf16
+// O, and ptxas keeps every value in registers: the setmaxnreg split (producer 72, consumers
+// 216) leaves the consumers room for S, O and P of 64 rows. The report is printed for the
+// record.
+TEST(FlashAttentionKernelTest, WgmmaForwardCompilesForSm90aWithoutSpills) {
+  KernelCase bf16_out = kLlamaM;
+  bf16_out.name = "llama_m_bf16_o";
+  bf16_out.o = Float::kBF16;
+  KernelCase bf16_out_s = kLlamaS;
+  bf16_out_s.name = "llama_s_bf16_o";
+  bf16_out_s.o = Float::kBF16;
+  for (const KernelCase& c : {kLlamaS, kLlamaM, bf16_out, bf16_out_s}) {
+    const KernelSpec k = WgmmaForwardKernel(c);
+    SCOPED_TRACE(k.name);
+    absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{.arch = "sm_90a", .ptxas_info = true});
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    EXPECT_FALSE(compiled->cubin.empty());
+    const PtxasReport r = ParsePtxasReport(compiled->log);
+    std::printf("  %-40s D%lld: %d registers, %d bytes spill stores, %d bytes spill loads\n", k.name.c_str(),
+                static_cast<long long>(c.shape.head_dim), r.registers, r.spill_stores, r.spill_loads);
+    EXPECT_EQ(r.spill_stores, 0) << compiled->log;
+    EXPECT_EQ(r.spill_loads, 0) << compiled->log;
+    // 384 threads, one block per SM: 65536 / 384 rounded down to a multiple of 8.
+    EXPECT_EQ(r.registers, 168) << compiled->log;
+  }
+}
+
+TEST(FlashAttentionKernelTest, WgmmaForwardRefusesWhatItCannotTile) {
+  EXPECT_EQ(kernels::FlashAttentionWgmmaUnsupportedReason(16, 12, 4, 1024, 64), nullptr);
+  EXPECT_STREQ(kernels::FlashAttentionWgmmaUnsupportedReason(1, 4, 4, 192, 64),
+               "T must be a multiple of 128 (the wgmma kernel's tiles)");
+  EXPECT_STREQ(kernels::FlashAttentionWgmmaUnsupportedReason(1, 4, 4, 128, 96), "D must be 64 or 128");
 }
 
 // ---------------------------------------------------------------------- on a GPU
@@ -372,6 +459,60 @@ INSTANTIATE_TEST_SUITE_P(
         KernelCase{"b1_h4_kv1_t256_d128", MakeShape(1, 4, 1, 256, 128), Float::kBF16, Float::kBF16, Float::kF32},
         // No grouping, three tiles of T, bf16 everywhere.
         KernelCase{"b1_h2_kv2_t192_d64", MakeShape(1, 2, 2, 192, 64), Float::kBF16, Float::kBF16, Float::kBF16}),
+    [](const ::testing::TestParamInfo<KernelCase>& info) { return info.param.name; });
+
+// The Hopper forward against the reference definition, and against the mma.sync forward
+// (the same definition with other tiles: they may differ by fp32 accumulation order and by
+// a neighbouring bf16 P̃ at a rounding boundary, so by at most the sum of their tolerances).
+class FlashAttentionWgmmaGpuTest : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(FlashAttentionWgmmaGpuTest, MatchesReferenceAndMmaSyncKernel) {
+  KILN_REQUIRE_GPU();
+  if (testing::TestDevice()->arch() != "sm_90a") {
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a; this GPU is " << testing::TestDevice()->arch();
+  }
+  ASSERT_TRUE(testing::TestDevice()->MakeCurrent().ok());
+  const KernelCase& c = GetParam();
+  const AttentionShape& s = c.shape;
+  ASSERT_EQ(kernels::FlashAttentionWgmmaUnsupportedReason(s.batch, s.heads, s.kv_heads, s.seq_len, s.head_dim),
+            nullptr);
+  const std::vector<double> q = RandomValues(s.q_elements(), -2, 2, DType::kBF16, 11);
+  const std::vector<double> k = RandomValues(s.kv_elements(), -2, 2, DType::kBF16, 12);
+  const std::vector<double> v = RandomValues(s.kv_elements(), -1, 1, DType::kBF16, 13);
+  const GpuKernel wgmma = Load(WgmmaForwardKernel(c)), mma_sync = Load(ForwardKernel(c));
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  Buffer q_buf = NewBuffer(s.q_elements(), Float::kBF16, &q), k_buf = NewBuffer(s.kv_elements(), Float::kBF16, &k),
+         v_buf = NewBuffer(s.kv_elements(), Float::kBF16, &v);
+  Buffer o[2] = {NewBuffer(s.q_elements(), c.o), NewBuffer(s.q_elements(), c.o)};
+  Buffer lse[2] = {NewBuffer(s.rows(), Float::kF32), NewBuffer(s.rows(), Float::kF32)};
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  wgmma.Run({o[0].get(), lse[0].get(), q_buf.get(), k_buf.get(), v_buf.get()});
+  mma_sync.Run({o[1].get(), lse[1].get(), q_buf.get(), k_buf.get(), v_buf.get()});
+  ASSERT_FALSE(::testing::Test::HasFailure());
+
+  std::printf("%s: B%lld H%lld Hkv%lld T%lld D%lld\n", c.name.c_str(), static_cast<long long>(s.batch),
+              static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads), static_cast<long long>(s.seq_len),
+              static_cast<long long>(s.head_dim));
+  const testing::AttentionForwardReference fwd = testing::AttentionForward(s, q, k, v, c.o == Float::kBF16);
+  const std::vector<double> o_wgmma = Download(o[0]), o_mma = Download(o[1]);
+  ExpectWithin("O (wgmma)", o_wgmma, fwd.o, c.o);
+  ExpectWithin("LSE (wgmma)", Download(lse[0]), fwd.lse, Float::kF32);
+  ExpectWithin("O (mma.sync)", o_mma, fwd.o, c.o);
+  // wgmma against mma.sync: twice each element's tolerance.
+  ToleratedValues mma_as_reference{o_mma, fwd.o.tolerance};
+  for (double& t : mma_as_reference.tolerance) t *= 2;
+  ExpectWithin("O (wgmma vs mma.sync)", o_wgmma, mma_as_reference, c.o);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashAttentionWgmmaGpuTest,
+    ::testing::Values(
+        KernelCase{"b2_h4_kv2_t256_d64", MakeShape(2, 4, 2, 256, 64), Float::kF32},
+        KernelCase{"b2_h4_kv2_t256_d128", MakeShape(2, 4, 2, 256, 128), Float::kF32},
+        KernelCase{"b2_h4_kv2_t256_d128_bf16", MakeShape(2, 4, 2, 256, 128), Float::kBF16},
+        // Eight key tiles: every stage of the pipeline reused, every barrier phase flipped.
+        KernelCase{"b1_h4_kv1_t1024_d64", MakeShape(1, 4, 1, 1024, 64), Float::kF32},
+        KernelCase{"b1_h2_kv1_t1024_d128", MakeShape(1, 2, 1, 1024, 128), Float::kBF16}),
     [](const ::testing::TestParamInfo<KernelCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -3,7 +3,10 @@
 // row of scores is built, used and dropped; the [T, T] matrices are never held whole.
 //   S_ij  = (q_i . k_j) scale for key j <= query i (the rest masked out)
 //   LSE_i = log sum_j exp(S_ij)
-//   O_i   = sum_j bf16(exp(S_ij - LSE_i)) v_j
+//   O_i   = sum_j bf16(2^(S_ij log2 e - m_i)) v_j / sum_j 2^(S_ij log2 e - m_i),
+//           m_i = ceil(max_j S_ij log2 e): P rounded to bf16 before its normalization
+//           (any whole m_i gives the same O, since bf16 rounding commutes with powers of 2;
+//           this one is the kernels' and keeps every term in (0, 1])
 //   Delta_i = sum_d bf16(dO_id) O_id
 //   dS_ij = P_ij (dO_i . v_j - Delta_i) scale, P_ij = exp(S_ij - lse_i) with the given lse
 //   dq_i = sum_j bf16(dS_ij) k_j;  dk_j = sum_i bf16(dS_ij) q_i;  dv_j = sum_i bf16(P_ij) dO_i
@@ -72,13 +75,19 @@ absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands
     const double* vh = v + (b * s.hkv + h / s.group()) * s.t * s.d;
     for (int64_t i = 0; i < s.t; ++i) {
       ScoreRow(s, xs[0]->values().data(), xs[1]->values().data(), b, h, i, scale, row);
-      const double lse = LogSumExpOf(row);
-      lse_out.mutable_values()[(b * s.h + h) * s.t + i] = lse;
+      lse_out.mutable_values()[(b * s.h + h) * s.t + i] = LogSumExpOf(row);
+      double max = -INFINITY;
+      for (double x : row) max = std::max(max, x);
+      const double m = std::ceil(max * M_LOG2E);
       double* o = out.mutable_values().data() + ((b * s.h + h) * s.t + i) * s.d;
+      double l = 0;
       for (int64_t j = 0; j <= i; ++j) {
-        const double p = Bf16(std::exp(row[j] - lse));
+        const double t = std::exp2(row[j] * M_LOG2E - m);
+        l += t;
+        const double p = Bf16(t);
         for (int64_t x = 0; x < s.d; ++x) o[x] += p * vh[j * s.d + x];
       }
+      for (int64_t x = 0; x < s.d; ++x) o[x] /= l;
     }
   });
   std::vector<HostTensor> results;

@@ -42,6 +42,10 @@ struct ProbabilityRow {
   std::vector<double> p, p_err;  // exact softmax, and the bound on the GPU's fp32 P
   std::vector<Rounded> pb;       // bf16(P), with the ambiguity of that rounding
   double lse = 0, lse_err = 0;
+  // The forward's unnormalized terms: P̃_j = bf16(2^(x_j log2 e - m)), m = ceil(max x log2 e),
+  // with the ambiguity of their rounding, and l = sum_j 2^(x_j log2 e - m) (relative error l_err).
+  std::vector<Rounded> pt;
+  double l = 0, l_err = 0;
 };
 
 ProbabilityRow Probabilities(const AttentionShape& s, const std::vector<double>& q, const std::vector<double>& k,
@@ -72,6 +76,11 @@ ProbabilityRow Probabilities(const AttentionShape& s, const std::vector<double>&
   row.p.resize(n);
   row.p_err.resize(n);
   row.pb.resize(n);
+  row.pt.resize(n);
+  // Any whole power of two gives the same O (bf16 rounding commutes with it); the kernels'
+  // choice keeps the terms in (0, 1].
+  const double m = std::ceil(max * M_LOG2E);
+  double l_err = 0;
   for (int64_t j = 0; j < n; ++j) {
     row.p[j] = std::exp(x[j] - row.lse);
     // exp2(S * scale * log2e - LSE * log2e): the exponent's error (x, LSE, the two fp32
@@ -79,7 +88,15 @@ ProbabilityRow Probabilities(const AttentionShape& s, const std::vector<double>&
     const double exponent_err = x_err[j] + row.lse_err + 4 * kUlpF32 * (std::abs(x[j]) + std::abs(row.lse));
     row.p_err[j] = row.p[j] * (std::expm1(exponent_err) + 4 * kUlpF32);
     row.pb[j] = RoundBf16Within(row.p[j], row.p_err[j]);
+    // exp2(fp32(S * scale * log2e) - m): x's error, two fp32 roundings of the exponent, exp2's.
+    const double t = std::exp2(x[j] * M_LOG2E - m);
+    const double t_err = t * (std::expm1(x_err[j] + 4 * kUlpF32 * (std::abs(x[j]) + std::abs(m))) + 4 * kUlpF32);
+    row.pt[j] = RoundBf16Within(t, t_err);
+    row.l += t;
+    l_err += t_err;
   }
+  // l: its terms' errors and an fp32 sum of n terms.
+  row.l_err = l_err / row.l + (n + 4) * kUlpF32;
   return row;
 }
 
@@ -103,12 +120,18 @@ AttentionForwardReference AttentionForward(const AttentionShape& s, const std::v
         ref.lse.tolerance[r] = row.lse_err;
         double* o = &ref.o.value[QIndex(s, b, h, i)];
         double* tol = &ref.o.tolerance[QIndex(s, b, h, i)];
+        // O = (sum_j P̃_j v_j) / l: the sum's accumulation and rounding ambiguity, scaled by
+        // 1 / l, then l's relative error and the division's rounding.
         for (int64_t j = 0; j <= i; ++j) {
           const double* vj = &v[KvIndex(s, b, h / s.group(), j)];
           for (int64_t c = 0; c < d; ++c) {
-            o[c] += row.pb[j].value * vj[c];
-            tol[c] += kAccumulation * std::abs(row.pb[j].value * vj[c]) + row.pb[j].slack * std::abs(vj[c]);
+            o[c] += row.pt[j].value * vj[c];
+            tol[c] += kAccumulation * std::abs(row.pt[j].value * vj[c]) + row.pt[j].slack * std::abs(vj[c]);
           }
+        }
+        for (int64_t c = 0; c < d; ++c) {
+          o[c] /= row.l;
+          tol[c] = tol[c] / row.l + std::abs(o[c]) * (row.l_err + 2 * kUlpF32);
         }
         // A bf16 store rounds once more: within an ulp of bf16 (2^-7 relative at most,
         // counting a neighbour chosen by an fp32 sum at a boundary).

@@ -1,0 +1,358 @@
+// attention_bench: times kiln's causal flash attention on the GPU, the kernels exactly as
+// codegen emits them (codegen/lower_attention.cc, compiled by NVRTC for the device):
+//   fwd wgmma     the Hopper forward (kernels/flash_attention_wgmma.cuh), lowered for sm_90a
+//   fwd mma.sync  the mma.sync forward (kernels/flash_attention.cuh), lowered for a target
+//                 without wgmma, compiled for the device all the same
+//   fwd+bwd       the wgmma forward, then attention_delta and attention_grad's dq and dk/dv
+//                 kernels (what a training step on the H200 runs)
+// on the shapes of DESIGN.md's attention bar (causal, GQA):
+//   S  B16 H12 KV4 T1024 D64     M  B4 H16 KV8 T2048 D128     L  B2 H16 KV8 T4096 D128
+// Each row: median, min and max ms over the timed launches (CUDA events around each launch,
+// after warm-up), TFLOP/s of the median (causal forward 4·B·H·T²·D / 2, fwd+bwd 3.5 times
+// that), and the max |error| of O: against a double-precision evaluation of the attention
+// op's definition (ir/op_table.h) on sampled query rows, and against the other forward on
+// every element. One JSON object a line on stdout (bench/run_attention_h200.sh merges them
+// with bench/attention_torch.py's), a readable table on stderr.
+//
+//   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64] [--max-error 2e-3]
+//
+// Self-checking: it exits 1 when a forward's O is further than --max-error from the reference
+// on a sampled row, or the two forwards differ by more than that anywhere (or give NaN). The
+// bound is loose on purpose: correct kernels differ from the reference by fp32 accumulation
+// order and the odd bf16 P̃ at a rounding boundary (about 1e-4 at these shapes on the H200),
+// a wrong tile, mask or swizzle by O's own magnitude (0.1-1).
+//
+// Linked like the GPU tests (Abseil and protobuf statically, the CUDA runtime statically,
+// never libcuda); it needs an sm_90a GPU to do anything but say why it cannot run.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "codegen/lower_node.h"
+#include "codegen/nvrtc_compiler.h"
+#include "ir/builder.h"
+#include "ir/graph.h"
+#include "ir/numerics.h"
+#include "passes/target.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/kernel_launch.h"
+
+namespace kiln {
+namespace {
+
+struct Shape {
+  std::string name;
+  int64_t b, h, hkv, t, d;
+  int64_t q_elements() const { return b * h * t * d; }
+  int64_t kv_elements() const { return b * hkv * t * d; }
+  int64_t rows() const { return b * h * t; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
+  double forward_flops() const { return 4.0 * b * h * static_cast<double>(t) * t * d / 2; }
+};
+
+const std::vector<Shape>& BarShapes() {
+  static const std::vector<Shape> shapes = {{"S", 16, 12, 4, 1024, 64}, {"M", 4, 16, 8, 2048, 128},
+                                            {"L", 2, 16, 8, 4096, 128}};
+  return shapes;
+}
+
+// A compiled, loaded kernel and its geometry.
+struct Loaded {
+  std::unique_ptr<KernelLibrary> library;
+  KernelLaunch launch;
+};
+
+absl::StatusOr<Loaded> Load(const KernelSpec& spec, const CudaDevice& device) {
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = device.arch()});
+  if (!compiled.ok()) return compiled.status();
+  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
+  if (!library.ok()) return library.status();
+  Loaded l;
+  l.library = *std::move(library);
+  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*l.library, spec, device.ordinal());
+  if (!launch.ok()) return launch.status();
+  l.launch = *launch;
+  return l;
+}
+
+// The kernels of attention (forward), attention_delta and attention_grad at `s`, lowered by
+// codegen for `target` (which picks the forward).
+struct AttentionKernels {
+  std::vector<KernelSpec> forward, delta, grad;
+};
+
+absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target) {
+  Module m;
+  Builder a(m.AddFunction("attention"));
+  const DType bf16 = DType::kBF16;
+  absl::StatusOr<Node*> q = a.Parameter("q", {bf16, {s.b, s.h, s.t, s.d}});
+  absl::StatusOr<Node*> k = a.Parameter("k", {bf16, {s.b, s.hkv, s.t, s.d}});
+  absl::StatusOr<Node*> v = a.Parameter("v", {bf16, {s.b, s.hkv, s.t, s.d}});
+  absl::StatusOr<Node*> dout = a.Parameter("dout", {bf16, {s.b, s.h, s.t, s.d}});
+  if (!q.ok() || !k.ok() || !v.ok() || !dout.ok()) return absl::InternalError("attention_bench: parameters");
+  const AttrMap scale{{"scale", s.scale()}};
+  absl::StatusOr<std::vector<Node*>> fwd = a.MultiResultOp(Opcode::kAttention, {*q, *k, *v}, scale, {"o", "lse"});
+  if (!fwd.ok()) return fwd.status();
+  absl::StatusOr<Node*> delta = a.Op(Opcode::kAttentionDelta, {(*fwd)[0], *dout});
+  if (!delta.ok()) return delta.status();
+  absl::StatusOr<std::vector<Node*>> grad = a.MultiResultOp(
+      Opcode::kAttentionGrad, {*q, *k, *v, *dout, (*fwd)[1], *delta}, scale, {"dq", "dk", "dv"});
+  if (!grad.ok()) return grad.status();
+  AttentionKernels kernels;
+  const CodegenOptions options{.target = target};
+  for (const auto& n : m.functions()[0]->nodes()) {
+    std::vector<KernelSpec>* into = n->opcode() == Opcode::kAttention        ? &kernels.forward
+                                    : n->opcode() == Opcode::kAttentionDelta ? &kernels.delta
+                                    : n->opcode() == Opcode::kAttentionGrad  ? &kernels.grad
+                                                                             : nullptr;
+    if (into == nullptr) continue;
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n, options);
+    if (!lowered.ok()) return lowered.status();
+    *into = lowered->kernels;
+  }
+  return kernels;
+}
+
+uint16_t Bf16Bits(double x) { return FloatToBF16Bits(static_cast<float>(RoundToDType(x, DType::kBF16))); }
+
+// Uniform bf16 values in [lo, hi) (the GPU test's distribution) and their bits.
+struct Bf16Tensor {
+  std::vector<double> values;
+  std::vector<uint16_t> bits;
+};
+Bf16Tensor Random(int64_t n, double lo, double hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bf16Tensor t;
+  t.values.resize(n);
+  t.bits.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    t.values[i] = RoundToDType(lo + (hi - lo) * static_cast<double>(rng() >> 11) * 0x1p-53, DType::kBF16);
+    t.bits[i] = Bf16Bits(t.values[i]);
+  }
+  return t;
+}
+
+// O of query row `row` (of B·H·T) by the attention op's definition, in double.
+std::vector<double> ReferenceRow(const Shape& s, const Bf16Tensor& q, const Bf16Tensor& k, const Bf16Tensor& v,
+                                 int64_t row) {
+  const int64_t bh = row / s.t, i = row % s.t, b = bh / s.h, h = bh % s.h;
+  const int64_t kv = (b * s.hkv + h / (s.h / s.hkv)) * s.t * s.d;
+  std::vector<double> scores(i + 1);
+  double max = -INFINITY;
+  for (int64_t j = 0; j <= i; ++j) {
+    double dot = 0;
+    for (int64_t c = 0; c < s.d; ++c) dot += q.values[row * s.d + c] * k.values[kv + j * s.d + c];
+    scores[j] = dot * s.scale();
+    max = std::max(max, scores[j]);
+  }
+  const double m = std::ceil(max * M_LOG2E);
+  std::vector<double> o(s.d, 0.0);
+  double l = 0;
+  for (int64_t j = 0; j <= i; ++j) {
+    const double t = std::exp2(scores[j] * M_LOG2E - m);
+    l += t;
+    const double p = RoundToDType(t, DType::kBF16);
+    for (int64_t c = 0; c < s.d; ++c) o[c] += p * v.values[kv + j * s.d + c];
+  }
+  for (double& x : o) x /= l;
+  return o;
+}
+
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+// Runs `launches` (in order, as one unit) warmup + iters times; times each unit with events.
+absl::StatusOr<Timing> Time(const std::vector<std::pair<const Loaded*, std::vector<void*>>>& launches,
+                            const CudaDevice& device, int warmup, int iters) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int it = 0; it < warmup + iters; ++it) {
+    cudaEventRecord(start, device.stream());
+    for (const auto& [kernel, pointers] : launches) {
+      absl::Status st = EnqueueLaunch(kernel->launch, pointers, device.stream(), "attention_bench");
+      if (!st.ok()) return st;
+    }
+    cudaEventRecord(stop, device.stream());
+    if (cudaEventSynchronize(stop) != cudaSuccess) return absl::InternalError("attention_bench: a launch failed");
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    if (it >= warmup) ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+struct Options {
+  std::vector<std::string> shapes = {"S", "M", "L"};
+  int iters = 20, warmup = 3, rows = 64;
+  double max_error = 2e-3;
+};
+
+void Report(const Shape& s, const std::string& impl, const Timing& t, double flops, double err_ref,
+            double err_other, const std::string& other) {
+  const double tflops = flops / (t.median * 1e-3) * 1e-12;
+  std::printf(
+      "{\"shape\": \"%s\", \"b\": %lld, \"h\": %lld, \"hkv\": %lld, \"t\": %lld, \"d\": %lld, \"impl\": \"%s\", "
+      "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"tflops\": %.1f, \"max_err_ref\": %.3g, "
+      "\"max_err_vs\": %.3g, \"vs\": \"%s\"}\n",
+      s.name.c_str(), static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.hkv),
+      static_cast<long long>(s.t), static_cast<long long>(s.d), impl.c_str(), t.median, t.min, t.max, tflops,
+      err_ref, err_other, other.c_str());
+  std::fprintf(stderr, "%-2s %-22s %8.3f ms (min %.3f, max %.3f) %6.1f TFLOP/s  err vs ref %.3g, vs %s %.3g\n",
+               s.name.c_str(), impl.c_str(), t.median, t.min, t.max, tflops, err_ref, other.c_str(), err_other);
+}
+
+absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
+  if (!device.target().has_wgmma) {
+    return absl::FailedPreconditionError(absl::StrCat("the wgmma forward needs sm_90a; this GPU is ", device.arch()));
+  }
+  absl::StatusOr<AttentionKernels> hopper = Lower(s, *TargetForArch("sm_90a"));
+  absl::StatusOr<AttentionKernels> ampere = Lower(s, *TargetForArch("sm_80"));
+  if (!hopper.ok()) return hopper.status();
+  if (!ampere.ok()) return ampere.status();
+  absl::StatusOr<Loaded> wgmma = Load(hopper->forward[0], device), mma = Load(ampere->forward[0], device);
+  if (!wgmma.ok()) return wgmma.status();
+  if (!mma.ok()) return mma.status();
+  absl::StatusOr<Loaded> delta = Load(hopper->delta[0], device), dq = Load(hopper->grad[0], device),
+                         dkdv = Load(hopper->grad[1], device);
+  if (!delta.ok()) return delta.status();
+  if (!dq.ok()) return dq.status();
+  if (!dkdv.ok()) return dkdv.status();
+
+  const Bf16Tensor q = Random(s.q_elements(), -2, 2, 1), k = Random(s.kv_elements(), -2, 2, 2),
+                   v = Random(s.kv_elements(), -1, 1, 3), dout = Random(s.q_elements(), -1, 1, 4);
+  std::vector<DeviceMemory> held;
+  auto upload = [&](const std::vector<uint16_t>* bits, int64_t bytes) -> absl::StatusOr<void*> {
+    absl::StatusOr<void*> p = device.Allocate(bytes, "attention_bench");
+    if (!p.ok()) return p.status();
+    held.emplace_back(*p);
+    if (bits != nullptr && cudaMemcpy(*p, bits->data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      return absl::InternalError("attention_bench: upload");
+    }
+    return *p;
+  };
+  const int64_t qb = s.q_elements() * 2, kvb = s.kv_elements() * 2;
+  absl::StatusOr<void*> dq_in = upload(&q.bits, qb), dk_in = upload(&k.bits, kvb), dv_in = upload(&v.bits, kvb),
+                        ddo = upload(&dout.bits, qb);
+  absl::StatusOr<void*> o_w = upload(nullptr, s.q_elements() * 4), o_m = upload(nullptr, s.q_elements() * 4),
+                        lse = upload(nullptr, s.rows() * 4), lse_m = upload(nullptr, s.rows() * 4),
+                        dlt = upload(nullptr, s.rows() * 4), gq = upload(nullptr, s.q_elements() * 4),
+                        gk = upload(nullptr, s.kv_elements() * 4), gv = upload(nullptr, s.kv_elements() * 4);
+  for (const auto* p : {&dq_in, &dk_in, &dv_in, &ddo, &o_w, &o_m, &lse, &lse_m, &dlt, &gq, &gk, &gv}) {
+    if (!p->ok()) return p->status();
+  }
+  const std::vector<void*> fwd_w = {*o_w, *lse, *dq_in, *dk_in, *dv_in};
+  const std::vector<void*> fwd_m = {*o_m, *lse_m, *dq_in, *dk_in, *dv_in};
+  const std::vector<void*> delta_args = {*dlt, *o_w, *ddo};
+  const std::vector<void*> dq_args = {*gq, *gk, *gv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
+
+  absl::StatusOr<Timing> t_w = Time({{&*wgmma, fwd_w}}, device, opt.warmup, opt.iters);
+  absl::StatusOr<Timing> t_m = Time({{&*mma, fwd_m}}, device, opt.warmup, opt.iters);
+  if (!t_w.ok()) return t_w.status();
+  if (!t_m.ok()) return t_m.status();
+  // attention_grad's kernels take (dq, dk, dv, q, k, v, dout, lse, delta); dq's kernel writes
+  // dq only, dk/dv's kernel dk and dv (codegen/lower_attention.cc).
+  absl::StatusOr<Timing> t_fb = Time({{&*wgmma, fwd_w},
+                                      {&*delta, delta_args},
+                                      {&*dq, dq_args},
+                                      {&*dkdv, dq_args}},
+                                     device, opt.warmup, opt.iters);
+  if (!t_fb.ok()) return t_fb.status();
+
+  std::vector<float> ow(s.q_elements()), om(s.q_elements());
+  cudaMemcpy(ow.data(), *o_w, ow.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(om.data(), *o_m, om.size() * 4, cudaMemcpyDeviceToHost);
+  double w_vs_m = 0;
+  for (size_t i = 0; i < ow.size(); ++i) {
+    const double e = std::abs(static_cast<double>(ow[i]) - om[i]);
+    w_vs_m = std::isnan(e) ? INFINITY : std::max(w_vs_m, e);
+  }
+  // Sampled rows, the last row of each head's sequence among them (the longest).
+  double err_w = 0, err_m = 0;
+  std::mt19937_64 rng(7);
+  for (int r = 0; r < opt.rows; ++r) {
+    const int64_t row = r == 0 ? s.t - 1 : static_cast<int64_t>(rng() % s.rows());
+    const std::vector<double> want = ReferenceRow(s, q, k, v, row);
+    for (int64_t c = 0; c < s.d; ++c) {
+      err_w = std::max(err_w, std::abs(ow[row * s.d + c] - want[c]));
+      err_m = std::max(err_m, std::abs(om[row * s.d + c] - want[c]));
+    }
+  }
+  Report(s, "kiln fwd wgmma", *t_w, s.forward_flops(), err_w, w_vs_m, "mma.sync");
+  Report(s, "kiln fwd mma.sync", *t_m, s.forward_flops(), err_m, w_vs_m, "wgmma");
+  Report(s, "kiln fwd+bwd", *t_fb, 3.5 * s.forward_flops(), err_w, w_vs_m, "mma.sync");
+  // NaN compares false: written so that it fails.
+  if (!(err_w <= opt.max_error && err_m <= opt.max_error && w_vs_m <= opt.max_error)) {
+    return absl::InternalError(absl::StrCat("O beyond --max-error ", opt.max_error, ": wgmma vs reference ", err_w,
+                                            ", mma.sync vs reference ", err_m, ", wgmma vs mma.sync ", w_vs_m));
+  }
+  return absl::OkStatus();
+}
+
+bool ParseArgs(int argc, char** argv, Options& opt) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--shapes" && has_value) {
+      opt.shapes = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+    } else if (a == "--max-error" && has_value) {
+      if (!absl::SimpleAtod(argv[++i], &opt.max_error) || !(opt.max_error >= 0)) return false;
+    } else if ((a == "--iters" || a == "--warmup" || a == "--rows") && has_value) {
+      int value = 0;
+      if (!absl::SimpleAtoi(argv[++i], &value) || value < (a == "--warmup" ? 0 : 1)) return false;
+      (a == "--iters" ? opt.iters : a == "--warmup" ? opt.warmup : opt.rows) = value;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Options opt;
+  if (!ParseArgs(argc, argv, opt)) {
+    std::fprintf(stderr, "usage: attention_bench [--shapes S,M,L] [--iters N] [--warmup N] [--rows N] [--max-error X]\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Open();
+  if (!device.ok()) {
+    std::fprintf(stderr, "attention_bench: no GPU: %s\n", std::string(device.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "attention_bench on %s (%s)\n", (*device)->name().c_str(), (*device)->target().ToString().c_str());
+  int failures = 0;
+  for (const std::string& name : opt.shapes) {
+    const auto it = std::find_if(BarShapes().begin(), BarShapes().end(), [&](const Shape& s) { return s.name == name; });
+    if (it == BarShapes().end()) {
+      std::fprintf(stderr, "attention_bench: unknown shape '%s' (S, M, L)\n", name.c_str());
+      return 2;
+    }
+    if (absl::Status st = RunShape(*it, **device, opt); !st.ok()) {
+      std::fprintf(stderr, "attention_bench: shape %s: %s\n", name.c_str(), std::string(st.message()).c_str());
+      ++failures;
+    }
+  }
+  if (failures > 0) std::fprintf(stderr, "attention_bench: FAILED (%d shape(s))\n", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Main(argc, argv); }

@@ -1,0 +1,477 @@
+// Causal flash attention forward for Hopper (sm_90a): the `attention` op (ir/op_table.h) on
+// warpgroup MMA (wgmma.mma_async m64nNk16, bf16 operands, fp32 accumulation), single pass
+// over the keys with an online softmax. Same layouts, GQA rule, O and LSE as
+// FlashAttentionForward in kernels/flash_attention.cuh, and the same definition of O (that
+// header's top comment): P rounded to bf16 before normalization, with the running row max
+// kept at whole powers of two so that rescaling is exact and the result does not depend on
+// the order the key tiles arrive in.
+//
+// Block: three warpgroups (384 threads), warp specialized as in FlashAttention-3:
+//   - warpgroup 0, the producer, gives most of its registers away (setmaxnreg) and copies
+//     the query tile once and then the key and value tiles, kStages deep, into shared
+//     memory, completing each stage on an mbarrier;
+//   - warpgroups 1 and 2, the consumers, own 64 query rows each (a block covers 128
+//     queries): S = q kᵀ with both operands in shared memory, the online softmax in
+//     registers, P rounded to bf16 straight into wgmma's A-operand registers (the
+//     accumulator layout of m64nNk16 is its A layout), O += P v with v read N-major
+//     (transposed by the descriptor, never in memory). Each consumer frees a stage with one
+//     arrive per warp.
+// Tiles are stored in shared memory in wgmma's 128-byte swizzle: a tile of R rows and D
+// columns is D / 64 column blocks of R x 64 elements, row r of a block 128 bytes at r * 128,
+// its 16-byte chunk c at chunk c ^ (r % 8); every block starts 1024-byte aligned.
+//
+// Why cp.async and not TMA: a tensor map (CUtensorMap) embeds the global address of the
+// tensor it describes and is encoded on the host by cuTensorMapEncodeTiled, which the static
+// CUDA runtime reaches through cudaGetDriverEntryPoint without linking libcuda. It may be a
+// by-value __grid_constant__ kernel parameter or live in global memory, but either way it
+// has to be made from the buffer's address, which kiln knows only once an executable's arena
+// is allocated, and kiln's launches (runtime/cuda/kernel_launch.h) pass device pointers only:
+// the runtime would have to build the maps at load and hand them to the kernel, plumbing not
+// in this kernel's change. The 1-D bulk copy (cp.async.bulk) needs no tensor map but writes
+// contiguous bytes, and the swizzle above moves every 16-byte chunk of a row. So the producer
+// warpgroup issues 16-byte cp.async (each of its 128 threads a share of every tile), waits
+// for its own copies, fences them into the async proxy that wgmma reads shared memory
+// through, and arrives on the stage's mbarrier. A stage's barrier completes one tile behind
+// its issue, so one tile is always in flight while the consumers compute another. On the
+// H200 the loads look like the limit (bench/RESULTS.md): TMA is the next step.
+//
+// Causal: a block walks only the key tiles at or before its last query; the diagonal tile is
+// masked element by element. Blocks are ordered heaviest first, as in the mma.sync kernels.
+// T must be a multiple of 128 (the block's queries and the key tile); codegen falls back to
+// the mma.sync kernel otherwise (FlashAttentionWgmmaUnsupportedReason).
+//
+// Launch: FlashAttentionWgmmaForwardLaunch (grid, 384 threads, shared bytes); the wrapper
+// declares __launch_bounds__(384), so ptxas gives every thread 168 registers at launch (65536 /
+// 384, one block an SM) and setmaxnreg moves them: the producer keeps 72, the consumers get 216
+// (128 * 72 + 256 * 216 = 384 * 168). tests/flash_attention_kernel_test.cc checks that ptxas
+// spills nothing at D 64 and 128.
+#pragma once
+
+#include "kernels/flash_attention.cuh"
+
+namespace kiln::kernels {
+
+namespace flash_attention_wgmma {
+constexpr int kRowsPerConsumer = 64;  // the M of wgmma m64nNk16
+constexpr int kConsumers = 2;
+constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+constexpr int kBlockN = 128;
+constexpr unsigned kBlockThreads = 128 * (1 + kConsumers);
+// Shared memory: the q tile, kStages (k, v) tile pairs, the mbarriers, and 1024 bytes of
+// slack to align the tiles (dynamic shared memory is only 16-byte aligned).
+KILN_FLASH_ATTENTION_HD constexpr int Stages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
+constexpr unsigned kBarrierBytes = 128;
+constexpr unsigned kAlignSlack = 1024;
+}  // namespace flash_attention_wgmma
+
+// Why the wgmma kernel cannot take this shape, or nullptr (the mma.sync kernel may still).
+KILN_FLASH_ATTENTION_HD constexpr const char* FlashAttentionWgmmaUnsupportedReason(long long batch, long long heads,
+                                                                                   long long kv_heads,
+                                                                                   long long seq_len,
+                                                                                   long long head_dim) {
+  if (const char* why = FlashAttentionUnsupportedReason(batch, heads, kv_heads, seq_len, head_dim)) return why;
+  if (seq_len % flash_attention_wgmma::kBlockM != 0) return "T must be a multiple of 128 (the wgmma kernel's tiles)";
+  return nullptr;
+}
+
+KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwardLaunch(long long batch,
+                                                                                       long long heads,
+                                                                                       long long seq_len,
+                                                                                       long long head_dim) {
+  namespace fw = flash_attention_wgmma;
+  FlashAttentionLaunch l;
+  l.block_m = fw::kBlockM;
+  l.block_n = fw::kBlockN;
+  l.block_threads = fw::kBlockThreads;
+  l.grid_x = static_cast<unsigned>(seq_len / l.block_m * batch * heads);
+  l.shared_bytes = static_cast<unsigned>((l.block_m + 2 * fw::Stages(head_dim) * l.block_n) * head_dim *
+                                             flash_attention::kBf16Bytes +
+                                         fw::kBarrierBytes + fw::kAlignSlack);
+  return l;
+}
+
+}  // namespace kiln::kernels
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+namespace kiln::kernels {
+namespace flash_attention_wgmma {
+
+// ------------------------------------------------------------------ mbarriers, copies
+
+__device__ __forceinline__ void BarrierInit(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void BarrierArrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void BarrierWait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Makes this thread's generic-proxy writes to shared memory (its completed cp.async copies)
+// visible to the async proxy, through which wgmma reads its shared-memory operands.
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Byte offset of element (row, col) in a swizzled tile of kRows rows (see the top comment).
+template <int kRows>
+__device__ __forceinline__ unsigned SwizzledOffset(int row, int col) {
+  return static_cast<unsigned>((col >> 6) * kRows * 128 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) +
+                               (col & 7) * 2);
+}
+
+// kRows x kD bf16 rows (kD apart in global memory) into the swizzled tile at shared address
+// `tile`, by the 128 threads of the producer warpgroup (`t` = 0..127); the caller commits.
+// A round of 128 chunks covers 128 / (kD / 8) whole rows, a multiple of 8: a thread's
+// column and its row's swizzle phase stay the same in every round, so each copy is the
+// first one's addresses plus constants (the producer keeps few registers).
+template <int kRows, int kD>
+__device__ __forceinline__ void LoadTile(unsigned tile, const __nv_bfloat16* src, int t) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowsPerRound = 128 / kChunksPerRow;
+  static_assert(kRowsPerRound % 8 == 0 && kRows % kRowsPerRound == 0, "whole swizzle phases per round");
+  const int row = t / kChunksPerRow, col = (t % kChunksPerRow) * 8;
+  const unsigned dst = tile + SwizzledOffset<kRows>(row, col);
+  const __nv_bfloat16* from = src + row * kD + col;
+#pragma unroll
+  for (int round = 0; round < kRows / kRowsPerRound; ++round) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + round * kRowsPerRound * 128),
+                 "l"(from + round * kRowsPerRound * kD));
+  }
+}
+
+// --------------------------------------------------------------------- wgmma
+
+// A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
+// leading and stride byte offsets (all >> 4), 128-byte swizzle.
+__device__ __forceinline__ unsigned long long Descriptor(unsigned address, unsigned leading_bytes,
+                                                         unsigned stride_bytes) {
+  return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(leading_bytes >> 4) << 16) |
+         (static_cast<unsigned long long>(stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+// The K-major operand of reduction step kk (columns 16kk..16kk+15) of rows [row0, row0 + 64
+// or + kRows) of a swizzled tile of kRows rows: 8-row groups 1024 bytes apart; within a
+// 128-byte row the hardware applies the swizzle to the advanced start address.
+template <int kRows>
+__device__ __forceinline__ unsigned long long KMajor(unsigned tile, int row0, int kk) {
+  return Descriptor(tile + (kk >> 2) * kRows * 128 + row0 * 128 + (kk & 3) * 32, 16, 1024);
+}
+
+// The N-major operand of reduction step kk (rows 16kk..16kk+15) of a swizzled tile of kRows
+// rows, its columns the N dimension: 64-column blocks kRows * 128 bytes apart (leading), 8-row
+// groups 1024 bytes apart (stride).
+template <int kRows>
+__device__ __forceinline__ unsigned long long NMajor(unsigned tile, int kk) {
+  return Descriptor(tile + kk * 16 * 128, kRows * 128, 1024);
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
+template <int kN>
+__device__ __forceinline__ void Pin(float (&d)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+  }
+}
+
+// d (64 x 64, fp32) (+)= a (64 x 16, bf16, K-major in shared memory) * b (16 x 64, bf16,
+// K-major in shared memory); `accumulate` 0 overwrites d.
+__device__ __forceinline__ void WgmmaSS64(float (&d)[8][4], unsigned long long a_desc,
+                                          unsigned long long b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d (64 x 64, fp32) += a (64 x 16, bf16: this thread's A fragment, as mma.sync's) * b
+// (16 x 64, bf16, N-major in shared memory: the rows of b are contiguous).
+__device__ __forceinline__ void WgmmaRS64(float (&d)[8][4], const unsigned (&a)[4],
+                                          unsigned long long b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+}
+
+// d (64 x 128, fp32) (+)= a (64 x 16, bf16, K-major in shared memory) * b (16 x 128, bf16,
+// K-major in shared memory); `accumulate` 0 overwrites d.
+__device__ __forceinline__ void WgmmaSS128(float (&d)[16][4], unsigned long long a_desc,
+                                          unsigned long long b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d (64 x 128, fp32) += a (64 x 16, bf16: this thread's A fragment, as mma.sync's) * b
+// (16 x 128, bf16, N-major in shared memory: the rows of b are contiguous).
+__device__ __forceinline__ void WgmmaRS128(float (&d)[16][4], const unsigned (&a)[4],
+                                          unsigned long long b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+}
+
+// S (64 x 128) = q kᵀ over kD / 16 reduction steps; O (64 x kD) += P v over 128 / 16.
+template <int kN>
+__device__ __forceinline__ void WgmmaSS(float (&d)[kN / 8][4], unsigned long long a, unsigned long long b,
+                                        int accumulate) {
+  if constexpr (kN == 64) {
+    WgmmaSS64(d, a, b, accumulate);
+  } else {
+    static_assert(kN == 128, "N of 64 or 128");
+    WgmmaSS128(d, a, b, accumulate);
+  }
+}
+template <int kN>
+__device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&a)[4], unsigned long long b) {
+  if constexpr (kN == 64) {
+    WgmmaRS64(d, a, b);
+  } else {
+    static_assert(kN == 128, "N of 64 or 128");
+    WgmmaRS128(d, a, b);
+  }
+}
+
+}  // namespace flash_attention_wgmma
+
+// ------------------------------------------------------------------------------- kernel
+
+// o = attention(q, k, v) and lse (fp32 [B, H, T], natural log) on wgmma, for `scale`.
+// Launch: FlashAttentionWgmmaForwardLaunch; the wrapper declares __launch_bounds__(384).
+template <typename TO, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, float* __restrict__ lse,
+                                                           const __nv_bfloat16* __restrict__ q,
+                                                           const __nv_bfloat16* __restrict__ k,
+                                                           const __nv_bfloat16* __restrict__ v, float scale) {
+  namespace fa = flash_attention;
+  namespace fw = flash_attention_wgmma;
+  using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
+  static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
+  constexpr int kM = fw::kBlockM, kN = fw::kBlockN, kD = kHeadDim;
+  constexpr int kStages = fw::Stages(kD);
+  constexpr int kBH = kBatch * kHeads;
+  constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
+  static_assert(kM == kN, "the last key tile of a block is its diagonal tile");
+
+  const int bh = blockIdx.x % kBH;
+  const int query_block = kSeqLen / kM - 1 - static_cast<int>(blockIdx.x / kBH);  // heaviest first
+  const int kv_head = (bh / kHeads) * kKvHeads + (bh % kHeads) / Shape::kGroup;
+  const int q0 = query_block * kM;
+  const int key_tiles = query_block + 1;
+  const long long row_base = static_cast<long long>(bh) * kSeqLen;  // of q, o, lse
+  const __nv_bfloat16* k_head = k + static_cast<long long>(kv_head) * kSeqLen * kD;
+  const __nv_bfloat16* v_head = v + static_cast<long long>(kv_head) * kSeqLen * kD;
+
+  // Shared memory (addresses in the shared window): q tile, k stages, v stages, barriers.
+  const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
+  const unsigned k_tiles = q_tile + kM * kD * fa::kBf16Bytes;
+  const unsigned v_tiles = k_tiles + kStages * kTileBytes;
+  const unsigned q_full = v_tiles + kStages * kTileBytes;  // the q tile landed
+  const unsigned full = q_full + 8;                          // [kStages]: stage's k and v landed
+  const unsigned empty = full + 8 * kStages;                 // [kStages]: every consumer warp is done with it
+  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+
+  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    fw::BarrierInit(q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      fw::BarrierInit(full + 8 * s, 128);
+      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
+    }
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // Producer: addresses and loop counters only.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
+    fa::CpAsyncCommit();
+    for (int j = 0; j < key_tiles; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) fw::BarrierWait(empty + 8 * s, (j / kStages - 1) & 1);
+      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, k_head + static_cast<long long>(j) * kN * kD, t);
+      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, v_head + static_cast<long long>(j) * kN * kD, t);
+      fa::CpAsyncCommit();
+      // The group before this one (the q tile, then tile j - 1) has landed: publish it. A
+      // tile is published only once the next is issued, which waits for a free stage: so
+      // the consumers must free tile j - 1 before they wait for tile j, or, with two stages,
+      // neither side moves (a consumer that keeps v of tile j - 1 while it computes tile j's
+      // scores, as FlashAttention-3's software pipelining does, deadlocks here).
+      fw::CpAsyncWait<1>();
+      fw::FenceProxyAsync();
+      fw::BarrierArrive(j == 0 ? q_full : full + 8 * ((j - 1) % kStages));
+    }
+    fw::CpAsyncWait<0>();
+    fw::FenceProxyAsync();
+    fw::BarrierArrive(full + 8 * ((key_tiles - 1) % kStages));
+    return;
+  }
+
+  // Consumer c: query rows q0 + 64c .. + 63; this thread's rows `row` and `row + 8`, and
+  // columns col, col + 1 of each 8-wide slice of a tile.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+  const int c = warpgroup - 1;
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);
+  const int col = (lane & 3) * 2;
+  const float scale_log2 = scale * fa::kLog2e;
+
+  float acc_o[kD / 8][4];
+  fa::Zero(acc_o);
+  float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running row max of S * scale_log2, rounded up to an integer
+  float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(S * scale_log2 - max2))
+
+  fw::BarrierWait(q_full, 0);
+  for (int j = 0; j < key_tiles; ++j) {
+    const int s = j % kStages;
+    fw::BarrierWait(full + 8 * s, (j / kStages) & 1);
+    const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
+
+    float acc_s[kN / 8][4];
+    fw::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      fw::WgmmaSS<kN>(acc_s, fw::KMajor<kM>(q_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kN>(k_tile, 0, kk),
+                      kk > 0);
+    }
+    fw::WgmmaCommit();
+    fw::WgmmaWaitAll();
+    fw::Pin(acc_s);
+
+    const bool diagonal = j == key_tiles - 1;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc_s[n][e] *= scale_log2;
+        if (diagonal && j * kN + n * 8 + col + (e & 1) > row + (e >> 1) * 8) acc_s[n][e] = -CUDART_INF_F;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -CUDART_INF_F;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(acc_s[n][2 * r], acc_s[n][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      // Every row has a key in every tile it walks (key j * 128 <= its query), so the max is
+      // finite after the first tile.
+      const float new_max2 = fmaxf(max2[r], ceilf(tile_max));
+      const float rescale = fa::Pow2(max2[r] - new_max2);
+      max2[r] = new_max2;
+      float row_sum = sum[r] * rescale;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        acc_o[n][2 * r] *= rescale;
+        acc_o[n][2 * r + 1] *= rescale;
+      }
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+        acc_s[n][2 * r] = exp2f(acc_s[n][2 * r] - new_max2);
+        acc_s[n][2 * r + 1] = exp2f(acc_s[n][2 * r + 1] - new_max2);
+        row_sum += acc_s[n][2 * r] + acc_s[n][2 * r + 1];
+      }
+      sum[r] = row_sum;
+    }
+    unsigned pa[kN / 16][4];
+    fa::AccumulatorToA<kN>(pa, acc_s);
+
+    fw::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_o, pa[kk], fw::NMajor<kN>(v_tile, kk));
+    fw::WgmmaCommit();
+    fw::WgmmaWaitAll();
+    fw::Pin(acc_o);
+    __syncwarp();
+    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      acc_o[n][2 * r] /= total;
+      acc_o[n][2 * r + 1] /= total;
+    }
+  }
+  if (o != nullptr) {
+    fa::StoreAccumulator<kD>(o + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_o);
+  }
+}
+
+}  // namespace kiln::kernels
+
+#endif  // __CUDACC__ || __CUDACC_RTC__
