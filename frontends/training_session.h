@@ -115,7 +115,9 @@ class TrainingSession {
   TrainingStepLayout layout_;
   TrainingSessionOptions options_;
   std::vector<NamedWeight> weights_;
-  std::unique_ptr<CudaDevice> owned_device_;  // declared first: destroyed after the trainer
+  // Declared before the trainer, so destroyed after it. A shared_ptr: its deleter is bound
+  // where CudaDevice is complete, so builds without CUDA (where it is only declared) compile.
+  std::shared_ptr<CudaDevice> owned_device_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<GpuForward> gpu_forward_;
 };
