@@ -76,8 +76,17 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(std::un
                                                    " trainable parameters (after ", layout.num_batch_inputs,
                                                    " data inputs)"));
   }
-  // Checked before the main pipeline and the GPU compile, which take longer than this.
-  RETURN_IF_ERROR(CheckTrainingState(*training.step(), layout, InitialTrainingState(initial_params)));
+  // Checked before the main pipeline and the GPU compile, which take longer than this (and
+  // without building a state: for a large model that would be a second copy of the weights).
+  const std::vector<Node*> step_params = training.step()->parameters();
+  for (int64_t i = 0; i < layout.num_params; ++i) {
+    const Node* p = step_params[layout.first_param() + i];
+    if (initial_params[i].type() != p->type()) {
+      return absl::InvalidArgumentError(absl::StrCat("training session: initial weight ", i, " %", p->name(),
+                                                     " must be ", p->type().ToString(), ", got ",
+                                                     initial_params[i].type().ToString()));
+    }
+  }
   RETURN_IF_ERROR(training.RunMainPipeline(*module));
   session->module_ = module.get();
   session->forward_ = module->FindFunction("forward");

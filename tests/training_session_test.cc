@@ -101,7 +101,8 @@ TEST(TrainingSession, ErrorsNameWhatIsWrong) {
 
   auto wrong_shape = TrainingSession::Create(LinearRegression(), {HostTensor({DType::kF32, {3, 1}})});
   ASSERT_FALSE(wrong_shape.ok());
-  EXPECT_TRUE(absl::StrContains(wrong_shape.status().message(), "f32[1,3]")) << wrong_shape.status();
+  EXPECT_TRUE(absl::StrContains(wrong_shape.status().message(), "initial weight 0 %w must be f32[1,3], got f32[3,1]"))
+      << wrong_shape.status();
 
   auto session = TrainingSession::Create(LinearRegression(), {HostTensor({DType::kF32, {1, 3}})});
   ASSERT_TRUE(session.ok()) << session.status();
