@@ -11,6 +11,10 @@
 # summary land in OUT_DIR. About 5-6 minutes on the H200 (torch.compile of llama-M alone
 # takes ~80 s to its first step).
 #   KILN=.carry/bench/kiln OUT_DIR=/tmp/kiln-bench bash bench/run_h200.sh
+# GPT-2 (issue 16): PRESETS="gpt2-124M gpt2-350M" runs the same comparison against
+# bench/torch_gpt2.py (nanoGPT's model, kiln's gpt2 presets exactly) at batch 16 x T 1024
+# (GPT2_BATCH=16: gpt2-350M's preset batch is 8, so kiln and export-inputs get --batch); a
+# preset's family picks the PyTorch script, so llama and gpt2 presets can share one run.
 # Knobs: PRESETS="llama-S llama-M", WARMUP=5, STEPS=30 (timed steps after the warm-up),
 # SEED=1337, MODES="eager compile", KEEP_WEIGHTS=1 keeps the exported safetensors (3.5 GB
 # for llama-M), KILN_COMMIT names the commit kiln was built from (default: this tree's).
@@ -46,11 +50,21 @@ fi
 
 for preset in $PRESETS; do
   inputs="$OUT_DIR/inputs_$preset"
+  # The PyTorch model of the preset's family; the shape flags both kiln commands take.
+  script=bench/torch_llama.py
+  shape=()
+  case "$preset" in
+    gpt2-*)
+      script=bench/torch_gpt2.py
+      shape=(--batch "${GPT2_BATCH:-16}")
+      ;;
+  esac
   t0=$(date +%s)
-  "$KILN" export-inputs "$preset" --steps "$TOTAL" --seed "$SEED" --out "$inputs" > "$OUT_DIR/export_$preset.log" 2>&1 ||
+  "$KILN" export-inputs "$preset" "${shape[@]}" --steps "$TOTAL" --seed "$SEED" --out "$inputs" \
+    > "$OUT_DIR/export_$preset.log" 2>&1 ||
     echo "run_h200: kiln export-inputs $preset failed (see $OUT_DIR/export_$preset.log)"
   t1=$(date +%s)
-  "$KILN" train "$preset" --backend cuda --steps "$TOTAL" --seed "$SEED" > "$OUT_DIR/kiln_$preset.log" 2>&1 ||
+  "$KILN" train "$preset" "${shape[@]}" --backend cuda --steps "$TOTAL" --seed "$SEED" > "$OUT_DIR/kiln_$preset.log" 2>&1 ||
     echo "run_h200: kiln train $preset failed (see $OUT_DIR/kiln_$preset.log)"
   t2=$(date +%s)
   echo "run_h200: $preset: export $((t1 - t0)) s, kiln train $((t2 - t1)) s"
@@ -58,7 +72,7 @@ for preset in $PRESETS; do
     flag=""
     [ "$mode" = compile ] && flag="--compile"
     t0=$(date +%s)
-    "$PYTHON" bench/torch_llama.py --preset "$preset" --inputs "$inputs" --warmup "$WARMUP" --steps "$STEPS" $flag \
+    "$PYTHON" "$script" --preset "$preset" --inputs "$inputs" --warmup "$WARMUP" --steps "$STEPS" $flag \
       > "$OUT_DIR/torch_${mode}_$preset.json" 2> "$OUT_DIR/torch_${mode}_$preset.log" ||
       echo "run_h200: torch $mode $preset failed (see $OUT_DIR/torch_${mode}_$preset.log)"
     echo "run_h200: $preset: torch $mode $(($(date +%s) - t0)) s"

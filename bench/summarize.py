@@ -6,7 +6,8 @@ and whether the first losses agree. Usage:
 
 RUN_DIR holds, per preset P:
   kiln_P.log            the output of `kiln train P` (stdout and stderr)
-  torch_eager_P.json    bench/torch_llama.py's JSON (its last line), and torch_compile_P.json
+  torch_eager_P.json    bench/torch_llama.py's (or torch_gpt2.py's, for gpt2-* presets) JSON (its
+                        last line), and torch_compile_P.json
   inputs_P/inputs.json  `kiln export-inputs`'s sidecar (FLOPs per token for kiln's MFU)
 and meta.txt (commit, date, GPU, driver, torch), printed first.
 
@@ -67,7 +68,7 @@ def kiln_stats(path, skip):
 
 
 def torch_run(path):
-    """bench/torch_llama.py's JSON (the last non-empty line), or None."""
+    """bench/torch_llama.py's or torch_gpt2.py's JSON (the last non-empty line), or None."""
     try:
         with open(path) as f:
             lines = [l for l in f.read().splitlines() if l.strip()]

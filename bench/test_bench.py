@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Tests of the benchmark's Python pieces, on the CPU, with small fake files:
     python3 -m unittest bench/test_bench.py          (from the repository root)
-summarize.py's tests need plain Python; the readers and the model need torch (skipped
-without it). With KILN=path/to/kiln, an end-to-end test exports llama-tiny's inputs and
-checks that bench/torch_llama.py on the CPU starts from kiln's first loss (kiln train on the
-CPU reference backend)."""
+ctest runs them as bench_scripts (tests/CMakeLists.txt), with KILN set to the build's kiln.
+summarize.py's tests need plain Python; the readers and the models need torch (skipped
+without it: Debian's python3-torch is enough). With KILN=path/to/kiln, end-to-end tests
+export llama-tiny's and gpt2-tiny's inputs and check that bench/torch_llama.py and
+bench/torch_gpt2.py on the CPU follow kiln's losses (kiln train on the CPU reference
+backend) step by step."""
 import contextlib
 import io
 import json
@@ -24,6 +26,7 @@ import summarize  # noqa: E402
 try:
     import torch
     import torch.nn.functional as F
+    import torch_gpt2
     import torch_llama
 except ImportError:  # summarize's tests still run
     torch = None
@@ -56,6 +59,18 @@ def manual_sdpa(q, k, v, is_causal=True, enable_gqa=False):
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = scores.float().masked_fill(~mask, float("-inf"))
     return (scores.softmax(-1).to(v.dtype)) @ v
+
+
+@contextlib.contextmanager
+def sdpa_available():
+    """F.scaled_dot_product_attention as it is, or manual_sdpa where torch lacks it."""
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    F.scaled_dot_product_attention = manual_sdpa if sdpa is None else sdpa
+    try:
+        yield
+    finally:
+        if sdpa is None:
+            del F.scaled_dot_product_attention
 
 
 class Tmp(unittest.TestCase):
@@ -237,42 +252,135 @@ class ReadersTest(Tmp):
             torch_llama.load_kiln_weights(model, self.path("w.st"))
 
 
+@unittest.skipIf(torch is None, "needs torch")
+class Gpt2Test(Tmp):
+    """bench/torch_gpt2.py's model against kiln's gpt2 presets (frontends/gpt2.cc)."""
+
+    def kiln_like_file(self, c, drop=None, untransposed=None):
+        """A weights file as `kiln export-inputs gpt2-tiny` writes it: HF names, Conv1D
+        weights [in, out], wte with the real vocabulary's rows; tensor i holds i + j / 1e4 at
+        flat index j, so that every element's place is checked."""
+        model = torch_gpt2.Gpt2(c)
+        tensors, expected = [], {}
+        for i, (name, p) in enumerate(model.named_parameters()):
+            shape = list(p.shape)
+            if name.endswith(torch_gpt2.CONV1D_SUFFIXES) and name != untransposed:
+                shape = shape[::-1]
+            if name == "transformer.wte.weight":
+                shape = [c["vocab"], c["d"]]
+            values = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) / 1e4 + i
+            expected[name] = values
+            if name != drop:
+                tensors.append((name, "F32", shape, f32(values.flatten().tolist())))
+        write_safetensors(self.path("w.st"), tensors)
+        return model, expected
+
+    def test_load_kiln_weights_transposes_conv1d_and_pads_wte(self):
+        c = torch_gpt2.PRESETS["gpt2-tiny"]
+        model, expected = self.kiln_like_file(c)
+        n = torch_gpt2.load_kiln_weights(model, self.path("w.st"))
+        params = dict(model.named_parameters())
+        self.assertEqual(n, len(params))
+        for name, p in params.items():
+            want = expected[name]
+            if name.endswith(torch_gpt2.CONV1D_SUFFIXES):
+                want = want.t()  # nn.Linear's [out, in]
+            if name == "transformer.wte.weight":
+                self.assertEqual(list(p.shape), [256, 128])  # 256 is a multiple of 128 already
+            self.assertTrue(torch.equal(p.detach(), want), name)
+        # Every projection has a bias, the LayerNorms weight and bias, and the head is wte.
+        self.assertIn("transformer.h.1.mlp.c_proj.bias", params)
+        self.assertIn("transformer.ln_f.bias", params)
+        self.assertNotIn("lm_head.weight", params)
+
+        model, _ = self.kiln_like_file(c, drop="transformer.h.0.ln_2.bias")
+        with self.assertRaisesRegex(torch_gpt2.InputError, r"no tensor for 1 parameter\(s\): transformer.h.0.ln_2.bias"):
+            torch_gpt2.load_kiln_weights(model, self.path("w.st"))
+        model, _ = self.kiln_like_file(c, untransposed="transformer.h.1.mlp.c_fc.weight")
+        with self.assertRaisesRegex(torch_gpt2.InputError,
+                                    r"'transformer.h.1.mlp.c_fc.weight' is \[512, 128\], expected \[128, 512\]"):
+            torch_gpt2.load_kiln_weights(model, self.path("w.st"))
+
+    def test_vocab_padding_and_tied_head(self):
+        self.assertEqual(torch_gpt2.padded_vocab(50257), 50304)
+        self.assertEqual(torch_gpt2.padded_vocab(256), 256)
+        c = dict(torch_gpt2.PRESETS["gpt2-tiny"], vocab=200)  # padded to 256
+        torch.manual_seed(0)
+        model = torch_gpt2.Gpt2(c)
+        torch_gpt2.init_like_kiln(model, c["layers"], seed=3)
+        wte = model.transformer.wte.weight
+        self.assertEqual(list(wte.shape), [256, 128])
+        self.assertTrue(bool((wte[200:] == 0).all()))
+        self.assertTrue(bool((model.transformer.h[0].ln_1.weight == 1).all()))
+        self.assertTrue(bool((model.transformer.h[0].attn.c_attn.bias == 0).all()))
+        # c_proj's init is the residual one, 0.02 / sqrt(2 L).
+        self.assertLess(float(model.transformer.h[0].mlp.c_proj.weight.std()), 0.013)
+        tokens, targets = torch.randint(0, 200, (2, 16)), torch.randint(0, 200, (2, 16))
+        with sdpa_available():
+            loss = model(tokens, targets)
+        loss.backward()
+        # The loss reads only the real vocabulary: the padding rows get no gradient, and the
+        # tied table gets the head's gradient on rows no token embeds.
+        self.assertTrue(bool((wte.grad[200:] == 0).all()))
+        unused = sorted(set(range(200)) - set(tokens.flatten().tolist()) - set(targets.flatten().tolist()))[0]
+        self.assertGreater(float(wte.grad[unused].abs().sum()), 0)
+        self.assertAlmostEqual(float(loss), math.log(200), delta=0.2)  # near-uniform at init
+
+    def test_non_embedding_params_are_kilns(self):
+        # NonEmbeddingParameterCount (frontends/model_config.cc): blocks, ln_f, head V x d.
+        model = torch_gpt2.Gpt2(torch_gpt2.PRESETS["gpt2-tiny"])
+        self.assertEqual(torch_gpt2.non_embedding_params(model), 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128 + 256 * 128)
+
+
+def run_main(module, argv):
+    """module.main() with argv, its stdout's last line as JSON."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
+            unittest.mock.patch.object(sys, "argv", argv):
+        module.main()
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
 @unittest.skipIf(torch is None or not os.environ.get("KILN"), "needs torch and KILN=path/to/kiln")
 class EndToEndTest(Tmp):
-    """kiln's exported inputs through torch_llama.py on the CPU: the first loss is kiln's."""
+    """kiln's exported inputs through the PyTorch scripts on the CPU: the losses are kiln's."""
 
-    def test_first_losses_agree_with_kiln_train(self):
+    def kiln_and_torch_losses(self, preset, module, shape):
         kiln = os.environ["KILN"]
-        shape = ["--batch", "4", "--seq", "32", "--steps", "4", "--seed", "5"]
-        subprocess.run([kiln, "export-inputs", "llama-tiny", *shape, "--out", self.path("in")], check=True,
+        subprocess.run([kiln, "export-inputs", preset, *shape, "--out", self.path("in")], check=True,
                        capture_output=True)
-        train = subprocess.run([kiln, "train", "llama-tiny", "--backend", "cpu", *shape], check=True,
+        train = subprocess.run([kiln, "train", preset, "--backend", "cpu", *shape], check=True,
                                capture_output=True, text=True).stdout
         kiln_losses = [float(m) for m in re.findall(r"step \d+/4\s+loss (\S+)", train)]
         self.assertEqual(len(kiln_losses), 4, train)
 
-        sdpa = getattr(F, "scaled_dot_product_attention", None)
-        F.scaled_dot_product_attention = manual_sdpa if sdpa is None else sdpa
-        out = io.StringIO()
-        argv = ["torch_llama.py", "--preset", "llama-tiny", "--inputs", self.path("in"), "--warmup", "1",
+        argv = [f"{module.__name__}.py", "--preset", preset, "--inputs", self.path("in"), "--warmup", "1",
                 "--steps", "3", "--device", "cpu"]
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
-                    unittest.mock.patch.object(sys, "argv", argv):
-                torch_llama.main()
-        finally:
-            if sdpa is None:
-                del F.scaled_dot_product_attention
-        d = json.loads(out.getvalue().strip().splitlines()[-1])
+        with sdpa_available():
+            d = run_main(module, argv)
         self.assertEqual(d["inputs"], "kiln")
         with open(self.path("in/inputs.json")) as f:
             self.assertEqual(d["lr"], json.load(f)["lr"])
-        print(f"\nkiln losses {kiln_losses}\ntorch losses {d['losses']}", file=sys.stderr)
+        print(f"\n{preset}: kiln losses {kiln_losses}\ntorch losses {d['losses']}", file=sys.stderr)
+        self.assertEqual(len(d["losses"]), 4)
+        return kiln_losses, d["losses"]
+
+    def test_first_losses_agree_with_kiln_train(self):
+        shape = ["--batch", "4", "--seq", "32", "--steps", "4", "--seed", "5"]
+        kiln_losses, torch_losses = self.kiln_and_torch_losses("llama-tiny", torch_llama, shape)
         # Same weights, same batches, same updates (AdamW, clipping, lr per step), bf16 GEMMs on
         # both sides: every loss agrees far inside the benchmark's 1e-2 (seen: 5e-5 with
         # torch 1.13 on the CPU), so a recipe difference (lr, weight decay, clipping) shows.
-        self.assertEqual(len(d["losses"]), 4)
-        for k, t in zip(kiln_losses, d["losses"]):
+        for k, t in zip(kiln_losses, torch_losses):
+            self.assertLess(abs(k - t) / k, 2e-3)
+
+    def test_gpt2_losses_agree_with_kiln_train(self):
+        # The same check for the GPT-2 model: tied head, biases, LayerNorm, gelu, positions,
+        # the padded table; a mismatch in any of them (or in which tensors decay) shows by
+        # step 2.
+        shape = ["--batch", "4", "--seq", "32", "--steps", "4", "--seed", "5"]
+        kiln_losses, torch_losses = self.kiln_and_torch_losses("gpt2-tiny", torch_gpt2, shape)
+        for k, t in zip(kiln_losses, torch_losses):
             self.assertLess(abs(k - t) / k, 2e-3)
 
 

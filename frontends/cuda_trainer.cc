@@ -64,8 +64,21 @@ absl::StatusOr<TrainingState> CudaTrainer::State() const {
 
 absl::StatusOr<double> CudaTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
   ASSIGN_OR_RETURN(auto batch, BatchTensors(*step_, layout_, micro_batches));
-  RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input(), batch.first));
-  RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input() + 1, batch.second));
+  std::vector<HostTensor> data;
+  data.push_back(std::move(batch.first));
+  data.push_back(std::move(batch.second));
+  return StepTensors(std::move(data), lr);
+}
+
+absl::StatusOr<double> CudaTrainer::StepTensors(std::vector<HostTensor> batch, double lr) {
+  if (static_cast<int64_t>(batch.size()) != layout_.num_batch_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: the step takes ", layout_.num_batch_inputs,
+                                                   " batch inputs, got ", batch.size()));
+  }
+  // SetInput checks each tensor's type against its parameter.
+  for (int64_t i = 0; i < layout_.num_batch_inputs; ++i) {
+    RETURN_IF_ERROR(executable_->SetInput(layout_.first_batch_input() + i, batch[i]));
+  }
   RETURN_IF_ERROR(executable_->SetInput(layout_.lr_index(), HostTensor::FromValues({DType::kF32, {}}, {lr})));
   if (profile_next_) {
     profile_next_ = false;

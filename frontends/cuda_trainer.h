@@ -24,6 +24,7 @@ class CudaTrainer : public Trainer {
 
   absl::string_view backend() const override { return "cuda"; }
   absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr) override;
+  absl::StatusOr<double> StepTensors(std::vector<HostTensor> batch, double lr) override;
   int64_t steps_done() const override { return steps_done_; }
   absl::StatusOr<TrainingState> State() const override;
   absl::Status SetState(TrainingState state) override;

@@ -133,7 +133,12 @@ absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<TokenBatch>& mic
   std::vector<HostTensor> data;
   data.push_back(std::move(tokens));
   data.push_back(std::move(targets));
-  return RunReferenceStep(*step_, layout_, options_, std::move(data), lr, state_);
+  return StepTensors(std::move(data), lr);
+}
+
+absl::StatusOr<double> ReferenceTrainer::StepTensors(std::vector<HostTensor> batch, double lr) {
+  // EvaluateFunction checks each tensor's type against its parameter.
+  return RunReferenceStep(*step_, layout_, options_, std::move(batch), lr, state_);
 }
 
 }  // namespace kiln

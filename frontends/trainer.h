@@ -42,6 +42,10 @@ class Trainer {
   virtual absl::string_view backend() const = 0;
   // One update over `micro_batches` (one per accumulation step); returns the mean loss.
   virtual absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr) = 0;
+  // The same for a step whose data is not token batches (frontends/training_session.h): the
+  // step's batch inputs (TrainingStepLayout order, after t; each with the leading k of the
+  // micro-batches), of the step function's types.
+  virtual absl::StatusOr<double> StepTensors(std::vector<HostTensor> batch, double lr) = 0;
   virtual int64_t steps_done() const = 0;
   virtual absl::StatusOr<TrainingState> State() const = 0;
   virtual absl::Status SetState(TrainingState state) = 0;
@@ -70,6 +74,7 @@ class ReferenceTrainer : public Trainer {
 
   absl::string_view backend() const override { return "cpu"; }
   absl::StatusOr<double> Step(const std::vector<TokenBatch>& micro_batches, double lr) override;
+  absl::StatusOr<double> StepTensors(std::vector<HostTensor> batch, double lr) override;
   int64_t steps_done() const override { return state_.step; }
   absl::StatusOr<TrainingState> State() const override { return state_; }
   const TrainingState& state() const { return state_; }

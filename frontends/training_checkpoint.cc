@@ -20,29 +20,27 @@ constexpr absl::string_view kFormat = "kiln-training-checkpoint-1";
 constexpr absl::string_view kStepKey = "kiln.step";
 constexpr absl::string_view kConfigKey = "kiln.config";
 constexpr absl::string_view kSettingPrefix = "kiln.setting.";
+constexpr absl::string_view kSessionFormat = "kiln-session-checkpoint-1";
 
-}  // namespace
-
-absl::Status SaveTrainingCheckpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
-  std::vector<WeightSpec> specs = ModelWeights(ckpt.config);
-  const TrainingState& s = ckpt.state;
-  if (specs.size() != s.params.size() || specs.size() != s.m.size() || specs.size() != s.v.size()) {
+// The tensors of `state` under the weights' names (the parameters, then the moments, then t).
+absl::Status SaveState(const std::string& path, const std::vector<NamedWeight>& weights, const TrainingState& s,
+                       absl::string_view format, std::map<std::string, std::string> metadata) {
+  if (weights.size() != s.params.size() || weights.size() != s.m.size() || weights.size() != s.v.size()) {
     return absl::InternalError("checkpoint: state does not match the model's weights");
   }
   Safetensors st;
-  for (size_t i = 0; i < specs.size(); ++i) st.tensors.push_back({specs[i].name, s.params[i]});
-  for (size_t i = 0; i < specs.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.m.", specs[i].name), s.m[i]});
-  for (size_t i = 0; i < specs.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.v.", specs[i].name), s.v[i]});
+  for (size_t i = 0; i < weights.size(); ++i) st.tensors.push_back({weights[i].name, s.params[i]});
+  for (size_t i = 0; i < weights.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.m.", weights[i].name), s.m[i]});
+  for (size_t i = 0; i < weights.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.v.", weights[i].name), s.v[i]});
   st.tensors.push_back({"adamw.t", s.t});
-  st.metadata[std::string(kFormatKey)] = std::string(kFormat);
+  st.metadata = std::move(metadata);
+  st.metadata[std::string(kFormatKey)] = std::string(format);
   st.metadata[std::string(kStepKey)] = absl::StrCat(s.step);
-  st.metadata[std::string(kConfigKey)] = HuggingFaceConfigJson(ckpt.config);
-  for (const auto& [k, v] : ckpt.settings) st.metadata[absl::StrCat(kSettingPrefix, k)] = v;
   return WriteSafetensorsFile(path, st);
 }
 
-absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& path) {
-  ASSIGN_OR_RETURN(Safetensors st, ReadSafetensorsFile(path));
+// Checks the file's format; returns its step count.
+absl::StatusOr<int64_t> ReadHeader(const std::string& path, const Safetensors& st, absl::string_view want_format) {
   auto meta = [&](absl::string_view key) -> absl::StatusOr<std::string> {
     auto it = st.metadata.find(std::string(key));
     if (it == st.metadata.end()) {
@@ -52,24 +50,22 @@ absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& pat
     return it->second;
   };
   ASSIGN_OR_RETURN(std::string format, meta(kFormatKey));
-  if (format != kFormat) {
+  if (format != want_format) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": checkpoint format '", format, "' is not the supported '", kFormat, "'"));
+        absl::StrCat(path, ": checkpoint format '", format, "' is not the supported '", want_format, "'"));
   }
-  TrainingCheckpoint ckpt;
-  ASSIGN_OR_RETURN(std::string step, meta(kStepKey));
-  if (!absl::SimpleAtoi(step, &ckpt.state.step) || ckpt.state.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad step count '", step, "' in its metadata"));
+  ASSIGN_OR_RETURN(std::string step_text, meta(kStepKey));
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(step_text, &step) || step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad step count '", step_text, "' in its metadata"));
   }
-  // The config travels as HF config.json text, read by the same reader as config.json files.
-  ASSIGN_OR_RETURN(std::string config_json, meta(kConfigKey));
-  absl::StatusOr<ModelConfig> config = ConfigFromHuggingFaceJson(config_json, absl::StrCat(path, " metadata"));
-  if (!config.ok()) return config.status();
-  ckpt.config = *config;
-  for (const auto& [k, v] : st.metadata) {
-    if (absl::StartsWith(k, kSettingPrefix)) ckpt.settings[k.substr(kSettingPrefix.size())] = v;
-  }
+  return step;
+}
 
+// The weights, moments and t of `weights` out of `st`: each present with its type and finite;
+// nothing left over.
+absl::StatusOr<TrainingState> TakeState(const std::string& path, Safetensors& st,
+                                        const std::vector<NamedWeight>& weights) {
   absl::flat_hash_map<std::string, HostTensor*> by_name;
   for (NamedTensor& t : st.tensors) by_name[t.name] = &t.tensor;
   auto take = [&](const std::string& name, const TensorType& want) -> absl::StatusOr<HostTensor> {
@@ -92,20 +88,76 @@ absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& pat
     }
     return t;
   };
-  for (const WeightSpec& spec : ModelWeights(ckpt.config)) {
-    TensorType type{DType::kF32, spec.shape};
-    ASSIGN_OR_RETURN(HostTensor p, take(spec.name, type));
-    ASSIGN_OR_RETURN(HostTensor m, take(absl::StrCat("adamw.m.", spec.name), type));
-    ASSIGN_OR_RETURN(HostTensor v, take(absl::StrCat("adamw.v.", spec.name), type));
-    ckpt.state.params.push_back(std::move(p));
-    ckpt.state.m.push_back(std::move(m));
-    ckpt.state.v.push_back(std::move(v));
+  TrainingState state;
+  for (const NamedWeight& w : weights) {
+    ASSIGN_OR_RETURN(HostTensor p, take(w.name, w.type));
+    ASSIGN_OR_RETURN(HostTensor m, take(absl::StrCat("adamw.m.", w.name), w.type));
+    ASSIGN_OR_RETURN(HostTensor v, take(absl::StrCat("adamw.v.", w.name), w.type));
+    state.params.push_back(std::move(p));
+    state.m.push_back(std::move(m));
+    state.v.push_back(std::move(v));
   }
-  ASSIGN_OR_RETURN(ckpt.state.t, take("adamw.t", {DType::kF32, {}}));
+  ASSIGN_OR_RETURN(state.t, take("adamw.t", {DType::kF32, {}}));
   if (!by_name.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": unexpected tensor '", by_name.begin()->first, "' for this model"));
   }
+  return state;
+}
+
+std::vector<NamedWeight> PresetWeights(const ModelConfig& config) {
+  std::vector<NamedWeight> weights;
+  for (const WeightSpec& spec : ModelWeights(config)) weights.push_back({spec.name, {DType::kF32, spec.shape}});
+  return weights;
+}
+
+}  // namespace
+
+absl::Status SaveTrainingCheckpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
+  std::map<std::string, std::string> metadata;
+  metadata[std::string(kConfigKey)] = HuggingFaceConfigJson(ckpt.config);
+  for (const auto& [k, v] : ckpt.settings) metadata[absl::StrCat(kSettingPrefix, k)] = v;
+  return SaveState(path, PresetWeights(ckpt.config), ckpt.state, kFormat, std::move(metadata));
+}
+
+absl::StatusOr<TrainingCheckpoint> LoadTrainingCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(Safetensors st, ReadSafetensorsFile(path));
+  ASSIGN_OR_RETURN(int64_t step, ReadHeader(path, st, kFormat));
+  TrainingCheckpoint ckpt;
+  // The config travels as HF config.json text, read by the same reader as config.json files.
+  auto config_json = st.metadata.find(std::string(kConfigKey));
+  if (config_json == st.metadata.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a kiln training checkpoint (its metadata has no '", kConfigKey, "')"));
+  }
+  absl::StatusOr<ModelConfig> config = ConfigFromHuggingFaceJson(config_json->second, absl::StrCat(path, " metadata"));
+  if (!config.ok()) return config.status();
+  ckpt.config = *config;
+  for (const auto& [k, v] : st.metadata) {
+    if (absl::StartsWith(k, kSettingPrefix)) ckpt.settings[k.substr(kSettingPrefix.size())] = v;
+  }
+  ASSIGN_OR_RETURN(ckpt.state, TakeState(path, st, PresetWeights(ckpt.config)));
+  ckpt.state.step = step;
+  return ckpt;
+}
+
+absl::Status SaveSessionCheckpoint(const std::string& path, const std::vector<NamedWeight>& weights,
+                                   const TrainingState& state, const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> prefixed;
+  for (const auto& [k, v] : metadata) prefixed[absl::StrCat(kSettingPrefix, k)] = v;
+  return SaveState(path, weights, state, kSessionFormat, std::move(prefixed));
+}
+
+absl::StatusOr<SessionCheckpoint> LoadSessionCheckpoint(const std::string& path,
+                                                        const std::vector<NamedWeight>& weights) {
+  ASSIGN_OR_RETURN(Safetensors st, ReadSafetensorsFile(path));
+  ASSIGN_OR_RETURN(int64_t step, ReadHeader(path, st, kSessionFormat));
+  SessionCheckpoint ckpt;
+  for (const auto& [k, v] : st.metadata) {
+    if (absl::StartsWith(k, kSettingPrefix)) ckpt.metadata[k.substr(kSettingPrefix.size())] = v;
+  }
+  ASSIGN_OR_RETURN(ckpt.state, TakeState(path, st, weights));
+  ckpt.state.step = step;
   return ckpt;
 }
 

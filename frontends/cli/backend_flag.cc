@@ -9,13 +9,7 @@ namespace kiln::cli {
 namespace {
 
 // OK, or why the CUDA backend cannot run here.
-absl::Status CudaUsable() {
-#ifdef KILN_WITH_CUDA
-  return CudaDevice::Available();
-#else
-  return absl::UnimplementedError("this kiln was built without the CUDA toolkit");
-#endif
-}
+absl::Status CudaUsable() { return CudaBackendAvailable(); }
 
 absl::StatusOr<ResolvedBackend> OpenCuda() {
   ResolvedBackend r;

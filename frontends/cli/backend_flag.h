@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "frontends/compile.h"  // Backend, CudaBackendAvailable
 
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda/device.h"
@@ -14,7 +15,7 @@
 
 namespace kiln::cli {
 
-enum class Backend { kCpu, kCuda };
+using ::kiln::Backend;  // the library's (frontends/compile.h): one enum for the CLI and the API
 
 struct ResolvedBackend {
   Backend backend = Backend::kCpu;

@@ -318,6 +318,19 @@ absl::StatusOr<HostTensor> CudaExecutable::Output(int i) const {
                   absl::StrCat("reading output ", i, " (%", out->name(), ") of @", function_->name()));
 }
 
+absl::StatusOr<void*> CudaExecutable::InputAddress(int64_t param_index) const {
+  ASSIGN_OR_RETURN(const Node* p, ParameterNode(param_index));
+  return static_cast<void*>(NodeAddress(p));
+}
+
+absl::StatusOr<const void*> CudaExecutable::OutputAddress(int i) const {
+  if (i < 0 || i >= static_cast<int>(function_->outputs().size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("@", function_->name(), " has ", function_->outputs().size(), " outputs; there is no output ", i));
+  }
+  return static_cast<const void*>(BufferAddress(plan_.output_buffer[i]));
+}
+
 absl::StatusOr<HostTensor> CudaExecutable::Input(int64_t param_index) const {
   ASSIGN_OR_RETURN(const Node* p, ParameterNode(param_index));
   return Download(p->type(), NodeAddress(p), absl::StrCat("reading @", function_->name(), " ", ParameterContext(*p)));

@@ -63,6 +63,11 @@ class CudaExecutable {
   // Device -> host. Output(i) is the value of output i of the last Run.
   absl::StatusOr<HostTensor> Output(int i) const;
   absl::StatusOr<HostTensor> Input(int64_t param_index) const;
+  // Where parameter `param_index`'s buffer is in the arena (its type's num_bytes(), encoded
+  // in its dtype), for a caller that fills it on the device between runs; and where output i
+  // of the last Run is (until the next Run). frontends/compile.h's device-buffer runs use them.
+  absl::StatusOr<void*> InputAddress(int64_t param_index) const;
+  absl::StatusOr<const void*> OutputAddress(int i) const;
 
   struct Stats {
     int64_t kernels = 0;           // kernel launches per run (GEMM operand transposes included)

@@ -35,7 +35,7 @@ quiet "cmake --install" cmake --install "$build" --prefix "$prefix"
 config=$(find "$prefix" -name kilnConfig.cmake -print -quit)
 [[ -n $config ]] || fail "no kilnConfig.cmake under $prefix"
 package_dir=$(dirname "$config")
-for f in bin/kiln include/frontends/llama.h include/frontends/training_session.h include/ir/builder.h \
+for f in bin/kiln include/frontends/llama.h include/frontends/training_session.h include/frontends/compile.h include/ir/builder.h \
   include/ir/text_format.h include/ir/ir.pb.h include/ir/ir.proto; do
   [[ -e $prefix/$f ]] || fail "$f is not installed"
 done

@@ -1,11 +1,14 @@
 // Trains a small model of your own with kiln's C++ API: an MLP (4 -> 32 -> 1, tanh) that
-// learns y = sin(x0) + x1 * x2 / 2 - x3^2 / 4 from synthetic data, with AdamW on the CPU
-// reference backend. kiln differentiates the forward function and builds the whole
-// training step (gradients, clipping, AdamW) as IR; TrainingSession runs that step.
+// learns y = sin(x0) + x1 * x2 / 2 - x3^2 / 4 from synthetic data, with AdamW. kiln
+// differentiates the forward function and builds the whole training step (gradients,
+// clipping, AdamW) as IR; TrainingSession compiles and runs that step on the CPU reference
+// backend, or with --backend cuda on the GPU (one CUDA graph per step).
+//   train_mlp [--backend cpu|cuda] [--save CHECKPOINT.safetensors]
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "frontends/nn.h"
@@ -54,7 +57,22 @@ std::vector<HostTensor> SyntheticBatch(std::mt19937_64& rng) {
   return {HostTensor::FromValues({DType::kF32, {kBatch, kIn}}, x), HostTensor::FromValues({DType::kF32, {kBatch, 1}}, y)};
 }
 
-int main() {
+int main(int argc, char** argv) {
+  kiln::TrainingSessionOptions options;
+  std::string save;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    absl::StatusOr<kiln::Backend> backend = kiln::ParseBackend(i + 1 < argc ? argv[i + 1] : "");
+    if (arg == "--backend" && backend.ok()) {
+      options.backend = *backend;
+      ++i;
+    } else if (arg == "--save" && i + 1 < argc) {
+      save = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: train_mlp [--backend cpu|cuda] [--save CHECKPOINT.safetensors]\n");
+      return 2;
+    }
+  }
   absl::StatusOr<std::unique_ptr<kiln::Module>> module = BuildMlp();
   if (!module.ok()) {
     std::fprintf(stderr, "%s\n", module.status().ToString().c_str());
@@ -68,7 +86,6 @@ int main() {
       HostTensor::Random({DType::kF32, {1, kHidden}}, /*seed=*/2, -1 / std::sqrt(kHidden), 1 / std::sqrt(kHidden)),
       HostTensor({DType::kF32, {1}}),
   };
-  kiln::TrainingSessionOptions options;
   options.step.adamw.weight_decay = 0.0;  // AdamW's defaults otherwise (betas 0.9, 0.95; clip 1.0)
   absl::StatusOr<std::unique_ptr<kiln::TrainingSession>> session =
       kiln::TrainingSession::Create(*std::move(module), std::move(weights), options);
@@ -85,8 +102,9 @@ int main() {
     return outputs.ok() ? (*outputs)[0][0] : NAN;
   };
   const double before = held_out_loss();
-  std::printf("mlp: %lld -> %lld -> 1, batch %lld, AdamW lr 0.01, CPU reference backend\n",
-              static_cast<long long>(kIn), static_cast<long long>(kHidden), static_cast<long long>(kBatch));
+  std::printf("mlp: %lld -> %lld -> 1, batch %lld, AdamW lr 0.01, backend %s\n", static_cast<long long>(kIn),
+              static_cast<long long>(kHidden), static_cast<long long>(kBatch),
+              options.backend == kiln::Backend::kCuda ? "cuda" : "cpu (reference)");
   constexpr int kSteps = 300;
   for (int step = 1; step <= kSteps; ++step) {
     absl::StatusOr<double> loss = (*session)->Step(SyntheticBatch(rng), /*lr=*/0.01);  // a fresh batch each step
@@ -97,4 +115,13 @@ int main() {
     if (step == 1 || step % 25 == 0) std::printf("step %3d  loss %.4f\n", step, *loss);
   }
   std::printf("held-out loss: %.4f before training, %.4f after\n", before, held_out_loss());
+  if (!save.empty()) {
+    // The weights and AdamW state, by @forward's parameter names; Load resumes from them.
+    absl::Status saved = (*session)->Save(save);
+    if (!saved.ok()) {
+      std::fprintf(stderr, "%s\n", saved.ToString().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "saved step %lld to %s\n", static_cast<long long>((*session)->steps_done()), save.c_str());
+  }
 }
