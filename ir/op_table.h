@@ -59,8 +59,8 @@
 //                          {beta=1} bit for bit (elide-grad-zeroing). cuBLASLt may fuse
 //                          alpha acc + beta C into one fma; that agrees with the above whenever
 //                          alpha is a power of two or beta is 0, which is all kiln emits.
-//                          epilogue=bias (passes/gemm_bias_epilogue.h): an operand bias [n], f32
-//                          or the result's dtype, follows c (or b); each row of D gets it added
+//                          epilogue=bias (passes/gemm_bias_epilogue.h): an operand bias [n] of the
+//                          result's dtype follows c (or b); each row of D gets it added
 //                          after the above, D = f32(D + f32(bias[j])) for column j, before the
 //                          rounding to the result dtype (cuBLASLt's CUBLASLT_EPILOGUE_BIAS).
 //                          Operand positions: ir/gemm_slots.h.

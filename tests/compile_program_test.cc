@@ -54,7 +54,8 @@ TEST(CompileProgram, ATrainingStepBecomesALaunchListOverOnePlannedArena) {
       }
       case ProgramStep::Kind::kGemm:
         ++gemms;
-        ASSERT_EQ(s.args.size(), 4u);
+        ASSERT_EQ(s.args.size(), 5u);  // out, a, b, c, bias
+        EXPECT_EQ(s.args[4] >= 0, s.gemm.bias);  // a bias buffer exactly when the epilogue adds one
         EXPECT_EQ(s.gemm.max_workspace_bytes, kGemmWorkspaceBytes);
         EXPECT_GE(s.scratch_buffer, 0);
         EXPECT_GE(program->plan.buffers[s.scratch_buffer].bytes, kGemmWorkspaceBytes);

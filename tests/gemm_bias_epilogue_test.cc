@@ -115,6 +115,16 @@ func @main {
 })");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("gemm bias f32[16] must be [n] = [48]"), std::string::npos) << bad.status();
+  absl::StatusOr<std::unique_ptr<Module>> mixed = ParseModule(R"(module @m
+func @main {
+  %x = parameter() {index=0} : bf16[16,32]
+  %w = parameter() {index=1} : bf16[32,48]
+  %b = parameter() {index=2} : f32[48]
+  %y = gemm(%x, %w, %b) {a_layout=mk, alpha=1.0, b_layout=kn, batch=1, beta=0.0, epilogue=bias, k=32, m=16, n=48} : bf16[16,48]
+  return %y
+})");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("of the result's dtype bf16"), std::string::npos) << mixed.status();
   absl::StatusOr<std::unique_ptr<Module>> unknown = ParseModule(R"(module @m
 func @main {
   %x = parameter() {index=0} : bf16[16,32]

@@ -124,8 +124,10 @@ TEST(GpuGemm, BiasEpilogueMatchesTheDefinitionExactly) {
     const char* bias;
     bool with_c;
   };
+  // (An f32 bias for a bf16 result is refused by cuBLASLt 13.0 on the H200,
+  // CUBLAS_STATUS_INVALID_VALUE, so the op takes the result's dtype only.)
   for (const Case& c : {Case{"f32", "f32", "f32", false}, Case{"f32_after_c", "f32", "f32", true},
-                        Case{"bf16", "bf16", "bf16", false}, Case{"bf16_f32_bias", "bf16", "f32", false}}) {
+                        Case{"bf16", "bf16", "bf16", false}}) {
     SCOPED_TRACE(c.name);
     const std::string text = absl::StrCat(R"(module @m
 func @main {
