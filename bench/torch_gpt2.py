@@ -24,7 +24,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The readers of kiln's files and kiln's schedule are the Llama baseline's: one copy of each.
-from torch_llama import PEAK_FLOPS, InputError, kiln_default_lrs, read_batches, read_safetensors  # noqa: E402
+from torch_llama import InputError, kiln_default_lrs, read_safetensors, train_and_report  # noqa: E402
 
 # Mirrors frontends/model_config.cc's GPT-2 presets (d_ff = 4 d, head_dim = d / heads); the
 # batch is the benchmark's (run_h200.sh passes --batch 16 to kiln for both).
@@ -251,94 +250,7 @@ def main():
     else:
         init_like_kiln(model, c["layers"], args.seed)
     model = model.to(dev)
-    if args.batches:
-        inputs, targets = read_batches(args.batches, batch, seq)
-        if meta and list(inputs.shape[:2]) != [meta["batches"]["shape"][0], batch]:
-            raise InputError(f"{args.batches} holds {list(inputs.shape)} batches, inputs.json says "
-                             f"{meta['batches']['shape']}")
-        if len(inputs) < total:
-            log(f"warning: {args.batches} holds {len(inputs)} batches for {total} steps; cycling them")
-    else:
-        g = torch.Generator().manual_seed(args.seed)
-        tokens = torch.randint(0, c["vocab"], (1, batch, seq + 1), generator=g)
-        inputs, targets = tokens[..., :-1], tokens[..., 1:]
-    if int(inputs.max()) >= c["vocab"] or int(inputs.min()) < 0:
-        raise InputError(f"token ids outside [0, {c['vocab']})")
-    inputs = [x.to(dev, copy=True) for x in inputs]
-    targets = [x.to(dev, copy=True) for x in targets]
-
-    # kiln decays tensors of rank >= 2 (wte and wpe included, as nanoGPT), not norms and biases.
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": adamw["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lrs[0], betas=adamw["betas"], eps=adamw["eps"],
-                            **({"fused": True} if dev.type == "cuda" else {}))
-    step_fn = torch.compile(model) if args.compile else model
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    times, event_times, losses = [], [], []
-    first_step_s = None
-    for i in range(total):
-        lr = lrs[i] if i < len(lrs) else lrs[-1]
-        for group in opt.param_groups:
-            group["lr"] = lr
-        inp, tgt = inputs[i % len(inputs)], targets[i % len(targets)]
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = step_fn(inp, tgt)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            end.record()
-        sync()
-        loss_value = loss.item()
-        t1 = time.perf_counter()
-        if first_step_s is None:
-            first_step_s = t1 - build_start
-            log(f"first step done {first_step_s:.1f} s after the model build started, loss {loss_value:.4f}")
-        if not math.isfinite(loss_value):
-            raise RuntimeError(f"loss is {loss_value} at step {i + 1}")
-        losses.append(loss_value)
-        if i >= args.warmup:
-            times.append(t1 - t0)
-            if dev.type == "cuda":
-                event_times.append(start.elapsed_time(end) / 1e3)
-
-    tok = batch * seq
-    tps = sorted(tok / t for t in times)
-    params = non_embedding_params(model)
-    flops_per_token = 6 * params + 12 * c["layers"] * seq * c["d"]
-    if meta and (params != meta["non_embedding_params"] or flops_per_token != meta["flops_per_token"]):
-        raise InputError(f"this model has {params} non-embedding parameters, kiln's {meta['non_embedding_params']}")
-    median = statistics.median(tps) if tps else None
-    print(json.dumps({
-        "preset": args.preset, "mode": "torch.compile" if args.compile else "eager",
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else str(dev),
-        "inputs": "kiln" if args.weights and args.batches else "own",
-        "batch": batch, "seq": seq, "tokens_per_step": tok,
-        "warmup_steps": args.warmup, "timed_steps": len(times),
-        "tok_per_s_median": median, "tok_per_s_min": tps[0] if tps else None, "tok_per_s_max": tps[-1] if tps else None,
-        "step_ms_median": 1e3 * statistics.median(times) if times else None,
-        "event_step_ms_median": 1e3 * statistics.median(event_times) if event_times else None,
-        "non_embedding_params": params, "flops_per_token": flops_per_token,
-        "mfu": median * flops_per_token / PEAK_FLOPS if median else None,
-        "time_to_first_step_s": first_step_s,
-        "peak_mem_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None,
-        "first_losses": losses[:3],
-        "losses": losses,
-        "lr": lrs[:total],
-    }))
-
+    train_and_report(args, model, c, batch, seq, lrs, adamw, clip, meta, dev, build_start, non_embedding_params)
 
 if __name__ == "__main__":
     try:

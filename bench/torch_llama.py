@@ -273,59 +273,13 @@ def non_embedding_params(model):
 
 # ---- the run ------------------------------------------------------------------------------
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="llama-S", choices=sorted(PRESETS))
-    ap.add_argument("--steps", type=int, default=30, help="timed steps, after the warm-up")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--inputs", metavar="DIR", help="kiln export-inputs folder: --weights, --batches and the lr per step")
-    ap.add_argument("--weights", metavar="FILE", help="initial weights, safetensors with kiln's (HF) names")
-    ap.add_argument("--batches", metavar="FILE", help="int32 [N, batch, seq+1] token rows (cycled if N < steps)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak lr of kiln's default schedule, without inputs.json")
-    ap.add_argument("--seed", type=int, default=1337, help="init and random batch without --weights / --batches")
-    ap.add_argument("--device", default="cuda", help="cuda; cpu only to test this script")
-    args = ap.parse_args()
-
-    c = PRESETS[args.preset]
-    batch, seq = c["batch"], c["seq"]
-    adamw = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # kiln's AdamWConfig
-    clip = 1.0
-    lrs = None
-    meta = None
-    if args.inputs:
-        args.weights = args.weights or os.path.join(args.inputs, "model.safetensors")
-        args.batches = args.batches or os.path.join(args.inputs, "batches.bin")
-    meta_path = os.path.join(os.path.dirname(args.batches), "inputs.json") if args.batches else None
-    if meta_path and os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        k = meta["config"]
-        want = dict(vocab=k["vocab_size"], d=k["d_model"], layers=k["n_layers"], heads=k["n_heads"],
-                    kv=k["n_kv_heads"], hd=k["head_dim"], ff=k["d_ff"])
-        have = {key: c[key] for key in want}
-        if want != have or k["rms_eps"] != RMS_EPS or k["rope_theta"] != ROPE_THETA or k["tie_embeddings"]:
-            raise InputError(f"{meta_path} describes {meta['model']} {k}, not --preset {args.preset} {have}")
-        batch, seq = meta["batch"], meta["seq"]
-        lrs = meta["lr"]
-        a = meta["adamw"]
-        adamw = dict(betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"])
-        clip = a["clip_norm"]
+def train_and_report(args, model, c, batch, seq, lrs, adamw, clip, meta, dev, build_start, count_params):
+    """The timed training run both baselines share (torch_gpt2.py imports it): the batches
+    (kiln's, or random ones), AdamW with kiln's decay rule (rank >= 2 tensors decay, norms and
+    biases do not), eager or torch.compile, bf16 autocast, global-norm clipping; prints one
+    JSON line of tok/s, MFU, memory and losses. `count_params(model)` gives the non-embedding
+    parameter count the FLOP estimate uses (each model counts its own)."""
     total = args.warmup + args.steps
-    if lrs is None:
-        lrs = kiln_default_lrs(args.lr, total)
-    dev = torch.device(args.device)
-
-    build_start = time.perf_counter()  # time to first step counts from here (CUDA's start too)
-    # Built on the device (its throwaway default init runs there, fast), then overwritten.
-    with dev if hasattr(dev, "__enter__") else contextlib.nullcontext():
-        model = Llama(c, seq)
-    if args.weights:
-        n = load_kiln_weights(model, args.weights)
-        log(f"loaded {n} tensors from {args.weights}")
-    else:
-        init_like_kiln(model, c["layers"], args.seed)
-    model = model.to(dev)  # a no-op but for torch < 2.0 (no device context)
     if args.batches:
         inputs, targets = read_batches(args.batches, batch, seq)
         if meta and list(inputs.shape[:2]) != [meta["batches"]["shape"][0], batch]:
@@ -390,7 +344,7 @@ def main():
 
     tok = batch * seq
     tps = sorted(tok / t for t in times)
-    params = non_embedding_params(model)
+    params = count_params(model)
     flops_per_token = 6 * params + 12 * c["layers"] * seq * c["d"]
     if meta and (params != meta["non_embedding_params"] or flops_per_token != meta["flops_per_token"]):
         raise InputError(f"this model has {params} non-embedding parameters, kiln's {meta['non_embedding_params']}")
@@ -414,6 +368,62 @@ def main():
         "lr": lrs[:total],
     }))
 
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="llama-S", choices=sorted(PRESETS))
+    ap.add_argument("--steps", type=int, default=30, help="timed steps, after the warm-up")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--inputs", metavar="DIR", help="kiln export-inputs folder: --weights, --batches and the lr per step")
+    ap.add_argument("--weights", metavar="FILE", help="initial weights, safetensors with kiln's (HF) names")
+    ap.add_argument("--batches", metavar="FILE", help="int32 [N, batch, seq+1] token rows (cycled if N < steps)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak lr of kiln's default schedule, without inputs.json")
+    ap.add_argument("--seed", type=int, default=1337, help="init and random batch without --weights / --batches")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to test this script")
+    args = ap.parse_args()
+
+    c = PRESETS[args.preset]
+    batch, seq = c["batch"], c["seq"]
+    adamw = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # kiln's AdamWConfig
+    clip = 1.0
+    lrs = None
+    meta = None
+    if args.inputs:
+        args.weights = args.weights or os.path.join(args.inputs, "model.safetensors")
+        args.batches = args.batches or os.path.join(args.inputs, "batches.bin")
+    meta_path = os.path.join(os.path.dirname(args.batches), "inputs.json") if args.batches else None
+    if meta_path and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        k = meta["config"]
+        want = dict(vocab=k["vocab_size"], d=k["d_model"], layers=k["n_layers"], heads=k["n_heads"],
+                    kv=k["n_kv_heads"], hd=k["head_dim"], ff=k["d_ff"])
+        have = {key: c[key] for key in want}
+        if want != have or k["rms_eps"] != RMS_EPS or k["rope_theta"] != ROPE_THETA or k["tie_embeddings"]:
+            raise InputError(f"{meta_path} describes {meta['model']} {k}, not --preset {args.preset} {have}")
+        batch, seq = meta["batch"], meta["seq"]
+        lrs = meta["lr"]
+        a = meta["adamw"]
+        adamw = dict(betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"])
+        clip = a["clip_norm"]
+    total = args.warmup + args.steps
+    if lrs is None:
+        lrs = kiln_default_lrs(args.lr, total)
+    dev = torch.device(args.device)
+
+    build_start = time.perf_counter()  # time to first step counts from here (CUDA's start too)
+    # Built on the device (its throwaway default init runs there, fast), then overwritten.
+    with dev if hasattr(dev, "__enter__") else contextlib.nullcontext():
+        model = Llama(c, seq)
+    if args.weights:
+        n = load_kiln_weights(model, args.weights)
+        log(f"loaded {n} tensors from {args.weights}")
+    else:
+        init_like_kiln(model, c["layers"], args.seed)
+    model = model.to(dev)  # a no-op but for torch < 2.0 (no device context)
+    train_and_report(args, model, c, batch, seq, lrs, adamw, clip, meta, dev, build_start, non_embedding_params)
 
 if __name__ == "__main__":
     try:
