@@ -120,6 +120,44 @@ TEST(Dataset, BatchesAreADeterministicFunctionOfSeedAndStep) {
   }
 }
 
+// Data parallelism must not change the data: W ranks' batches, concatenated in rank order,
+// are the batch one process draws at that step.
+TEST(Dataset, RankBatchesConcatenateToTheSingleProcessBatch) {
+  std::vector<uint16_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 65521);
+  TokenDataset d = TokenDataset::FromTokens("t", tokens);
+  const int64_t batch = 8, seq = 32;
+  for (uint64_t seed : {0ull, 1ull, 1234ull}) {
+    for (int64_t step : {0, 1, 17, 1000}) {
+      TokenBatch whole = SampleBatch(d, seed, step, batch, seq);
+      for (int64_t world : {1, 2, 4, 8}) {
+        std::vector<int32_t> inputs, targets;
+        for (int64_t rank = 0; rank < world; ++rank) {
+          absl::StatusOr<TokenBatch> part = SampleRankBatch(d, seed, step, batch, seq, rank, world);
+          ASSERT_TRUE(part.ok()) << part.status();
+          EXPECT_EQ(part->batch, batch / world);
+          EXPECT_EQ(part->seq_len, seq);
+          inputs.insert(inputs.end(), part->inputs.begin(), part->inputs.end());
+          targets.insert(targets.end(), part->targets.begin(), part->targets.end());
+        }
+        EXPECT_EQ(inputs, whole.inputs) << "seed " << seed << " step " << step << " world " << world;
+        EXPECT_EQ(targets, whole.targets) << "seed " << seed << " step " << step << " world " << world;
+      }
+    }
+  }
+}
+
+TEST(Dataset, RankBatchesNeedABatchDivisibleByTheWorldSize) {
+  TokenDataset d = TokenDataset::FromTokens("t", std::vector<uint16_t>(100, 1));
+  absl::StatusOr<TokenBatch> uneven = SampleRankBatch(d, 0, 0, 6, 8, 0, 4);
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_TRUE(absl::StrContains(uneven.status().message(), "6 sequences does not split evenly over 4 ranks"))
+      << uneven.status();
+  absl::StatusOr<TokenBatch> bad_rank = SampleRankBatch(d, 0, 0, 8, 8, 2, 2);
+  ASSERT_FALSE(bad_rank.ok());
+  EXPECT_TRUE(absl::StrContains(bad_rank.status().message(), "rank 2 is not one of world size 2")) << bad_rank.status();
+}
+
 TEST(Dataset, EvalWindowsAreStrideTWithTPlusOneTokens) {
   std::vector<uint16_t> tokens(10);
   for (int i = 0; i < 10; ++i) tokens[i] = static_cast<uint16_t>(i);

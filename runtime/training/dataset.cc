@@ -140,18 +140,45 @@ absl::Status TokenDataset::CheckFits(int64_t vocab_size, int64_t seq_len) const 
   return absl::OkStatus();
 }
 
-TokenBatch SampleBatch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t batch, int64_t seq_len) {
-  TokenBatch out{batch, seq_len, std::vector<int32_t>(batch * seq_len), std::vector<int32_t>(batch * seq_len)};
+namespace {
+
+// Rows [first_row, first_row + rows) of SampleBatch's batch `step`: row b starts at an
+// offset drawn from a hash of (seed, step, b), independent of the batch size.
+TokenBatch SampleRows(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row, int64_t rows,
+                      int64_t seq_len) {
+  TokenBatch out{rows, seq_len, std::vector<int32_t>(rows * seq_len), std::vector<int32_t>(rows * seq_len)};
   const uint64_t num_starts = static_cast<uint64_t>(data.size() - seq_len);  // valid starts: [0, n - T - 1]
-  for (int64_t b = 0; b < batch; ++b) {
-    uint64_t h = SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(b));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t b = static_cast<uint64_t>(first_row + r);
+    uint64_t h = SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(step)) ^ b);
     int64_t start = static_cast<int64_t>(h % num_starts);
     for (int64_t t = 0; t < seq_len; ++t) {
-      out.inputs[b * seq_len + t] = data.token(start + t);
-      out.targets[b * seq_len + t] = data.token(start + t + 1);
+      out.inputs[r * seq_len + t] = data.token(start + t);
+      out.targets[r * seq_len + t] = data.token(start + t + 1);
     }
   }
   return out;
+}
+
+}  // namespace
+
+TokenBatch SampleBatch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t batch, int64_t seq_len) {
+  return SampleRows(data, seed, step, 0, batch, seq_len);
+}
+
+absl::StatusOr<TokenBatch> SampleRankBatch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t batch,
+                                           int64_t seq_len, int64_t rank, int64_t world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank batch: rank ", rank, " is not one of world size ", world_size, "'s ranks [0, ", world_size, ")"));
+  }
+  if (batch % world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rank batch: the global batch of ", batch,
+                                                   " sequences does not split evenly over ", world_size,
+                                                   " ranks: pick a batch divisible by ", world_size));
+  }
+  const int64_t rows = batch / world_size;
+  return SampleRows(data, seed, step, rank * rows, rows, seq_len);
 }
 
 int64_t NumEvalWindows(const TokenDataset& data, int64_t seq_len) {

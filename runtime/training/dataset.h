@@ -56,6 +56,13 @@ struct TokenBatch {
 // (seed, step, row), uniform over the valid starts. Same arguments, same batch.
 TokenBatch SampleBatch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t batch, int64_t seq_len);
 
+// Data-parallel training's share of SampleBatch: with `world_size` ranks, rank r gets rows
+// [r B/W, (r+1) B/W) of the very batch SampleBatch(data, seed, step, B, seq_len) draws, so W
+// GPUs together train on the global batch one GPU would (the rows are drawn independently,
+// so a rank draws only its own). Fails unless 0 <= rank < world_size and W divides B.
+absl::StatusOr<TokenBatch> SampleRankBatch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t batch,
+                                           int64_t seq_len, int64_t rank, int64_t world_size);
+
 // Evaluation windows: window w covers tokens [w*T, w*T + T] (stride T, T + 1 tokens);
 // all full windows, grouped into batches of up to `batch` rows (the last may be smaller).
 int64_t NumEvalWindows(const TokenDataset& data, int64_t seq_len);
