@@ -57,13 +57,14 @@ endfunction()
 kiln_header_set(kiln_ir ${CMAKE_SOURCE_DIR}/ir/*.h ${CMAKE_SOURCE_DIR}/ir/reference/*.h)
 target_sources(kiln_ir PUBLIC FILE_SET generated_headers TYPE HEADERS BASE_DIRS ${CMAKE_BINARY_DIR}
                FILES ${CMAKE_BINARY_DIR}/ir/ir.pb.h)
-kiln_header_set(kiln_runtime ${CMAKE_SOURCE_DIR}/runtime/*.h ${CMAKE_SOURCE_DIR}/runtime/training/*.h)
+kiln_header_set(kiln_runtime ${CMAKE_SOURCE_DIR}/runtime/*.h ${CMAKE_SOURCE_DIR}/runtime/training/*.h
+                ${CMAKE_SOURCE_DIR}/runtime/distributed/grad_buckets.h)
 kiln_header_set(kiln_inference ${CMAKE_SOURCE_DIR}/runtime/inference/*.h)
 kiln_header_set(kiln_passes ${CMAKE_SOURCE_DIR}/passes/*.h)
 kiln_header_set(kiln_frontends ${CMAKE_SOURCE_DIR}/frontends/*.h)  # not cli/: the CLI's own
 if(KILN_WITH_CUDA)
   kiln_header_set(kiln_codegen ${CMAKE_SOURCE_DIR}/codegen/*.h)
-  kiln_header_set(kiln_cuda ${CMAKE_SOURCE_DIR}/runtime/cuda/*.h)
+  kiln_header_set(kiln_cuda ${CMAKE_SOURCE_DIR}/runtime/cuda/*.h ${CMAKE_SOURCE_DIR}/runtime/distributed/nccl.h)
 endif()
 
 install(TARGETS ${KILN_EXPORTED_LIBRARIES} kiln EXPORT kilnTargets
