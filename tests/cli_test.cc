@@ -190,6 +190,32 @@ TEST_F(CliTest, BadCheckpointsAreClearErrorsAndStayUntouched) {
   EXPECT_TRUE(absl::StrContains(no_data.output, "missing.txt")) << no_data.output;
 }
 
+// Issue 17: --gpus N. N = 1 is the single-process run; N > 1 is checked, then refused with what
+// is missing and what exists (no multi-process runner yet), never a crash or a silent 1-GPU run.
+TEST_F(CliTest, TrainGpusRefusesDataParallelUntilItsRunnerExists) {
+  const std::string small = Kiln() + " train llama-tiny --backend cpu --batch 4 --seq 16 --steps 1";
+  auto two = RunCommand(small + " --gpus 2");
+  EXPECT_EQ(two.exit_code, 1) << two.output;
+  EXPECT_EQ(two.signal, 0);
+  EXPECT_TRUE(absl::StrContains(two.output, "kiln train: --gpus 2: data-parallel training is not implemented yet ("))
+      << two.output;
+  EXPECT_TRUE(absl::StrContains(two.output, "NCCL loads: version ") || absl::StrContains(two.output, "NCCL not "))
+      << two.output;
+  EXPECT_TRUE(absl::StrContains(two.output, "runtime/distributed/grad_buckets.h")) << two.output;
+  EXPECT_FALSE(absl::StrContains(two.output, "step 1/1")) << two.output;
+
+  auto uneven = RunCommand(small + " --gpus 3");
+  EXPECT_EQ(uneven.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(uneven.output, "--gpus 3: --batch 4 does not split evenly over 3 GPUs")) << uneven.output;
+  auto zero = RunCommand(small + " --gpus 0");
+  EXPECT_EQ(zero.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(zero.output, "--gpus expects an integer >= 1, got '0'")) << zero.output;
+
+  auto one = RunCommand(small + " --gpus 1");
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(absl::StrContains(one.output, "step 1/1")) << one.output;
+}
+
 // Issue "pass pipeline": verifiable dumps, a report that lists the passes, disabling by name.
 TEST_F(CliTest, CompileDumpsVerifiableIrAndReportsEveryPass) {
   auto r = RunCommand(Kiln() + " compile llama-tiny --training --dump-dir " + Path("dumps") +

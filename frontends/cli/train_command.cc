@@ -31,6 +31,9 @@
 #include "passes/training_compile.h"
 #include "passes/training_step.h"
 #include "runtime/memory_estimate.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/distributed/nccl.h"
+#endif
 #include "runtime/step_profile.h"
 #include "runtime/training/dataset.h"
 #include "runtime/training/lr_schedule.h"
@@ -520,6 +523,42 @@ absl::StatusOr<std::optional<TrainingCheckpoint>> LoadResume(const ParsedArgs& a
   return std::optional<TrainingCheckpoint>(std::move(resume));
 }
 
+// What NCCL says on this machine, for --gpus N's message: the data-parallel runner will need it.
+std::string NcclAvailability() {
+#ifdef KILN_WITH_CUDA
+  absl::StatusOr<std::unique_ptr<NcclLibrary>> nccl = NcclLibrary::Load();
+  if (!nccl.ok()) return std::string(nccl.status().message());  // "NCCL not found: dlopen(...) failed: ..."
+  absl::StatusOr<std::string> version = (*nccl)->VersionString();
+  if (!version.ok()) return absl::StrCat("NCCL loads from ", (*nccl)->path(), " but ", version.status().message());
+  return absl::StrCat("NCCL loads: version ", *version, " from ", (*nccl)->path());
+#else
+  return "NCCL not available: this kiln was built without the CUDA toolkit";
+#endif
+}
+
+// --gpus N: 1 is the single-process run. N > 1 is checked (the global batch splits over the
+// ranks, SampleRankBatch), then refused: the multi-process runner (one process per GPU, the
+// buckets all-reduced inside the step's CUDA graph) is not built yet, and training on one
+// GPU while the user asked for N would be a silent lie about what ran.
+absl::Status CheckGpus(const ParsedArgs& args, const RunSettings& s) {
+  if (!args.Has("gpus")) return absl::OkStatus();
+  int64_t gpus = 0;
+  if (!absl::SimpleAtoi(args.Get("gpus"), &gpus) || gpus < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus expects an integer >= 1, got '", args.Get("gpus"), "'"));
+  }
+  if (gpus == 1) return absl::OkStatus();
+  if (s.batch % gpus != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus ", gpus, ": --batch ", s.batch, " does not split evenly over ",
+                                                   gpus, " GPUs (each trains on batch / N sequences of every "
+                                                   "micro-batch): pick a batch divisible by ", gpus));
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "--gpus ", gpus, ": data-parallel training is not implemented yet (", NcclAvailability(),
+      "); the gradient bucketing plan (runtime/distributed/grad_buckets.h) and the rank batches (SampleRankBatch, "
+      "runtime/training/dataset.h) exist, the multi-process runner that all-reduces the buckets does not: train "
+      "with --gpus 1"));
+}
+
 absl::Status RunTrain(const ParsedArgs& args) {
   const auto run_start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
@@ -534,6 +573,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(std::optional<TrainingCheckpoint> resume, LoadResume(args, config, steps));
   ASSIGN_OR_RETURN(ResolvedSettings settings, ResolveRunSettings(args, config, steps, resume ? &*resume : nullptr));
   ASSIGN_OR_RETURN(RunSettings s, ParseRunSettings(settings));
+  RETURN_IF_ERROR(CheckGpus(args, s));
   const LrSchedule schedule{.peak_lr = s.lr, .min_lr = s.min_lr, .warmup_steps = s.warmup,
                             .total_steps = s.lr_decay_steps};
 
@@ -704,6 +744,9 @@ Command TrainCommand() {
            .max_positionals = 1,
            .flags = {
                {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "auto"},
+               {.name = "gpus", .value_name = "N",
+                .help = "data-parallel over N GPUs of this host (N > 1: not built yet, says what exists)",
+                .default_value = "1"},
                {.name = "steps", .value_name = "N", .help = "total optimizer steps", .default_value = "150"},
                {.name = "batch", .value_name = "B", .help = "sequences per micro-batch", .default_value = "the preset's"},
                {.name = "seq", .value_name = "T", .help = "tokens per sequence", .default_value = "the preset's"},
