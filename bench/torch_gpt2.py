@@ -21,7 +21,6 @@ reads both):
 """
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The readers of kiln's files and kiln's schedule are the Llama baseline's: one copy of each.
-from torch_llama import InputError, kiln_default_lrs, read_safetensors, train_and_report  # noqa: E402
+from torch_llama import InputError, read_safetensors, run_settings, train_and_report  # noqa: E402
 
 # Mirrors frontends/model_config.cc's GPT-2 presets (d_ff = 4 d, head_dim = d / heads); the
 # batch is the benchmark's (run_h200.sh passes --batch 16 to kiln for both).
@@ -211,34 +210,18 @@ def main():
 
     c = PRESETS[args.preset]
     batch, seq = args.batch or c["batch"], c["seq"]
-    adamw = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # kiln's AdamWConfig
-    clip = 1.0
-    lrs = None
-    meta = None
-    if args.inputs:
-        args.weights = args.weights or os.path.join(args.inputs, "model.safetensors")
-        args.batches = args.batches or os.path.join(args.inputs, "batches.bin")
-    meta_path = os.path.join(os.path.dirname(args.batches), "inputs.json") if args.batches else None
-    if meta_path and os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        k = meta["config"]
+
+    def check_config(k, what):
         want = dict(family=k.get("family"), vocab=k["vocab_size"], d=k["d_model"], layers=k["n_layers"],
                     heads=k["n_heads"], ff=k["d_ff"], hd=k["head_dim"])
         have = dict(family="gpt2", vocab=c["vocab"], d=c["d"], layers=c["layers"], heads=c["heads"], ff=4 * c["d"],
                     hd=c["d"] // c["heads"])
         if want != have or k["rms_eps"] != LN_EPS or not k["tie_embeddings"]:
-            raise InputError(f"{meta_path} describes {meta['model']} {k}, not --preset {args.preset} {have}")
-        batch, seq = meta["batch"], meta["seq"]
-        lrs = meta["lr"]
-        a = meta["adamw"]
-        adamw = dict(betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"])
-        clip = a["clip_norm"]
+            raise InputError(f"{what} {k}, not --preset {args.preset} {have}")
+
+    batch, seq, lrs, adamw, clip, meta = run_settings(args, batch, seq, check_config)
     if seq > c["positions"]:
         raise InputError(f"seq {seq} is beyond {args.preset}'s {c['positions']} positions")
-    total = args.warmup + args.steps
-    if lrs is None:
-        lrs = kiln_default_lrs(args.lr, total)
     dev = torch.device(args.device)
 
     build_start = time.perf_counter()  # time to first step counts from here (CUDA's start too)

@@ -273,6 +273,34 @@ def non_embedding_params(model):
 
 # ---- the run ------------------------------------------------------------------------------
 
+def run_settings(args, batch, seq, check_config):
+    """The run's settings, shared by both baselines: kiln's AdamW recipe and default lr
+    schedule, or, when the batches come with kiln's inputs.json (kiln export-inputs), that
+    run's batch, seq, lrs and AdamW options. `check_config(k)` raises InputError when the
+    exported model config k is not this script's preset. Fills args.weights and args.batches
+    from --inputs. Returns (batch, seq, lrs, adamw, clip, meta)."""
+    adamw = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # kiln's AdamWConfig
+    clip = 1.0
+    lrs = None
+    meta = None
+    if args.inputs:
+        args.weights = args.weights or os.path.join(args.inputs, "model.safetensors")
+        args.batches = args.batches or os.path.join(args.inputs, "batches.bin")
+    meta_path = os.path.join(os.path.dirname(args.batches), "inputs.json") if args.batches else None
+    if meta_path and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        check_config(meta["config"], f"{meta_path} describes {meta['model']}")
+        batch, seq = meta["batch"], meta["seq"]
+        lrs = meta["lr"]
+        a = meta["adamw"]
+        adamw = dict(betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"])
+        clip = a["clip_norm"]
+    if lrs is None:
+        lrs = kiln_default_lrs(args.lr, args.warmup + args.steps)
+    return batch, seq, lrs, adamw, clip, meta
+
+
 def train_and_report(args, model, c, batch, seq, lrs, adamw, clip, meta, dev, build_start, count_params):
     """The timed training run both baselines share (torch_gpt2.py imports it): the batches
     (kiln's, or random ones), AdamW with kiln's decay rule (rank >= 2 tensors decay, norms and
@@ -386,31 +414,15 @@ def main():
 
     c = PRESETS[args.preset]
     batch, seq = c["batch"], c["seq"]
-    adamw = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # kiln's AdamWConfig
-    clip = 1.0
-    lrs = None
-    meta = None
-    if args.inputs:
-        args.weights = args.weights or os.path.join(args.inputs, "model.safetensors")
-        args.batches = args.batches or os.path.join(args.inputs, "batches.bin")
-    meta_path = os.path.join(os.path.dirname(args.batches), "inputs.json") if args.batches else None
-    if meta_path and os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        k = meta["config"]
+
+    def check_config(k, what):
         want = dict(vocab=k["vocab_size"], d=k["d_model"], layers=k["n_layers"], heads=k["n_heads"],
                     kv=k["n_kv_heads"], hd=k["head_dim"], ff=k["d_ff"])
         have = {key: c[key] for key in want}
         if want != have or k["rms_eps"] != RMS_EPS or k["rope_theta"] != ROPE_THETA or k["tie_embeddings"]:
-            raise InputError(f"{meta_path} describes {meta['model']} {k}, not --preset {args.preset} {have}")
-        batch, seq = meta["batch"], meta["seq"]
-        lrs = meta["lr"]
-        a = meta["adamw"]
-        adamw = dict(betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"])
-        clip = a["clip_norm"]
-    total = args.warmup + args.steps
-    if lrs is None:
-        lrs = kiln_default_lrs(args.lr, total)
+            raise InputError(f"{what} {k}, not --preset {args.preset} {have}")
+
+    batch, seq, lrs, adamw, clip, meta = run_settings(args, batch, seq, check_config)
     dev = torch.device(args.device)
 
     build_start = time.perf_counter()  # time to first step counts from here (CUDA's start too)
