@@ -23,7 +23,7 @@ struct BlockWeights {
 // [B,H,T,Dh], then CausalAttentionCore and c_proj.
 Tensor Gpt2Attention(Tensor x, const BlockWeights& w, const ModelConfig& c, DType gemm_dtype) {
   const int64_t b = x.dim(0), t = x.dim(1), d = c.d_model;
-  Tensor qkv = Conv1D(x, w.c_attn_w, w.c_attn_b, gemm_dtype);
+  Tensor qkv = Conv1D(x, w.c_attn_w, w.c_attn_b, gemm_dtype, gemm_dtype);  // activations: bf16 under bf16
   auto head_split = [&](int64_t part) {
     Tensor y = Slice(qkv, {0, 0, part * d}, {b, t, (part + 1) * d});
     return Transpose(Reshape(y, {b, t, c.n_heads, c.head_dim}), kSwapSeqAndHeads);
@@ -35,7 +35,7 @@ Tensor Gpt2Attention(Tensor x, const BlockWeights& w, const ModelConfig& c, DTyp
 }
 
 Tensor Gpt2Mlp(Tensor x, const BlockWeights& w, DType gemm_dtype) {
-  Tensor hidden = Gelu(Conv1D(x, w.c_fc_w, w.c_fc_b, gemm_dtype));
+  Tensor hidden = Gelu(Conv1D(x, w.c_fc_w, w.c_fc_b, gemm_dtype, gemm_dtype));  // bf16 under bf16
   return Conv1D(hidden, w.mlp_proj_w, w.mlp_proj_b, gemm_dtype);
 }
 

@@ -24,20 +24,32 @@ Tensor RepeatKvHeads(Tensor kv, int64_t groups, Loc loc) {
 
 }  // namespace
 
-Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
+Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, DType result_dtype, Loc loc) {
   DotDims dims{.lhs_contract = {x.rank() - 1}, .rhs_contract = {1}};
   Tensor lhs = Convert(x, gemm_dtype, loc);
   Tensor rhs = Convert(weight, gemm_dtype, loc);
-  return DotGeneral(lhs, rhs, dims, DType::kF32, loc);
+  return DotGeneral(lhs, rhs, dims, result_dtype, loc);
 }
 
-Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, Loc loc) {
+Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
+  return Linear(x, weight, gemm_dtype, DType::kF32, loc);
+}
+
+Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, DType result_dtype, Loc loc) {
   DotDims dims{.lhs_contract = {x.rank() - 1}, .rhs_contract = {0}};
   Tensor lhs = Convert(x, gemm_dtype, loc);
   Tensor rhs = Convert(weight, gemm_dtype, loc);
   Tensor y = DotGeneral(lhs, rhs, dims, DType::kF32, loc);
   if (!y.ok()) return y;
-  return Add(y, Broadcast(bias, {y.rank() - 1}, y.type().dims, loc), loc);
+  if (result_dtype == DType::kF32) return Add(y, Broadcast(bias, {y.rank() - 1}, y.type().dims, loc), loc);
+  // Autocast's biased linear: the bias rounded to result_dtype, added to the f32 accumulator,
+  // the sum rounded once (what cuBLASLt's bias epilogue computes for a narrow D).
+  Tensor narrow_bias = Convert(Convert(bias, result_dtype, loc), DType::kF32, loc);
+  return Convert(Add(y, Broadcast(narrow_bias, {y.rank() - 1}, y.type().dims, loc), loc), result_dtype, loc);
+}
+
+Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, Loc loc) {
+  return Conv1D(x, weight, bias, gemm_dtype, DType::kF32, loc);
 }
 
 Tensor Embedding(Tensor table, Tensor ids, Loc loc) { return Gather(table, ids, loc); }
@@ -63,9 +75,10 @@ Tensor CausalSelfAttention(Tensor x, const AttentionWeights& weights, const Atte
   }
 
   x = Convert(x, gemm_dtype, loc);  // once for q, k and v (Linear adds none for it then)
-  Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, loc), {b, t, h, d}, loc);
-  Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
-  Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  // q, k and v are activations: stored in gemm_dtype (autocast), as RoPE's results.
+  Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, gemm_dtype, loc), {b, t, h, d}, loc);
+  Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, gemm_dtype, loc), {b, t, n_kv, d}, loc);
   Tensor positions = Positions(graph, t, loc);
   q = Transpose(RoPE(q, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
   k = Transpose(RoPE(k, positions, shape.rope_theta, loc), kSwapSeqAndHeads, loc);
@@ -135,8 +148,10 @@ Tensor Silu(Tensor x, Loc loc) { return Mul(x, Sigmoid(x, loc), loc); }
 
 Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
   x = Convert(x, gemm_dtype, loc);  // once for gate and up
-  Tensor gate = Silu(Linear(x, weights.gate_proj, gemm_dtype, loc), loc);
-  Tensor up = Linear(x, weights.up_proj, gemm_dtype, loc);
+  // gate, up and their product are activations, stored in gemm_dtype (autocast); the down
+  // projection joins the f32 residual stream and stays f32.
+  Tensor gate = Silu(Linear(x, weights.gate_proj, gemm_dtype, gemm_dtype, loc), loc);
+  Tensor up = Linear(x, weights.up_proj, gemm_dtype, gemm_dtype, loc);
   return Linear(Mul(gate, up, loc), weights.down_proj, gemm_dtype, loc);
 }
 

@@ -4,8 +4,13 @@
 //
 // GEMM precision: every layer that multiplies matrices takes `gemm_dtype`. Both operands of
 // each dot_general are converted to it (no convert node when they already have it) and the
-// dot_general accumulates into, and returns, f32. With kBF16 this is the autocast policy of
-// DESIGN.md; with kF32 the graph has no converts at all.
+// dot_general accumulates in f32. Its result is rounded once to the layer's result dtype:
+// under kBF16 an activation (q, k, v, SwiGLU's gate and up, GPT-2's qkv and MLP hidden) is
+// stored bf16 as autocast stores it, and the elementwise ops after it (RoPE, SiLU, GELU, the
+// gate product) compute in f32 and round to bf16 as autocast's do; a GEMM whose result joins
+// the f32 residual stream (the attention and MLP output projections) or feeds the loss (the
+// LM head) keeps f32, so the residual add is exact and can be the GEMM's C. With kF32 the
+// graph has no converts at all. This is DESIGN.md's policy.
 //
 // The causal self-attention pattern, which select-flash-attention matches node by node
 // (one layer; `cvt` is convert to gemm_dtype, absent under f32):
@@ -43,12 +48,20 @@ namespace kiln {
 // y = x · Wᵀ for x [..., in] and weight [out, in] (Hugging Face's layout) -> f32 [..., out]:
 // dot_general(cvt(x), cvt(W)) contracting x's last dim with W's dim 1, no batch dims.
 Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
+// The same with the result rounded to result_dtype (the f32 accumulator rounded once).
+Tensor Linear(Tensor x, Tensor weight, DType gemm_dtype, DType result_dtype, Loc loc = Loc::current());
 
 // y = x · W + b for x [..., in], weight [in, out] (GPT-2's Conv1D layout, as Hugging Face
 // stores it) and bias [out] -> f32 [..., out]: dot_general(cvt(x), cvt(W)) contracting x's
 // last dim with W's dim 0, then add(y, broadcast(b)). (A cuBLASLt bias epilogue would fold
 // the add into the GEMM: a later optimization; fuse-loops fuses it with its consumers.)
 Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, Loc loc = Loc::current());
+// The same with a result_dtype other than f32 as autocast's biased linear computes it: the
+// bias rounded to result_dtype, added to the f32 accumulator, the sum rounded once:
+// convert(add(y, broadcast(convert(convert(b, result_dtype), f32))), result_dtype), the form
+// gemm-bias-epilogue folds into a narrow GEMM with a narrow bias.
+Tensor Conv1D(Tensor x, Tensor weight, Tensor bias, DType gemm_dtype, DType result_dtype,
+              Loc loc = Loc::current());
 
 // Rows of table [V, D] picked by integer ids [...] -> [..., D] (gather).
 Tensor Embedding(Tensor table, Tensor ids, Loc loc = Loc::current());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ir/gemm_slots.h"
 #include "ir/node_predicates.h"
 #include "ir/pattern_match.h"
 
@@ -30,14 +31,27 @@ bool EveryUseRoundsToBf16(const Node& v, std::vector<Node*>& movers, std::vector
   return true;
 }
 
+// The bf16 vector whose exact f32 widening is `gemm`'s bias operand, or null (also when the
+// gemm has no bias). A narrow D takes a bias of its own dtype only (the gemm's rule, from
+// cuBLASLt), and a bf16 value widened to f32 is the same number, so the narrowed gemm reads
+// the bf16 vector itself: autocast's biased linear, whose bias is the bf16 copy.
+Node* Bf16SourceOfBias(const Node& gemm) {
+  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(gemm.attrs());
+  if (!slots.ok() || slots->bias < 0) return nullptr;
+  const Node* bias = gemm.operand(slots->bias);
+  if (bias->opcode() != Opcode::kConvert || bias->operand(0)->type().dtype != DType::kBF16) return nullptr;
+  return bias->operand(0);
+}
+
 // A gemm that may write bf16 instead of its f32 result.
 m::Pattern NarrowableGemm() {
   return m::Op(Opcode::kGemm)
-      .WithNumOperands(2)
       .WithDType(DType::kF32)
       .WithAttr("beta", 0.0)
       .WithOperand(0, m::Any().WithDType(DType::kBF16))
       .WithOperand(1, m::Any().WithDType(DType::kBF16))
+      .Where("a and b only, or a bias that is a widened bf16 vector",
+             [](const Node& n) { return n.num_operands() == 2 || (n.num_operands() == 3 && Bf16SourceOfBias(n)); })
       .Where("without FP8 slots", [](const Node& n) { return !HasFp8Slots(n); })
       .Where("read only by converts to bf16 (through reshapes and transposes)", [](const Node& n) {
         std::vector<Node*> movers, converts;
@@ -62,6 +76,11 @@ absl::StatusOr<bool> NarrowActivationsPass::RunOnFunction(Function& f) {
   for (Node* gemm : gemms) {
     std::vector<Node*> movers, converts;
     EveryUseRoundsToBf16(*gemm, movers, converts);
+    if (Node* bias = Bf16SourceOfBias(*gemm)) {
+      Node* widened = gemm->operand(2);
+      gemm->ReplaceOperand(2, bias);
+      if (widened->users().empty() && !IsFunctionOutput(*widened)) f.RemoveNode(widened);
+    }
     Retype(gemm, DType::kBF16);
     for (Node* mover : movers) Retype(mover, DType::kBF16);
     for (Node* convert : converts) {  // each once: a convert has one operand

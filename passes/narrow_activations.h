@@ -21,8 +21,16 @@
 // exact sum straight to bf16, the pass would change values in rare halfway cases, which
 // `kiln check` would catch; the definition follows the hardware instead.)
 //
+// A gemm with a bias epilogue narrows too when its bias is a bf16 vector widened to f32 (a
+// narrow D takes a bias of its own dtype only, and the widening is exact): GPT-2's qkv and
+// MLP projections, autocast's biased linear of a bf16 bias copy (frontends/nn.h Conv1D):
+//   %z = gemm(%x, %w, %b32) {epilogue=bias, ...} : f32[16,1024,3072]   %b32 = convert(%b16) : f32[3072]
+//   %zb = convert(%z) : bf16[16,1024,3072]
+// becomes
+//   %z = gemm(%x, %w, %b16) {epilogue=bias, ...} : bf16[16,1024,3072]
+//
 // Taken: a gemm of bf16 operands, f32 result, beta 0 (C would have to be bf16 too), no FP8
-// slots, not a function output, every use a convert to bf16 or a reshape or transpose whose
+// slots, no bias or a widened bf16 one, not a function output, every use a convert to bf16 or a reshape or transpose whose
 // every use is (they only move values, so they commute with the rounding and are retyped
 // bf16 too: the V projection's [B, T, H, D] -> [B, H, T, D] before attention). Runs after lower-gemm and
 // elide-grad-zeroing (a gemm that accumulates into a gradient stays f32) and before

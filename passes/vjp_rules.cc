@@ -46,6 +46,17 @@ absl::StatusOr<Node*> MulAll(Builder& b, std::initializer_list<Node*> xs) {
   return product;
 }
 
+// A narrow float value (bf16) widened to f32 for a VJP's arithmetic: the slopes of sigmoid,
+// tanh and gelu are computed in f32 and the product is rounded once, where the cotangent is
+// used, as autocast's backward kernels compute them (a chain of bf16 ops would round at
+// every step). An f32 value is returned as it is.
+absl::StatusOr<Node*> Widened(Builder& b, Node* x) {
+  if (IsFloat(x->type().dtype) && DTypeBytes(x->type().dtype) < DTypeBytes(DType::kF32)) {
+    return b.Convert(x, DType::kF32);
+  }
+  return x;
+}
+
 // ---- leaves, compare, adamw_update ---------------------------------------------------------
 
 absl::StatusOr<Grads> NoCotangents(const VjpArgs& a) { return Grads(a.node->num_operands(), nullptr); }
@@ -105,19 +116,23 @@ absl::StatusOr<Grads> RsqrtVjp(const VjpArgs& a) {
 // y = tanh(x): dx = dy (1 - y^2).
 absl::StatusOr<Grads> TanhVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
-  ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, a.node->type()));
-  ASSIGN_OR_RETURN(Node * y2, b.Mul(a.node, a.node));
+  ASSIGN_OR_RETURN(Node * y, Widened(b, a.node));
+  ASSIGN_OR_RETURN(Node * dy, Widened(b, a.cotangent));
+  ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, y->type()));
+  ASSIGN_OR_RETURN(Node * y2, b.Mul(y, y));
   ASSIGN_OR_RETURN(Node * slope, b.Sub(one, y2));
-  ASSIGN_OR_RETURN(Node * dx, b.Mul(a.cotangent, slope));
+  ASSIGN_OR_RETURN(Node * dx, b.Mul(dy, slope));
   return Grads{dx};
 }
 
 // y = sigmoid(x): dx = dy y (1 - y).
 absl::StatusOr<Grads> SigmoidVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
-  ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, a.node->type()));
-  ASSIGN_OR_RETURN(Node * one_minus_y, b.Sub(one, a.node));
-  ASSIGN_OR_RETURN(Node * dx, MulAll(b, {a.cotangent, a.node, one_minus_y}));
+  ASSIGN_OR_RETURN(Node * y, Widened(b, a.node));
+  ASSIGN_OR_RETURN(Node * dy, Widened(b, a.cotangent));
+  ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, y->type()));
+  ASSIGN_OR_RETURN(Node * one_minus_y, b.Sub(one, y));
+  ASSIGN_OR_RETURN(Node * dx, MulAll(b, {dy, y, one_minus_y}));
   return Grads{dx};
 }
 
@@ -126,7 +141,8 @@ absl::StatusOr<Grads> SigmoidVjp(const VjpArgs& a) {
 // puts in one kernel with their neighbours (no gelu_grad op needed).
 absl::StatusOr<Grads> GeluVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
-  Node* x = a.node->operand(0);
+  ASSIGN_OR_RETURN(Node * x, Widened(b, a.node->operand(0)));
+  ASSIGN_OR_RETURN(Node * dy, Widened(b, a.cotangent));
   const TensorType& type = x->type();
   constexpr double kSqrt2OverPi = 0.7978845608028654, kCubic = 0.044715;
   ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, type));
@@ -147,7 +163,7 @@ absl::StatusOr<Grads> GeluVjp(const VjpArgs& a) {
   ASSIGN_OR_RETURN(Node * du_inner, b.Add(one, c3x2));
   ASSIGN_OR_RETURN(Node * rest, MulAll(b, {half, x, sech2, k, du_inner}));
   ASSIGN_OR_RETURN(Node * slope, b.Add(phi, rest));
-  ASSIGN_OR_RETURN(Node * dx, b.Mul(a.cotangent, slope));
+  ASSIGN_OR_RETURN(Node * dx, b.Mul(dy, slope));
   return Grads{dx};
 }
 
@@ -428,6 +444,21 @@ absl::StatusOr<Node*> DotOperandCotangent(Builder& b, Node* dy, const DotSide& s
   return b.Transpose(result, perm);
 }
 
+// The dtype a backward product rounds its f32 accumulator to, for an operand `x`. An operand
+// that is a narrowing convert (a weight's or the residual stream's bf16 copy) gets its
+// cotangent in the wider source dtype: the convert's VJP would widen it straight back, so a
+// narrow result would only round the gradient for nothing (and a weight gradient stays the
+// f32 the GEMM can accumulate into across contributions and micro-batches). Any other
+// operand, an activation stored narrow, gets a cotangent of its own dtype, as autocast's
+// gradient of a bf16 tensor is bf16.
+DType DotCotangentDtype(const Node& x) {
+  if (x.opcode() == Opcode::kConvert) {
+    const DType source = x.operand(0)->type().dtype;
+    if (IsFloat(source) && DTypeBytes(source) > DTypeBytes(x.type().dtype)) return source;
+  }
+  return x.type().dtype;
+}
+
 absl::StatusOr<Grads> DotGeneralVjp(const VjpArgs& a) {
   const AttrMap& attrs = a.node->attrs();
   ASSIGN_OR_RETURN(std::vector<int64_t> lhs_batch, attrs.GetInts("lhs_batch"));
@@ -439,15 +470,14 @@ absl::StatusOr<Grads> DotGeneralVjp(const VjpArgs& a) {
   DotSide rhs = MakeDotSide(a.node->operand(1), rhs_batch, rhs_contract,
                             num_batch + static_cast<int64_t>(lhs.free.size()));
   // Autocast: the cotangent is rounded once to the operands' dtype (bf16), and both backward
-  // products accumulate in the forward's out dtype (f32), like the forward product.
-  const DType out_dtype = a.node->type().dtype;
+  // products accumulate in f32 like the forward product.
   ASSIGN_OR_RETURN(Node * dy, a.builder->Convert(a.cotangent, lhs.node->type().dtype));
   Grads g(2, nullptr);
   if (a.wanted[0]) {
-    ASSIGN_OR_RETURN(g[0], DotOperandCotangent(*a.builder, dy, lhs, rhs, out_dtype));
+    ASSIGN_OR_RETURN(g[0], DotOperandCotangent(*a.builder, dy, lhs, rhs, DotCotangentDtype(*lhs.node)));
   }
   if (a.wanted[1]) {
-    ASSIGN_OR_RETURN(g[1], DotOperandCotangent(*a.builder, dy, rhs, lhs, out_dtype));
+    ASSIGN_OR_RETURN(g[1], DotOperandCotangent(*a.builder, dy, rhs, lhs, DotCotangentDtype(*rhs.node)));
   }
   return g;
 }

@@ -349,13 +349,15 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
 // its normalization (ir/op_table.h), the decomposed graph after it, so each term of P·v
 // differs by up to two bf16 roundings (2^-8 relative). `kiln check` proves it against the
 // precision policy with a tolerance, on llama-S's forward at 64 tokens: the outputs within
-// 1e-3 relative (3.4e-4 seen at seed 1; 1e-4 held while both rounded the normalized P), and
+// 2^-8 relative, one bf16 ulp (1.8e-3 seen at seed 1 since the policy stores q, k, v and the
+// MLP's activations bf16, where a difference in the last bit of an attention output can flip
+// a later rounding; 3.4e-4 while they were f32), and
 // reports it as beyond an exact tolerance, so the check sees that the pass did change the
 // graph.
 TEST_F(CliTest, CheckProvesFlashAttentionWithinTolerance) {
   const std::string command =
       absl::StrCat(Kiln(), " check llama-S --passes select-flash-attention --batch 1 --seq 64 --rel-tolerance ");
-  auto within = RunCommand(command + "1e-3");
+  auto within = RunCommand(command + "0.0039");
   EXPECT_EQ(within.exit_code, 0) << within.output;
   EXPECT_TRUE(absl::StrContains(within.output, "meaning preserved")) << within.output;
   auto exact = RunCommand(command + "0");
