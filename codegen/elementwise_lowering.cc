@@ -67,7 +67,9 @@ absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vecto
     case Opcode::kSigmoid:
       return round(absl::StrCat("__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-", a, ")))"));
     case Opcode::kGelu:
-      return round(absl::StrCat("kiln::Gelu(", a, ")"));
+      // A result narrower than f32 (bf16) does not need Gelu's double: see GeluToNarrow.
+      return round(absl::StrCat(DTypeBytes(out) < DTypeBytes(DType::kF32) ? "kiln::GeluToNarrow(" : "kiln::Gelu(", a,
+                                ")"));
     case Opcode::kAdd:
       return round(call(integer ? "__dadd_rn" : "__fadd_rn", a, b));
     case Opcode::kSub:

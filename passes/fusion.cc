@@ -25,6 +25,45 @@ bool ReadsNoMemory(const Node& node, int depth = 0) {
   return true;
 }
 
+std::string WhyNeverFused(const Node& producer);
+
+// Cheap to recompute in each kernel that uses it: a chain of at most kMaxRecomputedOps loop
+// ops (no reshape, broadcast, slice, concatenate or transpose: they change what a kernel
+// indexes, and a copy would read the stored value out of order) over
+// exactly one stored value (a GEMM's result, a function input, a kernel's result: stored
+// whatever fusion does) of the chain's element count and a dtype no wider than its own,
+// besides values that read no memory. A copy in each user's kernel reads that one value
+// instead of the result, the same bytes or fewer, so the result need never be stored:
+// SwiGLU's sigmoid(gate) and silu(gate), read by the forward's product and again by the
+// backward, are recomputed from the gate there, as torch.compile's partitioner recomputes
+// them, instead of being written in the forward and read back. `leaf` is the stored value.
+constexpr int kMaxRecomputedOps = 6;
+bool RecomputableFrom(const Node& node, const Node*& leaf, int& ops) {
+  if (ReadsNoMemory(node)) return true;
+  if (!WhyNeverFused(node).empty()) {
+    if (leaf != nullptr && leaf != &node) return false;
+    leaf = &node;
+    return true;
+  }
+  if (!IsLoopOp(node) || node.opcode() == Opcode::kReshape || node.opcode() == Opcode::kBroadcast ||
+      node.opcode() == Opcode::kSlice || node.opcode() == Opcode::kConcatenate || node.opcode() == Opcode::kTranspose ||
+      ++ops > kMaxRecomputedOps) {
+    return false;
+  }
+  for (const Node* o : node.operands()) {
+    if (!RecomputableFrom(*o, leaf, ops)) return false;
+  }
+  return true;
+}
+
+bool CheapToRecompute(const Node& node) {
+  if (IsFunctionOutput(node) || !IsLoopOp(node) || !WhyNeverFused(node).empty() || ReadsNoMemory(node)) return false;
+  const Node* leaf = nullptr;
+  int ops = 0;
+  if (!RecomputableFrom(node, leaf, ops) || leaf == nullptr) return false;
+  return leaf->type().dims == node.type().dims && DTypeBytes(leaf->type().dtype) <= DTypeBytes(node.type().dtype);
+}
+
 // Why `producer` can never be computed inside another node's kernel, or "" if it can be.
 std::string WhyNeverFused(const Node& producer) {
   switch (producer.opcode()) {
@@ -150,6 +189,9 @@ FusionDecision DecideFusion(const Node& producer, const absl::flat_hash_set<cons
   for (const Node* user : producer.users()) all_uses_inside &= members.contains(user);
   if (all_uses_inside) return FusionDecision::Fuse("every use is in the kernel");
   if (ReadsNoMemory(producer)) return FusionDecision::Fuse("reads no memory (copied where used)");
+  if (CheapToRecompute(producer)) {
+    return FusionDecision::Fuse("recomputed where used from the one stored value it reads (never stored)");
+  }
   return FusionDecision::Forbid("used outside this kernel: stored once, read by each user");
 }
 
@@ -169,15 +211,17 @@ absl::StatusOr<bool> FusionPass::RunOnFunction(Function& f) {
     }
     Group group = GrowFrom(root, taken);
     if (group.members.size() < 2) continue;
-    // A member that reads no memory may be copied into other fusions too (and so may
-    // everything it is computed from); every other member is this fusion's alone.
+    // A member that reads no memory or is cheap to recompute may be copied into other
+    // fusions too (and so may everything it is computed from); every other member is this
+    // fusion's alone.
     for (const Node* m : group.members) {
-      if (m == root || !ReadsNoMemory(*m)) taken.insert(m);
+      if (m == root || !(ReadsNoMemory(*m) || CheapToRecompute(*m))) taken.insert(m);
     }
     groups.push_back(std::move(group));
   }
-  // A node that reads no memory may be copied into fusions and also root one of its own;
-  // when the copies took its last users, it is gone by its turn, and so is its fusion.
+  // A node that reads no memory or is recomputed may be copied into fusions and also root one
+  // of its own; when the copies took its last users, it is gone by its turn, and so is its
+  // fusion.
   absl::flat_hash_set<const Node*> removed;
   bool changed = false;
   for (Group& group : groups) {

@@ -120,11 +120,13 @@ CHECK: return %b
   EXPECT_EQ(report->num_kernels, 1);
 }
 
+// %e reads two stored values, so a copy in each user would read both: it is stored once.
 TEST(Fusion, AProducerWithAUseOutsideIsStoredAndTheReasonIsTheDecisionsOwn) {
   constexpr absl::string_view text = R"(module @m
 func @main {
   %x = parameter() {index=0} : f32[16]
-  %e = exp(%x) : f32[16]
+  %z = parameter() {index=1} : f32[16]
+  %e = add(%x, %z) : f32[16]
   %n = neg(%e) : f32[16]
   %r = reduce_sum(%e) {dims=[0]} : f32[]
   %y = mul(%n, %n) : f32[16]
@@ -132,7 +134,7 @@ func @main {
 })";
   const std::string out = RunFusion(text);
   EXPECT_TRUE(testing::FileCheck(out, R"(
-    CHECK:      %e = exp(%x) : f32[16]
+    CHECK:      %e = add(%x, %z) : f32[16]
     CHECK-NEXT: %r = reduce_sum(%e) {dims=[0]} : f32[]
     CHECK-NEXT: %y = fusion(%e) {kind=loop} : f32[16] {
     CHECK-NEXT:   %e = parameter() {index=0} : f32[16]
@@ -158,8 +160,43 @@ func @main {
     CHECK:      @main: 1 fusions of 2 nodes; operand edges into fusions: 1 fused, 1 not
     CHECK-NEXT:   fused      1  every use is in the kernel
     CHECK-NEXT:   not fused  1  used outside this kernel: stored once, read by each user
-    CHECK:        %y: %e (exp) -> %n (neg): not fused: used outside this kernel
+    CHECK:        %y: %e (add) -> %n (neg): not fused: used outside this kernel
   )").ok()) << report;
+}
+
+// A chain over one stored value is recomputed in each kernel that uses it and never stored
+// (SwiGLU's sigmoid and silu of the gate, read by the forward and the backward).
+TEST(Fusion, AChainOverOneStoredValueIsRecomputedInEachUser) {
+  constexpr absl::string_view text = R"(module @m
+func @main {
+  %x = parameter() {index=0} : bf16[16]
+  %s = sigmoid(%x) : bf16[16]
+  %silu = mul(%x, %s) : bf16[16]
+  %r = reduce_sum(%s) {dims=[0]} : bf16[]
+  %y = mul(%silu, %silu) : bf16[16]
+  return %y, %r
+})";
+  const std::string out = RunFusion(text);
+  EXPECT_TRUE(testing::FileCheck(out, R"(
+    CHECK:      %r = fusion(%x) {kind=reduction} : bf16[] {
+    CHECK:        %s = sigmoid(%x) : bf16[16]
+    CHECK:      %y = fusion(%x) {kind=loop} : bf16[16] {
+    CHECK:        %s = sigmoid(%x) : bf16[16]
+    CHECK-NEXT:   %silu = mul(%x, %s) : bf16[16]
+    CHECK-NEXT:   %y = mul(%silu, %silu) : bf16[16]
+    CHECK:      return %y, %r
+  )").ok()) << out;
+  EXPECT_FALSE(absl::StrContains(out, "\n  %s = sigmoid")) << out;  // no stored copy left
+  // A chain whose one stored value is wider than the result would read more than it saves.
+  const std::string wide = RunFusion(R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[16]
+  %c = convert(%x) : bf16[16]
+  %a = exp(%c) : bf16[16]
+  %b = neg(%c) : bf16[16]
+  return %a, %b
+})", /*expect_change=*/false);
+  EXPECT_TRUE(absl::StrContains(wide, "%c = convert(%x) : bf16[16]")) << wide;
 }
 
 TEST(Fusion, GemmsOutputsAndCompositesStayOutside) {
@@ -262,7 +299,8 @@ func @main {
   return %r, %m
 })"));
     const Function& f = *m->functions()[0];
-    ASSERT_EQ(Fusions(f).size(), 1u) << shape << "\n" << PrintModule(*m);  // %f has two users: only %sq joins %r
+    // %f, a convert of the one stored value %g, is recomputed in both reductions.
+    ASSERT_EQ(Fusions(f).size(), 2u) << shape << "\n" << PrintModule(*m);
     absl::StatusOr<KernelCompileReport> report = CompileFunctionKernels(f, {.arch = "sm_90a"}, nullptr);
     ASSERT_TRUE(report.ok()) << shape << ": " << report.status();
   }
