@@ -61,4 +61,18 @@ std::string FormatGroupTable(absl::Span<const StepTiming> timings, int rows) {
   return out;
 }
 
+std::string FormatSlowestLaunches(absl::Span<const StepTiming> timings, int rows) {
+  std::vector<const StepTiming*> sorted;
+  for (const StepTiming& t : timings) sorted.push_back(&t);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const StepTiming* a, const StepTiming* b) { return a->duration_us > b->duration_us; });
+  std::string out = absl::StrFormat("  %10s  %-22s %-28s %s\n", "us", "group", "node", "scope");
+  for (int i = 0; i < static_cast<int>(sorted.size()) && i < rows; ++i) {
+    const StepTiming& t = *sorted[i];
+    absl::StrAppendFormat(&out, "  %10.1f  %-22s %-28s %s\n", t.duration_us, t.group,
+                          t.node.empty() ? t.name : t.node, t.scope);
+  }
+  return out;
+}
+
 }  // namespace kiln

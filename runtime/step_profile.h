@@ -35,4 +35,9 @@ std::vector<TimeGroup> GroupTimes(absl::Span<const StepTiming> timings);
 // A text table of the top `rows` groups: group, launches, ms, share of the run.
 std::string FormatGroupTable(absl::Span<const StepTiming> timings, int rows);
 
+// The `rows` longest launches, longest first: microseconds, group, node (or the launch's
+// name when it has no node) and scope; what to read after the group table says which kind
+// of work costs most.
+std::string FormatSlowestLaunches(absl::Span<const StepTiming> timings, int rows);
+
 }  // namespace kiln

@@ -38,6 +38,16 @@ CHECK: total{{ +}}3{{ +}}0.055
   EXPECT_EQ(FormatGroupTable(ThreeLaunches(), 1).find("rms_norm"), std::string::npos);
 }
 
+TEST(StepProfileTest, SlowestLaunchesComeFirstWithNodeAndScope) {
+  const std::string table = FormatSlowestLaunches(ThreeLaunches(), 2);
+  EXPECT_TRUE(testing::FileCheck(table, R"(
+CHECK: us
+CHECK-NEXT: 30.0{{ +}}gemm{{ +}}%mm{{ +}}layers.0
+CHECK-NEXT: 15.0{{ +}}rms_norm{{ +}}%n2
+CHECK-NOT: n1
+)").ok()) << table;
+}
+
 TEST(StepProfileTest, ChromeTraceHasOneCompleteEventPerLaunchAndEscapes) {
   std::vector<StepTiming> timings = ThreeLaunches();
   timings[0].name = "quote\" backslash\\ newline\n";

@@ -361,6 +361,7 @@ absl::Status ReportProfile(const ParsedArgs& args, const CudaTrainer& cuda, int6
   if (args.Has("report")) {
     std::fprintf(stderr, "kiln train: GPU time of step %lld by kernel group (CUDA events, launched one by one)\n%s",
                  static_cast<long long>(steps), FormatGroupTable(timings, 15).c_str());
+    std::fprintf(stderr, "kiln train: the step's 20 longest launches\n%s", FormatSlowestLaunches(timings, 20).c_str());
     std::fprintf(stderr, "kiln train: memory plan: %s\nlargest buffers:\n%s", exe.buffer_plan().Summary().c_str(),
                  exe.buffer_plan().LargestBuffers(exe.function(), 10).c_str());
     std::fprintf(stderr, "kiln train: CUDA graph: %lld nodes\n", static_cast<long long>(exe.stats().graph_nodes));
