@@ -129,6 +129,8 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
     if (lowered.kind == LoweringKind::kGemm) {
       ASSIGN_OR_RETURN(gemms[i], GemmDescriptionOf(node));
       request.scratch_bytes[i] = gemms[i].max_workspace_bytes;
+    } else if (lowered.kind == LoweringKind::kKernels) {
+      request.scratch_bytes[i] = lowered.scratch_bytes;
     }
   }
   program.phases.emplace_back("GEMM descriptions", Lap(&phase_start));
@@ -172,6 +174,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
       step.launch.source.clear();
       step.label = nk.lowered.label.empty() ? std::string(node.op_name()) : nk.lowered.label;
       step.args = args;
+      step.scratch_buffer = program.plan.scratch_buffer[i];  // the last kernel parameter, when planned
       program.steps.push_back(std::move(step));
       ++program.num_launches;
     }

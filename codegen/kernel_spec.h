@@ -3,9 +3,10 @@
 // A kernel is a complete CUDA C++ translation unit with one `extern "C" __global__`
 // function whose parameters are, in order: the node's output buffer (for a node of several
 // results, one buffer per result, in result order, null where a result is not needed), then
-// one pointer per operand (device memory, row-major, the operand's dtype), and nothing else:
-// every shape is a compile-time constant in the source (kiln shapes are static). Launch
-// geometry is decided here, at compile time.
+// one pointer per operand (device memory, row-major, the operand's dtype), then, only when
+// the node asks for scratch (LoweredNode::scratch_bytes), one pointer to that scratch, and
+// nothing else: every shape is a compile-time constant in the source (kiln shapes are
+// static). Launch geometry is decided here, at compile time.
 #pragma once
 
 #include <array>
@@ -51,6 +52,12 @@ struct LoweredNode {
   // outputs, before writing it: an output may take an operand's buffer (a donated parameter
   // updated in place).
   bool elementwise_in_place = false;
+  // Bytes the kernels need only while this node runs (a two-stage reduction's partials),
+  // planned as the node's scratch (passes/buffer_plan.h: live at its step alone, 256-byte
+  // aligned, contents undefined at the start). When > 0, every kernel of the node takes the
+  // scratch pointer as its last parameter; the kernels pass data through it in launch
+  // order (the runtime runs one node's kernels back to back on one stream).
+  int64_t scratch_bytes = 0;
 };
 
 }  // namespace kiln

@@ -56,7 +56,9 @@ struct ProgramStep {
   std::vector<int64_t> args;
   // kGemm
   GemmDescription gemm;
-  int64_t scratch_buffer = -1;  // the plan's buffer for the workspace, or -1
+  // kGemm: the plan's buffer for the workspace; kKernel: for the node's scratch
+  // (LoweredNode::scratch_bytes), passed after `args`; -1 for none.
+  int64_t scratch_buffer = -1;
   // kCopy: buffer indices of the plan, the byte count, and what it is for.
   int64_t dst_buffer = -1, src_buffer = -1, bytes = 0;
   std::string what;

@@ -5,10 +5,19 @@
 //   C == 1 (trailing dims)       a warp (R <= 4096) or a block per output row: strided
 //                                vector loads, then a warp-shuffle / shared-memory tree;
 //                                a few long rows split over many blocks (below)
-//   C > 1 (e.g. [16384,768] -> [768], a gradient summed over tokens)
-//                                a block per tile of TC adjacent columns: RG row groups
-//                                each sum every RG-th row of the tile with coalesced loads,
-//                                then a shared-memory tree over the row groups
+//   C > 1 (e.g. [16384,768] -> [768], a gradient summed over tokens: bias and norm-bias
+//   gradients)                   two stages, deterministic without atomics:
+//                                1. a block per (tile of columns, slice of rows): each warp
+//                                   reads 32 adjacent 16-byte vectors of a row (coalesced),
+//                                   its 8 row groups stride down the slice, then fold in
+//                                   row-group order; each slice's sums go to partials[s][:]
+//                                   in the node's scratch (LoweredNode::scratch_bytes);
+//                                2. a small kernel folds partials[0..S)[c] in a fixed order.
+//                                The slices give every SM ~3 blocks even when C has only
+//                                6 tiles (768 f32 columns); one slice writes the result
+//                                itself. At 4 TB/s a [16384, 768] f32 read is ~13 us
+//                                (bf16 ~6 us), [16384, 3072] f32 ~50 us; stage 2 reads
+//                                S x C x 8 bytes (~0.4 MB), a few us.
 //
 // Every kernel is deterministic (a fixed combination order, no atomics). reduce_sum
 // accumulates in double whatever the dtype: on an H200 FP64 adds are far from the limit of
@@ -42,6 +51,14 @@ constexpr int64_t kBlocksPerSmToFill = 2;
 constexpr int64_t kSplitBlocksPerSm = 8;
 constexpr int kSplitThreads = 256;
 constexpr int64_t kSplitMinVectorsPerThread = 4;
+// Column reductions: blocks of 256 threads, about 3 per SM (each thread keeps 8 loads of 16
+// bytes in flight), a row slice giving each thread at least 8 rows; at most 1024 slices.
+constexpr int kColumnThreads = 256;
+constexpr int64_t kColumnBlocksPerSm = 3;
+constexpr int64_t kColumnMinRowsPerThread = 8;
+constexpr int64_t kColumnMaxSlices = 1024;
+// A partial sum in the scratch: the accumulator (double for sums, at most 8 bytes).
+constexpr int64_t kPartialBytes = 8;
 
 struct DimGroup {
   int64_t size;
@@ -274,42 +291,132 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
                     {static_cast<uint32_t>(kSplitThreads), 1, 1});
 }
 
-KernelSpec ColumnReduce(const Reduction& r, const ThreeDims& t, std::string source) {
-  auto blocks = [&](int64_t tile) { return t.outer * ((t.inner + tile - 1) / tile); };
-  int64_t tile = blocks(32) >= r.blocks_to_fill() ? 32 : blocks(16) >= r.blocks_to_fill() ? 16 : 8;
-  while (tile / 2 >= t.inner) tile /= 2;  // no idle columns when there are only a few
-  int64_t row_groups = 1024 / tile;
-  while (row_groups > t.reduced) row_groups /= 2;
-  const int64_t tiles = (t.inner + tile - 1) / tile;
-  absl::StrAppendFormat(&source,
-                        "// Tiles of %d columns; %d row groups each sum every %d-th of the %d rows.\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s) {\n"
-                        "  typedef %s Index;\n%s"
-                        "  const Index outer = blockIdx.x / %d;\n"
-                        "  const Index col = (blockIdx.x %% %d) * %d + threadIdx.x;\n"
-                        "  Acc acc = Init();\n"
-                        "  if (col < %d) {\n"
-                        "    const auto p = in + outer * %d + col;\n"
-                        "#pragma unroll 4\n"
-                        "    for (Index row = threadIdx.y; row < %d; row += %d) acc = Fold(acc, ToAcc(p[row * %d]));\n"
-                        "  }\n"
-                        "  __shared__ Acc partial[%d][%d];\n"
-                        "  partial[threadIdx.y][threadIdx.x] = acc;\n"
-                        "  __syncthreads();\n"
-                        "  for (int s = %d; s > 0; s >>= 1) {\n"
-                        "    if (threadIdx.y < s) {\n"
-                        "      partial[threadIdx.y][threadIdx.x] = Fold(partial[threadIdx.y][threadIdx.x], "
-                        "partial[threadIdx.y + s][threadIdx.x]);\n"
-                        "    }\n"
-                        "    __syncthreads();\n"
-                        "  }\n"
-                        "  if (threadIdx.y == 0 && col < %d) out[outer * %d + col] = kiln::Round<%s>::From(partial[0][threadIdx.x]);\n"
-                        "}\n",
-                        tile, row_groups, row_groups, t.reduced, tile * row_groups, r.name, r.out_type, r.params,
-                        IndexTypeFor(r.input_elements), r.construct, tiles, tiles, tile, t.inner, t.reduced * t.inner,
-                        t.reduced, row_groups, t.inner, row_groups, tile, row_groups / 2, t.inner, t.inner, r.out_type);
-  return MakeKernel(r.name, std::move(source), {static_cast<uint32_t>(blocks(tile)), 1, 1},
-                    {static_cast<uint32_t>(tile), static_cast<uint32_t>(row_groups), 1});
+// The two-stage column reduction's geometry (see the file comment).
+struct ColumnGeometry {
+  int width = 1;          // elements per load (a 16-byte vector of the operand, or 1 when fused)
+  int64_t vectors = 1;    // loads per row: inner / width
+  int lanes = 32;         // threads of a block across a tile's vectors (threadIdx.x)
+  int row_groups = 8;     // threads of a block down the rows (threadIdx.y)
+  int64_t tiles = 1;      // tiles of lanes * width columns per outer index
+  int64_t slices = 1;     // row slices, each a block per tile: the partial sums per column
+  int64_t slice_rows = 1; // rows per slice (the last may have fewer)
+  int64_t blocks() const { return tiles * slices; }
+};
+
+ColumnGeometry ChooseColumnGeometry(const Reduction& r, const ThreeDims& t, int dtype_bytes) {
+  ColumnGeometry g;
+  g.width = r.fused ? 1 : VectorWidth(dtype_bytes, {t.inner});
+  g.vectors = t.inner / g.width;
+  while (g.lanes / 2 >= g.vectors && g.lanes > 1) g.lanes /= 2;  // no idle lanes on a narrow tensor
+  g.row_groups = kColumnThreads / g.lanes;
+  g.tiles = t.outer * ((g.vectors + g.lanes - 1) / g.lanes);
+  const int64_t by_occupancy = (kColumnBlocksPerSm * r.target->sm_count + g.tiles - 1) / g.tiles;
+  const int64_t by_work = t.reduced / (int64_t{g.row_groups} * kColumnMinRowsPerThread);
+  g.slices = std::clamp<int64_t>(std::min(by_occupancy, by_work), 1, kColumnMaxSlices);
+  g.slice_rows = (t.reduced + g.slices - 1) / g.slices;
+  g.slices = (t.reduced + g.slice_rows - 1) / g.slice_rows;  // no empty slice
+  return g;
+}
+
+// Stage 1: block (tile, slice) sums its tile's columns over the slice's rows. Lane x of row
+// group y loads vector x of rows y, y + Y, ... (a warp reads 32 adjacent vectors of a row:
+// coalesced, 16 bytes a lane); the Y row groups' sums are then folded in row-group order
+// through shared memory. With one slice the block writes the result; otherwise partial s
+// of column c goes to partials[s][c] (the node's scratch) for stage 2.
+KernelSpec ColumnPartials(const Reduction& r, const ThreeDims& t, const ColumnGeometry& g, std::string source) {
+  const bool staged = g.slices > 1;
+  const int64_t columns = t.outer * t.inner;
+  const int64_t tile_columns = int64_t{g.lanes} * g.width;
+  const int64_t tiles_per_outer = g.tiles / t.outer;
+  const std::string load =
+      r.fused ? "      acc[0] = Fold(acc[0], ToAcc(p[row * kInner + v]));\n"
+              : absl::StrFormat("      const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p + row * kInner, v);\n"
+                                "#pragma unroll\n"
+                                "      for (int j = 0; j < %d; ++j) acc[j] = Fold(acc[j], ToAcc(x.v[j]));\n",
+                                r.type, g.width, g.width, g.width);
+  const std::string store =
+      staged ? "partials[static_cast<Index>(blockIdx.y) * kColumns + outer * kInner + col] = total;"
+             : absl::StrFormat("out[outer * kInner + col] = kiln::Round<%s>::From(total);", r.out_type);
+  absl::StrAppendFormat(
+      &source,
+      "// Stage 1 of %d: tiles of %d columns (%d lanes x %d elements), %d row slices of %d rows;\n"
+      "// %d row groups each sum every %d-th row of a slice.\n"
+      "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s%s) {\n"
+      "  typedef %s Index;\n%s"
+      "  constexpr Index kReduced = %d, kInner = %d, kVectors = %d, kColumns = %d, kSliceRows = %d;\n"
+      "  const Index outer = blockIdx.x / %d;\n"
+      "  const Index first_vector = (blockIdx.x %% %d) * %d;\n"
+      "  const Index v = first_vector + threadIdx.x;\n"
+      "  const Index begin = static_cast<Index>(blockIdx.y) * kSliceRows;\n"
+      "  const Index end = begin + kSliceRows < kReduced ? begin + kSliceRows : kReduced;\n"
+      "  Acc acc[%d];\n"
+      "#pragma unroll\n"
+      "  for (int j = 0; j < %d; ++j) acc[j] = Init();\n"
+      "  if (v < kVectors) {\n"
+      "    const auto p = in + outer * (kReduced * kInner);\n"
+      "#pragma unroll 8\n"
+      "    for (Index row = begin + threadIdx.y; row < end; row += %d) {\n"
+      "%s"
+      "    }\n"
+      "  }\n"
+      "  __shared__ Acc sums[%d][%d];\n"
+      "#pragma unroll\n"
+      "  for (int j = 0; j < %d; ++j) sums[threadIdx.y][threadIdx.x * %d + j] = acc[j];\n"
+      "  __syncthreads();\n"
+      "  for (int c = threadIdx.y * %d + threadIdx.x; c < %d; c += %d) {\n"
+      "    const Index col = first_vector * %d + c;\n"
+      "    if (col >= kInner) break;\n"
+      "    Acc total = sums[0][c];\n"
+      "    for (int y = 1; y < %d; ++y) total = Fold(total, sums[y][c]);\n"
+      "    %s\n"
+      "  }\n"
+      "}\n",
+      staged ? 2 : 1, tile_columns, g.lanes, g.width, g.slices, g.slice_rows, g.row_groups, g.row_groups,
+      kColumnThreads, staged ? absl::StrCat(r.name, "_partials") : r.name, r.out_type, r.params,
+      staged ? ", Acc* __restrict__ partials" : "",
+      IndexTypeFor(std::max(r.input_elements, g.slices * columns) + kColumnThreads * int64_t{g.width}), r.construct,
+      t.reduced, t.inner, g.vectors, columns, g.slice_rows, tiles_per_outer, tiles_per_outer, g.lanes, g.width,
+      g.width, g.row_groups, load, g.row_groups, tile_columns, g.width, g.width, g.lanes, tile_columns,
+      kColumnThreads, g.width, g.row_groups, store);
+  return MakeKernel(staged ? absl::StrCat(r.name, "_partials") : r.name, std::move(source),
+                    {static_cast<uint32_t>(g.tiles), static_cast<uint32_t>(g.slices), 1},
+                    {static_cast<uint32_t>(g.lanes), static_cast<uint32_t>(g.row_groups), 1});
+}
+
+// Stage 2: out[c] = the fold of partials[0..S)[c] in slice order, in a fixed tree that
+// does not depend on timing: row group y of a block folds slices y, y + Y, ... in order,
+// then thread y = 0 folds the Y group sums in order. The operands are in the signature
+// (every kernel of a node takes the same parameters) and unread.
+KernelSpec ColumnFold(const Reduction& r, const ThreeDims& t, const ColumnGeometry& g, std::string source) {
+  const int64_t columns = t.outer * t.inner;
+  constexpr int kLanes = 32, kGroups = kColumnThreads / kLanes;
+  const int64_t blocks = (columns + kLanes - 1) / kLanes;
+  absl::StrAppendFormat(
+      &source,
+      "// Stage 2 of 2: each of %d columns folds its %d slice partials (slice order within each\n"
+      "// of %d groups, then group order).\n"
+      "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out%s, const Acc* __restrict__ partials) {\n"
+      "  typedef %s Index;\n"
+      "  constexpr Index kColumns = %d, kSlices = %d;\n"
+      "  const Index col = static_cast<Index>(blockIdx.x) * %d + threadIdx.x;\n"
+      "  Acc acc = Init();\n"
+      "  if (col < kColumns) {\n"
+      "#pragma unroll 8\n"
+      "    for (Index s = threadIdx.y; s < kSlices; s += %d) acc = Fold(acc, __ldcg(&partials[s * kColumns + col]));\n"
+      "  }\n"
+      "  __shared__ Acc sums[%d][%d];\n"
+      "  sums[threadIdx.y][threadIdx.x] = acc;\n"
+      "  __syncthreads();\n"
+      "  if (threadIdx.y != 0 || col >= kColumns) return;\n"
+      "  Acc total = sums[0][threadIdx.x];\n"
+      "  for (int y = 1; y < %d; ++y) total = Fold(total, sums[y][threadIdx.x]);\n"
+      "  out[col] = kiln::Round<%s>::From(total);\n"
+      "}\n",
+      columns, g.slices, kGroups, kColumnThreads, absl::StrCat(r.name, "_fold"), r.out_type, r.params,
+      IndexTypeFor(g.slices * columns + kColumnThreads), columns, g.slices, kLanes, kGroups, kGroups, kLanes, kGroups,
+      r.out_type);
+  return MakeKernel(absl::StrCat(r.name, "_fold"), std::move(source), {static_cast<uint32_t>(blocks), 1, 1},
+                    {static_cast<uint32_t>(kLanes), static_cast<uint32_t>(kGroups), 1});
 }
 
 }  // namespace
@@ -341,7 +448,14 @@ absl::StatusOr<LoweredNode> LowerReduce(const Node& node, const CodegenOptions& 
     lowered.kernels.push_back(splits > 1 ? SplitRowReduce(r, width, splits, std::move(source))
                                          : RowReduce(r, DTypeBytes(x.dtype), std::move(source)));
   } else {
-    lowered.kernels.push_back(ColumnReduce(r, *three, std::move(source)));
+    const ColumnGeometry g = ChooseColumnGeometry(r, *three, DTypeBytes(x.dtype));
+    if (g.slices > 1) {
+      lowered.kernels.push_back(ColumnPartials(r, *three, g, source));
+      lowered.kernels.push_back(ColumnFold(r, *three, g, std::move(source)));
+      lowered.scratch_bytes = g.slices * three->outer * three->inner * kPartialBytes;
+    } else {
+      lowered.kernels.push_back(ColumnPartials(r, *three, g, std::move(source)));
+    }
   }
   return lowered;
 }

@@ -20,6 +20,25 @@
 // being the gemm's n (so column j of the row-major [batch, M, N] view is element j of b).
 // Runs after lower-gemm (it needs gemms) and before elide-grad-zeroing, which would
 // otherwise take the add as an accumulation and materialize the broadcast as C.
+//
+// Not done here, and why: the backward's bias gradient from cuBLASLt's
+// CUBLASLT_EPILOGUE_BGRADA/BGRADB on the weight-gradient gemm. The layouts would allow it:
+// the Conv1D weight gradient is gemm(x, dy') {a_layout=km, b_layout=kn} (dW [in, out] =
+// x^T dy', K = the tokens), cuBLAS's A is the IR's b (runtime/cuda/gemm.h), and BGRADA sums
+// A over K into a vector of D's rows in the column-major view, which is N = out: db[j] =
+// sum over tokens of A[j, t], as wanted; the bias-gradient vector is of D's type (f32 here,
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h). What cuBLASLt cannot give is kiln's
+// meaning: under the bf16 policy the gemm's operand dy' is convert(dy) to bf16
+// (passes/vjp_rules.cc, DotGeneralVjp: the cotangent is rounded once for the GEMMs), while
+// the bias gradient is reduce_sum(dy) of the f32 cotangent (BroadcastVjp), and kiln's policy
+// computes reductions in f32 from unrounded values (DESIGN.md, mixed precision). BGRAD*
+// reduces the matrix operand as stored, so it would sum bf16-rounded summands: each term
+// off by up to 2^-9 relative, which for a gradient whose terms cancel is no bounded relative
+// error of the sum at all. Only an f32-policy step has dy' == dy, and there the gemm runs
+// CUBLAS_COMPUTE_32F_PEDANTIC, for which the bias-gradient summation order is cuBLASLt's own
+// (f32, unspecified), not reduce_sum's (the reference sums in double). So the bias
+// gradients stay reduce_sum nodes, and codegen's column reduction
+// (codegen/reduction_lowering.cc) makes them run at memory bandwidth instead.
 #pragma once
 
 #include "absl/status/statusor.h"

@@ -49,6 +49,11 @@ class OneNode {
     node_ = n.ok() ? *n : nullptr;
   }
   const Node& node() const { return *node_; }
+  LoweredNode Lowered() const {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*node_);
+    EXPECT_TRUE(lowered.ok()) << lowered.status();
+    return lowered.ok() ? *std::move(lowered) : LoweredNode{};
+  }
   // The single kernel the node lowers to.
   KernelSpec Kernel() const {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*node_);
@@ -282,12 +287,70 @@ KernelSpec ReduceKernel(DType dtype, std::vector<int64_t> shape, std::vector<int
   return one.Kernel();
 }
 
+LoweredNode LowerReduction(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> dims) {
+  OneNode one([&](Builder& b) -> absl::StatusOr<Node*> {
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {dtype, shape}));
+    return b.ReduceSum(x, dims);
+  });
+  return one.Lowered();
+}
+
+// Over tokens ([16384, C] -> [C], the bias and norm-bias gradients): two stages. Stage 1
+// is a block per (tile of 32 16-byte vectors, slice of rows), ~3 blocks per SM of the
+// default target (132 SMs); its per-slice sums go to the node's scratch, which stage 2
+// folds in slice order.
+TEST(Codegen, ColumnReductionsRunInTwoStagesThroughTheScratch) {
+  struct Case {
+    DType dtype;
+    int64_t columns;
+    std::string stage1;  // the geometry comment
+    uint32_t tiles, slices;
+  };
+  const std::vector<Case> cases = {
+      {DType::kF32, 768, "tiles of 128 columns (32 lanes x 4 elements), 66 row slices of 249 rows", 6, 66},
+      {DType::kBF16, 768, "tiles of 256 columns (32 lanes x 8 elements), 132 row slices of 125 rows", 3, 132},
+      {DType::kF32, 2304, "tiles of 128 columns (32 lanes x 4 elements), 22 row slices of 745 rows", 18, 22},
+      {DType::kBF16, 2304, "tiles of 256 columns (32 lanes x 8 elements), 44 row slices of 373 rows", 9, 44},
+      {DType::kF32, 3072, "tiles of 128 columns (32 lanes x 4 elements), 17 row slices of 964 rows", 24, 17},
+      {DType::kBF16, 3072, "tiles of 256 columns (32 lanes x 8 elements), 33 row slices of 497 rows", 12, 33},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(c.dtype), "[16384,", c.columns, "]"));
+    const LoweredNode lowered = LowerReduction(c.dtype, {16384, c.columns}, {0});
+    ASSERT_EQ(lowered.kernels.size(), 2u);
+    const KernelSpec& partials = lowered.kernels[0];
+    const KernelSpec& fold = lowered.kernels[1];
+    EXPECT_TRUE(absl::StrContains(partials.source, c.stage1)) << partials.source;
+    EXPECT_EQ(partials.grid, (std::array<uint32_t, 3>{c.tiles, c.slices, 1}));
+    EXPECT_EQ(partials.block, (std::array<uint32_t, 3>{32, 8, 1}));
+    EXPECT_EQ(lowered.scratch_bytes, int64_t{c.slices} * c.columns * 8);  // a double per slice and column
+    // Both take the scratch last; no atomics, no module-scope state.
+    EXPECT_TRUE(absl::StrContains(partials.source, "Acc* __restrict__ partials)")) << partials.source;
+    EXPECT_TRUE(absl::StrContains(fold.source, "const Acc* __restrict__ partials)")) << fold.source;
+    EXPECT_TRUE(absl::StrContains(fold.source, absl::StrCat("kSlices = ", c.slices))) << fold.source;
+    for (const KernelSpec* k : {&partials, &fold}) {
+      EXPECT_FALSE(absl::StrContains(k->source, "atomic")) << k->source;
+      EXPECT_FALSE(absl::StrContains(k->source, "__device__ Acc")) << k->source;
+    }
+    EXPECT_EQ(int64_t{fold.grid[0]}, (c.columns + 31) / 32);
+    ExpectCompiles(partials);
+    ExpectCompiles(fold);
+  }
+  // Too few rows to be worth a second stage: one kernel writes the result, no scratch.
+  const LoweredNode one_stage = LowerReduction(DType::kF32, {100, 768}, {0});
+  ASSERT_EQ(one_stage.kernels.size(), 1u);
+  EXPECT_EQ(one_stage.scratch_bytes, 0);
+  EXPECT_TRUE(absl::StrContains(one_stage.kernels[0].source, "// Stage 1 of 1:")) << one_stage.kernels[0].source;
+  EXPECT_FALSE(absl::StrContains(one_stage.kernels[0].source, "partials")) << one_stage.kernels[0].source;
+  ExpectCompiles(one_stage.kernels[0]);
+  // [A, R, C] with A > 1 and an odd width: scalar loads, fewer lanes, more row groups.
+  const LoweredNode outer = LowerReduction(DType::kF32, {4, 3000, 5}, {1});
+  ASSERT_FALSE(outer.kernels.empty());
+  EXPECT_TRUE(absl::StrContains(outer.kernels[0].source, "(8 lanes x 1 elements)")) << outer.kernels[0].source;
+  for (const KernelSpec& k : outer.kernels) ExpectCompiles(k);
+}
+
 TEST(Codegen, ReductionStrategyFollowsTheShape) {
-  // Over tokens ([16384,768] -> [768]): column tiles, rows reduced cooperatively.
-  const KernelSpec columns = ReduceKernel(DType::kF32, {16384, 768}, {0});
-  EXPECT_TRUE(absl::StrContains(columns.source, "// Tiles of 8 columns; 128 row groups")) << columns.source;
-  EXPECT_EQ(columns.grid[0], 96u);
-  EXPECT_EQ(columns.block[0] * columns.block[1], 1024u);
   // Long rows: a block per row; short rows: a warp per row; tiny: a thread per output.
   const KernelSpec long_rows = ReduceKernel(DType::kBF16, {512, 32000}, {1}, /*max=*/true);
   EXPECT_TRUE(absl::StrContains(long_rows.source, "// 256 threads per row of 32000 elements")) << long_rows.source;
@@ -307,10 +370,10 @@ TEST(Codegen, ReductionStrategyFollowsTheShape) {
   const KernelSpec interleaved = ReduceKernel(DType::kF32, {2, 3, 4}, {0, 2}, /*max=*/true);
   EXPECT_TRUE(absl::StrContains(interleaved.source, "for (Index i = 0; i < 8; ++i)")) << interleaved.source;
   // Sums accumulate in double, maxima in the compute type.
-  EXPECT_TRUE(absl::StrContains(columns.source, "typedef double Acc;"));
+  EXPECT_TRUE(absl::StrContains(tiny.source, "typedef double Acc;"));
   EXPECT_TRUE(absl::StrContains(long_rows.source, "typedef float Acc;"));
-  for (const KernelSpec& k : {columns, long_rows, rows, whole, few_rows, tiny, interleaved}) ExpectCompiles(k);
-  ExpectCompiles(ReduceKernel(DType::kF16, {4, 300, 96}, {1}));  // [A, R, C] with A > 1
+  for (const KernelSpec& k : {long_rows, rows, whole, few_rows, tiny, interleaved}) ExpectCompiles(k);
+  for (const KernelSpec& k : LowerReduction(DType::kF16, {4, 300, 96}, {1}).kernels) ExpectCompiles(k);  // A > 1
 }
 
 TEST(Codegen, ConstantsCarryTheDtypeBitsTheReferenceRoundsTo) {

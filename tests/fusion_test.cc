@@ -440,7 +440,8 @@ TEST(FusionKernels, EveryFusionOfATrainingStepCompiles) {
   EXPECT_LT(fused->num_kernels, plain->num_kernels * 4 / 5);
   for (const NodeKernels& n : fused->nodes) {
     if (n.node->opcode() != Opcode::kFusion) continue;
-    EXPECT_EQ(n.lowered.kernels.size(), 1u) << n.node->name();
+    // One kernel, or a column reduction's two stages passing partials through the scratch.
+    EXPECT_EQ(n.lowered.kernels.size(), n.lowered.scratch_bytes > 0 ? 2u : 1u) << n.node->name();
     EXPECT_TRUE(n.lowered.label == "fused loop" || absl::StartsWith(n.lowered.label, "fused reduce_")) << n.lowered.label;
   }
 

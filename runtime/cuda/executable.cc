@@ -111,6 +111,7 @@ absl::Status CudaExecutable::BuildSteps() {
         launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
         step.launch = launches_.back().get();
         for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
+        if (ps.scratch_buffer >= 0) step.pointers.push_back(BufferAddress(ps.scratch_buffer));
         ++stats_.kernels;
         break;
       }

@@ -46,7 +46,7 @@ struct KernelLaunch {
 absl::StatusOr<KernelLaunch> PrepareLaunch(const KernelLibrary& library, const KernelSpec& spec, int device_ordinal);
 
 // Launches with one pointer argument per entry of `pointers` (the output, then the
-// operands: codegen/kernel_spec.h). `context` names the node in errors.
+// operands, then the node's scratch if it has one: codegen/kernel_spec.h). `context` names the node in errors.
 absl::Status EnqueueLaunch(const KernelLaunch& launch, absl::Span<void* const> pointers, cudaStream_t stream,
                            absl::string_view context);
 

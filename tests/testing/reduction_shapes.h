@@ -1,6 +1,6 @@
 // Reductions that exercise every scheme of codegen/reduction_lowering.cc: a thread per
-// output, a warp or a block per row, several blocks per row, and column tiles (and a
-// reduction over non-adjacent dims).
+// output, a warp or a block per row, several blocks per row, and column tiles in one or two
+// stages (and a reduction over non-adjacent dims).
 #pragma once
 
 #include <string>
@@ -19,7 +19,9 @@ inline std::vector<ReductionShape> ReductionShapesOfEveryScheme() {
           {"[64,1000]", "[1]", "[64]"},
           {"[2,1048576]", "[1]", "[2]"},
           {"[1000,64]", "[0]", "[64]"},
-          {"[4,100,8]", "[0,2]", "[100]"}};
+          {"[4,100,8]", "[0,2]", "[100]"},
+          // A gradient over 16 x 1024 tokens: the column reduction's two stages.
+          {"[16,1024,768]", "[0,1]", "[768]"}};
 }
 
 }  // namespace kiln::testing
