@@ -18,7 +18,7 @@ constexpr int64_t kGridStrideBlocksPerSm = 16;
 }  // namespace
 
 // One grid-stride kernel writing p', m', v' in place (each may be null where that result is
-// not needed); the three per-step scalars stay operands (device memory).
+// not needed); the four per-step scalars stay operands (device memory).
 absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double beta1, FiniteFloatAttr(node, "beta1"));
   ASSIGN_OR_RETURN(double beta2, FiniteFloatAttr(node, "beta2"));
@@ -35,11 +35,11 @@ absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOpti
   wrapper.comment = absl::StrCat("adamw p', m', v' at once (in place) over ", Count(n, "element"), ", ",
                                  Count(vec, "element"), " per access, grid-stride over ", Count(blocks, "block"));
   wrapper.outputs = {"float* p_new", "float* m_new", "float* v_new"};
-  for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2"}) {
+  for (const char* name : {"p", "g", "m", "v", "step_size", "decay", "sqrt_bc2", "grad_scale"}) {
     wrapper.params.push_back(Param(DType::kF32, name));
   }
   wrapper.call = absl::StrCat("AdamWUpdate<", n, "LL, ", vec, ">(p_new, m_new, v_new, p, g, m, v, step_size, ",
-                              "decay, sqrt_bc2, ", FloatLiteral(beta1), ", ", FloatLiteral(1 - beta1), ", ",
+                              "decay, sqrt_bc2, grad_scale, ", FloatLiteral(beta1), ", ", FloatLiteral(1 - beta1), ", ",
                               FloatLiteral(beta2), ", ", FloatLiteral(1 - beta2), ", ", FloatLiteral(eps), ")");
   lowered.kernels.push_back(Emit(node, codegen::KernelName(node), wrapper, blocks, threads));
   return lowered;

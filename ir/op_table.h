@@ -111,10 +111,12 @@
 //   cross_entropy_grad(logits, labels, dloss)  {classes}  dL/dlogits; 0 in the padding columns
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
 //                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
-//   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2)  {beta1, beta2, eps, result}
+//   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale)  {beta1, beta2, eps, result}
 //                          one AdamW step, computed in f32; p, g, m, v share one f32 type,
-//                          the last three are f32[] per-step scalars (lr / (1 - beta1^t),
-//                          1 - lr wd or 1, sqrt(1 - beta2^t)):
+//                          the last four are f32[] per-step scalars (lr / (1 - beta1^t),
+//                          1 - lr wd or 1, sqrt(1 - beta2^t), and the global-norm clipping
+//                          factor or 1): with g the f32 product g * grad_scale (the clipped
+//                          gradient, scaled as it is read, never stored),
 //                            m' = beta1 m + (1 - beta1) g;  v' = beta2 v + (1 - beta2) g^2
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
 //                          results (p', m', v'), written by one kernel in place. Not
@@ -248,7 +250,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "classes")                                               \
   X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "classes")                                      \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
-  X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
+  X(kAdamWUpdate, "adamw_update", 8, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \

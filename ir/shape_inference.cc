@@ -362,7 +362,7 @@ absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> x
   return results;
 }
 
-// adamw_update(p, g, m, v, step_size, decay, sqrt_bc2): the state tensors share one f32
+// adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale): the state tensors share one f32
 // type (master weights and optimizer state), the per-step values are f32 scalars; the
 // results p', m', v' have that type.
 absl::StatusOr<std::vector<TensorType>> InferAdamWUpdate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
@@ -380,8 +380,8 @@ absl::StatusOr<std::vector<TensorType>> InferAdamWUpdate(absl::Span<const Tensor
       return Invalid(absl::StrCat(kState[i], " ", xs[i].ToString(), " must have p's type ", p.ToString()));
     }
   }
-  static constexpr absl::string_view kScalars[] = {"step_size", "decay", "sqrt_bc2"};
-  for (int i = 4; i < 7; ++i) {
+  static constexpr absl::string_view kScalars[] = {"step_size", "decay", "sqrt_bc2", "grad_scale"};
+  for (int i = 4; i < 8; ++i) {
     if (xs[i] != TensorType{DType::kF32, {}}) {
       return Invalid(absl::StrCat(kScalars[i - 4], " must be an f32[] scalar, got ", xs[i].ToString()));
     }

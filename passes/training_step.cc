@@ -145,7 +145,9 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   ASSIGN_OR_RETURN(Node * inv_k, a.Scalar(1.0 / static_cast<double>(k)));
   ASSIGN_OR_RETURN(Node * loss, b.Named("loss").Mul(loss_sum, inv_k));
 
-  // Global-norm clipping.
+  // Global-norm clipping: the factor min(1, clip / (norm + 1e-6)), which AdamW applies to
+  // each gradient as it reads it (no pass over the gradients to scale them first).
+  Node* grad_scale = nullptr;
   if (h.clip_norm > 0) {
     b.set_scope("grad_clip");
     Node* sq_sum = nullptr;  // the first square sum starts it, as the gradients' sums do
@@ -167,9 +169,10 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     ASSIGN_OR_RETURN(Node * ratio, b.Div(clip, denom));
     ASSIGN_OR_RETURN(Node * one, a.Scalar(1.0));
     ASSIGN_OR_RETURN(Node * scale, b.Binary(Opcode::kMin, ratio, one));
-    for (Node*& g : grads) {
-      ASSIGN_OR_RETURN(g, a.MulScalar(g, scale));
-    }
+    grad_scale = scale;  // applied by each adamw_update as it reads the gradient
+  }
+  if (grad_scale == nullptr) {
+    ASSIGN_OR_RETURN(grad_scale, a.Scalar(1.0));
   }
 
   // AdamW.
@@ -200,7 +203,7 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     Node* p_decay = p->type().rank() >= 2 && h.weight_decay != 0 ? decay : no_decay;
     AttrMap attrs{{"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps}};
     ASSIGN_OR_RETURN(std::vector<Node*> updated,
-                     b.MultiResultOp(Opcode::kAdamWUpdate, {p, grads[i], ms[i], vs[i], step_size, p_decay, sqrt_bc2},
+                     b.MultiResultOp(Opcode::kAdamWUpdate, {p, grads[i], ms[i], vs[i], step_size, p_decay, sqrt_bc2, grad_scale},
                                      std::move(attrs),
                                      {absl::StrCat(p->name(), ".new"), absl::StrCat(ms[i]->name(), ".new"),
                                       absl::StrCat(vs[i]->name(), ".new")}));

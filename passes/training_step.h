@@ -8,7 +8,8 @@
 //     copy of the forward and backward runs per micro-batch, and each gradient buffer is
 //     zeroed, then accumulated (g = 0; g += grad_i / k). A later pass (elide-grad-zeroing)
 //     removes the zeroing;
-//   - global-norm clipping: g *= min(1, clip / (||g||_2 + 1e-6)) over all parameters;
+//   - global-norm clipping: g *= min(1, clip / (||g||_2 + 1e-6)) over all parameters, the factor
+//     applied by each adamw_update as it reads g (its grad_scale operand; 1 without clipping);
 //   - AdamW as in torch.optim.AdamW: p <- p (1 - lr wd); m <- b1 m + (1 - b1) g;
 //     v <- b2 v + (1 - b2) g^2; p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps),
 //     with t counted in the step (t' = t + 1). Weight decay applies to parameters of rank
@@ -16,7 +17,7 @@
 //     (lr / (1 - b1^t), 1 - lr wd, sqrt(1 - b2^t)) are computed once in the IR; each
 //     parameter then gets three adamw_update nodes (result=param, m, v), each lowered to one
 //     kernel of kernels/adamw.cuh, e.g.
-//       %w.new = adamw_update(%w, %g, %adamw.m.w, %adamw.v.w, %step_size, %decay, %sqrt_bc2)
+//       %w.new = adamw_update(%w, %g, %adamw.m.w, %adamw.v.w, %step_size, %decay, %sqrt_bc2, %grad_scale)
 //                {beta1=0.9, beta2=0.95, eps=1e-08, result=param} : f32[64,64]
 // The learning rate is an input, so the schedule (warmup + cosine) is the caller's.
 #pragma once

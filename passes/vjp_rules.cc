@@ -47,14 +47,20 @@ absl::StatusOr<Node*> MulAll(Builder& b, std::initializer_list<Node*> xs) {
 }
 
 // A narrow float value (bf16) widened to f32 for a VJP's arithmetic: the slopes of sigmoid,
-// tanh and gelu are computed in f32 and the product is rounded once, where the cotangent is
-// used, as autocast's backward kernels compute them (a chain of bf16 ops would round at
-// every step). An f32 value is returned as it is.
+// tanh and gelu are computed in f32 and the product is rounded once to the operand's dtype
+// (NarrowedLike), as autocast's backward kernels compute them (a chain of bf16 ops would
+// round at every step; an f32 result would be stored at twice the bytes and converted by
+// its consumer, the next GEMM). An f32 value is returned as it is.
 absl::StatusOr<Node*> Widened(Builder& b, Node* x) {
   if (IsFloat(x->type().dtype) && DTypeBytes(x->type().dtype) < DTypeBytes(DType::kF32)) {
     return b.Convert(x, DType::kF32);
   }
   return x;
+}
+
+// `dx` rounded once to the dtype of the operand it is the cotangent of.
+absl::StatusOr<Node*> NarrowedLike(Builder& b, Node* dx, const Node* operand) {
+  return b.Convert(dx, operand->type().dtype);
 }
 
 // ---- leaves, compare, adamw_update ---------------------------------------------------------
@@ -122,6 +128,7 @@ absl::StatusOr<Grads> TanhVjp(const VjpArgs& a) {
   ASSIGN_OR_RETURN(Node * y2, b.Mul(y, y));
   ASSIGN_OR_RETURN(Node * slope, b.Sub(one, y2));
   ASSIGN_OR_RETURN(Node * dx, b.Mul(dy, slope));
+  ASSIGN_OR_RETURN(dx, NarrowedLike(b, dx, a.node->operand(0)));
   return Grads{dx};
 }
 
@@ -133,6 +140,7 @@ absl::StatusOr<Grads> SigmoidVjp(const VjpArgs& a) {
   ASSIGN_OR_RETURN(Node * one, b.Constant(1.0, y->type()));
   ASSIGN_OR_RETURN(Node * one_minus_y, b.Sub(one, y));
   ASSIGN_OR_RETURN(Node * dx, MulAll(b, {dy, y, one_minus_y}));
+  ASSIGN_OR_RETURN(dx, NarrowedLike(b, dx, a.node->operand(0)));
   return Grads{dx};
 }
 
@@ -164,6 +172,7 @@ absl::StatusOr<Grads> GeluVjp(const VjpArgs& a) {
   ASSIGN_OR_RETURN(Node * rest, MulAll(b, {half, x, sech2, k, du_inner}));
   ASSIGN_OR_RETURN(Node * slope, b.Add(phi, rest));
   ASSIGN_OR_RETURN(Node * dx, b.Mul(dy, slope));
+  ASSIGN_OR_RETURN(dx, NarrowedLike(b, dx, a.node->operand(0)));
   return Grads{dx};
 }
 

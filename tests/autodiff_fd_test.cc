@@ -250,7 +250,7 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * decay, b.Constant(0.9, F32({})));
          ASSIGN_OR_RETURN(Node * sqrt_bc2, b.Constant(0.5, F32({})));
          ASSIGN_OR_RETURN(std::vector<Node*> updated,
-                          b.MultiResultOp(Opcode::kAdamWUpdate, {p[0], p[1], p[2], p[3], step_size, decay, sqrt_bc2},
+                          b.MultiResultOp(Opcode::kAdamWUpdate, {p[0], p[1], p[2], p[3], step_size, decay, sqrt_bc2, sqrt_bc2},
                                           AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}));
          Node* p_new = updated[0];
          ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));

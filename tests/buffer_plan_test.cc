@@ -212,6 +212,7 @@ TEST(BufferPlan, ResultsAreLiveFromTheirMultiResultNodesStep) {
   std::vector<Node*> in;
   for (const char* name : {"p", "g", "m", "v"}) in.push_back(*b.Parameter(name, {DType::kF32, {256}}));
   for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(*b.Parameter(name, {DType::kF32, {}}));
+  in.push_back(in.back());  // sqrt_bc2 again as the grad_scale operand: no step of its own
   // Steps 0-6 parameters, 7 the update, 8-10 its results, 11 `between`, 12 the sum.
   std::vector<Node*> r = *b.MultiResultOp(Opcode::kAdamWUpdate, in, {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
   Node* between = *b.Unary(Opcode::kNeg, r[0]);
@@ -264,10 +265,12 @@ TEST(BufferPlan, LlamaTinyTrainingStepReusesMemory) {
   absl::StatusOr<BufferPlan> plan = PlanBuffers(**step, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GT(CheckPlan(**step, r, *plan), 10000);
-  // Parameters, optimizer state and batch are a fixed cost; what reuse saves is the rest.
+  // Parameters, optimizer state and batch are a fixed cost; what reuse saves is the rest
+  // (3.8x since AdamW scales the clipped gradients as it reads them: 4.3x while a mul per
+  // gradient wrote a scaled copy, the temporaries' total counting each).
   const int64_t temporaries = plan->total_buffer_bytes - plan->parameter_bytes;
   const int64_t arena_temporaries = plan->arena_bytes - plan->parameter_bytes;
-  EXPECT_LT(arena_temporaries * 4, temporaries) << plan->Summary();
+  EXPECT_LT(arena_temporaries * 3, temporaries) << plan->Summary();
   std::printf("llama-tiny train step: %s\n", plan->Summary().c_str());
 }
 

@@ -273,7 +273,7 @@ TEST(CompositeKernelsTest, AdamWUpdate) {
     {
       SCOPED_TRACE(absl::StrCat(n, " elements"));
       const TensorType state{kF32, {n}};
-      OneOp one = MakeOneOp(Opcode::kAdamWUpdate, {state, state, state, state, scalar, scalar, scalar},
+      OneOp one = MakeOneOp(Opcode::kAdamWUpdate, {state, state, state, state, scalar, scalar, scalar, scalar},
                             {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
       const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
       ASSERT_EQ(kernels.size(), 1u);
@@ -281,7 +281,7 @@ TEST(CompositeKernelsTest, AdamWUpdate) {
       EXPECT_EQ(KernelParams(kernels[0])[2], " float* v_new");  // split at commas
       const int vec = n % 4 == 0 ? 4 : 1;
       EXPECT_NE(kernels[0].source.find(absl::StrCat(n, "LL, ", vec, ">(p_new, m_new, v_new, p, g, m, v, step_size, ",
-                                                    "decay, sqrt_bc2, ",
+                                                    "decay, sqrt_bc2, grad_scale, ",
                                                     "0x1.ccccccp-1f, 0x1.99999ap-4f, 0x1.e66666p-1f, 0x1.99999ap-5f")),
                 std::string::npos)
           << kernels[0].source;

@@ -349,13 +349,13 @@ std::vector<OpCase> OpCases() {
   for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4}) {
     cases.push_back({absl::StrCat("adamw_update_", n), kSums, [n](Builder& b) -> absl::Status {
                        std::vector<Node*> p = Params(b, {{f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {n}}, {f32, {}},
-                                                         {f32, {}}, {f32, {}}});
+                                                         {f32, {}}, {f32, {}}, {f32, {}}});
                        absl::StatusOr<std::vector<Node*>> outs = b.MultiResultOp(
                            Opcode::kAdamWUpdate, p, AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
                        if (!outs.ok()) return outs.status();
                        return b.Return(*outs);
                      },
-                     {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}}});
+                     {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}, {0.25, 1}}});
   }
   // The attention family at a GQA shape with head dim 128 (@attention of the all-ops module
   // has 64): forward, statistics, delta and the three backward results.

@@ -40,7 +40,7 @@ TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
   const TensorType state{DType::kF32, {4, 8}}, scalar{DType::kF32, {}};
   std::vector<Node*> in;
   for (const char* name : {"p", "g", "m", "v"}) in.push_back(*b.Parameter(name, state));
-  for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(*b.Parameter(name, scalar));
+  for (const char* name : {"step_size", "decay", "sqrt_bc2", "grad_scale"}) in.push_back(*b.Parameter(name, scalar));
   Node* wide_v = *b.Parameter("wide_v", {DType::kF32, {4, 9}});
   Node* bf16_p = *b.Parameter("bf16_p", {DType::kBF16, {4, 8}});
   Node* vector_decay = *b.Parameter("vector_decay", {DType::kF32, {1}});

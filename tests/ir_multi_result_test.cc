@@ -27,7 +27,7 @@ func @step {
   %lr = parameter() {index=4} : f32[]
   %decay = parameter() {index=5} : f32[]
   %bc2 = parameter() {index=6} : f32[]
-  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) {beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4], f32[4]) @adamw
+  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) {beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4], f32[4]) @adamw
   return %p2, %m2, %v2 {aliases=[0,2,3]}
 }
 )";
@@ -84,18 +84,18 @@ TEST(MultiResult, ParserSaysWhatIsWrongWithALine) {
   auto with_line = [](absl::string_view line) {
     std::string text = kAdamW;
     const std::string original =
-        "  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) {beta1=0.9, beta2=0.95, eps=1e-08} : "
+        "  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) {beta1=0.9, beta2=0.95, eps=1e-08} : "
         "(f32[4], f32[4], f32[4]) @adamw";
     text.replace(text.find(original), original.size(), std::string(line));
     return text;
   };
-  EXPECT_THAT(ParseError(with_line("  %p2, %m2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) "
+  EXPECT_THAT(ParseError(with_line("  %p2, %m2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) "
                                    "{beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4])")),
               HasSubstr("adamw_update has 3 result(s), but 2 name(s) are written"));
-  EXPECT_THAT(ParseError(with_line("  %p2, %p2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) "
+  EXPECT_THAT(ParseError(with_line("  %p2, %p2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) "
                                    "{beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4], f32[4])")),
               HasSubstr("duplicate name %p2 on one line"));
-  EXPECT_THAT(ParseError(with_line("  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) "
+  EXPECT_THAT(ParseError(with_line("  %p2, %m2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) "
                                    "{beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[5], f32[4])")),
               HasSubstr("written type (f32[4], f32[5], f32[4]) but operands give (f32[4], f32[4], f32[4])"));
   EXPECT_THAT(ParseError("module @m\n\nfunc @f {\n  %x = parameter() {index=0} : f32[2]\n"
@@ -168,7 +168,7 @@ TEST(MultiResult, BuilderTypesAndNamesTheResults) {
 TEST(MultiResult, DceAndCseTreatTheGroupAsAWhole) {
   std::string text = kAdamW;
   text.replace(text.find("  return %p2, %m2, %v2 {aliases=[0,2,3]}"), 40,
-               "  %q2, %n2, %w2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2) {beta1=0.9, beta2=0.95, "
+               "  %q2, %n2, %w2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) {beta1=0.9, beta2=0.95, "
                "eps=1e-08} : (f32[4], f32[4], f32[4]) @adamw\n  %s = add(%p2, %w2) : f32[4]\n  return %s");
   std::unique_ptr<Module> m = Parse(text);
   ASSERT_NE(m, nullptr);
@@ -195,9 +195,12 @@ TEST(MultiResult, ReferenceBackendComputesEveryResultOnce) {
   absl::StatusOr<std::vector<HostTensor>> out = EvaluateFunction(f, args);
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->size(), 3u);
-  // m' = 0.9 m + 0.1 g, rounded to f32 once.
+  // m' = 0.9 m + 0.1 g s, rounded to f32 once, with g s the gradient scaled by grad_scale
+  // (here %bc2, parameter 6) and rounded to f32.
+  const double scale = args[6].values()[0];
   for (int64_t i = 0; i < 4; ++i) {
-    const double want = static_cast<float>(0.9 * args[2].values()[i] + 0.1 * args[1].values()[i]);
+    const double scaled = static_cast<float>(args[1].values()[i] * scale);
+    const double want = static_cast<float>(0.9 * args[2].values()[i] + 0.1 * scaled);
     EXPECT_EQ((*out)[1].values()[i], want) << i;
   }
 }

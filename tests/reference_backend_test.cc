@@ -480,19 +480,20 @@ TEST(ReferenceBackend, RopeInverseUndoesRopeOnRandomInput) {
 }
 
 // Values chosen so that sqrt(v') is exact: beta1 = 0.5, beta2 = 0.75, eps = 1 (large, so the
-// third element's 0 / (0 + eps) shows it is added), step_size 0.5, decay 0.75, sqrt_bc2 0.5.
+// third element's 0 / (0 + eps) shows it is added), step_size 0.5, decay 0.75, sqrt_bc2 0.5;
+// g is given doubled with grad_scale 0.5, so the update reads g = {2, -1, 0}.
 TEST(ReferenceBackend, AdamWUpdateByHand) {
   Fn f;
   std::vector<Node*> in;
   for (const char* name : {"p", "g", "m", "v"}) in.push_back(f.Param(name, {kF32, {3}}));
-  for (const char* name : {"step_size", "decay", "sqrt_bc2"}) in.push_back(f.Param(name, {kF32, {}}));
+  for (const char* name : {"step_size", "decay", "sqrt_bc2", "grad_scale"}) in.push_back(f.Param(name, {kF32, {}}));
   absl::StatusOr<std::vector<Node*>> updated =
       f.b.MultiResultOp(Opcode::kAdamWUpdate, in, AttrMap{{"beta1", 0.5}, {"beta2", 0.75}, {"eps", 1.0}});
   ASSERT_TRUE(updated.ok()) << updated.status();
   const std::vector<Node*> outs = *updated;
   auto r = f.Eval(outs,
-                  {F32({3}, {2, -4, 1}), F32({3}, {2, -1, 0}), F32({3}, {1, 0, 0}), F32({3}, {4, 1, 0}),
-                   F32({}, {0.5}), F32({}, {0.75}), F32({}, {0.5})},
+                  {F32({3}, {2, -4, 1}), F32({3}, {4, -2, 0}), F32({3}, {1, 0, 0}), F32({3}, {4, 1, 0}),
+                   F32({}, {0.5}), F32({}, {0.75}), F32({}, {0.5}), F32({}, {0.5})},
                   kDouble);
   ASSERT_TRUE(r.ok()) << r.status();
   // m' = 0.5 m + 0.5 g; v' = 0.75 v + 0.25 g^2; p' = 0.75 p - 0.5 m' / (sqrt(v') / 0.5 + 1).

@@ -19,7 +19,7 @@ absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operan
   const double* g = xs[1]->values().data();
   const double* m = xs[2]->values().data();
   const double* v = xs[3]->values().data();
-  const double step_size = (*xs[4])[0], decay = (*xs[5])[0], sqrt_bc2 = (*xs[6])[0];
+  const double step_size = (*xs[4])[0], decay = (*xs[5])[0], sqrt_bc2 = (*xs[6])[0], grad_scale = (*xs[7])[0];
   std::vector<HostTensor> results;
   for (int r = 0; r < 3; ++r) results.emplace_back(node.result_type(r));
   double* p_new = results[0].mutable_values().data();
@@ -28,8 +28,10 @@ absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operan
   ctx.pool.ParallelFor(results[0].num_elements(), kElementsPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       // p' reads the new moments in double; the evaluator rounds all three to f32 once.
-      m_new[i] = beta1 * m[i] + (1 - beta1) * g[i];
-      v_new[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
+      // The scaled gradient is an f32 value, as the mul it replaces stored it.
+      const double gs = static_cast<float>(g[i] * grad_scale);
+      m_new[i] = beta1 * m[i] + (1 - beta1) * gs;
+      v_new[i] = beta2 * v[i] + (1 - beta2) * gs * gs;
       p_new[i] = p[i] * decay - step_size * m_new[i] / (std::sqrt(v_new[i]) / sqrt_bc2 + eps);
     }
   });

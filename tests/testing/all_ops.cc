@@ -112,7 +112,7 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* second = Must(b.Mul(x, x));
   Node* scalar = Must(b.Unary(Opcode::kSigmoid, Must(b.ReduceMax(w, {0}))));
   Node* state = nullptr;
-  for (Node* updated : Must(b.MultiResultOp(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar},
+  for (Node* updated : Must(b.MultiResultOp(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar, scalar},
                                             AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}))) {
     state = state == nullptr ? updated : Must(b.Add(state, updated));
   }

@@ -336,7 +336,7 @@ absl::StatusOr<Node*> GraphGenerator::AdamWStep() {
   ASSIGN_OR_RETURN(Node * decay, Scalar(Coin() ? 1.0 : 0.999));
   ASSIGN_OR_RETURN(Node * sqrt_bc2, Scalar(0.25 * static_cast<double>(1 + Uniform(4))));
   ASSIGN_OR_RETURN(std::vector<Node*> results,
-                   b_.MultiResultOp(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2},
+                   b_.MultiResultOp(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2, sqrt_bc2},
                                     AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}));
   return results[Uniform(3)];
 }
