@@ -108,7 +108,12 @@
 //                          V): only the first C columns are classes (softmax over them, labels in
 //                          [0, C)); columns C.. are padding that the loss never reads, so a
 //                          vocabulary padded for the GEMMs (GPT-2's 50257 -> 50304) needs no slice
-//   cross_entropy_grad(logits, labels, dloss)  {classes}  dL/dlogits; 0 in the padding columns
+//   cross_entropy_grad(logits, labels, dloss)  {classes, [out_dtype]}  dL/dlogits; 0 in the
+//                          padding columns. Computed in f32 and rounded once to the result
+//                          dtype: out_dtype, default the logits' dtype. So with out_dtype it is
+//                          convert(cross_entropy_grad(logits, labels, dloss)) bit for bit when the
+//                          logits are f32 (narrow-activations-bf16 makes it where every use of
+//                          the f32 gradient converts it to bf16, the LM head GEMMs' operand)
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
 //                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
 //   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2)  {beta1, beta2, eps, result}
@@ -246,7 +251,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "classes")                                               \
-  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "classes")                                      \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "classes,out_dtype")                            \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
   X(kAdamWUpdate, "adamw_update", 7, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \

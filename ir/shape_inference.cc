@@ -603,7 +603,14 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       TensorType loss{DType::kF32, {logits.dims[0]}};
       if (op == Opcode::kCrossEntropy) return loss;
       RETURN_IF_ERROR(RequireSame(xs[2], loss, "dloss and per-row loss types"));
-      return logits;
+      // The gradient is computed in f32 and rounded once to its dtype, whatever the logits'
+      // (ir/op_table.h), so any float out_dtype is one rounding.
+      TensorType dlogits = logits;
+      if (attrs.Has("out_dtype")) {
+        ASSIGN_OR_RETURN(dlogits.dtype, attrs.GetDType("out_dtype"));
+        if (!IsFloat(dlogits.dtype)) return Invalid("cross_entropy_grad out_dtype must be a float type");
+      }
+      return dlogits;
     }
     case Opcode::kRope: {
       ASSIGN_OR_RETURN(double theta, attrs.GetFloat("theta"));

@@ -238,6 +238,17 @@ TEST(CompositeKernelsTest, CrossEntropyAndGradient) {
     grad_operands.push_back({kF32, {s.rows}});
     OneOp grad = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands);
     EXPECT_EQ(LowerAndCompile(grad.node).size(), 1u);
+    // The gradient rounded to bf16 on store (narrow-activations-bf16's form), also with
+    // GPT-2's padded vocabulary.
+    for (int64_t classes : {s.classes, (s.classes + 1) / 2}) {
+      OneOp narrow = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands,
+                               {{"out_dtype", Symbol{"bf16"}}, {"classes", classes}});
+      ASSERT_NE(narrow.node, nullptr);
+      EXPECT_EQ(narrow.node->type().dtype, kBF16);
+      const std::vector<KernelSpec> kernels = LowerAndCompile(narrow.node);
+      ASSERT_EQ(kernels.size(), 1u);
+      EXPECT_NE(kernels[0].source.find("__nv_bfloat16* out"), std::string::npos) << kernels[0].source;
+    }
   }
 }
 

@@ -337,6 +337,14 @@ std::vector<OpCase> OpCases() {
                      return Ret(b, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, *b.Parameter("dloss", {f32, {6}})}));
                    },
                    {{-5, 5}, {0, 100}}});
+  // The gradient rounded to bf16 by its kernel (narrow-activations-bf16), over GPT-2's padded
+  // LM-head rows (50257 classes of 50304: a block per row, the padding's gradient 0).
+  cases.push_back({"cross_entropy_grad_bf16_out", kSums, [](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{f32, {4, 50304}}, {i32, {4}}, {f32, {4}}});
+                     return Ret(b, b.Op(Opcode::kCrossEntropyGrad, {p[0], p[1], p[2]},
+                                        AttrMap{{"classes", int64_t{50257}}, {"out_dtype", Symbol{"bf16"}}}));
+                   },
+                   {{-5, 5}, {0, 50257}, {-1, 1}}});
   for (bool inverse : {false, true}) {
     cases.push_back({inverse ? "rope_inverse" : "rope", kSums, [inverse](Builder& b) {
                        std::vector<Node*> p = Params(b, {{f32, {2, 5, 3, 8}}, {i32, {5}}});

@@ -455,6 +455,49 @@ TEST(ReferenceBackend, CrossEntropyGradIsSoftmaxMinusOneHotTimesDloss) {
   ExpectNear(f.Values(grad, {logits, labels, dloss}, kDouble), NumericGradient(loss, logits, dloss.values()), 1e-7);
 }
 
+// {out_dtype=bf16}: the f32 gradient rounded once more, so exactly convert() of the f32
+// gradient (what narrow-activations-bf16 relies on), not the exact gradient rounded straight
+// to bf16. Enough random rows that the two roundings differ somewhere (checked below, so
+// the comparison is known to see the difference), with padding columns.
+TEST(ReferenceBackend, CrossEntropyGradOutDtypeIsTheConvertOfTheF32Gradient) {
+  constexpr int64_t kRows = 16384, kWidth = 64, kClasses = 61;
+  const HostTensor logits = HostTensor::Random({kF32, {kRows, kWidth}}, 21, -4, 4);
+  const HostTensor labels = HostTensor::Random({kI32, {kRows}}, 22, 0, kClasses);
+  const HostTensor dloss = HostTensor::Random({kF32, {kRows}}, 23, -1, 1);
+  auto gradients = [&](ReferenceOptions options) {
+    Fn f;
+    Node* pl = f.Param("logits", logits.type());
+    Node* plabels = f.Param("labels", labels.type());
+    Node* pd = f.Param("dloss", dloss.type());
+    Node* wide = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {pl, plabels, pd}, AttrMap{{"classes", kClasses}}));
+    Node* converted = Fn::Ok(f.b.Convert(wide, DType::kBF16));
+    Node* narrow = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {pl, plabels, pd},
+                                 AttrMap{{"classes", kClasses}, {"out_dtype", Symbol{"bf16"}}}));
+    EXPECT_EQ(narrow->type(), (TensorType{DType::kBF16, {kRows, kWidth}}));
+    absl::StatusOr<std::vector<HostTensor>> r = f.Eval({converted, narrow}, {logits, labels, dloss}, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::make_pair((*r)[0].values(), (*r)[1].values())
+                  : std::make_pair(std::vector<double>{}, std::vector<double>{});
+  };
+  const auto [converted, narrow] = gradients({});
+  ASSERT_EQ(converted.size(), narrow.size());
+  int64_t different = 0;
+  for (size_t i = 0; i < narrow.size(); ++i) different += converted[i] != narrow[i];
+  EXPECT_EQ(different, 0) << "of " << narrow.size();
+  // Under f32_as_f64 the f32 step keeps double precision: the exact gradient rounded
+  // straight to bf16, which differs from the above in a few halfway cases.
+  const auto [unused, rounded_once] = gradients(kDouble);
+  int64_t double_rounded = 0;
+  for (size_t i = 0; i < narrow.size(); ++i) double_rounded += rounded_once[i] != narrow[i];
+  EXPECT_GT(double_rounded, 0) << "no halfway case among " << narrow.size() << " values: the test cannot tell";
+
+  Fn g;
+  EXPECT_FALSE(g.b.Op(Opcode::kCrossEntropyGrad,
+                      {g.Param("logits", {kF32, {2, 5}}), g.Param("labels", {kI32, {2}}), g.Param("d", {kF32, {2}})},
+                      AttrMap{{"out_dtype", Symbol{"i32"}}})
+                   .ok());
+}
+
 TEST(ReferenceBackend, RopeByHandInverseAndPositionZero) {
   Fn f;
   Node* x = f.Param("x", {kF32, {1, 2, 1, 4}});

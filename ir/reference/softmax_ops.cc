@@ -5,13 +5,17 @@
 //   cross_entropy:       loss = logsumexp(row) - row[label]
 //   cross_entropy_grad:  dlogits = (softmax(row) - onehot(label)) * dloss
 // where a cross-entropy's row is the first {classes} columns (ir/op_table.h); the gradient
-// of the padding columns after them is 0.
+// of the padding columns after them is 0. The gradient is rounded to f32 first, as the
+// kernel computes it, and then (by the evaluator) to its dtype: so a narrow gradient, of
+// f32 logits {out_dtype=bf16} or of bf16 logits, is one rounding of the f32 gradient, and
+// {out_dtype=bf16} is exactly convert(cross_entropy_grad) of the same f32 logits.
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "ir/node_predicates.h"
+#include "ir/numerics.h"
+#include "ir/status_macros.h"
 #include "ir/reference/kernels.h"
 
 namespace kiln::reference {
@@ -108,6 +112,7 @@ absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, c
     dlogits[static_cast<int64_t>((*xs[1])[r])] -= 1.0;
     const double dloss = (*xs[2])[r];
     for (int64_t i = 0; i < classes; ++i) dlogits[i] *= dloss;
+    if (node.type().dtype != DType::kF32) RoundValuesToDType(dlogits, classes, DType::kF32, ctx.options.f32_as_f64);
   });
   return out;
 }
