@@ -17,10 +17,10 @@
 //   %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : bf16[16,64]
 //   %z = mul(%y, %y) : bf16[16,64]
 // and
-//   %g = cross_entropy_grad(%logits, %labels, %dloss) : f32[16,64]
+//   %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) : f32[16,64]
 //   %gb = convert(%g) : bf16[16,64]
 // becomes
-//   %g = cross_entropy_grad(%logits, %labels, %dloss) {out_dtype=bf16} : bf16[16,64]
+//   %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {out_dtype=bf16} : bf16[16,64]
 //
 // Exact by the gemm's definition (ir/op_table.h): a narrow result is the f32 accumulator
 // (after alpha and beta) rounded to the result dtype, which is what cuBLASLt does and what

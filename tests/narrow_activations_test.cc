@@ -130,20 +130,21 @@ constexpr absl::string_view kCrossEntropyParams = R"(
   %logits = parameter() {index=0} : f32[16,64]
   %labels = parameter() {index=1} : i32[16]
   %dloss = parameter() {index=2} : f32[16]
+  %lse = parameter() {index=3} : f32[16]
 )";
 
 // The header's second example: the loss gradient that only feeds the LM head's backward
 // GEMMs, through the reshape back to [B, T, V], is rounded to bf16 by its own kernel.
 TEST(NarrowActivations, CrossEntropyGradWritesBf16) {
   std::string out = Narrow(absl::StrCat(kCrossEntropyParams, R"(
-  %g = cross_entropy_grad(%logits, %labels, %dloss) {classes=50} : f32[16,64]
+  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {classes=50} : f32[16,64]
   %r = reshape(%g) : f32[2,8,64]
   %rb = convert(%r) : bf16[2,8,64]
   %gb = convert(%g) : bf16[16,64]
   return %rb, %gb
 )"));
   EXPECT_CHECKS(out, R"(
-    CHECK:      %g = cross_entropy_grad(%logits, %labels, %dloss) {classes=50, out_dtype=bf16} : bf16[16,64]
+    CHECK:      %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {classes=50, out_dtype=bf16} : bf16[16,64]
     CHECK-NEXT: %r = reshape(%g) : bf16[2,8,64]
     CHECK-NEXT: return %r, %g
   )");
@@ -152,7 +153,7 @@ TEST(NarrowActivations, CrossEntropyGradWritesBf16) {
 // Left alone: an f32 reader of the gradient, a function output, a convert to f16, bf16
 // logits (whose gradient is bf16 already) and a gradient that already has out_dtype.
 TEST(NarrowActivations, CrossEntropyGradOnlyWhenEveryUseRoundsToBf16) {
-  const std::string grad = "  %g = cross_entropy_grad(%logits, %labels, %dloss) : f32[16,64]\n";
+  const std::string grad = "  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) : f32[16,64]\n";
   for (const std::string& body : {
            absl::StrCat(kCrossEntropyParams, grad, "  %gb = convert(%g) : bf16[16,64]\n  %n = neg(%g) : f32[16,64]\n",
                         "  return %gb, %n\n"),
@@ -160,10 +161,10 @@ TEST(NarrowActivations, CrossEntropyGradOnlyWhenEveryUseRoundsToBf16) {
            absl::StrCat(kCrossEntropyParams, grad, "  %gh = convert(%g) : f16[16,64]\n  return %gh\n"),
            absl::StrCat(kCrossEntropyParams,
                         "  %lb = convert(%logits) : bf16[16,64]\n"
-                        "  %g = cross_entropy_grad(%lb, %labels, %dloss) : bf16[16,64]\n"
+                        "  %g = cross_entropy_grad(%lb, %labels, %dloss, %lse) : bf16[16,64]\n"
                         "  %gf = convert(%g) : f32[16,64]\n  %gb = convert(%gf) : bf16[16,64]\n  return %gb\n"),
            absl::StrCat(kCrossEntropyParams,
-                        "  %g = cross_entropy_grad(%logits, %labels, %dloss) {out_dtype=f32} : f32[16,64]\n"
+                        "  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {out_dtype=f32} : f32[16,64]\n"
                         "  %gb = convert(%g) : bf16[16,64]\n  return %gb\n"),
        }) {
     std::string out = Narrow(body, /*expect_change=*/false);
