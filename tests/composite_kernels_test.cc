@@ -226,6 +226,8 @@ TEST(CompositeKernelsTest, CrossEntropyAndGradient) {
     int64_t rows, classes;
   };
   for (const Shape& s : std::vector<Shape>{{kBF16, kI32, 8, 32000},
+                                           {kBF16, kI32, 4, 50304},  // GPT-2's padded head, bf16 logits
+                                           {kF32, kI32, 4, 50304},
                                            {kF32, kI64, 3, 32001},
                                            {kF32, kI32, 4, 1},
                                            {kF32, kI32, 2, 0}}) {  // no classes: every label is out of range
@@ -244,16 +246,21 @@ TEST(CompositeKernelsTest, CrossEntropyAndGradient) {
     grad_operands.push_back({kF32, {s.rows}});  // lse
     OneOp grad = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands);
     EXPECT_EQ(LowerAndCompile(grad.node).size(), 1u);
-    // The gradient rounded to bf16 on store (narrow-activations-bf16's form), also with
-    // GPT-2's padded vocabulary.
+    // The gradient rounded to bf16 on store (narrow-activations-bf16's form), and an f32
+    // gradient of bf16 logits, also with GPT-2's padded vocabulary.
+    const DType other = s.logits == kBF16 ? kF32 : kBF16;
     for (int64_t classes : {s.classes, (s.classes + 1) / 2}) {
       OneOp narrow = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands,
-                               {{"out_dtype", Symbol{"bf16"}}, {"classes", classes}});
+                               {{"out_dtype", Symbol{std::string(DTypeName(other))}}, {"classes", classes}});
       ASSERT_NE(narrow.node, nullptr);
-      EXPECT_EQ(narrow.node->type().dtype, kBF16);
+      EXPECT_EQ(narrow.node->type().dtype, other);
       const std::vector<KernelSpec> kernels = LowerAndCompile(narrow.node);
       ASSERT_EQ(kernels.size(), 1u);
-      EXPECT_NE(kernels[0].source.find("__nv_bfloat16* out"), std::string::npos) << kernels[0].source;
+      EXPECT_NE(kernels[0].source.find(other == kBF16 ? "__nv_bfloat16* out" : "float* out"), std::string::npos)
+          << kernels[0].source;
+      EXPECT_NE(kernels[0].source.find(s.logits == kBF16 ? "const __nv_bfloat16* logits" : "const float* logits"),
+                std::string::npos)
+          << kernels[0].source;
     }
   }
 }

@@ -315,7 +315,8 @@ std::vector<OpCase> OpCases() {
                      std::vector<Node*> p = Params(b, {{f32, {4, 33}}, {f32, {4, 33}}});
                      return Ret(b, b.Op(Opcode::kSoftmaxGrad, {*b.Softmax(p[0]), p[1]}));
                    }});
-  // The loss kernel's two results, and the gradient kernel reading its lse, with and without GPT-2's padded vocabulary (50257 classes of 50304: a block per
+  // The loss kernel's two results, and the gradient kernel reading its lse, for f32 and bf16
+  // logits (the LM head's bf16 output under autocast), with and without GPT-2's padded vocabulary (50257 classes of 50304: a block per
   // row; the padding holds values far above any logit, so a kernel that read it into the
   // softmax would be far off, and gets gradient 0), the gradient in the logits' dtype or
   // rounded to bf16 by its kernel (narrow-activations-bf16's form).
@@ -328,7 +329,11 @@ std::vector<OpCase> OpCases() {
   for (const CrossEntropyCase& ce : std::vector<CrossEntropyCase>{
            {"cross_entropy", f32, 6, 100, 100, std::nullopt},
            {"cross_entropy_padded", f32, 6, 104, 100, std::nullopt},
+           {"cross_entropy_bf16_logits", DType::kBF16, 6, 104, 100, std::nullopt},
            {"cross_entropy_gpt2_head_bf16_out", f32, 4, 50304, 50257, DType::kBF16},
+           {"cross_entropy_gpt2_head_bf16_logits", DType::kBF16, 4, 50304, 50257, std::nullopt},
+           {"cross_entropy_gpt2_head_bf16_logits_f32_out", DType::kBF16, 4, 50304, 50257, f32},
+           {"cross_entropy_llama_head_bf16_logits", DType::kBF16, 4, 32000, 32000, std::nullopt},
        }) {
     cases.push_back({ce.name, kSums, [ce](Builder& b) -> absl::Status {
                        std::vector<Node*> p = Params(b, {{f32, {ce.rows, ce.classes}}, {i32, {ce.rows}}, {f32, {ce.rows}}});

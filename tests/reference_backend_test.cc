@@ -523,6 +523,40 @@ TEST(ReferenceBackend, CrossEntropyGradOutDtypeIsTheConvertOfTheF32Gradient) {
   EXPECT_FALSE(g.b.Op(Opcode::kCrossEntropyGrad, operands, AttrMap{{"out_dtype", Symbol{"i32"}}}).ok());
 }
 
+// bf16 logits (the LM head's output under autocast): the loss and lse are those of the same
+// values held in f32, and the bf16 gradient is the f32 gradient of those values rounded once
+// (convert() of it, bit for bit), as the kernels compute in f32 and round on store; with
+// {out_dtype=f32} it is that f32 gradient itself.
+TEST(ReferenceBackend, CrossEntropyOfBf16LogitsIsThatOfTheirF32Values) {
+  constexpr int64_t kRows = 512, kWidth = 40, kClasses = 37;
+  const HostTensor logits = HostTensor::Random({DType::kBF16, {kRows, kWidth}}, 31, -6, 6);
+  const HostTensor labels = HostTensor::Random({kI32, {kRows}}, 32, 0, kClasses);
+  const HostTensor dloss = HostTensor::Random({kF32, {kRows}}, 33, -1, 1);
+  Fn f;
+  Node* narrow = f.Param("logits", logits.type());
+  Node* plabels = f.Param("labels", labels.type());
+  Node* pd = f.Param("dloss", dloss.type());
+  Node* wide = Fn::Ok(f.b.Convert(narrow, kF32));
+  Node* loss_narrow = Fn::Ok(f.b.CrossEntropy(narrow, plabels, kClasses));
+  Node* loss_wide = Fn::Ok(f.b.CrossEntropy(wide, plabels, kClasses));
+  Node* lse_narrow = loss_narrow->operand(0)->result(1);
+  Node* lse_wide = loss_wide->operand(0)->result(1);
+  Node* grad_narrow = Fn::Ok(f.b.CrossEntropyGrad(narrow, plabels, pd, lse_narrow, kClasses));
+  EXPECT_EQ(grad_narrow->type().dtype, DType::kBF16);
+  Node* grad_wide = Fn::Ok(f.b.CrossEntropyGrad(wide, plabels, pd, lse_wide, kClasses));
+  Node* grad_wide_rounded = Fn::Ok(f.b.Convert(grad_wide, DType::kBF16));
+  Node* grad_f32_of_narrow = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {narrow, plabels, pd, lse_narrow},
+                                           AttrMap{{"classes", kClasses}, {"out_dtype", Symbol{"f32"}}}));
+  auto r = f.Eval({loss_narrow, loss_wide, lse_narrow, lse_wide, grad_narrow, grad_wide_rounded, grad_f32_of_narrow,
+                   grad_wide},
+                  {logits, labels, dloss});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].values(), (*r)[1].values());
+  EXPECT_EQ((*r)[2].values(), (*r)[3].values());
+  EXPECT_EQ((*r)[4].values(), (*r)[5].values());
+  EXPECT_EQ((*r)[6].values(), (*r)[7].values());
+}
+
 TEST(ReferenceBackend, RopeByHandInverseAndPositionZero) {
   Fn f;
   Node* x = f.Param("x", {kF32, {1, 2, 1, 4}});
