@@ -51,6 +51,11 @@ struct LoweredNode {
   // outputs, before writing it: an output may take an operand's buffer (a donated parameter
   // updated in place).
   bool elementwise_in_place = false;
+  // >= 0: the kernels read element i of this operand only to write element i of the node's one
+  // result, before writing it, and read nothing else of it; so the result may take the
+  // operand's buffer where the operand dies at this node and has the result's size
+  // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
+  int in_place_operand = -1;
 };
 
 }  // namespace kiln

@@ -45,7 +45,11 @@ absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOpt
                                 CudaTypeName(node.type().dtype), ", ", RowArgs(rows, classes, g), ", ",
                                 CrossEntropyClasses(node), ">(out, logits, labels, dloss, lse)");
   }
-  return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+  LoweredNode lowered = Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+  // Each thread reads a chunk of logits and then writes the same chunk of dlogits, and nothing
+  // else reads the logits: the plan may write dlogits over them (same size only).
+  if (!forward) lowered.in_place_operand = 0;
+  return lowered;
 }
 
 }  // namespace kiln::codegen::composite
