@@ -58,6 +58,11 @@ struct LoweredNode {
   // scratch pointer as its last parameter; the kernels pass data through it in launch
   // order (the runtime runs one node's kernels back to back on one stream).
   int64_t scratch_bytes = 0;
+  // >= 0: the kernels read element i of this operand only to write element i of the node's one
+  // result, before writing it, and read nothing else of it; so the result may take the
+  // operand's buffer where the operand dies at this node and has the result's size
+  // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
+  int in_place_operand = -1;
 };
 
 }  // namespace kiln

@@ -241,7 +241,19 @@ absl::StatusOr<Node*> Builder::Softmax(Node* x, Loc loc) { return Op(Opcode::kSo
 absl::StatusOr<Node*> Builder::CrossEntropy(Node* logits, Node* labels, int64_t classes, Loc loc) {
   AttrMap attrs;
   if (classes > 0) attrs.Set("classes", classes);
-  return Op(Opcode::kCrossEntropy, {logits, labels}, std::move(attrs), nullptr, "", loc);
+  std::string name = std::move(next_name_);
+  std::vector<std::string> names;
+  if (!name.empty()) names = {name, absl::StrCat(name, ".lse")};
+  ASSIGN_OR_RETURN(std::vector<Node*> results,
+                   MultiResultOp(Opcode::kCrossEntropy, {logits, labels}, std::move(attrs), std::move(names), loc));
+  return results[0];
+}
+
+absl::StatusOr<Node*> Builder::CrossEntropyGrad(Node* logits, Node* labels, Node* dloss, Node* lse, int64_t classes,
+                                                Loc loc) {
+  AttrMap attrs;
+  if (classes > 0) attrs.Set("classes", classes);
+  return Op(Opcode::kCrossEntropyGrad, {logits, labels, dloss, lse}, std::move(attrs), nullptr, "", loc);
 }
 
 absl::StatusOr<Node*> Builder::Rope(Node* x, Node* positions, double theta, bool inverse, Loc loc) {

@@ -77,7 +77,12 @@ class Builder {
   absl::StatusOr<Node*> LayerNorm(Node* x, Node* w, Node* bias, double eps, Loc loc = Loc::current());
   absl::StatusOr<Node*> Softmax(Node* x, Loc loc = Loc::current());
   // classes > 0: only the logits' first `classes` columns are classes (ir/op_table.h).
+  // The per-row loss: result 0 of a cross_entropy node, whose result 1 (loss->operand(0)->
+  // result(1), named "<loss>.lse") is the rows' log-sum-exp that CrossEntropyGrad takes.
   absl::StatusOr<Node*> CrossEntropy(Node* logits, Node* labels, int64_t classes = 0, Loc loc = Loc::current());
+  // dL/dlogits of cross_entropy(logits, labels) {classes} given dloss and that node's lse.
+  absl::StatusOr<Node*> CrossEntropyGrad(Node* logits, Node* labels, Node* dloss, Node* lse, int64_t classes = 0,
+                                         Loc loc = Loc::current());
   absl::StatusOr<Node*> Rope(Node* x, Node* positions, double theta, bool inverse = false,
                              Loc loc = Loc::current());
 

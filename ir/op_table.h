@@ -15,7 +15,8 @@
 //             add_rms_norm_grad_input two when it writes a copy). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
-//             (ir/graph.h); the text form writes them as one line,
+//             (ir/graph.h); cross_entropy's loss and LSE likewise; the text form writes
+//             them as one line,
 //               %p2, %m2, %v2 = adamw_update(...) {...} : (f32[..], f32[..], f32[..])
 //   attributes every attribute the op takes, comma-separated; the verifier rejects any
 //             other (ir/op_attributes.h)
@@ -103,12 +104,26 @@
 //                          fuse-residual-norm; not differentiable.
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
-//   cross_entropy(logits, labels)  {classes}  per-row loss -log softmax(logits)[label], f32;
-//                          logits [N, V], labels [N]. Optional classes C (1 <= C <= V, default
-//                          V): only the first C columns are classes (softmax over them, labels in
-//                          [0, C)); columns C.. are padding that the loss never reads, so a
-//                          vocabulary padded for the GEMMs (GPT-2's 50257 -> 50304) needs no slice
-//   cross_entropy_grad(logits, labels, dloss)  {classes}  dL/dlogits; 0 in the padding columns
+//   cross_entropy(logits, labels)  {classes}  logits [N, V] of any float dtype (the math is
+//                          f32), labels [N]; results (loss, lse), both f32 [N]:
+//                            lse = logsumexp(logits[n, :C]);  loss = lse - logits[n, label]
+//                          the per-row loss -log softmax(logits)[label] and the log-sum-exp
+//                          that cross_entropy_grad takes, so the backward never reduces the
+//                          row again. Optional classes C (1 <= C <= V, default V): only the
+//                          first C columns are classes (softmax over them, labels in [0, C));
+//                          columns C.. are padding that the loss never reads, so a vocabulary
+//                          padded for the GEMMs (GPT-2's 50257 -> 50304) needs no slice
+//   cross_entropy_grad(logits, labels, dloss, lse)  {classes, [out_dtype]}  dL/dlogits given
+//                          each row's lse (f32 [N], cross_entropy's second result):
+//                            dlogits = (exp(logits - lse) - onehot(label)) dloss
+//                          elementwise, so one pass over the logits; 0 in the padding columns.
+//                          Computed in f32 and rounded once to the result dtype: out_dtype,
+//                          default the logits' dtype. So with out_dtype it is
+//                          convert(cross_entropy_grad(...)) bit for bit when the logits are f32
+//                          (narrow-activations-bf16 makes it where every use of the f32
+//                          gradient converts it to bf16, the LM head GEMMs' operand). Its VJP
+//                          treats lse as the operand it is (the chain through cross_entropy's
+//                          lse result adds the softmax's coupling back)
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
 //                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
 //   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale)  {beta1, beta2, eps, result}
@@ -247,8 +262,8 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAddRmsNormGradInput, "add_rms_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype")        \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
-  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 1, "classes")                                               \
-  X(kCrossEntropyGrad, "cross_entropy_grad", 3, kComposite, kInferred, 1, "classes")                                      \
+  X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 2, "classes")                                               \
+  X(kCrossEntropyGrad, "cross_entropy_grad", 4, kComposite, kInferred, 1, "classes,out_dtype")                            \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
   X(kAdamWUpdate, "adamw_update", 8, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \

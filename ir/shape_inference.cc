@@ -250,6 +250,28 @@ absl::StatusOr<TensorType> InferLayerNorm(absl::Span<const TensorType> xs, const
   return WithOutDtype(x, attrs, "layer_norm");
 }
 
+// The checks cross_entropy and cross_entropy_grad share on (logits, labels) and {classes};
+// the type of one f32 per row (the loss, the lse, dloss).
+absl::StatusOr<TensorType> CrossEntropyRowsType(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  const TensorType& logits = xs[0];
+  const TensorType& labels = xs[1];
+  RETURN_IF_ERROR(RequireFloat(logits, "logits"));
+  RETURN_IF_ERROR(RequireRank(logits, 2, "logits"));
+  RETURN_IF_ERROR(RequireInteger(labels, "labels"));
+  if (labels.dims != std::vector<int64_t>{logits.dims[0]}) {
+    return Invalid(absl::StrCat("labels ", labels.ToString(), " must be [", logits.dims[0], "] for logits ",
+                                logits.ToString()));
+  }
+  if (attrs.Has("classes")) {
+    ASSIGN_OR_RETURN(int64_t classes, attrs.GetInt("classes"));
+    if (classes < 1 || classes > logits.dims[1]) {
+      return Invalid(absl::StrCat("classes ", classes, " must be in [1, ", logits.dims[1], "] for logits ",
+                                  logits.ToString()));
+    }
+  }
+  return TensorType{DType::kF32, {logits.dims[0]}};
+}
+
 // add_rms_norm(h, branch, w) and add_layer_norm(h, branch, w, b): the norm's checks on the
 // sum; results (sum, y).
 absl::StatusOr<std::vector<TensorType>> InferAddNorm(Opcode op, absl::Span<const TensorType> xs,
@@ -582,28 +604,19 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       if (xs[0].rank() < 1) return Invalid("softmax output must have rank >= 1");
       RETURN_IF_ERROR(RequireSame(xs[0], xs[1], "softmax y and dy types"));
       return xs[0];
-    case Opcode::kCrossEntropy:
     case Opcode::kCrossEntropyGrad: {
       const TensorType& logits = xs[0];
-      const TensorType& labels = xs[1];
-      RETURN_IF_ERROR(RequireFloat(logits, "logits"));
-      RETURN_IF_ERROR(RequireRank(logits, 2, "logits"));
-      RETURN_IF_ERROR(RequireInteger(labels, "labels"));
-      if (labels.dims != std::vector<int64_t>{logits.dims[0]}) {
-        return Invalid(absl::StrCat("labels ", labels.ToString(), " must be [", logits.dims[0], "] for logits ",
-                                    logits.ToString()));
-      }
-      if (attrs.Has("classes")) {
-        ASSIGN_OR_RETURN(int64_t classes, attrs.GetInt("classes"));
-        if (classes < 1 || classes > logits.dims[1]) {
-          return Invalid(absl::StrCat("classes ", classes, " must be in [1, ", logits.dims[1], "] for logits ",
-                                      logits.ToString()));
-        }
-      }
-      TensorType loss{DType::kF32, {logits.dims[0]}};
-      if (op == Opcode::kCrossEntropy) return loss;
+      ASSIGN_OR_RETURN(TensorType loss, CrossEntropyRowsType(xs, attrs));
       RETURN_IF_ERROR(RequireSame(xs[2], loss, "dloss and per-row loss types"));
-      return logits;
+      RETURN_IF_ERROR(RequireSame(xs[3], loss, "lse (cross_entropy's second result) and per-row loss types"));
+      // The gradient is computed in f32 and rounded once to its dtype, whatever the logits'
+      // (ir/op_table.h), so any float out_dtype is one rounding.
+      TensorType dlogits = logits;
+      if (attrs.Has("out_dtype")) {
+        ASSIGN_OR_RETURN(dlogits.dtype, attrs.GetDType("out_dtype"));
+        if (!IsFloat(dlogits.dtype)) return Invalid("cross_entropy_grad out_dtype must be a float type");
+      }
+      return dlogits;
     }
     case Opcode::kRope: {
       ASSIGN_OR_RETURN(double theta, attrs.GetFloat("theta"));
@@ -631,6 +644,7 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
     case Opcode::kAddRmsNormGradInput:
+    case Opcode::kCrossEntropy:
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
     case Opcode::kGetResult:
@@ -676,6 +690,10 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
       return InferAttentionFamily(op, xs, attrs);
+    case Opcode::kCrossEntropy: {  // (loss, lse)
+      ASSIGN_OR_RETURN(TensorType rows, CrossEntropyRowsType(xs, attrs));
+      return std::vector<TensorType>{rows, rows};
+    }
     case Opcode::kGemm:
       if (declared == nullptr) return Invalid("gemm declares its result type");
       return InferGemm(xs, attrs, *declared);

@@ -107,6 +107,25 @@ __device__ __forceinline__ void LoadFloatsFromL2(const float* p, float (&out)[N]
   }
 }
 
+// LoadFloats with the evict-first hint (ld.global.cs) on the 16-byte accesses: for data read
+// for the last time, so that it does not push out of L2 what the next kernel reads.
+template <int N, typename T>
+__device__ __forceinline__ void LoadFloatsStreaming(const T* p, float (&out)[N]) {
+  if constexpr (N == 1) {
+    out[0] = ToFloat(*p);
+  } else {
+    constexpr int kPer = Packed128<T>::kSize;
+    static_assert(N % kPer == 0, "a chunk must be whole 16-byte accesses of every dtype");
+#pragma unroll
+    for (int j = 0; j < N; j += kPer) {
+      Packed128<T> packed;
+      *reinterpret_cast<int4*>(&packed) = __ldcs(reinterpret_cast<const int4*>(p + j));
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) out[j + k] = ToFloat(packed[k]);
+    }
+  }
+}
+
 // Rounds N floats once to T and stores them at p (same access rules as LoadFloats).
 template <int N, typename T>
 __device__ __forceinline__ void StoreFloats(T* p, const float (&in)[N]) {

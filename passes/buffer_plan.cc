@@ -138,6 +138,34 @@ std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest
   return in_place;
 }
 
+// Whether node i may write its result over operand k's buffer b (see in_place_operand in the
+// header): b holds a computed value (not a parameter), no node sharing b is an output, and
+// every reader of a node sharing b runs before node i or is node i.
+bool TakesOperandBuffer(const Function& f, const BufferPlanRequest& request, const BufferPlan& plan,
+                        const std::vector<std::vector<int64_t>>& nodes_of_buffer,
+                        const absl::flat_hash_map<const Node*, int64_t>& index_of, int64_t i, int64_t b) {
+  auto step_of = [&](int64_t n) { return request.run_step.empty() ? n : request.run_step[n]; };
+  const Node& n = *f.nodes()[i];
+  const Node& operand = *n.operand(request.in_place_operand[i]);
+  if (plan.buffers[b].kind != PlannedBuffer::Kind::kValue || operand.type().num_bytes() != n.type().num_bytes() ||
+      operand.type().num_elements() != n.type().num_elements()) {
+    return false;
+  }
+  for (int j = 0; j < n.num_operands(); ++j) {  // the kernel reads its other operands as it likes
+    if (j != request.in_place_operand[i] && plan.node_buffer[index_of.at(n.operand(j))] == b) return false;
+  }
+  for (int64_t sharer : nodes_of_buffer[b]) {
+    const Node* s = f.nodes()[sharer].get();
+    if (std::find(f.outputs().begin(), f.outputs().end(), s) != f.outputs().end()) return false;
+    for (const Node* user : s->users()) {
+      const int64_t u = index_of.at(user);
+      if (u == i || request.roles[u] == BufferRole::kNone) continue;
+      if (step_of(u) >= step_of(i)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanRequest& request) {
@@ -149,6 +177,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       (!request.run_step.empty() && static_cast<int64_t>(request.run_step.size()) != num_nodes) ||
       (!request.elementwise_in_place.empty() &&
        static_cast<int64_t>(request.elementwise_in_place.size()) != num_nodes) ||
+      (!request.in_place_operand.empty() && static_cast<int64_t>(request.in_place_operand.size()) != num_nodes) ||
       alignment <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", request.roles.size(),
                                                    " roles and ", request.scratch_bytes.size(),
@@ -177,6 +206,14 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
 
   auto step_of = [&](int64_t i) { return request.run_step.empty() ? i : request.run_step[i]; };
   const std::vector<int64_t> in_place = InPlaceDonations(f, request, index_of);
+  // The nodes whose bytes each buffer holds so far (a value, its aliases, what took it in
+  // place), for in_place_operand's check.
+  std::vector<std::vector<int64_t>> nodes_of_buffer(plan.buffers.size());
+  auto share = [&](int64_t node, int64_t b) {
+    plan.node_buffer[node] = b;
+    if (static_cast<int64_t>(nodes_of_buffer.size()) <= b) nodes_of_buffer.resize(b + 1);
+    nodes_of_buffer[b].push_back(node);
+  };
 
   // Values in step order; each read extends the lifetime of the buffer it reads.
   for (int64_t i = 0; i < num_nodes; ++i) {
@@ -189,8 +226,8 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
         return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": result ", NodeLabel(n),
                                                        " is written at step ", step_of(i), ", after it is defined"));
       }
-      plan.node_buffer[i] = in_place[i] >= 0 ? plan.node_buffer[in_place[i]]
-                                             : add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), step_of(i));
+      share(i, in_place[i] >= 0 ? plan.node_buffer[in_place[i]]
+                                : add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), step_of(i)));
       continue;
     }
     const int64_t read_step = step_of(i);
@@ -214,11 +251,17 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
                                                        " cannot alias its operand: ", n.type().ToString(), " vs ",
                                                        n.num_operands() ? n.operand(0)->type().ToString() : "none"));
       }
-      plan.node_buffer[i] = plan.node_buffer[index_of.at(n.operand(0))];
+      share(i, plan.node_buffer[index_of.at(n.operand(0))]);
     } else if (in_place[i] >= 0) {
-      plan.node_buffer[i] = plan.node_buffer[in_place[i]];
+      share(i, plan.node_buffer[in_place[i]]);
+    } else if (const int k = request.in_place_operand.empty() ? -1 : request.in_place_operand[i];
+               k >= 0 && k < n.num_operands() &&
+               TakesOperandBuffer(f, request, plan, nodes_of_buffer, index_of, i,
+                                  plan.node_buffer[index_of.at(n.operand(k))])) {
+      share(i, plan.node_buffer[index_of.at(n.operand(k))]);
+      ++plan.in_place_values;
     } else {
-      plan.node_buffer[i] = add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), i);
+      share(i, add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), i));
     }
     if (!request.scratch_bytes.empty() && request.scratch_bytes[i] > 0) {
       plan.scratch_buffer[i] = add_buffer(PlannedBuffer::Kind::kScratch, i, request.scratch_bytes[i], i);

@@ -18,7 +18,11 @@
 //                which overwrite parameters at step N, cannot change what it reads
 //   in place     a donated output computed element by element from its parameter, after
 //                every other reader of that parameter, takes the parameter's buffer: the
-//                donation then needs no copy (AdamW's p', m', v')
+//                donation then needs no copy (AdamW's p', m', v'). And a value whose kernel
+//                reads one operand element by element (in_place_operand), computed after
+//                every other reader of that operand's buffer, of the same size, neither a
+//                parameter nor an output, takes that buffer: cross_entropy_grad's dlogits
+//                over the logits, which die there (llm.c's classifier does the same)
 //
 // Placement is greedy by size (largest first) with best fit among the gaps left by the
 // already placed buffers whose lifetimes overlap; every offset and size is a multiple of
@@ -55,6 +59,11 @@ struct BufferPlanRequest {
   // placed in its parameter's buffer (updated in place, no copy at the finish) when no other
   // reader of the parameter runs after it.
   std::vector<bool> elementwise_in_place;
+  // One per node, or empty: >= 0 when the node's kernel reads element i of that operand only to
+  // write element i of its one result, before writing it, and nothing else of it. The result
+  // then takes the operand's buffer when no other reader of that buffer runs after the node,
+  // the sizes agree and the buffer is a computed value that is no output.
+  std::vector<int> in_place_operand;
   int64_t alignment = 256;
 };
 
@@ -78,6 +87,7 @@ struct BufferPlan {
   int64_t total_buffer_bytes = 0;       // the sum of all sizes: what no reuse would need
   int64_t live_peak_bytes = 0;          // the most bytes live at one step: no placement needs less
   int64_t in_place_outputs = 0;         // donated outputs written straight into their parameters
+  int64_t in_place_values = 0;          // values written over an operand that dies there
 
   int64_t offset_of_node(int64_t node_index) const { return buffers[node_buffer[node_index]].offset; }
   // "arena 1.20 GiB (parameters 500.0 MiB; live peak 1.10 GiB), 812 buffers, 6.10 GiB without reuse".

@@ -59,6 +59,18 @@ m::Pattern NarrowableGemm() {
       });
 }
 
+// A cross_entropy_grad that may round its f32 gradient to bf16 on store ({out_dtype=bf16}).
+m::Pattern NarrowableCrossEntropyGrad() {
+  return m::Op(Opcode::kCrossEntropyGrad)
+      .WithDType(DType::kF32)
+      .WithOperand(0, m::Any().WithDType(DType::kF32))
+      .Where("without out_dtype", [](const Node& n) { return !n.attrs().Has("out_dtype"); })
+      .Where("read only by converts to bf16 (through reshapes and transposes)", [](const Node& n) {
+        std::vector<Node*> movers, converts;
+        return EveryUseRoundsToBf16(n, movers, converts);
+      });
+}
+
 void Retype(Node* n, DType dtype) {
   TensorType t = n->type();
   t.dtype = dtype;
@@ -68,27 +80,31 @@ void Retype(Node* n, DType dtype) {
 }  // namespace
 
 absl::StatusOr<bool> NarrowActivationsPass::RunOnFunction(Function& f) {
-  const m::Pattern narrowable = NarrowableGemm();
-  std::vector<Node*> gemms;
+  const m::Pattern gemm = NarrowableGemm();
+  const m::Pattern cross_entropy_grad = NarrowableCrossEntropyGrad();
+  std::vector<Node*> producers;
   for (const auto& n : f.nodes()) {
-    if (m::Match(n.get(), narrowable)) gemms.push_back(n.get());
+    if (m::Match(n.get(), gemm) || m::Match(n.get(), cross_entropy_grad)) producers.push_back(n.get());
   }
-  for (Node* gemm : gemms) {
+  for (Node* producer : producers) {
     std::vector<Node*> movers, converts;
-    EveryUseRoundsToBf16(*gemm, movers, converts);
-    if (Node* bias = Bf16SourceOfBias(*gemm)) {
-      Node* widened = gemm->operand(2);
-      gemm->ReplaceOperand(2, bias);
+    EveryUseRoundsToBf16(*producer, movers, converts);
+    // A gemm's result dtype is declared; cross_entropy_grad's is inferred, from out_dtype.
+    if (producer->opcode() == Opcode::kCrossEntropyGrad) {
+      producer->mutable_attrs().Set("out_dtype", Symbol{std::string(DTypeName(DType::kBF16))});
+    } else if (Node* bias = Bf16SourceOfBias(*producer)) {
+      Node* widened = producer->operand(2);
+      producer->ReplaceOperand(2, bias);
       if (widened->users().empty() && !IsFunctionOutput(*widened)) f.RemoveNode(widened);
     }
-    Retype(gemm, DType::kBF16);
+    Retype(producer, DType::kBF16);
     for (Node* mover : movers) Retype(mover, DType::kBF16);
     for (Node* convert : converts) {  // each once: a convert has one operand
       convert->ReplaceAllUsesWith(convert->operand(0));
       f.RemoveNode(convert);
     }
   }
-  return !gemms.empty();
+  return !producers.empty();
 }
 
 }  // namespace kiln

@@ -1,8 +1,11 @@
 // narrow-activations-bf16: a value whose every consumer rounds it to bf16 is stored bf16 by
-// its producer. Today's producer is the GEMM: cuBLASLt accumulates in f32 and can write the
-// result as bf16 itself, so a gemm whose f32 result is read only by converts to bf16 (an
-// activation about to be a GEMM operand, or saved for the backward) writes bf16 and the
-// converts go: no f32 copy is written, read back and kept, no convert kernel runs.
+// its producer. Two producers can: the GEMM (cuBLASLt accumulates in f32 and can write the
+// result as bf16 itself) and cross_entropy_grad (its kernel computes in f32 and rounds on
+// store). So a gemm whose f32 result is read only by converts to bf16 (an activation about to
+// be a GEMM operand, or saved for the backward) writes bf16, a cross_entropy_grad whose f32
+// dlogits only feed the LM head's backward GEMMs (as bf16 operands) gets {out_dtype=bf16},
+// and the converts go: no f32 copy is written, read back and kept, no convert kernel runs
+// (for GPT-2's dlogits [16384, 50304]: 3.07 GiB written and read back, then 1.54 GiB more).
 //
 // Before:
 //   %x = parameter() {index=0} : bf16[16,32]
@@ -13,13 +16,19 @@
 // After:
 //   %y = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=64} : bf16[16,64]
 //   %z = mul(%y, %y) : bf16[16,64]
+// and
+//   %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) : f32[16,64]
+//   %gb = convert(%g) : bf16[16,64]
+// becomes
+//   %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {out_dtype=bf16} : bf16[16,64]
 //
 // Exact by the gemm's definition (ir/op_table.h): a narrow result is the f32 accumulator
 // (after alpha and beta) rounded to the result dtype, which is what cuBLASLt does and what
 // the reference backend computes; so bf16(gemm : f32) and gemm : bf16 are the same bits and
 // there is no double rounding the pass would add or remove. (Had the reference rounded its
 // exact sum straight to bf16, the pass would change values in rare halfway cases, which
-// `kiln check` would catch; the definition follows the hardware instead.)
+// `kiln check` would catch; the definition follows the hardware instead.) Likewise
+// cross_entropy_grad {out_dtype} is defined as its f32 gradient rounded once (ir/op_table.h).
 //
 // A gemm with a bias epilogue narrows too when its bias is a bf16 vector widened to f32 (a
 // narrow D takes a bias of its own dtype only, and the widening is exact): GPT-2's qkv and
@@ -30,9 +39,11 @@
 //   %z = gemm(%x, %w, %b16) {epilogue=bias, ...} : bf16[16,1024,3072]
 //
 // Taken: a gemm of bf16 operands, f32 result, beta 0 (C would have to be bf16 too), no FP8
-// slots, no bias or a widened bf16 one, not a function output, every use a convert to bf16 or a reshape or transpose whose
-// every use is (they only move values, so they commute with the rounding and are retyped
-// bf16 too: the V projection's [B, T, H, D] -> [B, H, T, D] before attention). Runs after lower-gemm and
+// slots, no bias or a widened bf16 one; a cross_entropy_grad of f32 logits and f32 result,
+// without out_dtype (bf16 logits already give a bf16 gradient). Either not a function output,
+// every use a convert to bf16 or a reshape or transpose whose every use is (they only move
+// values, so they commute with the rounding and are retyped bf16 too: the V projection's
+// [B, T, H, D] -> [B, H, T, D] before attention, the dlogits' [B*T, V] -> [B, T, V]). Runs after lower-gemm and
 // elide-grad-zeroing (a gemm that accumulates into a gradient stays f32) and before
 // fuse-loops (which would hide the converts inside fusions). Not done yet: elementwise
 // producers inside fusions whose every consumer converts to bf16.

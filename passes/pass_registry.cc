@@ -47,7 +47,7 @@ constexpr PassInfo kPasses[] = {
      Make<GemmBiasEpiloguePass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
-    {NarrowActivationsPass::kName, "a gemm whose f32 result is only converted to bf16 writes bf16 itself",
+    {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},

@@ -690,44 +690,90 @@ absl::StatusOr<Grads> SoftmaxGradVjp(const VjpArgs& a) {
   return g;
 }
 
+// softmax(z) over a cross-entropy's classes, f32, from the row's lse: exp(z - lse), 0 in the
+// padding columns (whatever z holds there).
+absl::StatusOr<Node*> ClassProbabilities(Builder& b, Node* logits, Node* lse, int64_t classes) {
+  const std::vector<int64_t>& dims = logits->type().dims;
+  Node* z = logits;
+  if (z->type().dtype != DType::kF32) {
+    ASSIGN_OR_RETURN(z, b.Convert(z, DType::kF32));
+  }
+  ASSIGN_OR_RETURN(Node * lse_rows, b.Broadcast(lse, {0}, dims));
+  ASSIGN_OR_RETURN(Node * shifted, b.Sub(z, lse_rows));
+  ASSIGN_OR_RETURN(Node * p, b.Unary(Opcode::kExp, shifted));
+  if (classes == dims[1]) return p;
+  ASSIGN_OR_RETURN(Node * column, b.Iota({DType::kI32, dims}, 1));
+  ASSIGN_OR_RETURN(Node * limit, b.Constant(static_cast<double>(classes), {DType::kI32, dims}));
+  ASSIGN_OR_RETURN(Node * is_class, b.Compare(column, limit, "lt"));
+  ASSIGN_OR_RETURN(Node * zeros, Zeros(b, p->type()));
+  return b.Select(is_class, p, zeros);
+}
+
+// cross_entropy(z, labels) -> (loss, lse). The loss's cotangent is cross_entropy_grad, which
+// reads the lse this node computed; an lse cotangent (a z-loss, or the second derivative
+// through cross_entropy_grad's lse operand) adds softmax(z) times it, d lse / dz.
 absl::StatusOr<Grads> CrossEntropyVjp(const VjpArgs& a) {
+  Builder& b = *a.builder;
   Grads g(2, nullptr);
-  if (a.wanted[0]) {
-    ASSIGN_OR_RETURN(g[0], a.builder->Op(Opcode::kCrossEntropyGrad,
-                                         {a.node->operand(0), a.node->operand(1), a.cotangent}, a.node->attrs()));
+  if (!a.wanted[0]) return g;
+  Node* logits = a.node->operand(0);
+  Node* labels = a.node->operand(1);
+  Node* lse = a.node->result(1);
+  if (a.cotangents[0] != nullptr) {
+    ASSIGN_OR_RETURN(g[0], b.Op(Opcode::kCrossEntropyGrad, {logits, labels, a.cotangents[0], lse}, a.node->attrs()));
+  }
+  if (a.cotangents[1] != nullptr) {
+    ASSIGN_OR_RETURN(Node * p, ClassProbabilities(b, logits, lse, CrossEntropyClasses(*a.node)));
+    ASSIGN_OR_RETURN(Node * dlse_rows, b.Broadcast(a.cotangents[1], {0}, logits->type().dims));
+    ASSIGN_OR_RETURN(Node * via_lse, b.Mul(p, dlse_rows));
+    if (g[0] == nullptr) {
+      g[0] = via_lse;
+    } else {
+      if (g[0]->type().dtype != DType::kF32) {
+        ASSIGN_OR_RETURN(g[0], b.Convert(g[0], DType::kF32));
+      }
+      ASSIGN_OR_RETURN(g[0], b.Add(g[0], via_lse));
+    }
   }
   return g;
 }
 
-// cross_entropy_grad(z, labels, dl) = (softmax(z) - onehot(labels)) dl, per row. With
-// cotangent G: d(z) = softmax_grad(softmax(z), G dl), and d(dl) = rowsum of G times the
-// same gradient at dl = 1.
+// cross_entropy_grad(z, labels, dl, lse) = (p - onehot(labels)) dl with p = exp(z - lse) on
+// the classes, 0 on the padding, each operand independent (the softmax's coupling comes
+// back through cross_entropy's lse result, above). With cotangent G (in f32):
+//   d(z) = G p dl;  d(dl) = rowsum(G (p - onehot));  d(lse) = -rowsum(G p dl).
 absl::StatusOr<Grads> CrossEntropyGradVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
   Node* logits = a.node->operand(0);
   Node* labels = a.node->operand(1);
   Node* dloss = a.node->operand(2);
+  Node* lse = a.node->operand(3);
+  const int64_t classes = CrossEntropyClasses(*a.node);
+  const std::vector<int64_t>& dims = logits->type().dims;
   Node* G = a.cotangent;
-  Grads g(3, nullptr);
-  if (CrossEntropyClasses(*a.node) != logits->type().dims[1]) {
-    // The softmax below would run over the padding columns too.
-    return absl::UnimplementedError(absl::StrCat("the second derivative of cross_entropy_grad %", a.node->name(),
-                                                 " with padding columns (classes < ", logits->type().dims[1],
-                                                 ") is not implemented"));
+  if (G->type().dtype != DType::kF32) {
+    ASSIGN_OR_RETURN(G, b.Convert(G, DType::kF32));
   }
-  if (a.wanted[0]) {
-    ASSIGN_OR_RETURN(Node * p, b.Softmax(logits));
-    ASSIGN_OR_RETURN(Node * dloss_cast, b.Convert(dloss, logits->type().dtype));
-    ASSIGN_OR_RETURN(Node * dloss_rows, b.Broadcast(dloss_cast, {0}, logits->type().dims));
-    ASSIGN_OR_RETURN(Node * scaled, b.Mul(G, dloss_rows));
-    ASSIGN_OR_RETURN(g[0], b.Op(Opcode::kSoftmaxGrad, {p, scaled}));
+  Grads g(4, nullptr);
+  if (a.wanted[0] || a.wanted[3]) {
+    ASSIGN_OR_RETURN(Node * p, ClassProbabilities(b, logits, lse, classes));
+    ASSIGN_OR_RETURN(Node * dloss_rows, b.Broadcast(dloss, {0}, dims));
+    ASSIGN_OR_RETURN(Node * dz, MulAll(b, {G, p, dloss_rows}));
+    if (a.wanted[0]) g[0] = dz;
+    if (a.wanted[3]) {
+      ASSIGN_OR_RETURN(Node * per_row, b.ReduceSum(dz, {1}));
+      ASSIGN_OR_RETURN(g[3], b.Unary(Opcode::kNeg, per_row));
+    }
   }
   if (a.wanted[2]) {
+    // The same gradient at dl = 1, in f32 whatever the logits' dtype.
+    AttrMap unit_attrs;
+    if (a.node->attrs().Has("classes")) unit_attrs.Set("classes", classes);
+    unit_attrs.Set("out_dtype", Symbol{std::string(DTypeName(DType::kF32))});
     ASSIGN_OR_RETURN(Node * ones, b.Constant(1.0, dloss->type()));
-    ASSIGN_OR_RETURN(Node * unit, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, ones}, a.node->attrs()));
+    ASSIGN_OR_RETURN(Node * unit, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, ones, lse}, unit_attrs));
     ASSIGN_OR_RETURN(Node * g_unit, b.Mul(G, unit));
-    ASSIGN_OR_RETURN(Node * per_row, b.ReduceSum(g_unit, {1}));
-    ASSIGN_OR_RETURN(g[2], b.Convert(per_row, dloss->type().dtype));
+    ASSIGN_OR_RETURN(g[2], b.ReduceSum(g_unit, {1}));
   }
   return g;
 }

@@ -231,9 +231,24 @@ std::vector<FdCase> AllCases() {
       {"cross_entropy_padded",
        {{F32({6, 5})}, {I32({6}), 0, 3}},
        [](Builder& b, P p) { return b.CrossEntropy(p[0], p[1], /*classes=*/3); }},
-      {"cross_entropy_grad",
-       {{F32({6, 5})}, {I32({6}), 0, 5}, {F32({6})}},
-       [](Builder& b, P p) { return b.Op(Opcode::kCrossEntropyGrad, {p[0], p[1], p[2]}); }},
+      {"cross_entropy_lse",  // the log-sum-exp result (a z-loss would use it), padded
+       {{F32({6, 5})}, {I32({6}), 0, 3}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         ASSIGN_OR_RETURN(Node * loss, b.CrossEntropy(p[0], p[1], /*classes=*/3));
+         return loss->operand(0)->result(1);
+       }},
+      {"cross_entropy_grad",  // lse an operand of its own
+       {{F32({6, 5})}, {I32({6}), 0, 5}, {F32({6})}, {F32({6})}},
+       [](Builder& b, P p) { return b.CrossEntropyGrad(p[0], p[1], p[2], p[3]); }},
+      {"cross_entropy_grad_padded",
+       {{F32({6, 5})}, {I32({6}), 0, 3}, {F32({6})}, {F32({6})}},
+       [](Builder& b, P p) { return b.CrossEntropyGrad(p[0], p[1], p[2], p[3], /*classes=*/3); }},
+      {"cross_entropy_grad_of_its_loss",  // the second derivative, through cross_entropy's lse
+       {{F32({6, 5})}, {I32({6}), 0, 3}, {F32({6})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         ASSIGN_OR_RETURN(Node * loss, b.CrossEntropy(p[0], p[1], /*classes=*/3));
+         return b.CrossEntropyGrad(p[0], p[1], p[2], loss->operand(0)->result(1), /*classes=*/3);
+       }},
       {"rope",
        {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
        [](Builder& b, P p) { return b.Rope(p[0], p[1], 10000.0); }},

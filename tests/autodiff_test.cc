@@ -118,7 +118,7 @@ func @f {
   %rows = gather(%table, %ids) : f32[2,3,4]
   %flat = reshape(%rows) : f32[6,4]
   %idf = convert(%labels) : f32[6]
-  %ce = cross_entropy(%flat, %labels) : f32[6]
+  %ce, %ce.lse = cross_entropy(%flat, %labels) : (f32[6], f32[6])
   %weighted = mul(%ce, %idf) : f32[6]
   %l = reduce_sum(%weighted) {dims=[0]} : f32[]
   return %l

@@ -93,6 +93,9 @@ int64_t CheckPlan(const Function& f, const BufferPlanRequest& r, const BufferPla
     }
     if (r.roles[i] == BufferRole::kAlias) {
       EXPECT_EQ(plan.node_buffer[i], plan.node_buffer[index_of[node.operand(0)]]) << node.name();
+    } else if (!r.in_place_operand.empty() && r.in_place_operand[i] >= 0 &&
+               plan.node_buffer[i] == plan.node_buffer[index_of[node.operand(r.in_place_operand[i])]]) {
+      // Written over its operand's bytes, which are live from the operand's step.
     } else {
       EXPECT_EQ(mine.first_step, i) << node.name();
     }
@@ -201,6 +204,41 @@ TEST(BufferPlan, ElementwiseDonatedOutputAfterTheLastReaderIsUpdatedInPlace) {
   absl::StatusOr<BufferPlan> plan = PlanBuffers(f, RequestFor(f));
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->in_place_outputs, 0);
+}
+
+// in_place_operand: a value whose kernel reads an operand element by element writes over it
+// where the operand dies there (cross_entropy_grad's dlogits over the logits); never when the
+// operand is read later (directly or through an alias), is an output or a parameter, or has
+// another size.
+TEST(BufferPlan, AValueTakesTheBufferOfTheOperandThatDiesAtIt) {
+  enum class Case { kDies, kReadLater, kReadLaterThroughAnAlias, kOutput, kParameter, kOtherSize };
+  for (Case c : {Case::kDies, Case::kReadLater, Case::kReadLaterThroughAnAlias, Case::kOutput, Case::kParameter,
+                 Case::kOtherSize}) {
+    SCOPED_TRACE(static_cast<int>(c));
+    Function f("in_place_value");
+    Builder b(&f);
+    Node* x = *b.Parameter("x", {DType::kF32, {64}});
+    Node* logits = c == Case::kParameter ? x : *b.Unary(Opcode::kExp, x);           // step 1
+    Node* view = *b.Reshape(logits, {8, 8});                                          // step 2
+    Node* loss = *b.ReduceSum(logits, {0});                                           // step 3
+    Node* grad = c == Case::kOtherSize ? *b.Convert(logits, DType::kBF16) : *b.Unary(Opcode::kNeg, logits);  // 4
+    std::vector<Node*> outputs = {loss, grad};
+    if (c == Case::kReadLater) outputs.push_back(*b.Unary(Opcode::kSqrt, logits));
+    if (c == Case::kReadLaterThroughAnAlias) outputs.push_back(*b.Unary(Opcode::kSqrt, view));
+    if (c == Case::kOutput) outputs.push_back(logits);
+    ASSERT_TRUE(b.Return(outputs).ok());
+    BufferPlanRequest r = RequestFor(f);
+    r.in_place_operand.assign(f.num_nodes(), -1);
+    const int64_t g = std::find_if(f.nodes().begin(), f.nodes().end(), [&](const auto& n) { return n.get() == grad; }) -
+                      f.nodes().begin();
+    r.in_place_operand[g] = 0;
+    absl::StatusOr<BufferPlan> plan = PlanBuffers(f, r);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    CheckPlan(f, r, *plan);
+    const bool shared = plan->node_buffer[g] == plan->node_buffer[1];
+    EXPECT_EQ(shared, c == Case::kDies);
+    EXPECT_EQ(plan->in_place_values, c == Case::kDies ? 1 : 0);
+  }
 }
 
 // The results of a multi-result node are written by its kernel: each is live from that

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "frontends/llama.h"
+#include "ir/builder.h"
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
 
@@ -77,6 +78,39 @@ TEST(CompileProgram, ATrainingStepBecomesALaunchListOverOnePlannedArena) {
   std::printf("llama-tiny step: %lld launches, %lld GEMMs, %lld copies, %zu cubins, %s\n",
               static_cast<long long>(kernels), static_cast<long long>(gemms), static_cast<long long>(copies),
               program->kernels.size(), program->plan.Summary().c_str());
+}
+
+// The loss end of a step: bf16 logits (an LM head's output) die at cross_entropy_grad, whose
+// bf16 dlogits the plan writes over them (llm.c's in-place dlogits); an f32 gradient of them
+// has another size and gets bytes of its own.
+TEST(CompileProgram, LossGradientIsWrittenOverTheLogitsThatDieThere) {
+  for (DType grad_dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(grad_dtype));
+    Module m("m");
+    Builder b(m.AddFunction("main"));
+    Node* h = *b.Parameter("h", {DType::kF32, {64, 256}});
+    Node* labels = *b.Parameter("labels", {DType::kI32, {64}});
+    Node* dloss = *b.Parameter("dloss", {DType::kF32, {64}});
+    Node* logits = *b.Convert(*b.Unary(Opcode::kExp, h), DType::kBF16);
+    Node* loss = *b.CrossEntropy(logits, labels, 250);
+    absl::StatusOr<Node*> grad =
+        b.Op(Opcode::kCrossEntropyGrad, {logits, labels, dloss, loss->operand(0)->result(1)},
+             AttrMap{{"classes", int64_t{250}}, {"out_dtype", Symbol{std::string(DTypeName(grad_dtype))}}});
+    ASSERT_TRUE(grad.ok()) << grad.status();
+    ASSERT_TRUE(b.Return({loss, *grad}).ok());
+    const Function& f = *m.functions()[0];
+    absl::StatusOr<CompiledProgram> program = CompileProgram(f, {.target = TargetForArch("sm_90a").value()});
+    ASSERT_TRUE(program.ok()) << program.status();
+    int64_t logits_at = -1, grad_at = -1;
+    for (int64_t i = 0; i < f.num_nodes(); ++i) {
+      if (f.nodes()[i].get() == logits) logits_at = i;
+      if (f.nodes()[i].get() == *grad) grad_at = i;
+    }
+    ASSERT_GE(program->plan.node_buffer[logits_at], 0);
+    EXPECT_EQ(program->plan.node_buffer[grad_at] == program->plan.node_buffer[logits_at],
+              grad_dtype == DType::kBF16);
+    EXPECT_EQ(program->plan.in_place_values, grad_dtype == DType::kBF16 ? 1 : 0);
+  }
 }
 
 TEST(CompileProgram, ErrorsNameTheNode) {

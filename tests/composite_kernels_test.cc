@@ -226,18 +226,42 @@ TEST(CompositeKernelsTest, CrossEntropyAndGradient) {
     int64_t rows, classes;
   };
   for (const Shape& s : std::vector<Shape>{{kBF16, kI32, 8, 32000},
+                                           {kBF16, kI32, 4, 50304},  // GPT-2's padded head, bf16 logits
+                                           {kF32, kI32, 4, 50304},
                                            {kF32, kI64, 3, 32001},
                                            {kF32, kI32, 4, 1},
                                            {kF32, kI32, 2, 0}}) {  // no classes: every label is out of range
     SCOPED_TRACE((TensorType{s.logits, {s.rows, s.classes}}).ToString());
     const std::vector<TensorType> operands = {{s.logits, {s.rows, s.classes}}, {s.labels, {s.rows}}};
     OneOp loss = MakeOneOp(Opcode::kCrossEntropy, operands);
-    EXPECT_EQ(LowerAndCompile(loss.node).size(), 1u);
-    if (s.classes == 0) continue;  // the gradient is empty
+    if (s.classes == 0) {  // the gradient is empty
+      EXPECT_EQ(LowerAndCompile(loss.node).size(), 1u);
+      continue;
+    }
+    const std::vector<KernelSpec> forward = LowerAndCompile(loss.node);
+    ASSERT_EQ(forward.size(), 1u);
+    EXPECT_NE(forward[0].source.find("(float* loss, float* lse, "), std::string::npos) << forward[0].source;
     std::vector<TensorType> grad_operands = operands;
-    grad_operands.push_back({kF32, {s.rows}});
+    grad_operands.push_back({kF32, {s.rows}});  // dloss
+    grad_operands.push_back({kF32, {s.rows}});  // lse
     OneOp grad = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands);
     EXPECT_EQ(LowerAndCompile(grad.node).size(), 1u);
+    // The gradient rounded to bf16 on store (narrow-activations-bf16's form), and an f32
+    // gradient of bf16 logits, also with GPT-2's padded vocabulary.
+    const DType other = s.logits == kBF16 ? kF32 : kBF16;
+    for (int64_t classes : {s.classes, (s.classes + 1) / 2}) {
+      OneOp narrow = MakeOneOp(Opcode::kCrossEntropyGrad, grad_operands,
+                               {{"out_dtype", Symbol{std::string(DTypeName(other))}}, {"classes", classes}});
+      ASSERT_NE(narrow.node, nullptr);
+      EXPECT_EQ(narrow.node->type().dtype, other);
+      const std::vector<KernelSpec> kernels = LowerAndCompile(narrow.node);
+      ASSERT_EQ(kernels.size(), 1u);
+      EXPECT_NE(kernels[0].source.find(other == kBF16 ? "__nv_bfloat16* out" : "float* out"), std::string::npos)
+          << kernels[0].source;
+      EXPECT_NE(kernels[0].source.find(s.logits == kBF16 ? "const __nv_bfloat16* logits" : "const float* logits"),
+                std::string::npos)
+          << kernels[0].source;
+    }
   }
 }
 
@@ -365,8 +389,8 @@ TEST(CompositeKernelsTest, RowGeometry) {
 }
 
 TEST(CompositeKernelsTest, SourcesAreDeterministic) {
-  OneOp a = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}});
-  OneOp b = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}});
+  OneOp a = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}, {kF32, {8}}});
+  OneOp b = MakeOneOp(Opcode::kCrossEntropyGrad, {{kBF16, {8, 32000}}, {kI32, {8}}, {kF32, {8}}, {kF32, {8}}});
   absl::StatusOr<LoweredNode> la = LowerCompositeNode(*a.node, {});
   absl::StatusOr<LoweredNode> lb = LowerCompositeNode(*b.node, {});
   ASSERT_TRUE(la.ok() && lb.ok());

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -314,29 +315,51 @@ std::vector<OpCase> OpCases() {
                      std::vector<Node*> p = Params(b, {{f32, {4, 33}}, {f32, {4, 33}}});
                      return Ret(b, b.Op(Opcode::kSoftmaxGrad, {*b.Softmax(p[0]), p[1]}));
                    }});
-  cases.push_back({"cross_entropy", kSums, [](Builder& b) {
-                     std::vector<Node*> p = Params(b, {{f32, {6, 100}}, {i32, {6}}});
-                     return Ret(b, b.CrossEntropy(p[0], p[1]));
-                   },
-                   {{-5, 5}, {0, 100}}});
-  // A vocabulary padded for the GEMMs: 100 classes in rows of 104, the padding holding
-  // 1e4, larger than any logit (a kernel that read it into the softmax would be far off).
-  cases.push_back({"cross_entropy_padded", kSums, [](Builder& b) -> absl::Status {
-                     std::vector<Node*> p = Params(b, {{f32, {6, 100}}, {i32, {6}}, {f32, {6}}});
-                     ASSIGN_OR_RETURN(Node * pad, b.Constant(1e4, {f32, {6, 4}}));
-                     ASSIGN_OR_RETURN(Node * logits, b.Concatenate({p[0], pad}, 1));
-                     ASSIGN_OR_RETURN(Node * loss, b.CrossEntropy(logits, p[1], 100));
-                     ASSIGN_OR_RETURN(Node * grad, b.Op(Opcode::kCrossEntropyGrad, {logits, p[1], p[2]},
-                                                        AttrMap{{"classes", int64_t{100}}}));
-                     return b.Return({loss, grad});
-                   },
-                   {{-5, 5}, {0, 100}, {-1, 1}}});
+  // The loss kernel's two results, and the gradient kernel reading its lse, for f32 and bf16
+  // logits (the LM head's bf16 output under autocast), with and without GPT-2's padded vocabulary (50257 classes of 50304: a block per
+  // row; the padding holds values far above any logit, so a kernel that read it into the
+  // softmax would be far off, and gets gradient 0), the gradient in the logits' dtype or
+  // rounded to bf16 by its kernel (narrow-activations-bf16's form).
+  struct CrossEntropyCase {
+    std::string name;
+    DType logits;
+    int64_t rows, width, classes;
+    std::optional<DType> out_dtype;
+  };
+  for (const CrossEntropyCase& ce : std::vector<CrossEntropyCase>{
+           {"cross_entropy", f32, 6, 100, 100, std::nullopt},
+           {"cross_entropy_padded", f32, 6, 104, 100, std::nullopt},
+           {"cross_entropy_bf16_logits", DType::kBF16, 6, 104, 100, std::nullopt},
+           {"cross_entropy_gpt2_head_bf16_out", f32, 4, 50304, 50257, DType::kBF16},
+           {"cross_entropy_gpt2_head_bf16_logits", DType::kBF16, 4, 50304, 50257, std::nullopt},
+           {"cross_entropy_gpt2_head_bf16_logits_f32_out", DType::kBF16, 4, 50304, 50257, f32},
+           {"cross_entropy_llama_head_bf16_logits", DType::kBF16, 4, 32000, 32000, std::nullopt},
+       }) {
+    cases.push_back({ce.name, kSums, [ce](Builder& b) -> absl::Status {
+                       std::vector<Node*> p = Params(b, {{f32, {ce.rows, ce.classes}}, {i32, {ce.rows}}, {f32, {ce.rows}}});
+                       Node* logits = p[0];
+                       if (ce.width > ce.classes) {
+                         ASSIGN_OR_RETURN(Node * pad, b.Constant(1e4, {f32, {ce.rows, ce.width - ce.classes}}));
+                         ASSIGN_OR_RETURN(logits, b.Concatenate({p[0], pad}, 1));
+                       }
+                       if (ce.logits != f32) {
+                         ASSIGN_OR_RETURN(logits, b.Convert(logits, ce.logits));
+                       }
+                       ASSIGN_OR_RETURN(Node * loss, b.CrossEntropy(logits, p[1], ce.classes));
+                       Node* lse = loss->operand(0)->result(1);
+                       AttrMap attrs{{"classes", ce.classes}};
+                       if (ce.out_dtype) attrs.Set("out_dtype", Symbol{std::string(DTypeName(*ce.out_dtype))});
+                       ASSIGN_OR_RETURN(Node * grad, b.Op(Opcode::kCrossEntropyGrad, {logits, p[1], p[2], lse}, attrs));
+                       return b.Return({loss, lse, grad});
+                     },
+                     {{-5, 5}, {0, static_cast<double>(ce.classes)}, {-1, 1}}});
+  }
+  // The gradient alone, from an lse of its own (a parameter, not the row's).
   cases.push_back({"cross_entropy_grad", kSums, [](Builder& b) {
-                     Node* logits = *b.Parameter("logits", {f32, {6, 100}});
-                     Node* labels = *b.Parameter("labels", {DType::kI32, {6}});
-                     return Ret(b, b.Op(Opcode::kCrossEntropyGrad, {logits, labels, *b.Parameter("dloss", {f32, {6}})}));
+                     std::vector<Node*> p = Params(b, {{f32, {6, 100}}, {i32, {6}}, {f32, {6}}, {f32, {6}}});
+                     return Ret(b, b.CrossEntropyGrad(p[0], p[1], p[2], p[3]));
                    },
-                   {{-5, 5}, {0, 100}}});
+                   {{-5, 5}, {0, 100}, {-1, 1}, {2, 6}}});
   for (bool inverse : {false, true}) {
     cases.push_back({inverse ? "rope_inverse" : "rope", kSums, [inverse](Builder& b) {
                        std::vector<Node*> p = Params(b, {{f32, {2, 5, 3, 8}}, {i32, {5}}});

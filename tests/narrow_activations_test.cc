@@ -157,6 +157,53 @@ TEST(NarrowActivations, OnlyWhenEveryUseRoundsToBf16) {
   }
 }
 
+constexpr absl::string_view kCrossEntropyParams = R"(
+  %logits = parameter() {index=0} : f32[16,64]
+  %labels = parameter() {index=1} : i32[16]
+  %dloss = parameter() {index=2} : f32[16]
+  %lse = parameter() {index=3} : f32[16]
+)";
+
+// The header's second example: the loss gradient that only feeds the LM head's backward
+// GEMMs, through the reshape back to [B, T, V], is rounded to bf16 by its own kernel.
+TEST(NarrowActivations, CrossEntropyGradWritesBf16) {
+  std::string out = Narrow(absl::StrCat(kCrossEntropyParams, R"(
+  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {classes=50} : f32[16,64]
+  %r = reshape(%g) : f32[2,8,64]
+  %rb = convert(%r) : bf16[2,8,64]
+  %gb = convert(%g) : bf16[16,64]
+  return %rb, %gb
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {classes=50, out_dtype=bf16} : bf16[16,64]
+    CHECK-NEXT: %r = reshape(%g) : bf16[2,8,64]
+    CHECK-NEXT: return %r, %g
+  )");
+}
+
+// Left alone: an f32 reader of the gradient, a function output, a convert to f16, bf16
+// logits (whose gradient is bf16 already) and a gradient that already has out_dtype.
+TEST(NarrowActivations, CrossEntropyGradOnlyWhenEveryUseRoundsToBf16) {
+  const std::string grad = "  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) : f32[16,64]\n";
+  for (const std::string& body : {
+           absl::StrCat(kCrossEntropyParams, grad, "  %gb = convert(%g) : bf16[16,64]\n  %n = neg(%g) : f32[16,64]\n",
+                        "  return %gb, %n\n"),
+           absl::StrCat(kCrossEntropyParams, grad, "  %gb = convert(%g) : bf16[16,64]\n  return %gb, %g\n"),
+           absl::StrCat(kCrossEntropyParams, grad, "  %gh = convert(%g) : f16[16,64]\n  return %gh\n"),
+           absl::StrCat(kCrossEntropyParams,
+                        "  %lb = convert(%logits) : bf16[16,64]\n"
+                        "  %g = cross_entropy_grad(%lb, %labels, %dloss, %lse) : bf16[16,64]\n"
+                        "  %gf = convert(%g) : f32[16,64]\n  %gb = convert(%gf) : bf16[16,64]\n  return %gb\n"),
+           absl::StrCat(kCrossEntropyParams,
+                        "  %g = cross_entropy_grad(%logits, %labels, %dloss, %lse) {out_dtype=f32} : f32[16,64]\n"
+                        "  %gb = convert(%g) : bf16[16,64]\n  return %gb\n"),
+       }) {
+    std::string out = Narrow(body, /*expect_change=*/false);
+    EXPECT_EQ(out.find("out_dtype=bf16"), std::string::npos) << body << out;
+    EXPECT_NE(out.find("convert("), std::string::npos) << body << out;
+  }
+}
+
 // The rule that makes the pass exact (ir/op_table.h): a bf16 gemm result is the f32
 // accumulator rounded to bf16, not the exact sum rounded once. A = [1, 2^-8, 2^-33],
 // B = [1, 1, 1]: the sum 1 + 2^-8 + 2^-33 is just above the halfway point between bf16's 1
@@ -188,6 +235,7 @@ struct StepCounts {
   int64_t fusions = 0;     // generated kernels
   int64_t bf16_gemms = 0;  // gemms that write bf16
   int64_t f32_gemms = 0;
+  int64_t bf16_loss_grads = 0;  // cross_entropy_grad {out_dtype=bf16}
 };
 
 void CountInto(const Function& f, StepCounts& c) {
@@ -195,6 +243,7 @@ void CountInto(const Function& f, StepCounts& c) {
     c.converts += n->opcode() == Opcode::kConvert;
     c.fusions += n->opcode() == Opcode::kFusion;
     if (n->opcode() == Opcode::kGemm) (n->type().dtype == DType::kBF16 ? c.bf16_gemms : c.f32_gemms)++;
+    c.bf16_loss_grads += n->opcode() == Opcode::kCrossEntropyGrad && n->type().dtype == DType::kBF16;
     if (n->body() != nullptr) CountInto(*n->body(), c);
   }
 }
@@ -207,7 +256,8 @@ StepCounts CountStep(const Function& f) {
 
 // llama-tiny's training step through the training compile, with and without the pass: the
 // GEMMs whose results feed only bf16 converts write bf16 (the projections whose outputs are
-// the next GEMM's operands), the step computes the same values, and no such gemm is left.
+// the next GEMM's operands), so does the loss gradient that feeds the LM head's backward
+// GEMMs, the step computes the same values, and nothing is left for the pass.
 TEST(NarrowActivations, LlamaTinyTrainingStep) {
   auto compile = [](bool narrow) {
     ModelConfig c = *PresetConfig("llama-tiny");
@@ -233,8 +283,10 @@ TEST(NarrowActivations, LlamaTinyTrainingStep) {
   // the policy); the pass narrows the f32 ones whose results only feed converts.
   EXPECT_GT(a.bf16_gemms, b.bf16_gemms);
   EXPECT_EQ(a.bf16_gemms + a.f32_gemms, b.bf16_gemms + b.f32_gemms);
-  // One convert per narrowed gemm (after cse).
-  EXPECT_EQ(a.converts, b.converts - (a.bf16_gemms - b.bf16_gemms));
+  EXPECT_EQ(b.bf16_loss_grads, 0);
+  EXPECT_EQ(a.bf16_loss_grads, 1);
+  // One convert per narrowed producer (after cse).
+  EXPECT_EQ(a.converts, b.converts - (a.bf16_gemms - b.bf16_gemms) - a.bf16_loss_grads);
   // Nothing left for the pass: running it again changes nothing.
   NarrowActivationsPass again;
   absl::StatusOr<bool> changed = again.Run(*after);

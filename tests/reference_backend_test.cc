@@ -389,11 +389,14 @@ TEST(ReferenceBackend, CrossEntropyIsLogsumexpMinusLabelLogit) {
   Node* labels = f.Param("labels", {kI32, {3}});
   Node* loss = Fn::Ok(f.b.Named("xent").CrossEntropy(logits, labels));
   const std::vector<double> l = {0.5, -1, 2, 3, 0, 0, 1000, 0, -1000};
-  const std::vector<double> got = f.Values(loss, {F32({3, 3}, l), I32({3}, {2, 0, 0})}, kDouble);
-  ExpectNear(got,
-             {std::log(std::exp(0.5) + std::exp(-1.0) + std::exp(2.0)) - 2,
-              std::log(std::exp(3.0) + 2) - 3, 0.0},
-             1e-15);
+  Node* lse = loss->operand(0)->result(1);
+  EXPECT_EQ(loss->name(), "xent");
+  EXPECT_EQ(lse->name(), "xent.lse");
+  auto r = f.Eval({loss, lse}, {F32({3, 3}, l), I32({3}, {2, 0, 0})}, kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const double lse0 = std::log(std::exp(0.5) + std::exp(-1.0) + std::exp(2.0)), lse1 = std::log(std::exp(3.0) + 2);
+  ExpectNear((*r)[0].values(), {lse0 - 2, lse1 - 3, 0.0}, 1e-15);
+  ExpectNear((*r)[1].values(), {lse0, lse1, 1000.0}, 1e-15);
   auto bad = EvaluateFunction(*f.module.functions()[0], {F32({3, 3}, l), I32({3}, {0, 3, 0})});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("%xent"));
@@ -414,17 +417,18 @@ TEST(ReferenceBackend, CrossEntropyClassesSkipThePaddingColumns) {
     Node* plabels = f.Param("labels", {kI32, {2}});
     Node* pd = f.Param("dloss", dloss.type());
     Node* loss = Fn::Ok(f.b.CrossEntropy(logits, plabels, classes));
-    AttrMap attrs;
-    if (classes > 0) attrs.Set("classes", classes);
-    Node* grad = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {logits, plabels, pd}, attrs));
-    absl::StatusOr<std::vector<HostTensor>> r = f.Eval({loss, grad}, {F32({2, width}, l), labels, dloss}, kDouble);
+    Node* lse = loss->operand(0)->result(1);
+    Node* grad = Fn::Ok(f.b.CrossEntropyGrad(logits, plabels, pd, lse, classes));
+    absl::StatusOr<std::vector<HostTensor>> r =
+        f.Eval({loss, lse, grad}, {F32({2, width}, l), labels, dloss}, kDouble);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? std::make_pair((*r)[0].values(), (*r)[1].values())
-                  : std::make_pair(std::vector<double>{}, std::vector<double>{});
+    return r.ok() ? std::make_tuple((*r)[0].values(), (*r)[1].values(), (*r)[2].values())
+                  : std::make_tuple(std::vector<double>{}, std::vector<double>{}, std::vector<double>{});
   };
-  const auto [loss, grad] = per_row(padded, 5, 3);
-  const auto [want_loss, want_grad] = per_row(unpadded, 3, 0);
+  const auto [loss, lse, grad] = per_row(padded, 5, 3);
+  const auto [want_loss, want_lse, want_grad] = per_row(unpadded, 3, 0);
   ExpectNear(loss, want_loss, 0);
+  ExpectNear(lse, want_lse, 0);
   ExpectNear(grad, {want_grad[0], want_grad[1], want_grad[2], 0, 0, want_grad[3], want_grad[4], want_grad[5], 0, 0}, 0);
 
   Fn f;
@@ -451,8 +455,106 @@ TEST(ReferenceBackend, CrossEntropyGradIsSoftmaxMinusOneHotTimesDloss) {
   Node* pl = f.Param("logits", logits.type());
   Node* plabels = f.Param("labels", labels.type());
   Node* pd = f.Param("dloss", dloss.type());
-  Node* grad = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {pl, plabels, pd}));
+  Node* ce = Fn::Ok(f.b.CrossEntropy(pl, plabels));
+  Node* grad = Fn::Ok(f.b.CrossEntropyGrad(pl, plabels, pd, ce->operand(0)->result(1)));
   ExpectNear(f.Values(grad, {logits, labels, dloss}, kDouble), NumericGradient(loss, logits, dloss.values()), 1e-7);
+}
+
+// The gradient reads lse as given: exp(z - lse) - onehot, so an lse one larger than the row's
+// scales the softmax part by 1/e (what makes it elementwise, and its VJP treat lse as an
+// operand); lse of the wrong shape is rejected.
+TEST(ReferenceBackend, CrossEntropyGradReadsTheLseItIsGiven) {
+  Fn f;
+  Node* pl = f.Param("logits", {kF32, {1, 2}});
+  Node* plabels = f.Param("labels", {kI32, {1}});
+  Node* pd = f.Param("dloss", {kF32, {1}});
+  Node* plse = f.Param("lse", {kF32, {1}});
+  Node* grad = Fn::Ok(f.b.CrossEntropyGrad(pl, plabels, pd, plse));
+  const double lse = RoundToDType(std::log(std::exp(0.0) + std::exp(1.0)) + 1, kF32);  // as the f32 parameter holds it
+  ExpectNear(f.Values(grad, {F32({1, 2}, {0, 1}), I32({1}, {1}), F32({1}, {2}), F32({1}, {lse})}, kDouble),
+             {2 * std::exp(0 - lse), 2 * (std::exp(1 - lse) - 1)}, 1e-15);
+  Fn g;
+  Node* bad_lse = g.Param("lse", {kF32, {2}});
+  EXPECT_FALSE(g.b.CrossEntropyGrad(g.Param("logits", {kF32, {1, 2}}), g.Param("labels", {kI32, {1}}),
+                                    g.Param("dloss", {kF32, {1}}), bad_lse)
+                   .ok());
+}
+
+// {out_dtype=bf16}: the f32 gradient rounded once more, so exactly convert() of the f32
+// gradient (what narrow-activations-bf16 relies on), not the exact gradient rounded straight
+// to bf16. Enough random rows that the two roundings differ somewhere (checked below, so
+// the comparison is known to see the difference), with padding columns.
+TEST(ReferenceBackend, CrossEntropyGradOutDtypeIsTheConvertOfTheF32Gradient) {
+  constexpr int64_t kRows = 16384, kWidth = 64, kClasses = 61;
+  const HostTensor logits = HostTensor::Random({kF32, {kRows, kWidth}}, 21, -4, 4);
+  const HostTensor labels = HostTensor::Random({kI32, {kRows}}, 22, 0, kClasses);
+  const HostTensor dloss = HostTensor::Random({kF32, {kRows}}, 23, -1, 1);
+  auto gradients = [&](ReferenceOptions options) {
+    Fn f;
+    Node* pl = f.Param("logits", logits.type());
+    Node* plabels = f.Param("labels", labels.type());
+    Node* pd = f.Param("dloss", dloss.type());
+    Node* lse = Fn::Ok(f.b.CrossEntropy(pl, plabels, kClasses))->operand(0)->result(1);
+    Node* wide = Fn::Ok(f.b.CrossEntropyGrad(pl, plabels, pd, lse, kClasses));
+    Node* converted = Fn::Ok(f.b.Convert(wide, DType::kBF16));
+    Node* narrow = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {pl, plabels, pd, lse},
+                                 AttrMap{{"classes", kClasses}, {"out_dtype", Symbol{"bf16"}}}));
+    EXPECT_EQ(narrow->type(), (TensorType{DType::kBF16, {kRows, kWidth}}));
+    absl::StatusOr<std::vector<HostTensor>> r = f.Eval({converted, narrow}, {logits, labels, dloss}, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::make_pair((*r)[0].values(), (*r)[1].values())
+                  : std::make_pair(std::vector<double>{}, std::vector<double>{});
+  };
+  const auto [converted, narrow] = gradients({});
+  ASSERT_EQ(converted.size(), narrow.size());
+  int64_t different = 0;
+  for (size_t i = 0; i < narrow.size(); ++i) different += converted[i] != narrow[i];
+  EXPECT_EQ(different, 0) << "of " << narrow.size();
+  // Under f32_as_f64 the f32 step keeps double precision: the exact gradient rounded
+  // straight to bf16, which differs from the above in a few halfway cases.
+  const auto [unused, rounded_once] = gradients(kDouble);
+  int64_t double_rounded = 0;
+  for (size_t i = 0; i < narrow.size(); ++i) double_rounded += rounded_once[i] != narrow[i];
+  EXPECT_GT(double_rounded, 0) << "no halfway case among " << narrow.size() << " values: the test cannot tell";
+
+  Fn g;
+  std::vector<Node*> operands = {g.Param("logits", {kF32, {2, 5}}), g.Param("labels", {kI32, {2}}),
+                                 g.Param("d", {kF32, {2}}), g.Param("lse", {kF32, {2}})};
+  EXPECT_FALSE(g.b.Op(Opcode::kCrossEntropyGrad, operands, AttrMap{{"out_dtype", Symbol{"i32"}}}).ok());
+}
+
+// bf16 logits (the LM head's output under autocast): the loss and lse are those of the same
+// values held in f32, and the bf16 gradient is the f32 gradient of those values rounded once
+// (convert() of it, bit for bit), as the kernels compute in f32 and round on store; with
+// {out_dtype=f32} it is that f32 gradient itself.
+TEST(ReferenceBackend, CrossEntropyOfBf16LogitsIsThatOfTheirF32Values) {
+  constexpr int64_t kRows = 512, kWidth = 40, kClasses = 37;
+  const HostTensor logits = HostTensor::Random({DType::kBF16, {kRows, kWidth}}, 31, -6, 6);
+  const HostTensor labels = HostTensor::Random({kI32, {kRows}}, 32, 0, kClasses);
+  const HostTensor dloss = HostTensor::Random({kF32, {kRows}}, 33, -1, 1);
+  Fn f;
+  Node* narrow = f.Param("logits", logits.type());
+  Node* plabels = f.Param("labels", labels.type());
+  Node* pd = f.Param("dloss", dloss.type());
+  Node* wide = Fn::Ok(f.b.Convert(narrow, kF32));
+  Node* loss_narrow = Fn::Ok(f.b.CrossEntropy(narrow, plabels, kClasses));
+  Node* loss_wide = Fn::Ok(f.b.CrossEntropy(wide, plabels, kClasses));
+  Node* lse_narrow = loss_narrow->operand(0)->result(1);
+  Node* lse_wide = loss_wide->operand(0)->result(1);
+  Node* grad_narrow = Fn::Ok(f.b.CrossEntropyGrad(narrow, plabels, pd, lse_narrow, kClasses));
+  EXPECT_EQ(grad_narrow->type().dtype, DType::kBF16);
+  Node* grad_wide = Fn::Ok(f.b.CrossEntropyGrad(wide, plabels, pd, lse_wide, kClasses));
+  Node* grad_wide_rounded = Fn::Ok(f.b.Convert(grad_wide, DType::kBF16));
+  Node* grad_f32_of_narrow = Fn::Ok(f.b.Op(Opcode::kCrossEntropyGrad, {narrow, plabels, pd, lse_narrow},
+                                           AttrMap{{"classes", kClasses}, {"out_dtype", Symbol{"f32"}}}));
+  auto r = f.Eval({loss_narrow, loss_wide, lse_narrow, lse_wide, grad_narrow, grad_wide_rounded, grad_f32_of_narrow,
+                   grad_wide},
+                  {logits, labels, dloss});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].values(), (*r)[1].values());
+  EXPECT_EQ((*r)[2].values(), (*r)[3].values());
+  EXPECT_EQ((*r)[4].values(), (*r)[5].values());
+  EXPECT_EQ((*r)[6].values(), (*r)[7].values());
 }
 
 TEST(ReferenceBackend, RopeByHandInverseAndPositionZero) {

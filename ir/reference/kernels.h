@@ -68,7 +68,7 @@ absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node
 // softmax_ops.cc
 absl::StatusOr<HostTensor> EvalSoftmax(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const EvalContext& ctx);
-absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx);
 // rope.cc
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);

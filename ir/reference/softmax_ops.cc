@@ -2,16 +2,22 @@
 // double. Softmax subtracts the row max and cross-entropy uses logsumexp, so large
 // logits neither overflow nor lose the small terms.
 //   softmax_grad:        dx = y * (dy - sum(dy * y))
-//   cross_entropy:       loss = logsumexp(row) - row[label]
-//   cross_entropy_grad:  dlogits = (softmax(row) - onehot(label)) * dloss
+//   cross_entropy:       lse = logsumexp(row), loss = lse - row[label]
+//   cross_entropy_grad:  dlogits = (exp(row - lse) - onehot(label)) * dloss, lse the operand
+//                        (rounded to f32 as cross_entropy's result is: softmax(row) - onehot
+//                        up to f32 rounding when lse is the row's)
 // where a cross-entropy's row is the first {classes} columns (ir/op_table.h); the gradient
-// of the padding columns after them is 0.
+// of the padding columns after them is 0. The gradient is rounded to f32 first, as the
+// kernel computes it, and then (by the evaluator) to its dtype: so a narrow gradient, of
+// f32 logits {out_dtype=bf16} or of bf16 logits, is one rounding of the f32 gradient, and
+// {out_dtype=bf16} is exactly convert(cross_entropy_grad) of the same f32 logits.
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "ir/node_predicates.h"
+#include "ir/numerics.h"
+#include "ir/status_macros.h"
 #include "ir/reference/kernels.h"
 
 namespace kiln::reference {
@@ -85,16 +91,20 @@ absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const 
   return out;
 }
 
-absl::StatusOr<HostTensor> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx) {
+absl::StatusOr<std::vector<HostTensor>> EvalCrossEntropy(const Node& node, Operands xs, const EvalContext& ctx) {
   const Rows rows = RowsOf(xs[0]->type());
   const int64_t classes = CrossEntropyClasses(node);
   RETURN_IF_ERROR(CheckLabels(*xs[1], classes));
-  HostTensor out(node.type());
+  HostTensor loss(node.result_type(0)), lse(node.result_type(1));
   ForEachRow(ctx, rows, [&](int64_t r) {
     const double* logits = xs[0]->values().data() + r * rows.length;
-    out.mutable_values()[r] = LogSumExp(logits, classes) - logits[static_cast<int64_t>((*xs[1])[r])];
+    lse.mutable_values()[r] = LogSumExp(logits, classes);
+    loss.mutable_values()[r] = lse.values()[r] - logits[static_cast<int64_t>((*xs[1])[r])];
   });
-  return out;
+  std::vector<HostTensor> results;
+  results.push_back(std::move(loss));
+  results.push_back(std::move(lse));
+  return results;
 }
 
 absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx) {
@@ -104,10 +114,13 @@ absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, c
   HostTensor out(node.type());  // zeros: the padding columns' gradient
   ForEachRow(ctx, rows, [&](int64_t r) {
     double* dlogits = out.mutable_values().data() + r * rows.length;
-    SoftmaxRow(xs[0]->values().data() + r * rows.length, classes, dlogits);
+    const double* logits = xs[0]->values().data() + r * rows.length;
+    const double lse = (*xs[3])[r];
+    for (int64_t i = 0; i < classes; ++i) dlogits[i] = std::exp(logits[i] - lse);
     dlogits[static_cast<int64_t>((*xs[1])[r])] -= 1.0;
     const double dloss = (*xs[2])[r];
     for (int64_t i = 0; i < classes; ++i) dlogits[i] *= dloss;
+    if (node.type().dtype != DType::kF32) RoundValuesToDType(dlogits, classes, DType::kF32, ctx.options.f32_as_f64);
   });
   return out;
 }

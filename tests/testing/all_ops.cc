@@ -104,7 +104,7 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   Node* sm = Must(b.Softmax(r));
   Node* smg = Must(b.Op(Opcode::kSoftmaxGrad, {sm, r}));
   Node* ce = Must(b.CrossEntropy(smg, labels, /*classes=*/smg->type().dims[1]));
-  Node* ceg = Must(b.Op(Opcode::kCrossEntropyGrad, {smg, labels, ce}, AttrMap{{"classes", smg->type().dims[1]}}));
+  Node* ceg = Must(b.CrossEntropyGrad(smg, labels, ce, ce->operand(0)->result(1), smg->type().dims[1]));
 
   // No new leaves or outputs (tests count them): the per-step scalars are one value in
   // (0, 1) computed from w, v = x^2 is >= 0, and the three results feed rope's input.

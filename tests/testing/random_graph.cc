@@ -316,7 +316,7 @@ absl::StatusOr<Node*> GraphGenerator::CrossEntropyStep() {
   });
   ASSIGN_OR_RETURN(Node * loss, b_.CrossEntropy(logits, labels_));
   if (Coin()) return loss;
-  return b_.Op(Opcode::kCrossEntropyGrad, {logits, labels_, loss});
+  return b_.CrossEntropyGrad(logits, labels_, loss, loss->operand(0)->result(1));
 }
 
 absl::StatusOr<Node*> GraphGenerator::RopeStep() {
