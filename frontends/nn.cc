@@ -155,7 +155,10 @@ Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
   return Linear(Mul(gate, up, loc), weights.down_proj, gemm_dtype, loc);
 }
 
-Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) { return Linear(x, weight, gemm_dtype, loc); }
+// The logits are rounded to gemm_dtype as autocast's are; cross_entropy reads them in f32.
+Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc) {
+  return Linear(x, weight, gemm_dtype, gemm_dtype, loc);
+}
 
 Tensor CrossEntropyLoss(Tensor logits, Tensor labels, int64_t classes, Loc loc) {
   const int64_t rows = logits.dim(0) * logits.dim(1), vocab = logits.dim(2);

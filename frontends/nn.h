@@ -7,9 +7,10 @@
 // dot_general accumulates in f32. Its result is rounded once to the layer's result dtype:
 // under kBF16 an activation (q, k, v, SwiGLU's gate and up, GPT-2's qkv and MLP hidden) is
 // stored bf16 as autocast stores it, and the elementwise ops after it (RoPE, SiLU, GELU, the
-// gate product) compute in f32 and round to bf16 as autocast's do; a GEMM whose result joins
-// the f32 residual stream (the attention and MLP output projections) or feeds the loss (the
-// LM head) keeps f32, so the residual add is exact and can be the GEMM's C. With kF32 the
+// gate product) compute in f32 and round to bf16 as autocast's do, and so are the LM head's
+// logits (the loss reads them in f32); a GEMM whose result joins the f32 residual stream (the
+// attention and MLP output projections) keeps f32, so the residual add is exact and can be
+// the GEMM's C. With kF32 the
 // graph has no converts at all. This is DESIGN.md's policy.
 //
 // The causal self-attention pattern, which select-flash-attention matches node by node
@@ -134,7 +135,8 @@ struct MlpWeights {
 // down(silu(gate(x)) * up(x)) for x [..., D] -> f32 [..., D].
 Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc = Loc::current());
 
-// Logits f32 [B,T,V] from hidden states [B,T,D] and the head weight [V, D] (a Linear).
+// Logits [B,T,V] in gemm_dtype (bf16 under the bf16 policy, as autocast's) from hidden
+// states [B,T,D] and the head weight [V, D] (a Linear).
 Tensor LmHead(Tensor x, Tensor weight, DType gemm_dtype, Loc loc = Loc::current());
 
 // Mean token cross-entropy f32[] of logits [B,T,V] against labels [B,T]:

@@ -193,7 +193,10 @@ TEST_F(GpuTrainingTest, FlashAttentionTrainingMatchesReference) {
   std::printf("[ flash bf16 ] one step: loss cpu %.7f gpu %.7f, gradient rel norm diff %.2e; 10 steps: loss %.4f -> "
               "%.4f (cpu %.4f), worst loss rel diff %.2e\n",
               cpu1.losses[0], gpu1.losses[0], grads, gpu.losses[0], gpu.losses[9], cpu.losses[9], worst);
-  EXPECT_NEAR(gpu1.losses[0], cpu1.losses[0], 1e-5 * cpu1.losses[0]);
+  // 1.46e-5 measured on the H200 since the logits are bf16 (autocast's policy): a logit whose
+  // f32 accumulator differs in its last bits between cuBLASLt's and the reference's summation
+  // order can round to the neighbouring bf16 value, moving its row's loss by up to 2^-9 of it.
+  EXPECT_NEAR(gpu1.losses[0], cpu1.losses[0], 5e-5 * cpu1.losses[0]);
   EXPECT_LT(grads, 2e-3);
   EXPECT_LT(gpu.losses.back(), gpu.losses.front() - 0.5);
 }
@@ -217,7 +220,9 @@ TEST_F(GpuTrainingTest, OneBf16StepMatchesReference) {
   TrainingRun cpu = TrainTiny(Precision::kBf16, 1, nullptr);
   TrainingRun gpu = TrainTiny(Precision::kBf16, 1, device_);
   ASSERT_EQ(gpu.losses.size(), 1u);
-  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-6 * cpu.losses[0]);
+  // 2.4e-6 measured on the H200 since the logits are bf16: a few logits round the other way
+  // (see FlashAttentionTrainingMatchesReference); 1e-6 held while they were f32.
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
   const double grads = RelativeNormDifference(cpu.state.m, gpu.state.m);
   std::printf("[ bf16 ] one step: loss cpu %.7f gpu %.7f; gradient rel norm diff %.2e\n", cpu.losses[0],
               gpu.losses[0], grads);

@@ -169,7 +169,7 @@ TEST(LlamaModel, LossIsTheMeanTokenCrossEntropyAndLogitsOnRequest) {
   const Function& f = Forward(*m);
   EXPECT_EQ(f.parameters()[0]->type().ToString(), "i32[2,16]");
   ASSERT_EQ(f.outputs().size(), 2u);
-  EXPECT_EQ(f.outputs()[1]->type().ToString(), "f32[2,16,256]");
+  EXPECT_EQ(f.outputs()[1]->type().ToString(), "bf16[2,16,256]");  // the bf16 policy's logits
   const Node* loss = f.outputs()[0];
   ASSERT_EQ(loss->opcode(), Opcode::kMul);
   const Node* sum = loss->operand(0);
@@ -178,7 +178,7 @@ TEST(LlamaModel, LossIsTheMeanTokenCrossEntropyAndLogitsOnRequest) {
   EXPECT_EQ(sum->operand(0)->result_index(), 0);
   const Node* ce = sum->operand(0)->operand(0);
   ASSERT_EQ(ce->opcode(), Opcode::kCrossEntropy);
-  EXPECT_EQ(ce->operand(0)->type().ToString(), "f32[32,256]");
+  EXPECT_EQ(ce->operand(0)->type().ToString(), "bf16[32,256]");
   EXPECT_EQ(ce->operand(1)->type().ToString(), "i32[32]");
   const Node* scale = loss->operand(1);
   ASSERT_EQ(scale->opcode(), Opcode::kConstant);
@@ -272,8 +272,8 @@ TEST(LlamaModel, MultiHeadAttentionHasNoKvRepeat) {
 }
 
 // The bf16 policy (frontends/nn.h): every GEMM operand bf16 with f32 accumulation; the
-// projections that make activations (q, k, v, gate, up) round their result to bf16 as
-// autocast stores it, those that join the residual stream (o, down), the LM head and the
+// projections that make activations (q, k, v, gate, up) and the LM head round their result
+// to bf16 as autocast stores it, those that join the residual stream (o, down) and the
 // attention products keep f32; the residual stream, the norms and the loss stay f32.
 TEST(LlamaModel, Bf16PolicyRoundsEveryGemmOperandAndStoresActivationsBf16) {
   const ModelConfig c = *PresetConfig("llama-tiny");
@@ -289,11 +289,11 @@ TEST(LlamaModel, Bf16PolicyRoundsEveryGemmOperandAndStoresActivationsBf16) {
     const std::string weight = rhs->opcode() == Opcode::kConvert ? rhs->operand(0)->name() : "";
     const bool activation = absl::StrContains(weight, "q_proj") || absl::StrContains(weight, "k_proj") ||
                             absl::StrContains(weight, "v_proj") || absl::StrContains(weight, "gate_proj") ||
-                            absl::StrContains(weight, "up_proj");
+                            absl::StrContains(weight, "up_proj") || absl::StrContains(weight, "lm_head");
     EXPECT_EQ(dot->type().dtype, activation ? DType::kBF16 : DType::kF32) << dot->name() << " of " << weight;
     bf16_results += activation;
   }
-  EXPECT_EQ(bf16_results, 5 * c.n_layers);
+  EXPECT_EQ(bf16_results, 5 * c.n_layers + 1);
   for (const Node* n : nodes) {
     if (n->has_multiple_results()) continue;  // cross_entropy: (f32 loss, f32 lse)
     if (n->opcode() == Opcode::kRmsNorm || n->opcode() == Opcode::kAdd || n->opcode() == Opcode::kSoftmax ||
