@@ -65,6 +65,13 @@ absl::StatusOr<std::string> ElementExpression(const Node& node, const std::vecto
     case Opcode::kTanh:
       return round(absl::StrCat("tanhf(", a, ")"));
     case Opcode::kSigmoid:
+      // Rounded to bf16 (or f16), the hardware's approximate exp and divide (a few f32 ulps,
+      // 2^-16 below bf16's resolution) serve: the IEEE forms made SwiGLU's backward kernels,
+      // which recompute sigmoid(gate), compute-bound on the H200 (110 us for a [16384, 2048]
+      // bf16 kernel whose bytes take 40 us). f32 results keep the correctly rounded forms.
+      if (DTypeBytes(out) < DTypeBytes(DType::kF32)) {
+        return round(absl::StrCat("__fdividef(1.0f, 1.0f + __expf(-", a, "))"));
+      }
       return round(absl::StrCat("__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-", a, ")))"));
     case Opcode::kGelu:
       // A result narrower than f32 (bf16) does not need Gelu's double: see GeluToNarrow.

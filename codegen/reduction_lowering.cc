@@ -244,6 +244,31 @@ int64_t SplitsPerRow(const Reduction& r, int width) {
   return std::max<int64_t>(1, std::min(by_occupancy, by_work));
 }
 
+// The last block's fold of the partials. One row (a whole-tensor sum: a gradient's squared
+// norm for clipping) is folded by the whole block, thread t taking partials t, t + 256, ...
+// and the block combining them in its fixed tree order (a thread folding ~1000 partials
+// alone made the fold most of such a kernel's time). Several rows: a thread per row, its
+// partials in block order. Either order is fixed, so the sum does not depend on timing.
+std::string FinalFoldCode(const Reduction& r, int64_t splits) {
+  if (r.outputs == 1) {
+    return absl::StrFormat(
+        "  {\n"
+        "    acc = Init();\n"
+        "    for (int s = threadIdx.x; s < %d; s += %d) acc = Fold(acc, __ldcg(&g_partials[s]));\n"
+        "  %s"
+        "    if (threadIdx.x == 0) out[0] = kiln::Round<%s>::From(acc);\n"
+        "  }\n",
+        splits, kSplitThreads, GroupCombineCode(kSplitThreads), r.out_type);
+  }
+  return absl::StrFormat(
+      "  for (Index o = threadIdx.x; o < %d; o += %d) {\n"
+      "    Acc total = Init();\n"
+      "    for (int s = 0; s < %d; ++s) total = Fold(total, __ldcg(&g_partials[o * %d + s]));\n"
+      "    out[o] = kiln::Round<%s>::From(total);\n"
+      "  }\n",
+      r.outputs, kSplitThreads, splits, splits, r.out_type);
+}
+
 KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::string source) {
   const int64_t vectors = r.reduced / width;
   const int64_t chunk = (vectors + splits - 1) / splits;
@@ -276,17 +301,13 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
                         "  __syncthreads();\n"
                         "  if (!is_last) return;\n"
                         "  __threadfence();\n"
-                        "  for (Index o = threadIdx.x; o < %d; o += %d) {\n"
-                        "    Acc total = Init();\n"
-                        "    for (int s = 0; s < %d; ++s) total = Fold(total, __ldcg(&g_partials[o * %d + s]));\n"
-                        "    out[o] = kiln::Round<%s>::From(total);\n"
-                        "  }\n"
+                        "%s"
                         "  if (threadIdx.x == 0) g_blocks_done = 0;\n"
                         "}\n",
                         splits, r.reduced, chunk, width, r.outputs * splits, kSplitThreads, r.name, r.out_type,
                         r.params, IndexTypeFor(r.input_elements + kSplitThreads), r.construct, splits, splits, chunk,
                         chunk, vectors, chunk, vectors, r.reduced, kSplitThreads, FoldLoads(r, width, "    "),
-                        GroupCombineCode(kSplitThreads), r.outputs, kSplitThreads, splits, splits, r.out_type);
+                        GroupCombineCode(kSplitThreads), FinalFoldCode(r, splits));
   return MakeKernel(r.name, std::move(source), {static_cast<uint32_t>(r.outputs * splits), 1, 1},
                     {static_cast<uint32_t>(kSplitThreads), 1, 1});
 }
