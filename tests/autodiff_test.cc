@@ -3,6 +3,8 @@
 // tests/autodiff_fd_test.cc.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "ir/text_format.h"
 #include "ir/verifier.h"
 #include "passes/autodiff.h"
@@ -177,6 +179,54 @@ func @f {
     ++narrowing;
   }
   EXPECT_EQ(narrowing, 1);  // one rounding of the cotangent, shared by both GEMMs
+}
+
+// The bf16 storage policy (frontends/nn.h): a dot_general writing a bf16 activation, a
+// sigmoid of it, and a second dot_general reading that. The backward product into the
+// activation (an operand that is no convert) rounds to bf16, autocast's gradient of a bf16
+// tensor; the products into the weights (converts of f32 parameters) stay f32; the sigmoid's
+// VJP computes in f32 and rounds once to bf16.
+TEST(AutodiffTest, CotangentsTakeTheDtypeTheirOperandWasStoredOrRoundedFrom) {
+  std::unique_ptr<Module> m = Parse(R"(module @m
+func @f {
+  %x = parameter() {index=0} : bf16[2,3]
+  %w = parameter() {index=1} : f32[4,3]
+  %w2 = parameter() {index=2} : f32[5,4]
+  %wb = convert(%w) : bf16[4,3]
+  %y = dot_general(%x, %wb) {lhs_batch=[], lhs_contract=[1], out_dtype=bf16, rhs_batch=[], rhs_contract=[1]} : bf16[2,4]
+  %s = sigmoid(%y) : bf16[2,4]
+  %w2b = convert(%w2) : bf16[5,4]
+  %z = dot_general(%s, %w2b) {lhs_batch=[], lhs_contract=[1], out_dtype=f32, rhs_batch=[], rhs_contract=[1]} : f32[2,5]
+  %l = reduce_sum(%z) {dims=[0,1]} : f32[]
+  return %l
+}
+)");
+  Function& f = *m->functions()[0];
+  const size_t forward_size = f.nodes().size();
+  absl::StatusOr<std::vector<Node*>> grads =
+      AppendBackward(f, Find(f, "l"), {Find(f, "x"), Find(f, "w"), Find(f, "w2")});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  ASSERT_TRUE(VerifyModule(*m).ok());
+  EXPECT_EQ((*grads)[0]->type().dtype, DType::kBF16);  // x is a bf16 input: its own dtype
+  EXPECT_EQ((*grads)[1]->type().dtype, DType::kF32);
+  EXPECT_EQ((*grads)[2]->type().dtype, DType::kF32);
+  // Each backward product by the shape of the operand it is the cotangent of.
+  std::map<std::vector<int64_t>, DType> product_dtype;
+  for (const Node* n : NodesFrom(f, forward_size)) {
+    if (n->opcode() == Opcode::kDotGeneral) product_dtype[n->type().dims] = n->type().dtype;
+    if (n->opcode() == Opcode::kSigmoid || n->opcode() == Opcode::kMul) {
+      // The sigmoid's slope y (1 - y) and its product with the cotangent run in f32.
+      if (n->type().rank() == 2 && n->type().dims == std::vector<int64_t>{2, 4}) {
+        EXPECT_EQ(n->type().dtype, DType::kF32) << PrintNode(*n);
+      }
+    }
+  }
+  // d(s) from %z's VJP (s is no convert) and d(x) from %y's are bf16; d(w2) and d(w) f32.
+  ASSERT_EQ(product_dtype.size(), 4u);
+  EXPECT_EQ((product_dtype[{2, 4}]), DType::kBF16);  // d(s)
+  EXPECT_EQ((product_dtype[{2, 3}]), DType::kBF16);  // d(x)
+  EXPECT_EQ((product_dtype[{4, 3}]), DType::kF32);   // d(w)
+  EXPECT_EQ((product_dtype[{5, 4}]), DType::kF32);   // d(w2)
 }
 
 TEST(AutodiffTest, BackwardNodesTakeTheirForwardNodesScope) {
