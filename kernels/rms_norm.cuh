@@ -199,8 +199,7 @@ __device__ __forceinline__ void RmsNormGradWeight(TDW* dw, const TX* x, const TD
     float total[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) total[j] = 0.f;
-// 16 partial rows in flight per thread: the fold is a chain of L2 reads, latency-bound at 4.
-#pragma unroll 16
+#pragma unroll 4
     for (unsigned int b = 0; b < gridDim.x; ++b) {
       float partial[kVec];
       LoadFloatsFromL2(partials + b * static_cast<long long>(kD) + i, partial);  // written by other SMs
