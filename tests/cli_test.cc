@@ -190,6 +190,34 @@ TEST_F(CliTest, BadCheckpointsAreClearErrorsAndStayUntouched) {
   EXPECT_TRUE(absl::StrContains(no_data.output, "missing.txt")) << no_data.output;
 }
 
+// --disable-pass: the ablation of bench/ablation_h200.sh. A pass the pipeline has is skipped
+// and the run trains to the same loss (the passes change no value on the reference backend);
+// an unknown name is an error that names it, before any step.
+TEST_F(CliTest, TrainDisablePassSkipsPassesAndRejectsUnknownOnes) {
+  const std::string small = Kiln() + " train llama-tiny --backend cpu --batch 2 --seq 16 --steps 2 --report";
+  auto all = RunCommand(small);
+  auto without = RunCommand(small + " --disable-pass fuse-loops,narrow-activations-bf16");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  // The pass table (--report) says which passes were skipped.
+  auto pass_line = [](const std::string& out, const std::string& pass) {
+    const size_t at = out.find("\n" + pass + " ");
+    return at == std::string::npos ? std::string() : out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_FALSE(absl::StrContains(pass_line(all.output, "fuse-loops"), "disabled")) << all.output;
+  EXPECT_TRUE(absl::StrContains(pass_line(without.output, "fuse-loops"), "disabled")) << without.output;
+  EXPECT_TRUE(absl::StrContains(pass_line(without.output, "narrow-activations-bf16"), "disabled")) << without.output;
+  auto loss_line = [](const std::string& out) {
+    const size_t at = out.find("step 2/2  loss ");
+    return at == std::string::npos ? std::string("none") : out.substr(at, 22);
+  };
+  EXPECT_EQ(loss_line(without.output), loss_line(all.output)) << without.output;
+  auto bogus = RunCommand(small + " --disable-pass bogus");
+  EXPECT_EQ(bogus.exit_code, 1) << bogus.output;
+  EXPECT_TRUE(absl::StrContains(bogus.output, "'bogus'")) << bogus.output;
+  EXPECT_FALSE(absl::StrContains(bogus.output, "step 1/2")) << bogus.output;
+}
+
 // Issue 17: --gpus N. N = 1 is the single-process run; N > 1 is checked, then refused with what
 // is missing and what exists (no multi-process runner yet), never a crash or a silent 1-GPU run.
 TEST_F(CliTest, TrainGpusRefusesDataParallelUntilItsRunnerExists) {

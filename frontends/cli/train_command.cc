@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "codegen/capabilities.h"
 #include "frontends/cli/backend_flag.h"
 #include "frontends/cli/commands.h"
@@ -610,6 +611,11 @@ absl::Status RunTrain(const ParsedArgs& args) {
   // Passes choose implementations for the GPU the step will run on.
   if (backend.device != nullptr) compile_options.target = backend.device->target();
 #endif
+  // An ablation (bench/ablation_h200.sh): the passes change no value beyond their policy
+  // (`kiln check`), so the run trains the same model, at the speed and memory without them.
+  if (args.Has("disable-pass")) {
+    compile_options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
+  }
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
   step_options.adamw.weight_decay = s.weight_decay;
@@ -771,6 +777,8 @@ Command TrainCommand() {
                                           "memory plan, and (GPU) where the last step's time went"},
                {.name = "trace", .value_name = "FILE.json", .help = "write the last step's launches as a Chrome trace (GPU)"},
                {.name = "no-cuda-graph", .help = "launch the step's kernels one by one instead of replaying a CUDA graph"},
+               {.name = "disable-pass", .value_name = "NAME,...",
+                .help = "skip these passes (names as `kiln compile --help` lists them): an ablation"},
            }};
   // The flags that shape the step's graph, shared with compile and check, listed after --seq.
   const std::vector<FlagSpec> step_flags = TrainingStepFlags();
