@@ -73,9 +73,13 @@ __device__ __forceinline__ void Store128(T* p, const Packed128<T>& packed) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&packed);
 }
 
+// How a 16-byte load may be cached: as usual, or with the evict-first hint (ld.global.cs) for
+// data read for the last time, so that it does not push out of L2 what the next kernel reads.
+enum class LoadHint { kDefault, kEvictFirst };
+
 // N consecutive elements at p as floats: whole Packed128 accesses when N > 1 (N * sizeof(T)
 // is then a multiple of 16 and p is 16-byte aligned), one scalar access when N == 1.
-template <int N, typename T>
+template <LoadHint kHint = LoadHint::kDefault, int N, typename T>
 __device__ __forceinline__ void LoadFloats(const T* p, float (&out)[N]) {
   if constexpr (N == 1) {
     out[0] = ToFloat(*p);
@@ -84,7 +88,12 @@ __device__ __forceinline__ void LoadFloats(const T* p, float (&out)[N]) {
     static_assert(N % kPer == 0, "a chunk must be whole 16-byte accesses of every dtype");
 #pragma unroll
     for (int j = 0; j < N; j += kPer) {
-      const Packed128<T> packed = Load128(p + j);
+      Packed128<T> packed;
+      if constexpr (kHint == LoadHint::kEvictFirst) {
+        *reinterpret_cast<int4*>(&packed) = __ldcs(reinterpret_cast<const int4*>(p + j));
+      } else {
+        packed = Load128(p + j);
+      }
 #pragma unroll
       for (int k = 0; k < kPer; ++k) out[j + k] = ToFloat(packed[k]);
     }
@@ -103,25 +112,6 @@ __device__ __forceinline__ void LoadFloatsFromL2(const float* p, float (&out)[N]
     for (int j = 0; j < N; j += 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(p + j));
       out[j] = v.x, out[j + 1] = v.y, out[j + 2] = v.z, out[j + 3] = v.w;
-    }
-  }
-}
-
-// LoadFloats with the evict-first hint (ld.global.cs) on the 16-byte accesses: for data read
-// for the last time, so that it does not push out of L2 what the next kernel reads.
-template <int N, typename T>
-__device__ __forceinline__ void LoadFloatsStreaming(const T* p, float (&out)[N]) {
-  if constexpr (N == 1) {
-    out[0] = ToFloat(*p);
-  } else {
-    constexpr int kPer = Packed128<T>::kSize;
-    static_assert(N % kPer == 0, "a chunk must be whole 16-byte accesses of every dtype");
-#pragma unroll
-    for (int j = 0; j < N; j += kPer) {
-      Packed128<T> packed;
-      *reinterpret_cast<int4*>(&packed) = __ldcs(reinterpret_cast<const int4*>(p + j));
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) out[j + k] = ToFloat(packed[k]);
     }
   }
 }

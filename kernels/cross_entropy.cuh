@@ -95,7 +95,7 @@ __device__ __forceinline__ void CrossEntropyBackward(TGrad* dlogits, const TLogi
     const int i = Layout::ChunkStart(k);
     if (i >= kV) break;  // chunks ascend: none after this one exists either
     float xs[kVec];
-    LoadFloatsStreaming(row_logits + i, xs);
+    LoadFloats<LoadHint::kEvictFirst>(row_logits + i, xs);
     float grads[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
