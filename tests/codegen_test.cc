@@ -31,6 +31,7 @@
 #include "ir/status_macros.h"
 #include "ir/text_format.h"
 #include "passes/default_pipeline.h"
+#include "passes/fusion.h"
 #include "passes/training_step.h"
 #include "tests/testing/all_ops.h"
 
@@ -210,6 +211,47 @@ TEST(Codegen, ElementwiseUsesSixteenByteVectorsWhenTheCountAllows) {
       SCOPED_TRACE(absl::StrCat(DTypeName(in), " -> ", DTypeName(out)));
       ExpectCompiles(ElementwiseKernel(in, out, 40));
     }
+  }
+}
+
+// A loop fusion's kernel computes 8 consecutive elements per thread: the output and the
+// inputs read at the element's own index as vectors, a broadcast input element by element,
+// a scalar loop for the elements past the last whole vector (and for unaligned pointers).
+TEST(Codegen, LoopFusionsMoveWholeVectors) {
+  for (int64_t columns : {int64_t{4096}, int64_t{1031}}) {
+    SCOPED_TRACE(columns);
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat(R"(module @m
+func @main {
+  %a = parameter() {index=0} : bf16[16,)", columns, R"(]
+  %b = parameter() {index=1} : f32[16,)", columns, R"(]
+  %w = parameter() {index=2} : f32[)", columns, R"(]
+  %x = convert(%a) : f32[16,)", columns, R"(]
+  %s = sigmoid(%x) : f32[16,)", columns, R"(]
+  %y = mul(%s, %b) : f32[16,)", columns, R"(]
+  %wb = broadcast(%w) {dims=[1]} : f32[16,)", columns, R"(]
+  %z = add(%y, %wb) : f32[16,)", columns, R"(]
+  %out = convert(%z) : bf16[16,)", columns, R"(]
+  return %out
+})"));
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(FusionPass().Run(**m).ok());
+    const Node* fusion = nullptr;
+    for (const auto& n : (*m)->functions()[0]->nodes()) {
+      if (n->opcode() == Opcode::kFusion) fusion = n.get();
+    }
+    ASSERT_NE(fusion, nullptr);
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*fusion);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    ASSERT_EQ(lowered->kernels.size(), 1u);
+    const std::string& source = lowered->kernels[0].source;
+    EXPECT_TRUE(absl::StrContains(source, "constexpr int kWidth = 8;")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "const Vec<__nv_bfloat16, kWidth> a0 = LoadVec<kWidth>(in0, vec);")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "const Vec<float, kWidth> a1 = LoadVec<kWidth>(in1, vec);")) << source;
+    EXPECT_FALSE(absl::StrContains(source, "a2 = LoadVec")) << source;  // the broadcast weight
+    EXPECT_TRUE(absl::StrContains(source, "in2[")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out, vec, result);")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "for (Index i = (aligned ? kVectors * kWidth : 0) + first;")) << source;
+    ExpectCompiles(lowered->kernels[0]);
   }
 }
 

@@ -440,6 +440,23 @@ std::vector<OpCase> OpCases() {
                      return absl::OkStatus();
                    },
                    {{-2, 2}, {-2, 2}}});
+  // A loop fusion on its vector path: bf16 and f32 inputs read at the element's own index move
+  // as 8-lane vectors (16 and 32 bytes), the broadcast weight element by element, and the
+  // count (64 x 4104) leaves no tail; the odd case above runs the tail loop.
+  cases.push_back({"fusion_loop_vectors", kFewUlps, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{bf16, {64, 4104}}, {f32, {64, 4104}}, {f32, {4104}}});
+                     ASSIGN_OR_RETURN(Node * x, b.Convert(p[0], f32));
+                     ASSIGN_OR_RETURN(Node * s, b.Unary(Opcode::kSigmoid, x));
+                     ASSIGN_OR_RETURN(Node * y, b.Mul(s, p[1]));
+                     ASSIGN_OR_RETURN(Node * wb, b.Broadcast(p[2], {1}, {64, 4104}));
+                     ASSIGN_OR_RETURN(Node * z, b.Add(y, wb));
+                     ASSIGN_OR_RETURN(Node * out, b.Convert(z, bf16));
+                     RETURN_IF_ERROR(b.Return({out}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}}});
   // Slices and concatenates inside fusions (their index maps, a branch per concatenated
   // operand): a strided slice of a wider input, as the GPT-2 QKV split reads its GEMM's
   // output, and a concatenate of computed pieces, as its backward assembles d(qkv), feeding

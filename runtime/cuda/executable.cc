@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
 #include "runtime/cuda/cuda_status.h"
@@ -31,6 +32,14 @@ double Lap(std::chrono::steady_clock::time_point* since) {
 // "gemm 16x1024x1024x64 (batch x M x N x K)": GEMMs of one shape share a name in a trace.
 std::string GemmName(const GemmDescription& g) {
   return absl::StrCat("gemm ", g.batch, "x", g.m, "x", g.n, "x", g.k);
+}
+
+// Everything cuBLASLt's choice of algorithm depends on (GEMMs that agree share one tuning).
+std::string GemmTuningKey(const GemmDescription& g) {
+  return absl::StrCat(g.batch > 1 ? absl::StrCat("batch ", g.batch, " ") : "", "M", g.m, " N", g.n, " K", g.k, " ",
+                      g.a_k_inner ? "mk" : "km", ",", g.b_k_inner ? "nk" : "kn", " alpha=", g.alpha, " beta=", g.beta,
+                      " ", DTypeName(g.a_dtype), "->", DTypeName(g.d_dtype),
+                      g.bias ? absl::StrCat(" +bias ", DTypeName(g.bias_dtype)) : "", " ws=", g.max_workspace_bytes);
 }
 
 }  // namespace
@@ -78,8 +87,27 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledPro
   return exe;
 }
 
+absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const std::vector<void*>& pointers,
+                                      absl::flat_hash_map<std::string, int>* tuned) {
+  const std::string key = GemmTuningKey(ps.gemm);
+  if (auto it = tuned->find(key); it != tuned->end()) {
+    ++stats_.gemm_tuning[it->second].calls;
+    return gemm.UseCandidate(stats_.gemm_tuning[it->second].tuning.chosen);
+  }
+  // Timing overwrites the output: only a step-local value may take it (never a parameter's
+  // buffer, whose contents the run starts from).
+  const int64_t out_buffer = plan_.node_buffer[ps.args[0]];
+  if (out_buffer < 0 || plan_.buffers[out_buffer].kind != PlannedBuffer::Kind::kValue) return absl::OkStatus();
+  ASSIGN_OR_RETURN(GemmPlan::Tuning tuning, gemm.Autotune(pointers[0], pointers[1], pointers[2], pointers[3],
+                                                          pointers[4], pointers[5], device_->stream()));
+  tuned->emplace(key, static_cast<int>(stats_.gemm_tuning.size()));
+  stats_.gemm_tuning.push_back({key, 1, tuning});
+  return absl::OkStatus();
+}
+
 absl::Status CudaExecutable::BuildSteps() {
   const CompiledProgram& program = program_;
+  absl::flat_hash_map<std::string, int> tuned;  // GemmTuningKey -> its record in stats_.gemm_tuning
   std::vector<const KernelLibrary*> library_of(program.kernels.size(), nullptr);  // each cubin loaded once
   for (const ProgramStep& ps : program.steps) {
     Step step{.program = &ps};
@@ -89,10 +117,12 @@ absl::Status CudaExecutable::BuildSteps() {
         absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(ps.gemm, *device_);
         if (!plan.ok()) return plan.status();
         gemms_.push_back(*std::move(plan));
-        step.gemm = gemms_.back().get();
+        GemmPlan& gemm = *gemms_.back();
+        step.gemm = &gemm;
         for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
         step.pointers.push_back(ps.scratch_buffer >= 0 ? BufferAddress(ps.scratch_buffer) : nullptr);
         ++stats_.gemms;
+        if (options_.autotune_gemms) RETURN_IF_ERROR(TuneGemm(ps, gemm, step.pointers, &tuned));
         break;
       }
       case ProgramStep::Kind::kKernel: {

@@ -40,6 +40,9 @@ struct CudaExecutableOptions {
   // Capture the run once as a CUDA graph and replay it. false launches the same steps one by
   // one (`--no-cuda-graph`), for debugging and for telling a capture problem from a kernel's.
   bool cuda_graph = true;
+  // Time cuBLASLt's candidate algorithms for each distinct GEMM on the arena's buffers at
+  // load and keep the fastest (GemmPlan::Autotune); false keeps the heuristic's first choice.
+  bool autotune_gemms = true;
 };
 
 
@@ -79,6 +82,14 @@ class CudaExecutable {
     // The program's compile phases, Load's, then the capture, in order: {"codegen + NVRTC", 1.2}, ...
     std::vector<std::pair<std::string, double>> phases;
     int64_t graph_nodes = 0;       // nodes of the captured CUDA graph; 0 before the first Run
+    // Each distinct GEMM autotuned at load: what it is, how many calls of the run share it,
+    // and what the timing found (in the program's order of first use).
+    struct GemmTuningRecord {
+      std::string gemm;  // "M16384 N768 K2048 mk,kn beta=1 bf16->f32"
+      int64_t calls = 0;
+      GemmPlan::Tuning tuning;
+    };
+    std::vector<GemmTuningRecord> gemm_tuning;
   };
   const Stats& stats() const { return stats_; }
   const BufferPlan& buffer_plan() const { return plan_; }
@@ -100,6 +111,11 @@ class CudaExecutable {
   absl::Status Capture();
   absl::Status EnqueueAll(bool check_each_step) const;
   absl::Status BuildSteps();
+  // Autotunes `gemm` (a plan of step `ps`, resolved to `pointers`) unless a GEMM of the same
+  // description was tuned already, whose choice it then takes; `tuned` maps descriptions to
+  // their records in stats_.gemm_tuning.
+  absl::Status TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const std::vector<void*>& pointers,
+                        absl::flat_hash_map<std::string, int>* tuned);
   absl::Status EnqueueStep(const Step& step) const;
   static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose
   char* BufferAddress(int64_t buffer) const { return static_cast<char*>(arena_.get()) + plan_.buffers[buffer].offset; }

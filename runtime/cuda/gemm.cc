@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/status_macros.h"
@@ -94,11 +95,11 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
   const uint64_t max_workspace = static_cast<uint64_t>(g.max_workspace_bytes);
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &max_workspace, sizeof(max_workspace));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
   int found = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = cublasLtMatmulAlgoGetHeuristic(plan->handle_, plan->desc_, plan->a_desc_, plan->b_desc_, plan->c_desc_,
-                                            plan->c_desc_, preference, 1, &result, &found);
+                                            plan->c_desc_, preference, kCandidates, results.data(), &found);
   }
   cublasLtMatmulPreferenceDestroy(preference);
   KILN_RETURN_IF_CUBLAS_ERROR(status, ctx);
@@ -107,9 +108,71 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
                                                  ", N ", g.n, ", K ", g.k, " (", DTypeName(in_dtype), " -> ",
                                                  DTypeName(out_dtype), ")"));
   }
-  plan->algo_ = result.algo;
-  plan->workspace_bytes_ = static_cast<int64_t>(result.workspaceSize);
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates_.push_back(results[i]);
+  }
+  if (plan->candidates_.empty()) return absl::InternalError(absl::StrCat(ctx, ": cuBLASLt's heuristic returned no usable algorithm"));
+  RETURN_IF_ERROR(plan->UseCandidate(0));
   return plan;
+}
+
+absl::Status GemmPlan::UseCandidate(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(candidates_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(g_.context, ": cuBLASLt candidate ", rank, " of ", candidates_.size()));
+  }
+  algo_ = candidates_[rank].algo;
+  workspace_bytes_ = static_cast<int64_t>(candidates_[rank].workspaceSize);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(void* out, const void* a, const void* b, const void* c,
+                                                     const void* bias, void* scratch, cudaStream_t stream) {
+  Tuning tuning;
+  if (candidates_.size() <= 1) return tuning;
+  const std::string& ctx = g_.context;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), ctx);
+  KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), ctx);
+  absl::Cleanup destroy = [&] {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  };
+  // One warm-up call, then the minimum of a few timed ones: a GEMM of the step runs between
+  // other kernels, warm in the instruction cache, so the fastest call is the fair figure.
+  constexpr int kTimedCalls = 5;
+  double best = 0;
+  int chosen = -1;
+  for (int rank = 0; rank < static_cast<int>(candidates_.size()); ++rank) {
+    RETURN_IF_ERROR(UseCandidate(rank));
+    if (!Enqueue(out, a, b, c, bias, scratch, stream).ok()) continue;  // an algorithm may refuse the buffers
+    double fastest = 0;
+    for (int call = 0; call < kTimedCalls; ++call) {
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(start, stream), ctx);
+      RETURN_IF_ERROR(Enqueue(out, a, b, c, bias, scratch, stream));
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(stop, stream), ctx);
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop), ctx);
+      float ms = 0;
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, start, stop), ctx);
+      const double us = 1000.0 * ms;
+      if (call == 0 || us < fastest) fastest = us;
+    }
+    ++tuning.candidates;
+    if (rank == 0) tuning.first_us = fastest;
+    if (chosen < 0 || fastest < best) {
+      best = fastest;
+      chosen = rank;
+    }
+  }
+  if (chosen < 0) return absl::InternalError(absl::StrCat(ctx, ": no cuBLASLt candidate ran"));
+  // Keep the heuristic's choice unless another is clearly faster (timing noise is ~1%).
+  if (tuning.first_us > 0 && best > 0.97 * tuning.first_us) {
+    chosen = 0;
+    best = tuning.first_us;
+  }
+  RETURN_IF_ERROR(UseCandidate(chosen));
+  tuning.chosen = chosen;
+  tuning.best_us = best;
+  return tuning;
 }
 
 absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, const void* bias,
