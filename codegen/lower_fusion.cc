@@ -20,27 +20,44 @@ namespace {
 // code): 8 gives bf16 its 16-byte accesses.
 constexpr int kMaxVectorLanes = 8;
 
-// A fusion's body seen as a kernel: the members it computes (definition order, the root
-// last) and its inputs (the body's parameters, by index: kernel input i is parameter i).
+// A fusion's body seen as a kernel: the members it computes (definition order) and its
+// inputs (the body's parameters, by index: kernel input i is parameter i). `roots` are the
+// body's outputs, the kernel's results in order: one for a reduction, one or more of one
+// shape for a loop (each element index computes every root there).
 struct KernelGroup {
-  const Node* root = nullptr;
+  const Node* root = nullptr;  // roots[0]
+  std::vector<const Node*> roots;
   std::vector<const Node*> members;
   std::vector<const Node*> inputs;
 };
 
-absl::StatusOr<KernelGroup> GroupOf(const Node& fusion) {
+absl::StatusOr<KernelGroup> GroupOf(const Node& fusion, FusionKind kind) {
   const Function* body = fusion.body();
-  if (body == nullptr || body->outputs().size() != 1) {
-    return absl::UnimplementedError(absl::StrCat("codegen renders fusions of one result; %", fusion.name(), " has ",
-                                                 body == nullptr ? 0 : body->outputs().size()));
+  if (body == nullptr || body->outputs().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("fusion %", fusion.name(), " has no body outputs"));
+  }
+  if (kind == FusionKind::kReduction && body->outputs().size() != 1) {
+    return absl::UnimplementedError(absl::StrCat("codegen renders reduction fusions of one result; %", fusion.name(),
+                                                 " has ", body->outputs().size()));
   }
   KernelGroup group;
-  group.root = body->outputs()[0];
+  for (const Node* out : body->outputs()) {
+    if (out->opcode() == Opcode::kParameter) {
+      return absl::UnimplementedError(absl::StrCat("fusion %", fusion.name(), " returns its parameter %", out->name()));
+    }
+    if (out->type().dims != body->outputs()[0]->type().dims) {
+      return absl::UnimplementedError(absl::StrCat("loop fusion %", fusion.name(), ": its results differ in shape (",
+                                                   out->type().ToString(), " and ",
+                                                   body->outputs()[0]->type().ToString(), "): one loop computes all"));
+    }
+    group.roots.push_back(out);
+  }
+  group.root = group.roots[0];
   for (const Node* p : body->parameters()) group.inputs.push_back(p);
   for (const auto& n : body->nodes()) {
     if (n->opcode() != Opcode::kParameter) group.members.push_back(n.get());
   }
-  if (group.members.empty() || group.members.back() != group.root) {
+  if (group.members.empty() || (group.roots.size() == 1 && group.members.back() != group.root)) {
     return absl::InvalidArgumentError(absl::StrCat("fusion %", fusion.name(), ": its body must end with the node it returns"));
   }
   return group;
@@ -293,9 +310,10 @@ absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const
 
 absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
-  ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion));
+  ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion, kind));
   const Node& root = *group.root;
   if (kind == FusionKind::kReduction) return LowerReductionFusion(group, options);
+  const size_t num_roots = group.roots.size();
   const int64_t count = root.type().num_elements();
   LoweredNode lowered{LoweringKind::kKernels, {}, "fused loop"};
   if (count == 0) return lowered;
@@ -305,33 +323,47 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
   // inputs (broadcast, transposed, sliced) element by element. Scalar 2-byte accesses left
   // these memory-bound kernels at ~60% of the H200's bandwidth.
   int narrowest = DTypeBytes(root.type().dtype);
+  for (const Node* r : group.roots) narrowest = std::min(narrowest, static_cast<int>(DTypeBytes(r->type().dtype)));
   for (const Node* in : group.inputs) narrowest = std::min(narrowest, static_cast<int>(DTypeBytes(in->type().dtype)));
   const int width = std::clamp(16 / std::max(narrowest, 1), 1, kMaxVectorLanes);
 
   GroupEmitter vector_emitter(group);
-  std::vector<std::string> lane_results;
+  std::vector<std::vector<std::string>> lane_results(num_roots);  // [root][lane]
   std::string lane_indices;
   for (int lane = 0; lane < width; ++lane) {
     const std::string index = absl::StrCat("e", lane);
     absl::StrAppendFormat(&lane_indices, "    const Index %s = base + %d;\n", index, lane);
     vector_emitter.SetLane(index, lane);
-    ASSIGN_OR_RETURN(std::string r, vector_emitter.Value(&root, index));
-    lane_results.push_back(std::move(r));
+    for (size_t r = 0; r < num_roots; ++r) {
+      ASSIGN_OR_RETURN(std::string v, vector_emitter.Value(group.roots[r], index));
+      lane_results[r].push_back(std::move(v));
+    }
   }
   GroupEmitter scalar_emitter(group);
-  ASSIGN_OR_RETURN(const std::string scalar_result, scalar_emitter.Value(&root, "i"));
+  std::vector<std::string> scalar_results;
+  for (const Node* r : group.roots) {
+    ASSIGN_OR_RETURN(std::string v, scalar_emitter.Value(r, "i"));
+    scalar_results.push_back(std::move(v));
+  }
 
   std::vector<DType> dtypes;
   for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
-  const std::string out_type = CudaTypeName(root.type().dtype);
-  std::string params = absl::StrCat(out_type, "* out");
+  // Results are out0, out1, ... (the kernel's outputs come first, one per result).
+  std::string params;
+  for (size_t r = 0; r < num_roots; ++r) {
+    absl::StrAppend(&params, r == 0 ? "" : ", ", CudaTypeName(group.roots[r]->type().dtype), "* out", r);
+  }
   for (size_t i = 0; i < group.inputs.size(); ++i) {
     dtypes.push_back(group.inputs[i]->type().dtype);
     absl::StrAppend(&params, ", const ", CudaTypeName(group.inputs[i]->type().dtype), "* __restrict__ in", i);
   }
   // Vector accesses need every vector pointer aligned to its vector (the arena's buffers
   // are, at 256 bytes; a caller's device pointer may not be): else the scalar loop runs all.
-  std::string aligned = "(reinterpret_cast<unsigned long long>(out) % sizeof(Vec<Out, kWidth>) == 0)";
+  std::string aligned;
+  for (size_t r = 0; r < num_roots; ++r) {
+    absl::StrAppendFormat(&aligned, "%s(reinterpret_cast<unsigned long long>(out%d) %% sizeof(Vec<%s, kWidth>) == 0)",
+                          r == 0 ? "" : " &&\n      ", r, CudaTypeName(group.roots[r]->type().dtype));
+  }
   std::string loads;
   for (int input : vector_emitter.vector_inputs()) {
     const std::string type = CudaTypeName(group.inputs[input]->type().dtype);
@@ -339,8 +371,15 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
                           input, type);
     absl::StrAppendFormat(&loads, "    const Vec<%s, kWidth> a%d = LoadVec<kWidth>(in%d, vec);\n", type, input, input);
   }
-  std::string stores;
-  for (int lane = 0; lane < width; ++lane) absl::StrAppendFormat(&stores, "    result.v[%d] = %s;\n", lane, lane_results[lane]);
+  std::string stores, scalar_stores;
+  for (size_t r = 0; r < num_roots; ++r) {
+    absl::StrAppendFormat(&stores, "    {\n    Vec<%s, kWidth> result;\n", CudaTypeName(group.roots[r]->type().dtype));
+    for (int lane = 0; lane < width; ++lane) {
+      absl::StrAppendFormat(&stores, "    result.v[%d] = %s;\n", lane, lane_results[r][lane]);
+    }
+    absl::StrAppendFormat(&stores, "    StoreVec<kWidth>(out%d, vec, result);\n    }\n", r);
+    absl::StrAppendFormat(&scalar_stores, "    out%d[i] = %s;\n", r, scalar_results[r]);
+  }
 
   const int threads = options.threads_per_block;
   const int64_t vectors = count / width;
@@ -356,7 +395,6 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
                         "  typedef %s Index;\n"
-                        "  typedef %s Out;\n"
                         "  constexpr Index kCount = %d;\n"
                         "  constexpr int kWidth = %d;\n"
                         "  constexpr Index kVectors = kCount / kWidth;\n"
@@ -366,21 +404,16 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
                         "  if (aligned) {\n"
                         "  for (Index vec = first; vec < kVectors; vec += stride) {\n"
                         "    const Index base = vec * kWidth;\n"
-                        "%s%s%s"
-                        "    Vec<Out, kWidth> result;\n"
-                        "%s"
-                        "    StoreVec<kWidth>(out, vec, result);\n"
+                        "%s%s%s%s"
                         "  }\n"
                         "  }\n"
                         "  // The elements past the last whole vector (all of them when unaligned).\n"
                         "  for (Index i = (aligned ? kVectors * kWidth : 0) + first; i < kCount; i += stride) {\n"
-                        "%s"
-                        "    out[i] = %s;\n"
+                        "%s%s"
                         "  }\n"
                         "}\n",
-                        threads, name, params, IndexTypeFor(count + 2 * stride + width), out_type, count, width,
-                        aligned, lane_indices, loads, vector_emitter.code(), stores, scalar_emitter.code(),
-                        scalar_result);
+                        threads, name, params, IndexTypeFor(count + 2 * stride + width), count, width, aligned,
+                        lane_indices, loads, vector_emitter.code(), stores, scalar_emitter.code(), scalar_stores);
   lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
   return lowered;
 }

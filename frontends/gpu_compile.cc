@@ -3,6 +3,7 @@
 #ifdef KILN_WITH_CUDA
 
 #include "absl/strings/str_cat.h"
+#include "codegen/kernel_cache.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
@@ -14,7 +15,20 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                    CompileProgram(f, ProgramOptions{.target = device.target(),
                                                     .cache_dir = compile.cache_dir,
                                                     .compile_threads = compile.compile_threads}));
-  return CudaExecutable::Load(std::move(program), device, run);
+  CudaExecutableOptions options = run;
+  // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
+  if (!options.load_tuning && !options.save_tuning) {
+    if (absl::StatusOr<KernelCache> cache = KernelCache::Open(compile.cache_dir); cache.ok()) {
+      options.load_tuning = [cache = *cache](const std::string& key) {
+        return cache.Lookup(KernelCache::Key(key, "", "", ""));
+      };
+      // A cache that cannot be written costs the next run a retune, nothing else.
+      options.save_tuning = [cache = *cache](const std::string& key, const std::string& value) {
+        cache.Store(KernelCache::Key(key, "", "", ""), value).IgnoreError();
+      };
+    }
+  }
+  return CudaExecutable::Load(std::move(program), device, options);
 }
 
 absl::StatusOr<std::vector<HostTensor>> EvaluateOnGpu(const Function& f, absl::Span<const HostTensor> args,

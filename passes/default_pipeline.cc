@@ -14,6 +14,7 @@
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
 #include "passes/narrow_activations.h"
+#include "passes/rematerialize.h"
 #include "passes/pass_registry.h"
 #include "passes/select_flash_attention.h"
 
@@ -57,6 +58,9 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());
+  // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
+  // loop fusions that read their inputs; after fusion, whose kernels it extends.
+  p.Add(std::make_unique<RematerializePass>());
   return p;
 }
 

@@ -15,6 +15,7 @@
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
 #include "passes/narrow_activations.h"
+#include "passes/rematerialize.h"
 #include "passes/select_flash_attention.h"
 
 namespace kiln {
@@ -49,6 +50,10 @@ constexpr PassInfo kPasses[] = {
      Make<LowerGemmPass>},
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
+    {RematerializePass::kName,
+     "a saved activation read again late (by a weight-gradient GEMM) is recomputed by the backward kernel "
+     "that reads its inputs",
+     Make<RematerializePass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},
     {kSimplifyPassName, "canonicalize, cse and dce, rerun until a round changes nothing", BuildSimplifyPass},

@@ -249,10 +249,47 @@ func @main {
     EXPECT_TRUE(absl::StrContains(source, "const Vec<float, kWidth> a1 = LoadVec<kWidth>(in1, vec);")) << source;
     EXPECT_FALSE(absl::StrContains(source, "a2 = LoadVec")) << source;  // the broadcast weight
     EXPECT_TRUE(absl::StrContains(source, "in2[")) << source;
-    EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out, vec, result);")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out0, vec, result);")) << source;
     EXPECT_TRUE(absl::StrContains(source, "for (Index i = (aligned ? kVectors * kWidth : 0) + first;")) << source;
     ExpectCompiles(lowered->kernels[0]);
   }
+}
+
+// A loop fusion of several results (rematerialize merges a recomputed value into the
+// kernel that reads its inputs anyway): one loop computes every result at each index and
+// stores each as a vector.
+TEST(Codegen, LoopFusionsOfSeveralResultsStoreEach) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %g = parameter() {index=0} : bf16[16,1024]
+  %u = parameter() {index=1} : bf16[16,1024]
+  %d = parameter() {index=2} : bf16[16,1024]
+  %du, %h = fusion(%g, %u, %d) {kind=loop} : (bf16[16,1024], bf16[16,1024]) {
+    %g = parameter() {index=0} : bf16[16,1024]
+    %u = parameter() {index=1} : bf16[16,1024]
+    %d = parameter() {index=2} : bf16[16,1024]
+    %s = sigmoid(%g) : bf16[16,1024]
+    %du = mul(%d, %s) : bf16[16,1024]
+    %h = mul(%s, %u) : bf16[16,1024]
+    return %du, %h
+  }
+  return %du, %h
+})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Node* fusion = nullptr;
+  for (const auto& n : (*m)->functions()[0]->nodes()) {
+    if (n->opcode() == Opcode::kFusion) fusion = n.get();
+  }
+  ASSERT_NE(fusion, nullptr);
+  absl::StatusOr<LoweredNode> lowered = LowerNode(*fusion);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  ASSERT_EQ(lowered->kernels.size(), 1u);
+  const std::string& source = lowered->kernels[0].source;
+  EXPECT_TRUE(absl::StrContains(source, "__nv_bfloat16* out0, __nv_bfloat16* out1, const")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out0, vec, result);")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out1, vec, result);")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "out1[i] = ")) << source;
+  ExpectCompiles(lowered->kernels[0]);
 }
 
 TEST(Codegen, NamesSourcesAndDeterminism) {

@@ -28,6 +28,7 @@
 #include "passes/training_step.h"
 #include "ir/text_format.h"
 #include "passes/fusion.h"
+#include "passes/rematerialize.h"
 #include "passes/lower_gemm.h"
 #include "frontends/gpu_compile.h"
 #include "runtime/cuda/executable.h"
@@ -454,6 +455,32 @@ std::vector<OpCase> OpCases() {
                      RETURN_IF_ERROR(b.Return({out}));
                      ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
                      if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}}});
+  // A loop fusion of two results, as rematerialize makes it: the SwiGLU VJP's kernel also
+  // recomputes silu(g) * u for a late reader (37 x 1029: whole vectors and a tail).
+  cases.push_back({"fusion_two_results_rematerialized", kFewUlps, [](Builder& b) -> absl::Status {
+                     const std::vector<int64_t> shape = {37, 1029};
+                     std::vector<Node*> p = Params(b, {{bf16, shape}, {bf16, shape}, {bf16, shape}});
+                     Node *g = p[0], *u = p[1], *d = p[2];
+                     ASSIGN_OR_RETURN(Node * s, b.Unary(Opcode::kSigmoid, g));
+                     ASSIGN_OR_RETURN(Node * silu, b.Mul(g, s));
+                     ASSIGN_OR_RETURN(Node * h, b.Mul(silu, u));
+                     ASSIGN_OR_RETURN(Node * early, b.ReduceSum(h, {1}));
+                     Node* chain = early;
+                     for (int i = 0; i < 6; ++i) {
+                       ASSIGN_OR_RETURN(chain, b.Unary(Opcode::kNeg, chain));
+                     }
+                     ASSIGN_OR_RETURN(Node * late, b.ReduceSum(h, {0}));
+                     ASSIGN_OR_RETURN(Node * s2, b.Unary(Opcode::kSigmoid, g));
+                     ASSIGN_OR_RETURN(Node * du, b.Mul(d, s2));
+                     ASSIGN_OR_RETURN(Node * dg, b.Mul(du, u));
+                     RETURN_IF_ERROR(b.Return({chain, late, dg}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     ASSIGN_OR_RETURN(bool merged, RematerializePass(0, 4).RunOnFunction(*b.function()));
+                     if (!merged) return absl::InternalError("rematerialize merged nothing");
                      return absl::OkStatus();
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}}});

@@ -356,19 +356,25 @@ void PrintGemmTuning(const std::vector<CudaExecutable::Stats::GemmTuningRecord>&
     return;
   }
   double saved_us = 0;
-  int changed = 0;
+  int changed = 0, cached = 0;
   for (const auto& r : records) {
     saved_us += r.calls * (r.tuning.first_us - r.tuning.best_us);
     changed += r.tuning.chosen != 0;
+    cached += r.from_cache;
   }
   std::fprintf(stderr,
-               "kiln train: cuBLASLt autotuning: %zu distinct GEMMs, %d run another algorithm than the heuristic's "
-               "first, saving %.2f ms a step (timed at load, min of 5 calls)\n"
+               "kiln train: cuBLASLt autotuning: %zu distinct GEMMs (%d choices from an earlier run's cache), %d run "
+               "another algorithm than the heuristic's first; those timed now save %.2f ms a step (min of 5 calls)\n"
                "  calls  heuristic us   kept us  rank/of  gemm\n",
-               records.size(), changed, saved_us / 1000.0);
+               records.size(), cached, changed, saved_us / 1000.0);
   for (const auto& r : records) {
-    std::fprintf(stderr, "  %5lld  %12.1f  %8.1f  %3d/%-3d  %s\n", static_cast<long long>(r.calls), r.tuning.first_us,
-                 r.tuning.best_us, r.tuning.chosen, r.tuning.candidates, r.gemm.c_str());
+    if (r.from_cache) {
+      std::fprintf(stderr, "  %5lld  %12s  %8s  %3d      %s\n", static_cast<long long>(r.calls), "cached", "",
+                   r.tuning.chosen, r.gemm.c_str());
+    } else {
+      std::fprintf(stderr, "  %5lld  %12.1f  %8.1f  %3d/%-3d  %s\n", static_cast<long long>(r.calls),
+                   r.tuning.first_us, r.tuning.best_us, r.tuning.chosen, r.tuning.candidates, r.gemm.c_str());
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
 #include "runtime/cuda/cuda_status.h"
@@ -40,6 +42,25 @@ std::string GemmTuningKey(const GemmDescription& g) {
                       g.a_k_inner ? "mk" : "km", ",", g.b_k_inner ? "nk" : "kn", " alpha=", g.alpha, " beta=", g.beta,
                       " ", DTypeName(g.a_dtype), "->", DTypeName(g.d_dtype),
                       g.bias ? absl::StrCat(" +bias ", DTypeName(g.bias_dtype)) : "", " ws=", g.max_workspace_bytes);
+}
+
+// Autotuning's choices made in this process, by store key (see TuneGemm).
+absl::Mutex tuning_mutex(absl::kConstInit);
+absl::flat_hash_map<std::string, std::string>& TuningsKept() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tuning_mutex) {
+  static auto* kept = new absl::flat_hash_map<std::string, std::string>();
+  return *kept;
+}
+
+std::optional<std::string> KeptTuning(const std::string& key) {
+  absl::MutexLock lock(&tuning_mutex);
+  auto it = TuningsKept().find(key);
+  if (it == TuningsKept().end()) return std::nullopt;
+  return it->second;
+}
+
+void KeepTuning(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&tuning_mutex);
+  TuningsKept()[key] = value;
 }
 
 }  // namespace
@@ -94,14 +115,34 @@ absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, con
     ++stats_.gemm_tuning[it->second].calls;
     return gemm.UseCandidate(stats_.gemm_tuning[it->second].tuning.chosen);
   }
+  // A choice made once is kept (in this process, and through the options' store beside the
+  // kernels on disk, keyed by the GPU and cuBLASLt's version), so that every run on this
+  // machine takes the same algorithms: timing noise must not make two runs of one seed round
+  // differently.
+  const std::string store_key =
+      absl::StrCat("gemm tuning v1: ", key, " on ", device_->name(), ", cublasLt ", cublasLtGetVersion());
+  std::optional<std::string> kept = KeptTuning(store_key);
+  if (!kept.has_value() && options_.load_tuning) kept = options_.load_tuning(store_key);
+  int rank = -1;
+  if (kept.has_value() && absl::SimpleAtoi(*kept, &rank) && rank >= 0 && rank < gemm.num_candidates()) {
+    RETURN_IF_ERROR(gemm.UseCandidate(rank));
+    KeepTuning(store_key, *kept);
+    tuned->emplace(key, static_cast<int>(stats_.gemm_tuning.size()));
+    stats_.gemm_tuning.push_back({key, 1, GemmPlan::Tuning{.chosen = rank}, /*from_cache=*/true});
+    return absl::OkStatus();
+  }
   // Timing overwrites the output: only a step-local value may take it (never a parameter's
   // buffer, whose contents the run starts from).
   const int64_t out_buffer = plan_.node_buffer[ps.args[0]];
   if (out_buffer < 0 || plan_.buffers[out_buffer].kind != PlannedBuffer::Kind::kValue) return absl::OkStatus();
   ASSIGN_OR_RETURN(GemmPlan::Tuning tuning, gemm.Autotune(pointers[0], pointers[1], pointers[2], pointers[3],
                                                           pointers[4], pointers[5], device_->stream()));
+  if (tuning.candidates > 0) {
+    KeepTuning(store_key, absl::StrCat(tuning.chosen));
+    if (options_.save_tuning) options_.save_tuning(store_key, absl::StrCat(tuning.chosen));
+  }
   tuned->emplace(key, static_cast<int>(stats_.gemm_tuning.size()));
-  stats_.gemm_tuning.push_back({key, 1, tuning});
+  stats_.gemm_tuning.push_back({key, 1, tuning, /*from_cache=*/false});
   return absl::OkStatus();
 }
 

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +45,10 @@ struct CudaExecutableOptions {
   // Time cuBLASLt's candidate algorithms for each distinct GEMM on the arena's buffers at
   // load and keep the fastest (GemmPlan::Autotune); false keeps the heuristic's first choice.
   bool autotune_gemms = true;
+  // Where autotuning's choices persist between runs, by key (frontends/gpu_compile.cc backs
+  // them with the kernel cache). Unset, a choice is kept for this process only.
+  std::function<std::optional<std::string>(const std::string& key)> load_tuning;
+  std::function<void(const std::string& key, const std::string& value)> save_tuning;
 };
 
 
@@ -87,7 +93,8 @@ class CudaExecutable {
     struct GemmTuningRecord {
       std::string gemm;  // "M16384 N768 K2048 mk,kn beta=1 bf16->f32"
       int64_t calls = 0;
-      GemmPlan::Tuning tuning;
+      GemmPlan::Tuning tuning;  // only `chosen` when from_cache
+      bool from_cache = false;  // the choice of an earlier run on this GPU (the kernel cache)
     };
     std::vector<GemmTuningRecord> gemm_tuning;
   };
