@@ -31,6 +31,9 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
 // lower_adamw.cc: adamw_update.
 absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options);
 
+// lower_sum_of_squares.cc: sum_of_squares.
+absl::StatusOr<LoweredNode> LowerSumOfSquares(const Node& node, const CodegenOptions& options);
+
 // lower_embedding.cc: gather and scatter_add.
 absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptions& options);

@@ -50,6 +50,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerRope(node, options);
     case Opcode::kAdamWUpdate:
       return composite::LowerAdamWUpdate(node, options);
+    case Opcode::kSumOfSquares:
+      return composite::LowerSumOfSquares(node, options);
     case Opcode::kGather:
       return composite::LowerGather(node, options);
     case Opcode::kScatterAdd:

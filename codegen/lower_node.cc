@@ -85,6 +85,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kCrossEntropyGrad:
     case Opcode::kRope:
     case Opcode::kAdamWUpdate:
+    case Opcode::kSumOfSquares:
     case Opcode::kAttention:
     case Opcode::kAttentionDelta:
     case Opcode::kAttentionGrad:

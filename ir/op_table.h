@@ -136,6 +136,12 @@
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
 //                          results (p', m', v'), written by one kernel in place. Not
 //                          differentiable.
+//   sum_of_squares(x, ...)  the sum of the squares of every element of every operand (floats
+//                          of one dtype, any shapes), f32[]: the global gradient norm's square
+//                          in one node, read by one multi-tensor kernel instead of a reduction
+//                          per gradient. The reference sums in double and rounds once; the
+//                          kernel sums f32 partials in a fixed order (deterministic; within
+//                          a reduction's tolerance of the reference). Not differentiable.
 //   fusion(x, ...)         {kind=loop|reduction}  one generated kernel computing its body, a
 //                          function held by the node (ir/fusion.h): the body's parameter i is
 //                          operand i, its outputs are the node's results. loop: every body node
@@ -266,6 +272,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kCrossEntropyGrad, "cross_entropy_grad", 4, kComposite, kInferred, 1, "classes,out_dtype")                            \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
   X(kAdamWUpdate, "adamw_update", 8, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
+  X(kSumOfSquares, "sum_of_squares", kVariadic, kComposite, kInferred, 1, "")                                            \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \

@@ -92,6 +92,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kCrossEntropyGrad: return EvalCrossEntropyGrad;
     case Opcode::kRope: return EvalRope;
     case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
+    case Opcode::kSumOfSquares: return EvalSumOfSquares;
     case Opcode::kAttention: return EvalAttention;
     case Opcode::kAttentionDelta: return EvalAttentionDelta;
     case Opcode::kAttentionGrad: return EvalAttentionGrad;

@@ -636,6 +636,16 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       ASSIGN_OR_RETURN(std::vector<TensorType> types, InferAttentionFamily(op, xs, attrs));
       return types[0];
     }
+    case Opcode::kSumOfSquares: {
+      if (xs.empty()) return Invalid("sum_of_squares takes at least one operand");
+      for (const TensorType& x : xs) {
+        if (!IsFloat(x.dtype) || x.dtype != xs[0].dtype) {
+          return Invalid(absl::StrCat("sum_of_squares operands must be floats of one dtype: ", xs[0].ToString(),
+                                      " and ", x.ToString()));
+        }
+      }
+      return TensorType{DType::kF32, {}};
+    }
     case Opcode::kKvCacheWrite:
       return InferKvCacheWrite(xs, attrs);
     case Opcode::kPagedAttention:

@@ -51,8 +51,7 @@ constexpr PassInfo kPasses[] = {
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
     {RematerializePass::kName,
-     "a saved activation read again late (by a weight-gradient GEMM) is recomputed by the backward kernel "
-     "that reads its inputs",
+     "recomputes a saved activation in the backward kernel that reads its inputs",
      Make<RematerializePass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},

@@ -150,18 +150,12 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   Node* grad_scale = nullptr;
   if (h.clip_norm > 0) {
     b.set_scope("grad_clip");
-    Node* sq_sum = nullptr;  // the first square sum starts it, as the gradients' sums do
-    for (Node* g : grads) {
-      ASSIGN_OR_RETURN(Node * g2, b.Mul(g, g));
-      ASSIGN_OR_RETURN(Node * s, a.SumAll(g2));
-      if (sq_sum == nullptr) {
-        sq_sum = s;
-      } else {
-        ASSIGN_OR_RETURN(sq_sum, b.Add(sq_sum, s));
-      }
-    }
-    if (sq_sum == nullptr) {
+    // One node over every gradient (a multi-tensor kernel), not a reduction per gradient.
+    Node* sq_sum = nullptr;
+    if (grads.empty()) {
       ASSIGN_OR_RETURN(sq_sum, a.Scalar(0.0));
+    } else {
+      ASSIGN_OR_RETURN(sq_sum, b.Op(Opcode::kSumOfSquares, grads, {}));
     }
     ASSIGN_OR_RETURN(Node * norm, b.Unary(Opcode::kSqrt, sq_sum));
     ASSIGN_OR_RETURN(Node * denom, a.AddConst(norm, 1e-6));

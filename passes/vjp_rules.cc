@@ -848,6 +848,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kCrossEntropyGrad, CrossEntropyGradVjp, kNode},
     VjpRow{Opcode::kRope, RopeVjp, kNode},
     VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
+    VjpRow{Opcode::kSumOfSquares, NoCotangents, kNode},
     VjpRow{Opcode::kAttention, AttentionVjp, kNode},
     // Used only inside attention's VJP: a second derivative of attention is not supported.
     VjpRow{Opcode::kAttentionDelta, NoCotangents, kNode},

@@ -271,6 +271,16 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * lowered, b.Compare(p_new, p[0], "lt"));
          return b.Select(lowered, p[1], p[2]);
        }},
+      {"sum_of_squares_feeding_compare",
+       {{F32(kShape)}, {F32(kShape)}, {F32(kShape), 0, 4}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // sum_of_squares (the global gradient norm's square) is not differentiable; like
+         // adamw_update it is covered by a use whose result carries no gradient.
+         ASSIGN_OR_RETURN(Node * squares, b.Op(Opcode::kSumOfSquares, {p[0], p[1]}));
+         ASSIGN_OR_RETURN(Node * wide, b.BroadcastScalar(squares, kShape));
+         ASSIGN_OR_RETURN(Node * above, b.Compare(wide, p[2], "gt"));
+         return b.Select(above, p[0], p[1]);
+       }},
       {"gemm_feeding_compare",
        {{F32({4, 3})}, {F32({5, 3})}},
        [](Builder& b, P p) -> absl::StatusOr<Node*> {

@@ -472,8 +472,10 @@ TEST(FusionNodes, TheCompiledTrainingStepRoundTripsWithItsFusions) {
   EXPECT_EQ(count[Opcode::kAdamWUpdate], layout.num_params);
   EXPECT_EQ(count[Opcode::kAttention], config.n_layers);
   EXPECT_EQ(count[Opcode::kAttentionGrad], config.n_layers);
-  // 266 since the bf16 policy stores activations bf16 (330 before: fewer converts to fuse).
-  EXPECT_GT(count[Opcode::kFusion], 250);
+  // 266 since the bf16 policy stores activations bf16 (330 before: fewer converts to fuse),
+  // ~150 since the gradient norm is one sum_of_squares node (not a fused reduction per
+  // gradient).
+  EXPECT_GT(count[Opcode::kFusion], 130);
   const std::string text = PrintModule(*m);
   absl::StatusOr<std::unique_ptr<Module>> from_text = ParseModule(text);
   ASSERT_TRUE(from_text.ok()) << from_text.status();

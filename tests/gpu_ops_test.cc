@@ -368,6 +368,13 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {0, 2048}}});
   }
+  // At training size the heads split over threads (lower_rope.cc: 3 of 12 per thread here
+  // on a 132-SM GPU), bf16 in and out.
+  cases.push_back({"rope_heads_split", kSums, [](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{bf16, {20, 1024, 12, 64}}, {i32, {1024}}});
+                     return Ret(b, b.Rope(p[0], p[1], 10000.0, false));
+                   },
+                   {{-2, 2}, {0, 4096}}});
   // AdamW's three results over the scalar path (an odd size), 16-byte accesses, and a size
   // past the grid-stride kernel's grid (threads loop).
   for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4}) {
@@ -380,6 +387,16 @@ std::vector<OpCase> OpCases() {
                        return b.Return(*outs);
                      },
                      {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}, {0.25, 1}}});
+  }
+  // The global gradient norm's square over operands of every path: scalar tails (1001, 15),
+  // whole chunks (2 x 16384) and many blocks ((1 << 20) + 3), f32 and bf16.
+  for (DType dtype : {f32, bf16}) {
+    cases.push_back({absl::StrCat("sum_of_squares_", DTypeName(dtype)), kSums, [dtype](Builder& b) -> absl::Status {
+                       std::vector<Node*> p = Params(b, {{dtype, {1001}}, {dtype, {3, 5}}, {dtype, {2, 16384}},
+                                                         {dtype, {(int64_t{1} << 20) + 3}}});
+                       return Ret(b, b.Op(Opcode::kSumOfSquares, p));
+                     },
+                     {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}}});
   }
   // The attention family at a GQA shape with head dim 128 (@attention of the all-ops module
   // has 64): forward, statistics, delta and the three backward results.

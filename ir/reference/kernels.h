@@ -74,6 +74,7 @@ absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, c
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);
 // optimizer_ops.cc
 absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalSumOfSquares(const Node& node, Operands xs, const EvalContext& ctx);
 // attention_ops.cc
 absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx);

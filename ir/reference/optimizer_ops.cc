@@ -38,4 +38,16 @@ absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operan
   return results;
 }
 
+absl::StatusOr<HostTensor> EvalSumOfSquares(const Node& node, Operands xs, const EvalContext&) {
+  // In double, operand by operand, element by element: the evaluator rounds the sum to f32
+  // once. (The GPU kernel's f32 partials differ from this in the last bits.)
+  double sum = 0;
+  for (const HostTensor* x : xs) {
+    for (double v : x->values()) sum += v * v;
+  }
+  HostTensor out(node.type());
+  out.mutable_values()[0] = sum;
+  return out;
+}
+
 }  // namespace kiln::reference

@@ -111,8 +111,10 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   b.set_scope("layers.1.optimizer");
   Node* second = Must(b.Mul(x, x));
   Node* scalar = Must(b.Unary(Opcode::kSigmoid, Must(b.ReduceMax(w, {0}))));
+  // The clipping factor from a global norm: sigmoid(-sum_of_squares(...)) is in (0, 0.5].
+  Node* clip = Must(b.Unary(Opcode::kSigmoid, Must(b.Unary(Opcode::kNeg, Must(b.Op(Opcode::kSumOfSquares, {x, second}))))));
   Node* state = nullptr;
-  for (Node* updated : Must(b.MultiResultOp(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar, scalar},
+  for (Node* updated : Must(b.MultiResultOp(Opcode::kAdamWUpdate, {x, sel, v, second, scalar, scalar, scalar, clip},
                                             AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}))) {
     state = state == nullptr ? updated : Must(b.Add(state, updated));
   }

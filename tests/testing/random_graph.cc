@@ -335,8 +335,17 @@ absl::StatusOr<Node*> GraphGenerator::AdamWStep() {
   ASSIGN_OR_RETURN(Node * step_size, Scalar(0.01 * static_cast<double>(1 + Uniform(4))));
   ASSIGN_OR_RETURN(Node * decay, Scalar(Coin() ? 1.0 : 0.999));
   ASSIGN_OR_RETURN(Node * sqrt_bc2, Scalar(0.25 * static_cast<double>(1 + Uniform(4))));
+  // The clipping factor as a training step computes it from the gradients' global norm
+  // (here 1 / (1 + |g|^2 + |m|^2), in (0, 1]), or a constant.
+  Node* grad_scale = sqrt_bc2;
+  if (Coin()) {
+    ASSIGN_OR_RETURN(Node * squares, b_.Op(Opcode::kSumOfSquares, {g, m}));
+    ASSIGN_OR_RETURN(Node * one, Scalar(1.0));
+    ASSIGN_OR_RETURN(Node * denominator, b_.Add(squares, one));
+    ASSIGN_OR_RETURN(grad_scale, b_.Div(one, denominator));
+  }
   ASSIGN_OR_RETURN(std::vector<Node*> results,
-                   b_.MultiResultOp(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2, sqrt_bc2},
+                   b_.MultiResultOp(Opcode::kAdamWUpdate, {p, g, m, v, step_size, decay, sqrt_bc2, grad_scale},
                                     AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}));
   return results[Uniform(3)];
 }
