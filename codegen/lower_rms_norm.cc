@@ -17,11 +17,41 @@ namespace {
 constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 
+// {weight_grad=1}: the input-gradient kernel's blocks, each a partial row of dw for the fold
+// to read: about this many threads per SM (16 warps, the rows' loads keep the memory busy;
+// llama-S's [16384, 768]: 256 blocks of 8 rows x 8 groups), at most this many partial rows.
+constexpr int64_t kWeightGradThreadsPerSm = 512;
+constexpr int64_t kMaxWeightGradPartials = 512;
+constexpr int kWeightGradFoldThreads = 256;  // 32 columns x 8 groups of partial rows
+
+bool WritesWeightGrad(const Node& node) {
+  return node.attrs().Has("weight_grad") && node.attrs().GetInt("weight_grad").value_or(0) == 1;
+}
+
+// Row groups per block and blocks of the {weight_grad=1} launch: `g` as the plain input
+// gradient's (so dx is the same bits), fewer blocks that each run several of its blocks' rows.
+struct WeightGradGeometry {
+  int64_t row_groups = 1;
+  int64_t blocks = 1;
+};
+WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenOptions& options) {
+  const int64_t per_sm = std::max<int64_t>(1, kWeightGradThreadsPerSm / g.block_threads());
+  const int64_t target = std::clamp<int64_t>(options.target.sm_count * per_sm, 1, kMaxWeightGradPartials);
+  WeightGradGeometry w;
+  w.row_groups = CeilDiv(std::max<int64_t>(1, g.blocks), target);
+  w.blocks = std::max<int64_t>(1, CeilDiv(g.blocks, w.row_groups));
+  return w;
+}
+
+absl::StatusOr<LoweredNode> LowerRmsNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
+                                                           const RowGeometry& g);
+
 }  // namespace
 
 // rms_norm and rms_norm_grad_input, and their residual forms (add_rms_norm: sum and y;
 // add_rms_norm_grad_input: dx and its optional copy), each one row kernel: the residual
-// forms instantiate the same templates with their optional pointers set.
+// forms instantiate the same templates with their optional pointers set. An input gradient
+// {weight_grad=1} is two kernels (LowerRmsNormGradInputAndWeight).
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
   const Opcode op = node.opcode();
@@ -29,7 +59,8 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
   const int x_at = op == Opcode::kAddRmsNormGradInput ? 1 : 0;
   const int w_at = op == Opcode::kAddRmsNorm ? 2 : x_at + 1;
   const Rows rows = RowsOf(node.operand(x_at)->type());
-  if (rows.count == 0 || rows.length == 0) return Kernels({});
+  // No rows: nothing to compute, but a weight gradient (zeros) is still written.
+  if (rows.length == 0 || (rows.count == 0 && !WritesWeightGrad(node))) return Kernels({});
   RETURN_IF_ERROR(CheckRowLength(node, rows.length));
   const DType x = node.operand(x_at)->type().dtype, w = node.operand(w_at)->type().dtype;
   // The normed output (y, or dx) is the last result of add_rms_norm, the first otherwise.
@@ -59,6 +90,7 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
     }
     case Opcode::kRmsNormGradInput:
     case Opcode::kAddRmsNormGradInput: {
+      if (WritesWeightGrad(node)) return LowerRmsNormGradInputAndWeight(node, options, g);
       const DType dy = node.operand(x_at + 2)->type().dtype;
       const bool residual = op == Opcode::kAddRmsNormGradInput;
       const bool copy = node.num_results() == 2;
@@ -88,6 +120,63 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
   }
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }
+
+namespace {
+
+// {weight_grad=1}: two kernels. Stage 1 is the input-gradient row kernel over `g`'s rows in
+// fewer blocks, each also summing dy * x * r of its rows into a partial row of dw in the
+// node's scratch; stage 2 folds the partial rows in block order (kernels/rms_norm.cuh,
+// RmsNormGradInputAndWeight and RmsNormWeightGradFold). Results: dx, [copy,] dw.
+absl::StatusOr<LoweredNode> LowerRmsNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
+                                                           const RowGeometry& g) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const bool residual = node.opcode() == Opcode::kAddRmsNormGradInput;
+  const int x_at = residual ? 1 : 0;
+  const Rows rows = RowsOf(node.operand(x_at)->type());
+  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
+              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
+  const bool copy = node.num_results() == 3;
+  const DType dw = node.result_type(node.num_results() - 1).dtype;
+  const DType dres = residual ? node.operand(0)->type().dtype : DType::kF32;
+  const DType copy_type = copy ? node.result_type(1).dtype : dx;
+  const WeightGradGeometry wg = ChooseWeightGradGeometry(g, options);
+
+  Wrapper wrapper{"rms_norm", "", "", {}, ""};
+  wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx")};
+  if (copy) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(copy_type), "* dx_copy"));
+  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* dw"));
+  if (residual) wrapper.params.push_back(Param(dres, "dres"));
+  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
+  wrapper.params.push_back("float* __restrict__ partials");  // the scratch: wg.blocks x D floats
+
+  Wrapper stage1 = wrapper;
+  stage1.comment = absl::StrCat(RowComment(rows.count, rows.length, g), "; ", Count(wg.blocks, "block"), " of ",
+                                Count(wg.row_groups, "row group"), " each, summing dw's partial rows",
+                                residual ? (copy ? "; adds the residual gradient and writes a copy of dx"
+                                                 : "; adds the residual gradient")
+                                         : "");
+  stage1.call = absl::StrCat(
+      "RmsNormGradInputAndWeight<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ",
+      CudaTypeName(dx), ", ", RowArgs(rows.count, rows.length, g), ", ", wg.row_groups, ", ", CudaTypeName(dres),
+      ", ", CudaTypeName(copy_type), ">(dx, x, w, dy, ", FloatLiteral(eps), ", ", residual ? "dres" : "nullptr", ", ",
+      copy ? "dx_copy" : "nullptr", ", partials)");
+
+  Wrapper stage2 = wrapper;
+  const int64_t fold_blocks = CeilDiv(rows.length, kWarpSize);
+  stage2.comment = absl::StrCat("dw: ", Count(rows.length, "column"), " each the sum of ",
+                                Count(wg.blocks, "partial row"), ", in block order within ",
+                                kWeightGradFoldThreads / kWarpSize, " groups, then group order");
+  stage2.call = absl::StrCat("RmsNormWeightGradFold<", CudaTypeName(dw), ", ", rows.length, ", ", wg.blocks, ", ",
+                             kWeightGradFoldThreads, ">(dw, partials)");
+
+  const std::string name = codegen::KernelName(node);
+  LoweredNode lowered = Kernels({Emit(node, name, stage1, wg.blocks, g.block_threads()),
+                                 Emit(node, absl::StrCat(name, "_fold"), stage2, fold_blocks, kWeightGradFoldThreads)});
+  lowered.scratch_bytes = wg.blocks * rows.length * static_cast<int64_t>(sizeof(float));
+  return lowered;
+}
+
+}  // namespace
 
 // One kernel, deterministic: per-block partial column sums in a module-scope buffer, summed
 // in block order by the last block (kernels/rms_norm.cuh, RmsNormGradWeight).

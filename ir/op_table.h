@@ -12,7 +12,8 @@
 //             shape, a reshape's target) and inference checks it against the operands.
 //   results   how many typed results a node of the op has (kVariableResults: a fusion
 //             has one per output of its body, a gemm two when it writes its amax,
-//             add_rms_norm_grad_input two when it writes a copy). An op with several (AdamW's
+//             add_rms_norm_grad_input two when it writes a copy, the rms_norm input
+//             gradients one more when they write the weight gradient). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); cross_entropy's loss and LSE likewise; the text form writes
@@ -81,7 +82,14 @@
 //                          computed in f32. With out_dtype (x must then be f32) y is that f32
 //                          result rounded to out_dtype: convert(rms_norm(x, w)) bit for bit
 //                          (fuse-residual-norm makes it where every use of y converts it)
-//   rms_norm_grad_input(x, w, dy)  {eps}  dL/dx
+//   rms_norm_grad_input(x, w, dy)  {eps, [weight_grad]}  dL/dx. With weight_grad=1 a second
+//                          result, rms_norm_grad_weight(x, w, dy) {eps} (w's type), written by
+//                          the same kernels, which read x and dy once for both (results
+//                          (dx, dw); made by fuse-residual-norm, and then not differentiable).
+//                          dx is the same either way; dw is defined as rms_norm_grad_weight's
+//                          reference value, and the GPU sums it in another fixed order (per
+//                          block of rows, then the blocks in order, in f32), which its
+//                          tolerance covers, as it does rms_norm_grad_weight's own kernel's
 //   rms_norm_grad_weight(x, w, dy) {eps}  dL/dw, summed over all leading dims
 //   layer_norm(x, w, b)    {eps, [out_dtype]}  y = (x - mean) * rsqrt(var + eps) * w + b over
 //                          the last dim (var = mean((x - mean)^2), biased), computed in f32;
@@ -100,7 +108,9 @@
 //                            dx = f32(dres + rms_norm_grad_input(x, w, dy))
 //                          add(dres, rms_norm_grad_input(x, w, dy)) bit for bit. With copy_dtype
 //                          a second result, convert(dx) to copy_dtype, written by the same
-//                          kernel (the bf16 operand of the GEMMs that read dx). Made by
+//                          kernel (the bf16 operand of the GEMMs that read dx). With
+//                          weight_grad=1 a last result, rms_norm_grad_weight(x, w, dy) {eps},
+//                          as rms_norm_grad_input's: results (dx, [copy,] dw). Made by
 //                          fuse-residual-norm; not differentiable.
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
@@ -206,7 +216,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
-inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm, add_rms_norm_grad_input: 1 or 2
+inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm 1 or 2, the input gradients 1 to 3
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -260,12 +270,12 @@ enum class ResultRule { kInferred, kDeclared };
   X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \
   X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1, "")                                                           \
   X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps,out_dtype")                                                   \
-  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, 1, "eps")                                         \
+  X(kRmsNormGradInput, "rms_norm_grad_input", 3, kComposite, kInferred, kVariableResults, "eps,weight_grad")            \
   X(kRmsNormGradWeight, "rms_norm_grad_weight", 3, kComposite, kInferred, 1, "eps")                                       \
   X(kLayerNorm, "layer_norm", 3, kComposite, kInferred, 1, "eps,out_dtype")                                               \
   X(kAddRmsNorm, "add_rms_norm", 3, kComposite, kInferred, 2, "eps,out_dtype")                                            \
   X(kAddLayerNorm, "add_layer_norm", 4, kComposite, kInferred, 2, "eps,out_dtype")                                        \
-  X(kAddRmsNormGradInput, "add_rms_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype")        \
+  X(kAddRmsNormGradInput, "add_rms_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype,weight_grad") \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 2, "classes")                                               \

@@ -293,8 +293,28 @@ absl::StatusOr<std::vector<TensorType>> InferAddNorm(Opcode op, absl::Span<const
   return std::vector<TensorType>{h, y};
 }
 
+// {weight_grad}: absent or 0 (dx only), or 1 (dw too, as the last result).
+absl::StatusOr<bool> WeightGradFlag(const AttrMap& attrs, absl::string_view op) {
+  if (!attrs.Has("weight_grad")) return false;
+  ASSIGN_OR_RETURN(int64_t v, attrs.GetInt("weight_grad"));
+  if (v != 0 && v != 1) return Invalid(absl::StrCat(op, " weight_grad=", v, " must be 0 or 1"));
+  return v == 1;
+}
+
+// rms_norm_grad_input(x, w, dy): dx (x's type) and, with {weight_grad=1}, dw
+// (rms_norm_grad_weight's type: w's).
+absl::StatusOr<std::vector<TensorType>> InferRmsNormGradInput(absl::Span<const TensorType> xs,
+                                                              const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(TensorType dx, InferRmsNormFamily(Opcode::kRmsNormGradInput, xs, attrs));
+  ASSIGN_OR_RETURN(bool weight_grad, WeightGradFlag(attrs, "rms_norm_grad_input"));
+  std::vector<TensorType> results = {dx};
+  if (weight_grad) results.push_back(xs[1]);
+  return results;
+}
+
 // add_rms_norm_grad_input(dres, x, w, dy): rms_norm_grad_input's checks on (x, w, dy); dres
-// of x's type, f32; results dx (dres's type) and, with {copy_dtype}, its copy.
+// of x's type, f32; results dx (dres's type), with {copy_dtype} its copy, with
+// {weight_grad=1} dw (w's type), in that order.
 absl::StatusOr<std::vector<TensorType>> InferAddRmsNormGradInput(absl::Span<const TensorType> xs,
                                                                  const AttrMap& attrs) {
   const TensorType& dres = xs[0];
@@ -309,6 +329,8 @@ absl::StatusOr<std::vector<TensorType>> InferAddRmsNormGradInput(absl::Span<cons
     if (!IsFloat(copy)) return Invalid("add_rms_norm_grad_input copy_dtype must be a float type");
     results.push_back(TensorType{copy, dx.dims});
   }
+  ASSIGN_OR_RETURN(bool weight_grad, WeightGradFlag(attrs, "add_rms_norm_grad_input"));
+  if (weight_grad) results.push_back(xs[2]);
   return results;
 }
 
@@ -590,7 +612,6 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       }
       return *declared;
     case Opcode::kRmsNorm:
-    case Opcode::kRmsNormGradInput:
     case Opcode::kRmsNormGradWeight:
       return InferRmsNormFamily(op, xs, attrs);
     case Opcode::kLayerNorm:
@@ -653,6 +674,7 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kAdamWUpdate:
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
+    case Opcode::kRmsNormGradInput:
     case Opcode::kAddRmsNormGradInput:
     case Opcode::kCrossEntropy:
     case Opcode::kAttention:
@@ -695,6 +717,8 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
       return InferAddNorm(op, xs, attrs);
+    case Opcode::kRmsNormGradInput:
+      return InferRmsNormGradInput(xs, attrs);
     case Opcode::kAddRmsNormGradInput:
       return InferAddRmsNormGradInput(xs, attrs);
     case Opcode::kAttention:

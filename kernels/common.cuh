@@ -231,6 +231,7 @@ struct RowLayout {
   static __device__ __forceinline__ int ChunkStart(int k) { return (k * kThreadsPerRow + Lane()) * kVec; }
   static constexpr int kRowLength = kLength;
   static constexpr int kChunkWidth = kVec;
+  static constexpr int kRowThreads = kThreadsPerRow;
 };
 
 // This thread's chunks of one row of x, as floats (the row kernels keep them in registers).

@@ -11,7 +11,9 @@
 // pointers: add_rms_norm reads x = h + branch and writes that sum too
 // (LoadRowWithResidual); add_rms_norm_grad_input adds the residual gradient dres to dx
 // and may write a narrow copy of dx, so neither the sum nor dx is read back by an add or a
-// convert kernel.
+// convert kernel. With {weight_grad=1} the input-gradient kernel also sums dw's partials
+// per block of rows (RmsNormGradInputAndWeight, then RmsNormWeightGradFold), so x and dy
+// are read once for both gradients instead of once more by RmsNormGradWeight.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -55,19 +57,21 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
   }
 }
 
-// dx = rms_norm_grad_input(x, w, dy), or with `dres` (add_rms_norm_grad_input) dx = dres +
-// that, the input gradient rounded to TDX first as its own kernel would store it; with
-// `copy`, dx again rounded to TC. Same geometry as the forward. Keeps x and w * dy of its
-// chunks in registers between the two row sums and the output.
-template <typename TX, typename TW, typename TDY, typename TDX, long long kRows, int kD, int kVec,
-          int kThreadsPerRow, int kRowsPerBlock, typename TR = float, typename TC = float>
-__device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps,
-                                                 const TR* dres = nullptr, TC* copy = nullptr) {
-  using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
-  const long long row = Layout::Row();
-  if (row >= kRows) return;
-
+// One row of rms_norm_grad_input (both input-gradient kernels below run it): dx of `row`,
+// or with `dres` (add_rms_norm_grad_input) dx = dres + that, the input gradient rounded to
+// TDX first as its own kernel would store it; with `copy`, dx again rounded to TC. Keeps x
+// and w * dy of its chunks in registers between the two row sums and the output. With
+// kWeightGrad it keeps dy too and adds dy * x * r of the row to this thread's column sums
+// `dw_sums` (its chunks' columns); dx is computed the same either way. All threads of a
+// row call it (a block-wide row reduces through shared memory).
+template <typename Layout, bool kWeightGrad, typename TX, typename TW, typename TDY, typename TDX, typename TR,
+          typename TC>
+__device__ __forceinline__ void RmsNormGradInputRow(long long row, TDX* dx, const TX* x, const TW* w, const TDY* dy,
+                                                    float eps, const TR* dres, TC* copy,
+                                                    float (&dw_sums)[Layout::kChunks][Layout::kChunkWidth]) {
+  constexpr int kD = Layout::kRowLength, kVec = Layout::kChunkWidth;
   float xs[Layout::kChunks][kVec], wdys[Layout::kChunks][kVec];
+  float dys[kWeightGrad ? Layout::kChunks : 1][kVec];  // dy itself, for dw
   float sum_squares = 0.f, dot = 0.f;  // sum(x^2), sum(w * dy * x) over this thread's chunks
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {
@@ -79,13 +83,14 @@ __device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW*
     LoadFloats(w + i, ws);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
+      if constexpr (kWeightGrad) dys[k][j] = wdys[k][j];
       wdys[k][j] *= ws[j];
       sum_squares += xs[k][j] * xs[k][j];
       dot += wdys[k][j] * xs[k][j];
     }
   }
-  sum_squares = RowReduce<kThreadsPerRow>(sum_squares, SumOp(), 0.f);
-  dot = RowReduce<kThreadsPerRow>(dot, SumOp(), 0.f);
+  sum_squares = RowReduce<Layout::kRowThreads>(sum_squares, SumOp(), 0.f);
+  dot = RowReduce<Layout::kRowThreads>(dot, SumOp(), 0.f);
   const float r = 1.f / sqrtf(sum_squares / kD + eps);
   const float x_scale = r * r * r * dot / kD;
 
@@ -104,7 +109,105 @@ __device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW*
     }
     if (dx != nullptr) StoreFloats(dx + row * kD + i, dxs);  // null: unread (only the copy is)
     if (copy != nullptr) StoreFloats(copy + row * kD + i, dxs);
+    if constexpr (kWeightGrad) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dw_sums[k][j] += dys[k][j] * xs[k][j] * r;
+    }
   }
+}
+
+// dx = rms_norm_grad_input(x, w, dy), or add_rms_norm_grad_input's dx and copy (the row
+// above). Same geometry as the forward: a row per warp or per block.
+template <typename TX, typename TW, typename TDY, typename TDX, long long kRows, int kD, int kVec,
+          int kThreadsPerRow, int kRowsPerBlock, typename TR = float, typename TC = float>
+__device__ __forceinline__ void RmsNormGradInput(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps,
+                                                 const TR* dres = nullptr, TC* copy = nullptr) {
+  using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
+  const long long row = Layout::Row();
+  if (row >= kRows) return;
+  float unused[Layout::kChunks][kVec];
+  RmsNormGradInputRow<Layout, false>(row, dx, x, w, dy, eps, dres, copy, unused);
+}
+
+// The input gradient and the weight gradient of one norm, {weight_grad=1}: stage 1 of 2.
+// dx (and dres, copy) exactly as RmsNormGradInput, with the same row geometry (so dx is the
+// same bits), but each block runs kRowGroups consecutive groups of kRowsPerBlock rows (block
+// b: rows [b kRowGroups kRowsPerBlock, (b + 1) kRowGroups kRowsPerBlock)), each thread adding
+// dy * x * r of its rows, in row order, to registers for its columns. x and dy are read once
+// for both gradients. The block's column sums then go to partials[b][:] (the node's
+// scratch, gridDim.x x kD floats): a row per block writes its threads' sums directly; a
+// warp per row folds its warps' sums in warp order through shared memory first, the last
+// warp writing the result. RmsNormWeightGradFold (stage 2) sums the partials in block
+// order. Deterministic: every sum runs in an order fixed at compile time; no atomics.
+template <typename TX, typename TW, typename TDY, typename TDX, long long kRows, int kD, int kVec,
+          int kThreadsPerRow, int kRowsPerBlock, int kRowGroups, typename TR, typename TC>
+__device__ __forceinline__ void RmsNormGradInputAndWeight(TDX* dx, const TX* x, const TW* w, const TDY* dy, float eps,
+                                                          const TR* dres, TC* copy, float* partials) {
+  using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
+  float sums[Layout::kChunks][kVec];
+#pragma unroll
+  for (int k = 0; k < Layout::kChunks; ++k) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sums[k][j] = 0.f;
+  }
+  const long long first_row = static_cast<long long>(blockIdx.x) * kRowGroups * kRowsPerBlock +
+                              threadIdx.x / kThreadsPerRow;
+  for (int group = 0; group < kRowGroups; ++group) {
+    const long long row = first_row + static_cast<long long>(group) * kRowsPerBlock;
+    if (row < kRows) RmsNormGradInputRow<Layout, true>(row, dx, x, w, dy, eps, dres, copy, sums);
+  }
+
+  float* block_partials = partials + blockIdx.x * static_cast<long long>(kD);
+  if constexpr (kRowsPerBlock == 1) {
+#pragma unroll
+    for (int k = 0; k < Layout::kChunks; ++k) {
+      const int i = Layout::ChunkStart(k);
+      if (i < kD) StoreFloats(block_partials + i, sums[k]);
+    }
+  } else {
+    __shared__ float block_sums[kD];
+    const int warp = threadIdx.x / kThreadsPerRow;
+    for (int w_turn = 0; w_turn < kRowsPerBlock; ++w_turn) {
+      if (warp == w_turn) {
+#pragma unroll
+        for (int k = 0; k < Layout::kChunks; ++k) {
+          const int i = Layout::ChunkStart(k);
+          if (i >= kD) continue;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            if (w_turn > 0) sums[k][j] = block_sums[i + j] + sums[k][j];
+            if (w_turn < kRowsPerBlock - 1) block_sums[i + j] = sums[k][j];
+          }
+          if (w_turn == kRowsPerBlock - 1) StoreFloats(block_partials + i, sums[k]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Stage 2 of 2: dw[c] = the sum of partials[0..kBlocks)[c] (stage 1's), in a fixed order:
+// with kThreads = 32 x kGroups threads, lane x owns column blockIdx.x * 32 + x, group y sums
+// blocks y, y + kGroups, ... in order, then group 0 sums the group sums in order. Launch:
+// ceil(kD / 32) blocks of kThreads.
+template <typename TDW, int kD, int kBlocks, int kThreads>
+__device__ __forceinline__ void RmsNormWeightGradFold(TDW* dw, const float* partials) {
+  constexpr int kGroups = kThreads / kWarpSize;
+  static_assert(kThreads % kWarpSize == 0, "groups of whole warps");
+  const int lane = threadIdx.x % kWarpSize, group = threadIdx.x / kWarpSize;
+  const int col = blockIdx.x * kWarpSize + lane;
+  float acc = 0.f;
+  if (col < kD) {
+#pragma unroll 8
+    for (int b = group; b < kBlocks; b += kGroups) acc += partials[static_cast<long long>(b) * kD + col];
+  }
+  __shared__ float group_sums[kGroups][kWarpSize];
+  group_sums[group][lane] = acc;
+  __syncthreads();
+  if (group != 0 || col >= kD || dw == nullptr) return;
+  float total = group_sums[0][lane];
+  for (int y = 1; y < kGroups; ++y) total += group_sums[y][lane];
+  dw[col] = FromFloat<TDW>(total);
 }
 
 // dw = rms_norm_grad_weight(x, w, dy), deterministic and without float atomics.

@@ -178,6 +178,72 @@ bool FuseBackward(Function& f, Node* add) {
   return true;
 }
 
+// The values a node stands for: itself, or a multi-result node's get_result nodes.
+std::vector<Node*> ResultValues(Node* n) {
+  if (!n->has_multiple_results()) return {n};
+  std::vector<Node*> values;
+  for (int i = 0; i < n->num_results(); ++i) values.push_back(n->result(i));
+  return values;
+}
+
+// The input gradient of the norm (x, w, dy) {eps} that `gw` (rms_norm_grad_weight) is the
+// weight gradient of, without a weight gradient yet; nullptr if there is none.
+Node* InputGradientOf(const Node& gw) {
+  Node* x = gw.operand(0);
+  for (Node* u : x->users()) {
+    const int x_at = u->opcode() == Opcode::kRmsNormGradInput ? 0 : u->opcode() == Opcode::kAddRmsNormGradInput ? 1 : -1;
+    if (x_at < 0 || u->attrs().Has("weight_grad")) continue;
+    if (u->operand(x_at) != x || u->operand(x_at + 1) != gw.operand(1) || u->operand(x_at + 2) != gw.operand(2)) {
+      continue;
+    }
+    if (u->attrs().GetFloat("eps").value_or(-1) != gw.attrs().GetFloat("eps").value_or(-2)) continue;
+    return u;
+  }
+  return nullptr;
+}
+
+// rms_norm_grad_weight(x, w, dy) beside an input gradient of the same (x, w, dy, eps) ->
+// that input gradient {weight_grad=1}, dw its last result. The merged node goes where one of
+// the two was: the earlier when the input gradient's operands (dres) are defined before it,
+// else the input gradient's place when no use of dw comes before it. Returns whether it
+// merged.
+bool MergeWeightGrad(Function& f, Node* gw) {
+  Node* gi = InputGradientOf(*gw);
+  if (gi == nullptr) return false;
+  const Order order(f);
+  Node* before = gi;
+  if (order.Before(gw, gi)) {
+    bool operands_first = true;
+    for (const Node* o : gi->operands()) operands_first = operands_first && order.Before(o, gw);
+    bool uses_after = true;
+    for (const Node* u : gw->users()) uses_after = uses_after && order.Before(gi, u);
+    if (operands_first) {
+      before = gw;
+    } else if (!uses_after) {
+      return false;
+    }
+  }
+  AttrMap attrs = gi->attrs();
+  attrs.Set("weight_grad", int64_t{1});
+  std::vector<TensorType> types = gi->result_types();
+  types.push_back(gw->type());
+  const std::vector<Node*> old_values = ResultValues(gi);
+  std::vector<std::string> names;
+  for (Node* v : old_values) names.push_back(TakeName(f, v));
+  names.push_back(TakeName(f, gw));
+  if (gi->has_multiple_results()) TakeName(f, gi);  // its `<first>.results` name, for the new node
+  const std::vector<Node*> results = f.AppendMultiResultNode(gi->opcode(), gi->operands(), std::move(attrs), types,
+                                                             names, gi->scope(), before);
+  KILN_CHECK(results.size() == old_values.size() + 1);
+  for (size_t i = 0; i < old_values.size(); ++i) old_values[i]->ReplaceAllUsesWith(results[i]);
+  gw->ReplaceAllUsesWith(results.back());
+  f.RemoveNode(gw);
+  std::vector<Node*> dead = old_values;
+  if (gi->has_multiple_results()) dead.push_back(gi);
+  f.RemoveNodes(dead);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> FuseResidualNormPass::RunOnFunction(Function& f) {
@@ -199,6 +265,13 @@ absl::StatusOr<bool> FuseResidualNormPass::RunOnFunction(Function& f) {
     if (n->opcode() == Opcode::kAdd) adds.push_back(n.get());
   }
   for (Node* add : adds) changed |= FuseBackward(f, add);
+  // Last, each weight gradient into its norm's input gradient (plain or with the residual
+  // add folded in above); each merge removes the listed weight gradient alone.
+  std::vector<Node*> weight_grads;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kRmsNormGradWeight) weight_grads.push_back(n.get());
+  }
+  for (Node* gw : weight_grads) changed |= MergeWeightGrad(f, gw);
   return changed;
 }
 

@@ -1,8 +1,11 @@
 // fuse-residual-norm: a residual add and the norm that reads its sum become one kernel that
 // writes both, and a norm's output is written in the dtype its consumers convert it to.
 // In the backward, the residual gradient's add folds into the norm's input-gradient kernel,
-// which also writes the narrow copy the next GEMMs read. What no longer runs: the add's
-// kernel (and its reading h2 back), the converts after the norm and after the gradient.
+// which also writes the narrow copy the next GEMMs read, and the norm's weight gradient
+// becomes that kernel's last result. What no longer runs: the add's kernel (and its reading
+// h2 back), the converts after the norm and after the gradient, and rms_norm_grad_weight's
+// kernel, which read x and dy a second time (its place: a small fold of per-block partial
+// rows, kernels/rms_norm.cuh).
 //
 // Forward, before:
 //   %h = parameter() {index=0} : f32[8,64]
@@ -25,6 +28,16 @@
 //   %dx, %dxb = add_rms_norm_grad_input(%dres, %x, %w, %dy) {copy_dtype=bf16, eps=1e-05} : (f32[8,64], bf16[8,64])
 //   return %dx, %dxb
 //
+// The weight gradient, before (the final norm's backward: no residual add):
+//   %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+//   %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-05} : f32[64]
+//   return %gi, %gw
+// After:
+//   %gi, %gw = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05, weight_grad=1} : (f32[8,64], f32[64])
+//   return %gi, %gw
+// (a layer's: %dx, %dxb, %gw = add_rms_norm_grad_input(...) {copy_dtype=bf16, eps=1e-05,
+// weight_grad=1} : (f32[8,64], bf16[8,64], f32[64])).
+//
 // Rewrites (layer_norm and add_layer_norm alike):
 //   norm(add(h, b)) -> add_norm(h, b): the sum stays a result, so every other use of h2
 //     (the residual stream read by the next layer, or the backward) reads it there;
@@ -33,7 +46,14 @@
 //     add another pass has taken);
 //   add(dres, rms_norm_grad_input(x, w, dy)) (either order) -> add_rms_norm_grad_input,
 //     with {copy_dtype} and a second result replacing the add's converts to that dtype when
-//     it has some (its other uses read dx).
+//     it has some (its other uses read dx);
+//   rms_norm_grad_weight(x, w, dy) {eps} beside an input gradient (plain, or the residual
+//     form just made) of the same x, w, dy and eps -> that input gradient {weight_grad=1},
+//     dw its last result: every norm of llama (the final one too), and GPT-2's layer_norm,
+//     whose VJP takes both rms_norm gradients of the centered input. The merged node goes
+//     where the earlier of the two was when the input gradient's operands are defined
+//     before it, else where the input gradient was when no use of dw comes before that
+//     (neither: a residual gradient that depends on dw, left alone).
 // Exact: each fused op is defined (ir/op_table.h) as the ops it replaces with every
 // intermediate rounded as they stored it, and the reference backend computes it so; the
 // kernels are the same row kernels with optional pointers (kernels/rms_norm.cuh,
@@ -57,7 +77,9 @@
 // elide-grad-zeroing, and the forward adds become add_rms_norm instead.) layer_norm's backward (passes/vjp_rules.cc) centers the
 // input gradient before the residual add, which fuse-loops then puts in the centering kernel:
 // there is no add of an rms_norm_grad_input for this pass to fold there. Not done: an input
-// gradient with no residual add whose uses convert it (the final norm's) keeps its convert.
+// gradient with no residual add whose uses convert it (the final norm's) keeps its convert;
+// layer_norm's bias gradient (a reduce_sum of dy over the rows) stays the two-stage column
+// reduction (codegen/reduction_lowering.cc) rather than a third result of the kernel.
 #pragma once
 
 #include <cstdint>

@@ -42,7 +42,7 @@ constexpr PassInfo kPasses[] = {
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,
-     "add + norm -> one kernel writing both; norms written narrow; backward add folded",
+     "add + norm -> one kernel writing both; narrow norms; backward add and dw folded in",
      Make<FuseResidualNormPass>},
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},

@@ -565,6 +565,11 @@ absl::StatusOr<Grads> LayerNormVjp(const VjpArgs& a) {
 // So with v = w dy and cotangent G: d(dy) = w (J G), d(w) = sum over rows of dy (J G), and
 // d(x) = grad of G.(J v) = (r^3 / D) [(3 r^2 (x.v)(x.G) / D - v.G) x - (x.G) v - (x.v) G].
 absl::StatusOr<Grads> RmsNormGradInputVjp(const VjpArgs& a) {
+  if (a.node->has_multiple_results()) {  // {weight_grad=1}: fuse-residual-norm's form
+    return absl::UnimplementedError(
+        "rms_norm_grad_input {weight_grad=1} is made by fuse-residual-norm on the finished training step; "
+        "differentiate rms_norm_grad_input and rms_norm_grad_weight, which it merges");
+  }
   Builder& b = *a.builder;
   ASSIGN_OR_RETURN(double eps, a.node->attrs().GetFloat("eps"));
   Node* x = a.node->operand(0);

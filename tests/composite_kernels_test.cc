@@ -84,7 +84,9 @@ std::vector<KernelSpec> LowerAndCompile(const Node* node, const CodegenOptions& 
   for (const KernelSpec& kernel : lowered->kernels) {
     SCOPED_TRACE(kernel.name);
     EXPECT_EQ(kernel.name.rfind(codegen::KernelName(*node), 0), 0u);
-    EXPECT_EQ(KernelParams(kernel).size(), static_cast<size_t>(node->num_results() + node->num_operands()))
+    // Outputs, operands, and the scratch pointer last when the node asks for scratch.
+    EXPECT_EQ(KernelParams(kernel).size(),
+              static_cast<size_t>(node->num_results() + node->num_operands() + (lowered->scratch_bytes > 0 ? 1 : 0)))
         << kernel.source;
     EXPECT_EQ(kernel.block[0] % 32, 0u);
     EXPECT_LE(kernel.block[0] * kernel.block[1] * kernel.block[2], 1024u);
@@ -150,6 +152,64 @@ TEST(CompositeKernelsTest, RmsNormGradWeight) {
     OneOp one = MakeOneOp(Opcode::kRmsNormGradWeight, {{s.x, s.dims}, {s.w, {s.dims.back()}}, {s.dy, s.dims}}, Eps());
     EXPECT_EQ(LowerAndCompile(one.node).size(), 1u);
   }
+}
+
+// The input gradients {weight_grad=1}: two kernels (the row kernel summing dw's partial rows
+// into the scratch, then the fold), over every row geometry (a warp per row with 16-byte
+// accesses, one element, the scalar path, a block per row, no rows: dw = 0), the plain and
+// residual forms, with and without the copy; the row kernel keeps the plain kernel's block
+// (its dx is the same bits) in fewer blocks, and the scratch holds a partial row per block.
+TEST(CompositeKernelsTest, InputGradientsWithTheWeightGradient) {
+  struct Shape {
+    DType x, w, dy;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kF32, kF32, kF32, {4, 768}},
+                                           {kF32, kF32, kBF16, {16384, 768}},
+                                           {kF32, kF32, kF32, {3, 1}},
+                                           {kF32, kBF16, kF32, {7, 33}},
+                                           {kF32, kF32, kBF16, {2, 8192}},
+                                           {kF32, kF32, kF32, {8192, 2048}},
+                                           {kF32, kF32, kF32, {0, 8}}}) {
+    SCOPED_TRACE((TensorType{s.dy, s.dims}).ToString());
+    const int64_t d = s.dims.back();
+    const TensorType x{s.x, s.dims}, w{s.w, {d}}, dy{s.dy, s.dims};
+    AttrMap with_dw = Eps();
+    with_dw.Set("weight_grad", int64_t{1});
+    AttrMap with_copy = with_dw;
+    with_copy.Set("copy_dtype", Symbol{"bf16"});
+    OneOp plain = MakeOneOp(Opcode::kRmsNormGradInput, {x, w, dy}, Eps());
+    OneOp merged = MakeOneOp(Opcode::kRmsNormGradInput, {x, w, dy}, with_dw, nullptr, 2);
+    OneOp residual = MakeOneOp(Opcode::kAddRmsNormGradInput, {x, x, w, dy}, with_dw, nullptr, 2);
+    OneOp copied = MakeOneOp(Opcode::kAddRmsNormGradInput, {x, x, w, dy}, with_copy, nullptr, 3);
+    absl::StatusOr<LoweredNode> alone = LowerCompositeNode(*plain.node, {});
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    for (const OneOp* one : {&merged, &residual, &copied}) {
+      const std::vector<KernelSpec> kernels = LowerAndCompile(one->node);
+      ASSERT_EQ(kernels.size(), 2u);
+      absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*one->node, {});
+      ASSERT_TRUE(lowered.ok()) << lowered.status();
+      EXPECT_EQ(lowered->scratch_bytes, int64_t{kernels[0].grid[0]} * d * 4);
+      EXPECT_LE(kernels[0].grid[0], 512u);
+      if (!alone->kernels.empty()) {
+        EXPECT_EQ(kernels[0].block[0], alone->kernels[0].block[0]);
+        EXPECT_LE(kernels[0].grid[0], alone->kernels[0].grid[0]);
+      }
+      EXPECT_NE(kernels[0].source.find("RmsNormGradInputAndWeight<"), std::string::npos) << kernels[0].source;
+      EXPECT_NE(kernels[1].source.find("RmsNormWeightGradFold<"), std::string::npos) << kernels[1].source;
+      EXPECT_EQ(kernels[1].name, kernels[0].name + "_fold");
+    }
+  }
+  // llama-S's rows: 2048 blocks of 8 rows for dx alone; 256 of 8 x 8 rows with dw, 768 KiB of
+  // partials; the fold 24 blocks of 32 columns.
+  OneOp s = MakeOneOp(Opcode::kRmsNormGradInput, {{kF32, {16384, 768}}, {kF32, {768}}, {kF32, {16384, 768}}},
+                      AttrMap{{"eps", 1e-5}, {"weight_grad", int64_t{1}}}, nullptr, 2);
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*s.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].grid[0], 256u);
+  EXPECT_EQ(lowered->kernels[0].block[0], 256u);
+  EXPECT_EQ(lowered->kernels[1].grid[0], 24u);
+  EXPECT_EQ(lowered->scratch_bytes, 256 * 768 * 4);
 }
 
 // layer_norm compiles under NVRTC for GPT-2's widths (768, 1024) and odd ones, any float dtypes.

@@ -1,6 +1,6 @@
 // fuse-residual-norm (passes/fuse_residual_norm.h): add + norm become one node writing the
 // sum and the (narrow) norm; the residual gradient's add folds into the norm's input
-// gradient. IR text in, FileCheck on the print, meaning checked on the reference backend
+// gradient, and so does the norm's weight gradient. IR text in, FileCheck on the print, meaning checked on the reference backend
 // bit for bit (tests/testing/pass_test.h); then llama-tiny's and gpt2-tiny's training steps
 // through the default pipeline, with and without the pass.
 #include "passes/fuse_residual_norm.h"
@@ -121,6 +121,109 @@ TEST(FuseResidualNorm, LayerNorm) {
   )");
 }
 
+constexpr absl::string_view kGradParams = R"(
+  %x = parameter() {index=0} : f32[8,64]
+  %w = parameter() {index=1} : f32[64]
+  %dy = parameter() {index=2} : f32[8,64]
+  %dres = parameter() {index=3} : f32[8,64]
+)";
+
+// The final norm's backward (no residual add): the weight gradient becomes the input
+// gradient's second result, one kernel reading x and dy once for both.
+TEST(FuseResidualNorm, WeightGradHeaderExample) {
+  std::string out = Fuse(R"(
+  %x = parameter() {index=0} : f32[8,64]
+  %w = parameter() {index=1} : f32[64]
+  %dy = parameter() {index=2} : f32[8,64]
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-05} : f32[64]
+  return %gi, %gw
+)");
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %gi, %gw = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05, weight_grad=1} : (f32[8,64], f32[64])
+    CHECK-NEXT: return %gi, %gw
+    CHECK-NOT:  rms_norm_grad_weight
+  )");
+}
+
+// A layer's norm: the residual add folds in first (with the copy), then the weight gradient
+// joins as the last result; the merged node goes where the weight gradient was.
+TEST(FuseResidualNorm, WeightGradJoinsTheResidualForm) {
+  std::string out = Fuse(absl::StrCat(kGradParams, R"(
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-05} : f32[64]
+  %dx = add(%dres, %gi) : f32[8,64]
+  %dxb = convert(%dx) : bf16[8,64]
+  %gw2 = neg(%gw) : f32[64]
+  return %dx, %dxb, %gw2
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %dx, %dxb, %gw = add_rms_norm_grad_input(%dres, %x, %w, %dy) {copy_dtype=bf16, eps=1e-05, weight_grad=1} : (f32[8,64], bf16[8,64], f32[64])
+    CHECK-NEXT: %gw2 = neg(%gw) : f32[64]
+    CHECK-NEXT: return %dx, %dxb, %gw2
+    CHECK-NOT:  rms_norm_grad_weight
+  )");
+}
+
+// GPT-2's layer_norm backward: both gradients of the centered input c (passes/vjp_rules.cc),
+// the bias gradient a reduce_sum of dy that stays its own kernel.
+TEST(FuseResidualNorm, WeightGradOfTheCenteredLayerNormInput) {
+  std::string out = Fuse(absl::StrCat(kGradParams, R"(
+  %s = reduce_sum(%x) {dims=[1]} : f32[8]
+  %k = constant() {value=0.015625} : f32[8]
+  %mean = mul(%s, %k) : f32[8]
+  %mb = broadcast(%mean) {dims=[0]} : f32[8,64]
+  %c = sub(%x, %mb) : f32[8,64]
+  %dc = rms_norm_grad_input(%c, %w, %dy) {eps=1e-05} : f32[8,64]
+  %dw = rms_norm_grad_weight(%c, %w, %dy) {eps=1e-05} : f32[64]
+  %db = reduce_sum(%dy) {dims=[0]} : f32[64]
+  return %dc, %dw, %db
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %c = sub(%x, %mb) : f32[8,64]
+    CHECK-NEXT: %dc, %dw = rms_norm_grad_input(%c, %w, %dy) {eps=1e-05, weight_grad=1} : (f32[8,64], f32[64])
+    CHECK-NEXT: %db = reduce_sum(%dy) {dims=[0]} : f32[64]
+  )");
+}
+
+// Left alone: another eps, another dy, another x, and a weight gradient that the residual
+// gradient itself depends on (the merged node would read its own result).
+TEST(FuseResidualNorm, WeightGradOnlyOfTheSameNorm) {
+  for (const std::string& body : {
+           absl::StrCat(kGradParams, R"(
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-06} : f32[64]
+  return %gi, %gw
+)"),
+           absl::StrCat(kGradParams, R"(
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %gw = rms_norm_grad_weight(%x, %w, %dres) {eps=1e-05} : f32[64]
+  return %gi, %gw
+)"),
+           absl::StrCat(kGradParams, R"(
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %gw = rms_norm_grad_weight(%dres, %w, %dy) {eps=1e-05} : f32[64]
+  return %gi, %gw
+)"),
+       }) {
+    std::string out = Fuse(body, /*expect_change=*/false);
+    EXPECT_NE(out.find("rms_norm_grad_weight("), std::string::npos) << body << out;
+    EXPECT_EQ(out.find("weight_grad="), std::string::npos) << body << out;
+  }
+  std::string out = Fuse(absl::StrCat(kGradParams, R"(
+  %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-05} : f32[64]
+  %gwb = broadcast(%gw) {dims=[1]} : f32[8,64]
+  %dres2 = add(%dres, %gwb) : f32[8,64]
+  %gi = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05} : f32[8,64]
+  %dx = add(%dres2, %gi) : f32[8,64]
+  return %dx
+)"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %gw = rms_norm_grad_weight(%x, %w, %dy) {eps=1e-05} : f32[64]
+    CHECK:      %dx = add_rms_norm_grad_input(%dres2, %x, %w, %dy) {eps=1e-05} : f32[8,64]
+  )");
+}
+
 // No add before the norm (the first layer's, reading the embedding): the norm writes bf16
 // itself; every convert of it goes (cse may not have merged them yet).
 TEST(FuseResidualNorm, NormWithoutAddWritesNarrow) {
@@ -224,6 +327,8 @@ struct StepCounts {
   int64_t bytes = 0;               // what those read and write, each operand and result once
   int64_t launches = 0;            // kernels and cuBLASLt calls, as codegen lowers the nodes for sm_90a
   int64_t add_norms = 0, grad_inputs_with_add = 0, narrow_norms = 0;
+  int64_t weight_grads = 0;           // rms_norm_grad_weight nodes (their own kernel)
+  int64_t merged_weight_grads = 0;    // input gradients {weight_grad=1}
 };
 
 // A node of the step that runs something: not a parameter, constant, reshape (an alias),
@@ -249,6 +354,8 @@ void CountInto(const Function& f, StepCounts& c, bool top) {
     c.add_norms += op == Opcode::kAddRmsNorm || op == Opcode::kAddLayerNorm;
     c.grad_inputs_with_add += op == Opcode::kAddRmsNormGradInput;
     c.narrow_norms += (op == Opcode::kRmsNorm || op == Opcode::kLayerNorm) && n->attrs().Has("out_dtype");
+    c.weight_grads += op == Opcode::kRmsNormGradWeight;
+    c.merged_weight_grads += n->attrs().Has("weight_grad");
     if (top) {
       static const CodegenOptions sm90a{.target = *TargetForArch("sm_90a")};
       absl::StatusOr<LoweredNode> lowered = LowerNode(*n, sm90a);
@@ -322,6 +429,10 @@ TEST(FuseResidualNorm, LlamaTinyTrainingStep) {
   EXPECT_EQ(b.add_norms + b.grad_inputs_with_add + b.narrow_norms, 0);
   EXPECT_EQ(a.narrow_norms + a.add_norms, 2 * layers + 1);  // every norm, the final one too
   EXPECT_EQ(a.grad_inputs_with_add, 2 * layers);
+  // Every norm's weight gradient, the final norm's included, is its input gradient's result.
+  EXPECT_EQ(b.weight_grads, 2 * layers + 1);
+  EXPECT_EQ(a.weight_grads, 0);
+  EXPECT_EQ(a.merged_weight_grads, 2 * layers + 1);
   EXPECT_LT(a.nodes_that_run, b.nodes_that_run);
   EXPECT_LT(a.bytes, b.bytes);
   ExpectNothingLeftAndSameValues(*before, *after);
@@ -338,6 +449,10 @@ TEST(FuseResidualNorm, Gpt2TinyTrainingStep) {
   Print("gpt2-tiny", b, a);
   const int64_t layers = PresetConfig("gpt2-tiny")->n_layers;
   EXPECT_EQ(a.narrow_norms + a.add_norms, 2 * layers + 1);
+  // layer_norm's weight gradient (rms_norm's of the centered input) merges all the same.
+  EXPECT_EQ(b.weight_grads, 2 * layers + 1);
+  EXPECT_EQ(a.weight_grads, 0);
+  EXPECT_EQ(a.merged_weight_grads, 2 * layers + 1);
   EXPECT_LT(a.nodes_that_run, b.nodes_that_run);
   EXPECT_LT(a.bytes, b.bytes);
   ExpectNothingLeftAndSameValues(*before, *after);
@@ -354,6 +469,8 @@ TEST(FuseResidualNorm, LlamaSStepFigures) {
   const int64_t layers = PresetConfig("llama-S")->n_layers;
   EXPECT_EQ(a.narrow_norms + a.add_norms, 2 * layers + 1);
   EXPECT_EQ(a.grad_inputs_with_add, 2 * layers);
+  EXPECT_EQ(a.weight_grads, 0);
+  EXPECT_EQ(a.merged_weight_grads, 2 * layers + 1);
   EXPECT_LT(a.launches, b.launches);
   EXPECT_LT(a.bytes, b.bytes);
 }

@@ -105,6 +105,40 @@ TEST(MultiResult, ParserSaysWhatIsWrongWithALine) {
               HasSubstr("neg has 1 result(s), but 2 name(s) are written"));
 }
 
+// The norms' input gradients with {weight_grad=1} (fuse-residual-norm's): dw is the last
+// result, of w's type; the text and protobuf forms keep it; a flag other than 0/1, or the
+// result count written without the flag, is an error that says so.
+TEST(MultiResult, InputGradientsWithTheWeightGradient) {
+  constexpr char kText[] = R"(module @m
+
+func @f {
+  %x = parameter() {index=0} : f32[4,8]
+  %w = parameter() {index=1} : bf16[8]
+  %dy = parameter() {index=2} : f32[4,8]
+  %dx, %dw = rms_norm_grad_input(%x, %w, %dy) {eps=1e-05, weight_grad=1} : (f32[4,8], bf16[8])
+  %rx, %rc, %rw = add_rms_norm_grad_input(%dx, %x, %w, %dy) {copy_dtype=bf16, eps=1e-05, weight_grad=1} : (f32[4,8], bf16[4,8], bf16[8])
+  return %rx, %rc, %rw, %dw
+}
+)";
+  std::unique_ptr<Module> m = Parse(kText);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(PrintModule(*m), kText);
+  absl::StatusOr<std::string> bytes = ModuleToProtoBinary(*m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<std::unique_ptr<Module>> from_proto = ModuleFromProtoBinary(*bytes);
+  ASSERT_TRUE(from_proto.ok()) << from_proto.status();
+  EXPECT_EQ(PrintModule(**from_proto), kText);
+  auto with = [&](absl::string_view from, absl::string_view to) {
+    std::string text = kText;
+    text.replace(text.find(std::string(from)), from.size(), std::string(to));
+    return ParseError(text);
+  };
+  EXPECT_THAT(with("{eps=1e-05, weight_grad=1} : (f32[4,8], bf16[8])", "{eps=1e-05, weight_grad=2} : (f32[4,8], bf16[8])"),
+              HasSubstr("weight_grad=2 must be 0 or 1"));
+  EXPECT_THAT(with("{eps=1e-05, weight_grad=1} : (f32[4,8], bf16[8])", "{eps=1e-05} : (f32[4,8], bf16[8])"),
+              HasSubstr("written type (f32[4,8], bf16[8]) but operands give (f32[4,8])"));
+}
+
 // Graphs built by hand (as a pass might) that break the group's shape.
 TEST(MultiResult, VerifierRejectsABrokenGroup) {
   {  // a result read by something other than a get_result

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "frontends/llama.h"
@@ -118,6 +119,26 @@ TEST(PassMeaning, RandomGraphs) {
     for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
   }
   EXPECT_GT(fusions, kNumRandomGraphs);
+}
+
+// fuse-residual-norm's weight-gradient merge on the random graphs: some draw both gradients
+// of one norm (tests/testing/random_graph.cc), which the default pipeline merges into one
+// {weight_grad=1} node; PassMeaning.RandomGraphs checks those graphs' values before and after.
+TEST(PassMeaning, RandomGraphsMergeWeightGradients) {
+  int64_t before = 0, merged = 0, left = 0;
+  for (int seed = 0; seed < kNumRandomGraphs; ++seed) {
+    std::unique_ptr<Module> m = *testing::BuildRandomGraph(seed);
+    for (const auto& n : m->functions()[0]->nodes()) before += n->opcode() == Opcode::kRmsNormGradWeight;
+    ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());
+    for (const auto& n : m->functions()[0]->nodes()) {
+      merged += n->opcode() == Opcode::kRmsNormGradInput && n->attrs().Has("weight_grad");
+      left += n->opcode() == Opcode::kRmsNormGradWeight;
+    }
+  }
+  std::printf("random graphs: %lld rms_norm_grad_weight, %lld merged, %lld left\n", static_cast<long long>(before),
+              static_cast<long long>(merged), static_cast<long long>(left));
+  EXPECT_GT(merged, 0) << before << " weight gradients in the graphs, none merged";
+  EXPECT_LT(left, before);
 }
 
 // llama-tiny at a small shape, in bf16 autocast (the mixed-precision graph is the richer one).

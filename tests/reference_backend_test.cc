@@ -357,6 +357,49 @@ TEST(ReferenceBackend, RmsNormGradientsMatchFiniteDifferences) {
              1e-7);
 }
 
+// The input gradients {weight_grad=1}: dw is rms_norm_grad_weight's value bit for bit (one
+// definition, rounded to w's dtype: f32 and bf16 weights), dx (and the copy) the plain
+// gradients' bit for bit; in f32 and in the double mode alike.
+TEST(ReferenceBackend, InputGradientsWithTheWeightGradientEqualTheUnmergedOps) {
+  for (DType wt : {kF32, DType::kBF16}) {
+    for (const ReferenceOptions& options : {ReferenceOptions{}, kDouble}) {
+      Fn f;
+      Node* px = f.Param("x", {kF32, {4, 3, 7}});
+      Node* pw = f.Param("w", {wt, {7}});
+      Node* pdy = f.Param("dy", {kF32, {4, 3, 7}});
+      Node* pres = f.Param("dres", {kF32, {4, 3, 7}});
+      const AttrMap eps{{"eps", 1e-2}};
+      AttrMap with_dw = eps;
+      with_dw.Set("weight_grad", int64_t{1});
+      AttrMap with_copy = with_dw;
+      with_copy.Set("copy_dtype", Symbol{"bf16"});
+      AttrMap copy_only = eps;
+      copy_only.Set("copy_dtype", Symbol{"bf16"});
+      Node* gi = Fn::Ok(f.b.Op(Opcode::kRmsNormGradInput, {px, pw, pdy}, eps));
+      Node* gw = Fn::Ok(f.b.Op(Opcode::kRmsNormGradWeight, {px, pw, pdy}, eps));
+      absl::StatusOr<std::vector<Node*>> ac = f.b.MultiResultOp(Opcode::kAddRmsNormGradInput, {pres, px, pw, pdy}, copy_only);
+      absl::StatusOr<std::vector<Node*>> m = f.b.MultiResultOp(Opcode::kRmsNormGradInput, {px, pw, pdy}, with_dw);
+      absl::StatusOr<std::vector<Node*>> am =
+          f.b.MultiResultOp(Opcode::kAddRmsNormGradInput, {pres, px, pw, pdy}, with_copy);
+      ASSERT_TRUE(ac.ok() && m.ok() && am.ok()) << ac.status() << m.status() << am.status();
+      ASSERT_EQ(m->size(), 2u);
+      ASSERT_EQ(am->size(), 3u);
+      EXPECT_EQ((*m)[1]->type(), gw->type());
+      auto r = f.Eval({gi, gw, (*ac)[0], (*ac)[1], (*m)[0], (*m)[1], (*am)[0], (*am)[1], (*am)[2]},
+                      {HostTensor::Random({kF32, {4, 3, 7}}, 21), HostTensor::Random({wt, {7}}, 22),
+                       HostTensor::Random({kF32, {4, 3, 7}}, 23), HostTensor::Random({kF32, {4, 3, 7}}, 24)},
+                      options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)[4].values(), (*r)[0].values());  // dx
+      EXPECT_EQ((*r)[5].values(), (*r)[1].values());  // dw
+      EXPECT_EQ((*r)[6].values(), (*r)[2].values());  // dres + dx
+      EXPECT_EQ((*r)[7].values(), (*r)[3].values());  // its copy
+      EXPECT_EQ((*r)[8].values(), (*r)[1].values());  // dw
+      EXPECT_NE((*r)[1].values(), std::vector<double>(7, 0.0));
+    }
+  }
+}
+
 TEST(ReferenceBackend, SoftmaxRowsSumToOneAndLargeInputsAreStable) {
   Fn f;
   Node* x = f.Param("x", {kF32, {2, 3}});

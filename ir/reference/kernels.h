@@ -58,7 +58,8 @@ absl::StatusOr<HostTensor> EvalGather(const Node& node, Operands xs, const EvalC
 absl::StatusOr<HostTensor> EvalScatterAdd(const Node& node, Operands xs, const EvalContext& ctx);
 // norm_ops.cc
 absl::StatusOr<HostTensor> EvalRmsNorm(const Node& node, Operands xs, const EvalContext& ctx);
-absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx);
+// rms_norm_grad_input: dx, and with {weight_grad=1} dw (rms_norm_grad_weight's value).
+absl::StatusOr<std::vector<HostTensor>> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const EvalContext& ctx);
 // add_rms_norm and add_layer_norm: (sum, y).

@@ -119,17 +119,45 @@ absl::StatusOr<std::vector<HostTensor>> EvalAddNorm(const Node& node, Operands x
   return results;
 }
 
-absl::StatusOr<HostTensor> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx) {
+namespace {
+
+// rms_norm_grad_weight(x, w, dy) of type `dw_type`: the one definition, which the input
+// gradients' {weight_grad=1} result shares, so the two are equal bit for bit.
+HostTensor RmsNormGradWeightOf(const HostTensor& x, const HostTensor& dy, const TensorType& dw_type, double eps) {
+  const Rows rows = RowsOf(x.type());
+  HostTensor out(dw_type);
+  double* dw = out.mutable_values().data();
+  // Serial over rows: the sum over rows is in row order, independent of the thread count.
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const double* xr = x.values().data() + r * rows.length;
+    const double* dyr = dy.values().data() + r * rows.length;
+    const double inv_rms = InverseRms(xr, rows.length, eps);
+    for (int64_t i = 0; i < rows.length; ++i) dw[i] += dyr[i] * xr[i] * inv_rms;
+  }
+  return out;
+}
+
+// {weight_grad=1}: is the last result dw?
+bool WritesWeightGrad(const Node& node) {
+  return node.attrs().Has("weight_grad") && node.attrs().GetInt("weight_grad").value_or(0) == 1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HostTensor>> EvalRmsNormGradInput(const Node& node, Operands xs, const EvalContext& ctx) {
   ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
   const Rows rows = RowsOf(xs[0]->type());
   const double* w = xs[1]->values().data();
-  HostTensor out(node.type());
+  HostTensor out(node.result_type(0));
   ForEachRow(ctx, rows, [&](int64_t r) {
     const int64_t at = r * rows.length;
     RmsNormGradInputRow(xs[0]->values().data() + at, w, xs[2]->values().data() + at, rows.length, eps,
                         out.mutable_values().data() + at);
   });
-  return out;
+  std::vector<HostTensor> results;
+  results.push_back(std::move(out));
+  if (WritesWeightGrad(node)) results.push_back(RmsNormGradWeightOf(*xs[0], *xs[2], node.result_type(1), eps));
+  return results;
 }
 
 // dx = dres + (the input gradient rounded to dx's dtype, as rms_norm_grad_input's result
@@ -150,8 +178,9 @@ absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node
     for (int64_t i = 0; i < rows.length; ++i) out[i] += dres[i];
     RoundValuesToDType(out, rows.length, dtype, ctx.options.f32_as_f64);
   });
+  const bool weight_grad = WritesWeightGrad(node);
   std::vector<HostTensor> results;
-  if (node.num_results() == 2) {
+  if (node.num_results() == (weight_grad ? 3 : 2)) {  // the copy
     HostTensor copy(node.result_type(1));
     copy.mutable_values() = dx.values();
     results.push_back(std::move(dx));
@@ -159,22 +188,15 @@ absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node
   } else {
     results.push_back(std::move(dx));
   }
+  if (weight_grad) {
+    results.push_back(RmsNormGradWeightOf(*xs[1], *xs[3], node.result_type(node.num_results() - 1), eps));
+  }
   return results;
 }
 
-absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext& ctx) {
+absl::StatusOr<HostTensor> EvalRmsNormGradWeight(const Node& node, Operands xs, const EvalContext&) {
   ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
-  const Rows rows = RowsOf(xs[0]->type());
-  HostTensor out(node.type());
-  double* dw = out.mutable_values().data();
-  // Serial over rows: the sum over rows is in row order, independent of the thread count.
-  for (int64_t r = 0; r < rows.count; ++r) {
-    const double* x = xs[0]->values().data() + r * rows.length;
-    const double* dy = xs[2]->values().data() + r * rows.length;
-    const double inv_rms = InverseRms(x, rows.length, eps);
-    for (int64_t i = 0; i < rows.length; ++i) dw[i] += dy[i] * x[i] * inv_rms;
-  }
-  return out;
+  return RmsNormGradWeightOf(*xs[0], *xs[2], node.type(), eps);
 }
 
 }  // namespace kiln::reference

@@ -101,6 +101,18 @@ std::unique_ptr<Module> BuildAllOpsModule() {
     gi = Must(b.Add(gi, dx));
   }
   Node* gw = Must(b.Op(Opcode::kRmsNormGradWeight, {x, w, rn}, AttrMap{{"eps", 1e-5}}));
+  // The input gradients with the weight gradient ({weight_grad=1}), folded into gi and gw.
+  {
+    const std::vector<Node*> dx_dw = Must(b.MultiResultOp(Opcode::kRmsNormGradInput, {x, w, rn},
+                                                          AttrMap{{"eps", 1e-5}, {"weight_grad", int64_t{1}}}));
+    const std::vector<Node*> dx_copy_dw = Must(
+        b.MultiResultOp(Opcode::kAddRmsNormGradInput, {dx_dw[0], x, w, rn},
+                        AttrMap{{"eps", 1e-5}, {"copy_dtype", Symbol{"bf16"}}, {"weight_grad", int64_t{1}}}));
+    gi = Must(b.Add(gi, Must(b.Convert(dx_copy_dw[1], f32))));
+    gi = Must(b.Add(gi, dx_copy_dw[0]));
+    gw = Must(b.Add(gw, dx_dw[1]));
+    gw = Must(b.Add(gw, dx_copy_dw[2]));
+  }
   Node* sm = Must(b.Softmax(r));
   Node* smg = Must(b.Op(Opcode::kSoftmaxGrad, {sm, r}));
   Node* ce = Must(b.CrossEntropy(smg, labels, /*classes=*/smg->type().dims[1]));

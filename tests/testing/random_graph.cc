@@ -262,7 +262,15 @@ absl::StatusOr<Node*> GraphGenerator::NormStep() {
   switch (Uniform(4)) {
     case 0: return x->type().dtype == DType::kF32 && Coin() ? FusedNormStep(x, w) : y;
     case 3: return b_.LayerNorm(x, w, w, 1e-5);  // w as the bias too
-    case 1: return b_.Op(Opcode::kRmsNormGradInput, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}});
+    case 1: {
+      Node* dy = Partner(x);
+      ASSIGN_OR_RETURN(Node * gi, b_.Op(Opcode::kRmsNormGradInput, {x, w, dy}, AttrMap{{"eps", 1e-5}}));
+      if (Coin()) return gi;
+      // Both gradients of one norm (fuse-residual-norm merges them: {weight_grad=1}).
+      ASSIGN_OR_RETURN(Node * gw, b_.Op(Opcode::kRmsNormGradWeight, {x, w, dy}, AttrMap{{"eps", 1e-5}}));
+      ASSIGN_OR_RETURN(Node * gw_rows, b_.Broadcast(gw, {rank - 1}, x->type().dims));
+      return b_.Add(gi, gw_rows);
+    }
     default: {
       ASSIGN_OR_RETURN(Node * gw, b_.Op(Opcode::kRmsNormGradWeight, {x, w, Partner(x)}, AttrMap{{"eps", 1e-5}}));
       return b_.Add(gw, w);
@@ -293,6 +301,18 @@ absl::StatusOr<Node*> GraphGenerator::FusedNormStep(Node* x, Node* w) {
     }
     default: {
       const std::vector<Node*> operands = {Partner(x), x, w, Partner(x)};
+      if (Coin() && Coin()) {  // with the weight gradient (and maybe the copy)
+        AttrMap attrs{{"eps", 1e-5}, {"weight_grad", int64_t{1}}};
+        const bool copy = Coin();
+        if (copy) attrs.Set("copy_dtype", Symbol{"bf16"});
+        ASSIGN_OR_RETURN(std::vector<Node*> results, b_.MultiResultOp(Opcode::kAddRmsNormGradInput, operands, attrs));
+        ASSIGN_OR_RETURN(Node * dw_rows, b_.Broadcast(results.back(), {x->type().rank() - 1}, x->type().dims));
+        Node* dx = results[0];
+        if (copy) {
+          ASSIGN_OR_RETURN(dx, b_.Convert(results[1], DType::kF32));
+        }
+        return b_.Add(dx, dw_rows);
+      }
       if (Coin()) return b_.Op(Opcode::kAddRmsNormGradInput, operands, plain);
       ASSIGN_OR_RETURN(std::vector<Node*> dx_and_copy,
                        b_.MultiResultOp(Opcode::kAddRmsNormGradInput, operands,
