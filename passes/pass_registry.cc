@@ -14,6 +14,7 @@
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
+#include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
 #include "passes/select_flash_attention.h"
 
@@ -47,6 +48,9 @@ constexpr PassInfo kPasses[] = {
      Make<GemmBiasEpiloguePass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
+    {MergeSiblingGemmsPass::kName,
+     "gemms sharing an operand, or summing through C, -> one gemm over concatenated operands",
+     Make<MergeSiblingGemmsPass>},
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
