@@ -49,7 +49,7 @@ constexpr PassInfo kPasses[] = {
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
     {MergeSiblingGemmsPass::kName,
-     "gemms sharing an operand, or summing through C, -> one gemm over concatenated operands",
+     "sibling gemms (shared operand, or a chain through C) -> one gemm of concatenates",
      Make<MergeSiblingGemmsPass>},
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
