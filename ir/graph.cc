@@ -165,6 +165,17 @@ Node* Function::InsertNodeBefore(Node* before, Opcode op, std::vector<Node*> ope
 
 void Function::RemoveNode(Node* node) { RemoveNodes({node}); }
 
+void Function::MoveNodeBefore(Node* node, Node* before) {
+  KILN_CHECK(node != before);
+  auto from = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == node; });
+  KILN_CHECK(from != nodes_.end());
+  std::unique_ptr<Node> owned = std::move(*from);
+  nodes_.erase(from);
+  auto to = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == before; });
+  KILN_CHECK(to != nodes_.end());
+  nodes_.insert(to, std::move(owned));
+}
+
 void Function::RemoveNodes(const std::vector<Node*>& dead) {
   absl::flat_hash_set<Node*> dead_set(dead.begin(), dead.end());
   for (Node* n : dead) {

@@ -139,6 +139,10 @@ class Function {
   // clones keep ids); a multi-result node's get_result nodes are appended separately.
   Node* AppendNodeWithTypes(int64_t id, Opcode op, std::vector<Node*> operands, AttrMap attrs,
                                     std::vector<TensorType> types, std::string name, std::string scope);
+  // Moves `node` to just before `before` in definition order. The caller keeps the order
+  // valid (the verifier checks it): a node moved earlier needs its operands defined before
+  // its new place.
+  void MoveNodeBefore(Node* node, Node* before);
   // Removes a node that has no users and is not an output.
   void RemoveNode(Node* node);
   // Removes every node in `dead` (none may be used by a node outside the set).

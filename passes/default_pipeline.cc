@@ -13,6 +13,7 @@
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
+#include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
 #include "passes/rematerialize.h"
 #include "passes/pass_registry.h"
@@ -55,6 +56,13 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // (fewer bytes; passes/fuse_residual_norm.h), and before fusion, which would take the adds
   // and converts into loop fusions.
   p.Add(std::make_unique<FuseResidualNormPass>());
+  // Sibling GEMMs (q/k/v, gate/up, their weight gradients) and GEMM chains summing through C
+  // (their input gradients) become one GEMM each. After elide-grad-zeroing, whose beta=1
+  // chains it merges, and after narrow-activations-bf16 and fuse-residual-norm, so that
+  // those match the GEMMs and norms they always have (a merged projection's result is
+  // already bf16; its slices would hide the converts from narrowing); before fusion, which
+  // puts the concatenates and slices into the loop kernels beside them.
+  p.Add(std::make_unique<MergeSiblingGemmsPass>());
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());

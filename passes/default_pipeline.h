@@ -4,8 +4,9 @@
 //   forward   on a model's forward function before autodiff appends the backward: passes
 //             whose replacement ops bring their own VJP (select-flash-attention), then dce;
 //   default   what `kiln compile` runs, on any module and on the training step:
-//             simplify(canonicalize, cse, dce), dce, lower-gemm, elide-grad-zeroing,
-//             narrow-activations-bf16, fuse-residual-norm, fuse-loops.
+//             simplify(canonicalize, cse, dce), dce, lower-gemm, gemm-bias-epilogue,
+//             elide-grad-zeroing, narrow-activations-bf16, fuse-residual-norm,
+//             merge-sibling-gemms, fuse-loops, rematerialize.
 //
 // A training step is compiled by passes/training_compile.h: the forward pipeline, the step,
 // then the default pipeline.

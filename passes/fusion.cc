@@ -37,10 +37,15 @@ std::string WhyNeverFused(const Node& producer);
 // SwiGLU's sigmoid(gate) and silu(gate), read by the forward's product and again by the
 // backward, are recomputed from the gate there, as torch.compile's partitioner recomputes
 // them, instead of being written in the forward and read back. `leaf` is the stored value.
+// A slice of a stored value stands for that value: it reads exactly the elements it yields,
+// row by row, so SwiGLU's gate and up are recomputed from where merge-sibling-gemms's one
+// GEMM wrote them ([gate, up] along the last dim) as they were from two GEMMs' results.
 constexpr int kMaxRecomputedOps = 6;
 bool RecomputableFrom(const Node& node, const Node*& leaf, int& ops) {
   if (ReadsNoMemory(node)) return true;
-  if (!WhyNeverFused(node).empty()) {
+  const bool slice_of_stored = node.opcode() == Opcode::kSlice && !WhyNeverFused(*node.operand(0)).empty() &&
+                               !IsFunctionOutput(node);
+  if (!WhyNeverFused(node).empty() || slice_of_stored) {
     if (leaf != nullptr && leaf != &node) return false;
     leaf = &node;
     return true;

@@ -14,6 +14,7 @@
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/lower_gemm.h"
+#include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
 #include "passes/rematerialize.h"
 #include "passes/select_flash_attention.h"
@@ -48,6 +49,9 @@ constexpr PassInfo kPasses[] = {
      Make<GemmBiasEpiloguePass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
+    {MergeSiblingGemmsPass::kName,
+     "sibling gemms (shared operand, or a chain through C) -> one gemm of concatenates",
+     Make<MergeSiblingGemmsPass>},
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
     {RematerializePass::kName,

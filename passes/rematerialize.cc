@@ -57,7 +57,8 @@ struct Candidate {
 
 class Rematerializer {
  public:
-  Rematerializer(Function& f, int64_t min_bytes, int64_t min_gap) : f_(f), min_bytes_(min_bytes), min_gap_(min_gap) {
+  Rematerializer(Function& f, int64_t min_bytes, int64_t min_alone_bytes, int64_t min_gap)
+      : f_(f), min_bytes_(min_bytes), min_alone_bytes_(min_alone_bytes), min_gap_(min_gap) {
     Index();
   }
 
@@ -75,6 +76,7 @@ class Rematerializer {
 
   absl::Status Apply(const Candidate& c) {
     Node& v = *c.value;
+    if (c.sibling == nullptr) return ApplyAlone(c);
     Node& g = *c.sibling;
     std::unique_ptr<Function> body = CloneFunction(*g.body(), g.body()->name());
     const std::vector<Node*> params = body->parameters();
@@ -141,6 +143,37 @@ class Rematerializer {
   }
 
  private:
+  // No sibling: V's computation is copied as a kernel of its own just before U.
+  absl::Status ApplyAlone(const Candidate& c) {
+    Node& v = *c.value;
+    const std::string name = f_.UniqueName(absl::StrCat(v.name(), ".remat"));
+    Node* copy = nullptr;
+    if (v.opcode() == Opcode::kFusion) {
+      std::vector<Node*> results = AddFusionNode(f_, FusionKind::kLoop, v.operands(),
+                                                 CloneFunction(*v.body(), v.body()->name()), {name}, v.scope(), c.place);
+      if (results.size() == 1) copy = results[0];
+    } else {
+      copy = f_.InsertNodeBefore(c.place, v.opcode(), v.operands(), v.attrs(), v.type(), name, v.scope());
+    }
+    if (copy == nullptr) return absl::InternalError(absl::StrCat("rematerialize: cannot copy %", v.name()));
+    for (int i = 0; i < c.late_use->num_operands(); ++i) {
+      if (c.late_use->operand(i) == &v) c.late_use->ReplaceOperand(i, copy);
+    }
+    if (v.users().empty() && !IsOutput(v)) f_.RemoveNode(&v);
+    Index();
+    return absl::OkStatus();
+  }
+
+  // Whether `o` stays in memory until `at` anyway: a parameter (held for the whole step) or
+  // a value read at or after `at` by a node other than `v`.
+  bool LiveAt(const Node& o, int64_t at, const Node* v) const {
+    if (o.opcode() == Opcode::kParameter) return true;
+    for (const Node* u : o.users()) {
+      if (u != v && position_.at(u) >= at) return true;
+    }
+    return false;
+  }
+
   void Index() {
     position_.clear();
     for (int64_t i = 0; i < f_.num_nodes(); ++i) position_[f_.nodes()[i].get()] = i;
@@ -194,11 +227,20 @@ class Rematerializer {
       best_at = place_at;
       best = Candidate{.value = v, .late_use = late, .sibling = g, .place = place};
     }
-    return best;
+    if (best.has_value()) return best;
+    // No sibling reads V's inputs: a copy of its own just before U still frees V's memory
+    // in between, when those inputs are held until U anyway (so the copy keeps nothing alive
+    // longer). It reads them once more: SwiGLU's after merge-sibling-gemms, whose backward
+    // kernel writes the gate/up gradient (twice h's width) and so takes no h of its own.
+    if (v->type().num_elements() * DTypeBytes(v->type().dtype) < min_alone_bytes_) return std::nullopt;
+    for (const Node* o : v->operands()) {
+      if (!LiveAt(*o, late_at, v)) return std::nullopt;
+    }
+    return Candidate{.value = v, .late_use = late, .sibling = nullptr, .place = late};
   }
 
   Function& f_;
-  const int64_t min_bytes_, min_gap_;
+  const int64_t min_bytes_, min_alone_bytes_, min_gap_;
   absl::flat_hash_map<const Node*, int64_t> position_;
   absl::flat_hash_set<int64_t> tried_;  // ids of the values looked at (ids are never reused)
 };
@@ -206,7 +248,7 @@ class Rematerializer {
 }  // namespace
 
 absl::StatusOr<bool> RematerializePass::RunOnFunction(Function& function) {
-  Rematerializer r(function, min_bytes_, min_gap_);
+  Rematerializer r(function, min_bytes_, min_alone_bytes_, min_gap_);
   bool changed = false;
   while (std::optional<Candidate> c = r.Find()) {
     RETURN_IF_ERROR(r.Apply(*c));

@@ -169,8 +169,9 @@ TEST(ElideGradZeroing, LlamaTinyTrainingStep) {
       CompileOptions options;
       // fuse-residual-norm off in both: without elide-grad-zeroing it would take the forward
       // residual adds (into add_rms_norm) that elide-grad-zeroing folds into their GEMMs, and
-      // the adds counted here would no longer be this pass's alone.
-      options.disabled_passes = {"fuse-residual-norm"};
+      // the adds counted here would no longer be this pass's alone. merge-sibling-gemms off
+      // in both: it merges the accumulating gemms this test counts.
+      options.disabled_passes = {"fuse-residual-norm", "merge-sibling-gemms"};
       if (!elide) options.disabled_passes.push_back(std::string(ElideGradZeroingPass::kName));
       TrainingStepOptions step;
       step.accum_steps = accum;

@@ -199,6 +199,46 @@ func @main {
   EXPECT_TRUE(absl::StrContains(wide, "%c = convert(%x) : bf16[16]")) << wide;
 }
 
+// A slice of a stored value stands for it: SwiGLU's gate, a slice of merge-sibling-gemms's
+// [gate, up] GEMM result, is recomputed from that result in each kernel that reads it (the
+// forward's product and the backward's), as the gate GEMM's own result was; the sigmoid of
+// it likewise, and up in the convert that feeds a norm.
+TEST(Fusion, ASliceOfAStoredValueIsRecomputedInEachUser) {
+  constexpr absl::string_view text = R"(module @m
+func @main {
+  %gu = parameter() {index=0} : bf16[4,32]
+  %dh = parameter() {index=1} : bf16[4,16]
+  %w = parameter() {index=2} : f32[16]
+  %g = slice(%gu) {limit=[4,16], start=[0,0], stride=[1,1]} : bf16[4,16]
+  %u = slice(%gu) {limit=[4,32], start=[0,16], stride=[1,1]} : bf16[4,16]
+  %s = sigmoid(%g) : bf16[4,16]
+  %silu = mul(%g, %s) : bf16[4,16]
+  %h = mul(%silu, %u) : bf16[4,16]
+  %du = mul(%silu, %dh) : bf16[4,16]
+  %uf = convert(%u) : f32[4,16]
+  %n = rms_norm(%uf, %w) {eps=1e-05} : f32[4,16]
+  return %h, %du, %n
+})";
+  const std::string out = RunFusion(text);
+  EXPECT_TRUE(testing::FileCheck(out, R"(
+    CHECK:      %h = fusion(%gu) {kind=loop} : bf16[4,16] {
+    CHECK:        %g = slice(%gu)
+    CHECK-NEXT:   %u = slice(%gu)
+    CHECK-NEXT:   %s = sigmoid(%g) : bf16[4,16]
+    CHECK:      %du = fusion(%gu, %dh) {kind=loop} : bf16[4,16] {
+    CHECK:        %g = slice(%gu)
+    CHECK-NEXT:   %s = sigmoid(%g) : bf16[4,16]
+    CHECK:      %uf = fusion(%gu) {kind=loop} : f32[4,16] {
+    CHECK-NEXT:   %gu = parameter() {index=0} : bf16[4,32]
+    CHECK-NEXT:   %u = slice(%gu)
+    CHECK:      return %h, %du, %n
+  )").ok()) << out;
+  // No stored copy of the gate, up or the sigmoid.
+  for (const char* stored : {"\n  %g = slice", "\n  %u = slice", "\n  %s = sigmoid"}) {
+    EXPECT_FALSE(absl::StrContains(out, stored)) << stored << "\n" << out;
+  }
+}
+
 TEST(Fusion, GemmsOutputsAndCompositesStayOutside) {
   const std::string out = RunFusion(R"(module @m
 func @main {

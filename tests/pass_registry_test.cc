@@ -56,7 +56,7 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "unknown pass 'bogus' (known: default, " + RegisteredPassNames() + ")");
   EXPECT_EQ(RegisteredPassNames(), "canonicalize, cse, dce, elide-grad-zeroing, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, lower-gemm, "
-            "narrow-activations-bf16, rematerialize, "
+            "merge-sibling-gemms, narrow-activations-bf16, rematerialize, "
             "select-flash-attention, simplify");
 }
 

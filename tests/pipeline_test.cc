@@ -140,16 +140,16 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   std::sort(files.begin(), files.end());
   // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
   // itself finishes, then the final dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing,
-  // narrow-activations-bf16 and fuse-residual-norm (no gemms or norms here: dumped
-  // unchanged), then fusion makes its fusion nodes, and rematerialize (nothing to recompute
-  // here: dumped unchanged).
+  // narrow-activations-bf16, fuse-residual-norm and merge-sibling-gemms (no gemms or norms
+  // here: dumped unchanged), then fusion makes its fusion nodes, and rematerialize (nothing
+  // to recompute here: dumped unchanged).
   const std::vector<std::string> expected = {
       "000-input.kir",          "001-after-canonicalize.kir", "002-after-cse.kir",
       "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
       "006-after-dce.kir",      "007-after-simplify.kir",     "008-after-dce.kir",
       "009-after-lower-gemm.kir", "010-after-gemm-bias-epilogue.kir", "011-after-elide-grad-zeroing.kir",
-      "012-after-narrow-activations-bf16.kir", "013-after-fuse-residual-norm.kir", "014-after-fuse-loops.kir",
-      "015-after-rematerialize.kir"};
+      "012-after-narrow-activations-bf16.kir", "013-after-fuse-residual-norm.kir", "014-after-merge-sibling-gemms.kir",
+      "015-after-fuse-loops.kir", "016-after-rematerialize.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -157,8 +157,8 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
     EXPECT_TRUE(ParseModule(*text).ok()) << file;
   }
   EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
-  EXPECT_EQ(*ReadFileToString(dir + "/014-after-fuse-loops.kir"), PrintModule(*m));
-  EXPECT_NE(ReadFileToString(dir + "/014-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
+  EXPECT_EQ(*ReadFileToString(dir + "/015-after-fuse-loops.kir"), PrintModule(*m));
+  EXPECT_NE(ReadFileToString(dir + "/015-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -202,8 +202,8 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
-            "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, fuse-residual-norm, fuse-loops, "
-            "rematerialize");
+            "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, fuse-residual-norm, "
+            "merge-sibling-gemms, fuse-loops, rematerialize");
 }
 
 TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {

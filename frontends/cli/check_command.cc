@@ -112,7 +112,9 @@ Command CheckCommand() {
       .details = "Both versions run in the CPU reference backend on the same fresh random inputs (token ids\n"
                  "inside the vocabulary). Prints max absolute and relative error per output and exits\n"
                  "non-zero beyond the tolerance. The default tolerance is exact: today's passes are pure\n"
-                 "rewrites.\n\n"
+                 "rewrites, but for merge-sibling-gemms, whose merged input-gradient chains round their f32\n"
+                 "sum once where each GEMM of the chain rounded its part (a training step through it, the\n"
+                 "default pipeline's included, agrees to --abs-tolerance 1e-4).\n\n"
                  "passes (names for --passes):\n" +
                  FormatPassTable(),
       .min_positionals = 1,
