@@ -244,6 +244,11 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       }
       plan.buffers[b].last_step = std::max(plan.buffers[b].last_step, read_step);
     }
+    // A node's scratch, its results' buffers or not (a multi-result node's get_results own
+    // those; its kernels may still need scratch: the norm input gradient with dw's partials).
+    if (!request.scratch_bytes.empty() && request.scratch_bytes[i] > 0) {
+      plan.scratch_buffer[i] = add_buffer(PlannedBuffer::Kind::kScratch, i, request.scratch_bytes[i], i);
+    }
     if (role == BufferRole::kMultiResult) continue;
     if (role == BufferRole::kAlias) {
       if (n.num_operands() < 1 || n.operand(0)->type().num_bytes() != n.type().num_bytes()) {
@@ -262,9 +267,6 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       ++plan.in_place_values;
     } else {
       share(i, add_buffer(PlannedBuffer::Kind::kValue, i, n.type().num_bytes(), i));
-    }
-    if (!request.scratch_bytes.empty() && request.scratch_bytes[i] > 0) {
-      plan.scratch_buffer[i] = add_buffer(PlannedBuffer::Kind::kScratch, i, request.scratch_bytes[i], i);
     }
   }
 

@@ -272,6 +272,18 @@ TEST(BufferPlan, ResultsAreLiveFromTheirMultiResultNodesStep) {
     const PlannedBuffer& o = plan->buffers[plan->node_buffer[other]];
     EXPECT_TRUE(o.offset + o.bytes <= v_new.offset || v_new.offset + v_new.bytes <= o.offset) << other;
   }
+  // A multi-result node's kernels get their scratch too (the norm input gradient's dw
+  // partials), live at its step alone, apart from its results' buffers.
+  request.scratch_bytes[7] = 1000;
+  absl::StatusOr<BufferPlan> with_scratch = PlanBuffers(f, request);
+  ASSERT_TRUE(with_scratch.ok()) << with_scratch.status();
+  ASSERT_GE(with_scratch->scratch_buffer[7], 0);
+  const PlannedBuffer& scratch = with_scratch->buffers[with_scratch->scratch_buffer[7]];
+  EXPECT_EQ(scratch.kind, PlannedBuffer::Kind::kScratch);
+  EXPECT_GE(scratch.bytes, 1000);
+  EXPECT_EQ(scratch.first_step, 7);
+  EXPECT_EQ(scratch.last_step, 7);
+  CheckPlan(f, request, *with_scratch);
   // A result written after it is defined is a malformed request.
   request.run_step[10] = 11;
   EXPECT_FALSE(PlanBuffers(f, request).ok());
