@@ -18,27 +18,17 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   const int64_t batch = x.dims[0], seq = x.dims[1], heads = x.dims[2], head_dim = x.dims[3];
   RETURN_IF_ERROR(CheckRowLength(node, std::max(heads, head_dim)));
   const int vec = ChunkWidth(head_dim / 2, {x.dtype, node.type().dtype});
-  // The fewest heads per thread (the most cos/sin reuse) that still gives every SM a full
-  // complement of threads: all heads for a small tensor, one for a large one.
-  const int64_t pair_items = batch * seq * (head_dim / 2 / vec);
-  const int64_t wanted = int64_t{options.target.sm_count} * 2048;
-  int64_t heads_per_thread = heads;
-  while (heads_per_thread > 1 && pair_items * (heads / heads_per_thread) < wanted) {
-    int64_t next = heads_per_thread - 1;
-    while (heads % next != 0) --next;
-    heads_per_thread = next;
-  }
-  const int64_t items = pair_items * (heads / heads_per_thread);
+  const int64_t items = batch * seq * (head_dim / 2 / vec);
   const int threads = options.threads_per_block;
   const int64_t blocks = CeilDiv(items, threads);
   RETURN_IF_ERROR(CheckGrid(node, blocks));
   Wrapper wrapper;
   wrapper.header = "rope";
   wrapper.comment =
-      absl::StrCat("a thread per (b, t, ", Count(vec, "rotation pair"), ", ", Count(heads_per_thread, "head"), ")");
+      absl::StrCat("a thread per (b, t, ", Count(vec, "rotation pair"), "), looping over ", Count(heads, "head"));
   wrapper.params = {Param(x.dtype, "x"), Param(DType::kI32, "positions")};
   wrapper.call = absl::StrCat("Rope<", CudaTypeName(x.dtype), ", ", CudaTypeName(node.type().dtype), ", ", batch,
-                              "LL, ", seq, "LL, ", heads, ", ", head_dim, ", ", vec, ", ", heads_per_thread, ", ", inverse != 0 ? "true" : "false",
+                              "LL, ", seq, "LL, ", heads, ", ", head_dim, ", ", vec, ", ", inverse != 0 ? "true" : "false",
                               ">(out, x, positions, ", DoubleLiteral(theta), ")");
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
 }

@@ -83,10 +83,13 @@ __device__ __forceinline__ void RmsNormGradInputRow(long long row, TDX* dx, cons
     LoadFloats(w + i, ws);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
+      // Explicit roundings (no contraction left to the compiler): the kernels that share this
+      // row code, with and without dw, differ in register pressure and would otherwise fuse
+      // different multiply-adds, and dx must be the same bits from each.
       if constexpr (kWeightGrad) dys[k][j] = wdys[k][j];
-      wdys[k][j] *= ws[j];
-      sum_squares += xs[k][j] * xs[k][j];
-      dot += wdys[k][j] * xs[k][j];
+      wdys[k][j] = __fmul_rn(wdys[k][j], ws[j]);
+      sum_squares = __fmaf_rn(xs[k][j], xs[k][j], sum_squares);
+      dot = __fmaf_rn(wdys[k][j], xs[k][j], dot);
     }
   }
   sum_squares = RowReduce<Layout::kRowThreads>(sum_squares, SumOp(), 0.f);
@@ -100,7 +103,7 @@ __device__ __forceinline__ void RmsNormGradInputRow(long long row, TDX* dx, cons
     if (i >= kD) continue;
     float dxs[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) dxs[j] = r * wdys[k][j] - xs[k][j] * x_scale;
+    for (int j = 0; j < kVec; ++j) dxs[j] = __fmaf_rn(r, wdys[k][j], -__fmul_rn(xs[k][j], x_scale));
     if (dres != nullptr) {
       float rs[kVec];
       LoadFloats(dres + row * kD + i, rs);
@@ -111,7 +114,7 @@ __device__ __forceinline__ void RmsNormGradInputRow(long long row, TDX* dx, cons
     if (copy != nullptr) StoreFloats(copy + row * kD + i, dxs);
     if constexpr (kWeightGrad) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) dw_sums[k][j] += dys[k][j] * xs[k][j] * r;
+      for (int j = 0; j < kVec; ++j) dw_sums[k][j] = __fmaf_rn(__fmul_rn(dys[k][j], xs[k][j]), r, dw_sums[k][j]);
     }
   }
 }

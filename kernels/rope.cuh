@@ -10,7 +10,9 @@
 // would carry an error of up to half an ulp of 4096 (2.4e-4 rad), which lands in every
 // rotated value, above f32 tolerances. The double work is amortized: a thread computes its
 // cos/sin once for a (b, t, frequency chunk) and applies them to all H heads.
-// No cos/sin table is materialized.
+// No cos/sin table is materialized. (Splitting the heads over more threads, 2 of llama-S's 12
+// per thread, made the kernel 1.8x slower on the H200: the double pow and sincos, repeated
+// per thread, then dominate at FP64's rate.)
 #pragma once
 
 #include "kernels/common.cuh"
@@ -19,27 +21,18 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
-// out = rope(x, positions). Launch: one thread per (b, t, chunk of kVec frequencies, group of
-// kHeadsPerThread heads): grid = ceil(kB * kT * (kD / 2 / kVec) * (kH / kHeadsPerThread) /
-// blockDim.x), any block size. kVec > 1 needs (kD / 2) % kVec == 0, so that both halves of a
-// chunk are whole 16-byte accesses. Heads split over threads give the loads the parallelism a
-// memory-bound kernel needs (a thread for all 12 heads of llama-S's q left the H200 at ~40% of
-// its bandwidth); each thread still amortizes its cos/sin over several heads.
-template <typename TX, typename TY, long long kB, long long kT, int kH, int kD, int kVec, int kHeadsPerThread,
-          bool kInverse>
+// out = rope(x, positions). Launch: one thread per (b, t, chunk of kVec frequencies):
+// grid = ceil(kB * kT * (kD / 2 / kVec) / blockDim.x), any block size. kVec > 1 needs
+// (kD / 2) % kVec == 0, so that both halves of a chunk are whole 16-byte accesses.
+template <typename TX, typename TY, long long kB, long long kT, int kH, int kD, int kVec, bool kInverse>
 __device__ __forceinline__ void Rope(TY* out, const TX* x, const int* positions, double theta) {
   constexpr int kHalf = kD / 2;
   static_assert(kD % 2 == 0 && (kVec == 1 || kHalf % kVec == 0), "chunks never straddle the halves");
-  static_assert(kH % kHeadsPerThread == 0, "head groups are whole");
   constexpr int kChunksPerHalf = kHalf / kVec;
-  constexpr int kHeadGroups = kH / kHeadsPerThread;
   const long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (item >= kB * kT * kChunksPerHalf * kHeadGroups) return;
-  // Consecutive threads take consecutive chunks of one head, then the next head group: a
-  // warp's accesses stay contiguous.
+  if (item >= kB * kT * kChunksPerHalf) return;
+  const long long bt = item / kChunksPerHalf;  // b * kT + t
   const int first = static_cast<int>(item % kChunksPerHalf) * kVec;
-  const int head0 = static_cast<int>((item / kChunksPerHalf) % kHeadGroups) * kHeadsPerThread;
-  const long long bt = item / (static_cast<long long>(kChunksPerHalf) * kHeadGroups);  // b * kT + t
   const double pos = static_cast<double>(positions[bt % kT]);
 
   float cosines[kVec], sines[kVec];
@@ -52,8 +45,8 @@ __device__ __forceinline__ void Rope(TY* out, const TX* x, const int* positions,
     sines[j] = static_cast<float>(s);
   }
 
-#pragma unroll
-  for (int h = head0; h < head0 + kHeadsPerThread; ++h) {
+#pragma unroll 4
+  for (int h = 0; h < kH; ++h) {
     const long long base = (bt * kH + h) * kD + first;
     float lo[kVec], hi[kVec], out_lo[kVec], out_hi[kVec];
     LoadFloats(x + base, lo);

@@ -376,13 +376,6 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {0, 2048}}});
   }
-  // At training size the heads split over threads (lower_rope.cc: 3 of 12 per thread here
-  // on a 132-SM GPU), bf16 in and out.
-  cases.push_back({"rope_heads_split", kSums, [](Builder& b) {
-                     std::vector<Node*> p = Params(b, {{bf16, {20, 1024, 12, 64}}, {i32, {1024}}});
-                     return Ret(b, b.Rope(p[0], p[1], 10000.0, false));
-                   },
-                   {{-2, 2}, {0, 4096}}});
   // AdamW's three results over the scalar path (an odd size), 16-byte accesses, and a size
   // past the grid-stride kernel's grid (threads loop).
   for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4}) {
