@@ -214,6 +214,20 @@ TEST(Codegen, ElementwiseUsesSixteenByteVectorsWhenTheCountAllows) {
   }
 }
 
+// The one kernel of the (last) fusion node of `m`'s first function.
+KernelSpec TheFusionsKernel(const Module& m) {
+  const Node* fusion = nullptr;
+  for (const auto& n : m.functions()[0]->nodes()) {
+    if (n->opcode() == Opcode::kFusion) fusion = n.get();
+  }
+  EXPECT_NE(fusion, nullptr);
+  if (fusion == nullptr) return {};
+  absl::StatusOr<LoweredNode> lowered = LowerNode(*fusion);
+  EXPECT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered.ok() ? lowered->kernels.size() : 0, 1u);
+  return lowered.ok() && lowered->kernels.size() == 1 ? lowered->kernels[0] : KernelSpec{};
+}
+
 // A loop fusion's kernel computes 8 consecutive elements per thread: the output and the
 // inputs read at the element's own index as vectors, a broadcast input element by element,
 // a scalar loop for the elements past the last whole vector (and for unaligned pointers).
@@ -235,15 +249,8 @@ func @main {
 })"));
     ASSERT_TRUE(m.ok()) << m.status();
     ASSERT_TRUE(FusionPass().Run(**m).ok());
-    const Node* fusion = nullptr;
-    for (const auto& n : (*m)->functions()[0]->nodes()) {
-      if (n->opcode() == Opcode::kFusion) fusion = n.get();
-    }
-    ASSERT_NE(fusion, nullptr);
-    absl::StatusOr<LoweredNode> lowered = LowerNode(*fusion);
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    ASSERT_EQ(lowered->kernels.size(), 1u);
-    const std::string& source = lowered->kernels[0].source;
+    const KernelSpec kernel = TheFusionsKernel(**m);
+    const std::string& source = kernel.source;
     EXPECT_TRUE(absl::StrContains(source, "constexpr int kWidth = 8;")) << source;
     EXPECT_TRUE(absl::StrContains(source, "const Vec<__nv_bfloat16, kWidth> a0 = LoadVec<kWidth>(in0, vec);")) << source;
     EXPECT_TRUE(absl::StrContains(source, "const Vec<float, kWidth> a1 = LoadVec<kWidth>(in1, vec);")) << source;
@@ -251,7 +258,7 @@ func @main {
     EXPECT_TRUE(absl::StrContains(source, "in2[")) << source;
     EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out0, vec, result);")) << source;
     EXPECT_TRUE(absl::StrContains(source, "for (Index i = (aligned ? kVectors * kWidth : 0) + first;")) << source;
-    ExpectCompiles(lowered->kernels[0]);
+    ExpectCompiles(kernel);
   }
 }
 
@@ -276,20 +283,13 @@ func @main {
   return %du, %h
 })");
   ASSERT_TRUE(m.ok()) << m.status();
-  const Node* fusion = nullptr;
-  for (const auto& n : (*m)->functions()[0]->nodes()) {
-    if (n->opcode() == Opcode::kFusion) fusion = n.get();
-  }
-  ASSERT_NE(fusion, nullptr);
-  absl::StatusOr<LoweredNode> lowered = LowerNode(*fusion);
-  ASSERT_TRUE(lowered.ok()) << lowered.status();
-  ASSERT_EQ(lowered->kernels.size(), 1u);
-  const std::string& source = lowered->kernels[0].source;
+  const KernelSpec kernel = TheFusionsKernel(**m);
+  const std::string& source = kernel.source;
   EXPECT_TRUE(absl::StrContains(source, "__nv_bfloat16* out0, __nv_bfloat16* out1, const")) << source;
   EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out0, vec, result);")) << source;
   EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out1, vec, result);")) << source;
   EXPECT_TRUE(absl::StrContains(source, "out1[i] = ")) << source;
-  ExpectCompiles(lowered->kernels[0]);
+  ExpectCompiles(kernel);
 }
 
 TEST(Codegen, NamesSourcesAndDeterminism) {
