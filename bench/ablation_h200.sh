@@ -17,8 +17,8 @@ PASSES=${PASSES:-elide-grad-zeroing narrow-activations-bf16 fuse-residual-norm g
 LOG_DIR=${LOG_DIR:-/tmp/kiln-ablation}
 mkdir -p "$LOG_DIR"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$LOG_DIR/kernel-cache}
-echo "| preset | passes | tok/s median (min-max) | launches | GEMMs | arena | last loss |"
-echo "|---|---|---|---|---|---|---|"
+echo "| preset | passes | tok/s median (min-max) | launches | GEMMs | bytes moved | arena | last loss |"
+echo "|---|---|---|---|---|---|---|---|"
 for preset in $PRESETS; do
   for disabled in "" $PASSES; do
     log="$LOG_DIR/${preset}_${disabled:-all}.log"
@@ -33,13 +33,13 @@ text = open(log).read()
 rates = [float(m.group(2)) for m in re.finditer(r"^step (\d+)/\d+ +loss \S+ +tok/s (\d+)", text, re.M)
          if warmup < int(m.group(1)) < steps]
 losses = re.findall(r"^step \d+/\d+ +loss (\S+)", text, re.M)
-launches = re.search(r"(\d+) kernel launches .*?, (\d+) GEMMs, arena ([\d.]+ \w+)", text)
+launches = re.search(r"(\d+) kernel launches .*?, (\d+) GEMMs, arena ([\d.]+ \w+), ([\d.]+ \w+) moved", text)
 name = "all" if not disabled else f"without {disabled}"
 if not rates or not launches:
-    print(f"| {preset} | {name} | failed (see {log}) | | | | |")
+    print(f"| {preset} | {name} | failed (see {log}) | | | | | |")
 else:
     print(f"| {preset} | {name} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
-          f"{launches.group(1)} | {launches.group(2)} | {launches.group(3)} | {losses[-1]} |")
+          f"{launches.group(1)} | {launches.group(2)} | {launches.group(4)} | {launches.group(3)} | {losses[-1]} |")
 PY
   done
 done

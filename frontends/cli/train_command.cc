@@ -503,10 +503,11 @@ absl::StatusOr<std::unique_ptr<CudaTrainer>> CreateCudaTrainer(const ParsedArgs&
   const CudaExecutable::Stats& st = cuda->executable().stats();
   std::fprintf(stderr,
                "kiln train: compiled the step in %.1fs: %lld kernel launches (%lld distinct, %lld from the cache), "
-               "%lld GEMMs, arena %.2f GB\n",
+               "%lld GEMMs, arena %.2f GB, %.2f GB moved per step (operands and results, from the plan)\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count(),
                static_cast<long long>(st.kernels), static_cast<long long>(st.distinct_kernels),
-               static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9);
+               static_cast<long long>(st.cache_hits), static_cast<long long>(st.gemms), st.arena_bytes / 1e9,
+               st.bytes_moved / 1e9);
   // Everything kiln allocates on the device is the arena (torch's max_memory_allocated
   // counterpart; the CUDA context and cuBLASLt handles are outside both).
   std::fprintf(stderr, "kiln train: peak device memory: %lld bytes\n", static_cast<long long>(st.arena_bytes));

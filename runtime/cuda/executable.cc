@@ -150,8 +150,17 @@ absl::Status CudaExecutable::BuildSteps() {
   const CompiledProgram& program = program_;
   absl::flat_hash_map<std::string, int> tuned;  // GemmTuningKey -> its record in stats_.gemm_tuning
   std::vector<const KernelLibrary*> library_of(program.kernels.size(), nullptr);  // each cubin loaded once
+  const Node* counted = nullptr;  // the node whose buffers bytes_moved counted last
   for (const ProgramStep& ps : program.steps) {
     Step step{.program = &ps};
+    if (ps.kind == ProgramStep::Kind::kCopy) {
+      stats_.bytes_moved += 2 * ps.bytes;
+    } else if (ps.node != counted) {  // a node's second kernel (a two-stage reduction) reads the same
+      counted = ps.node;
+      for (int64_t arg : ps.args) {
+        if (arg >= 0) stats_.bytes_moved += function_->nodes()[arg]->type().num_bytes();
+      }
+    }
     switch (ps.kind) {
       case ProgramStep::Kind::kGemm: {
         if (ps.args.size() != 5) return absl::InvalidArgumentError(absl::StrCat(ps.gemm.context, ": a GEMM step takes 5 buffers"));

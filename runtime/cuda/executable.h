@@ -88,6 +88,11 @@ class CudaExecutable {
     // The program's compile phases, Load's, then the capture, in order: {"codegen + NVRTC", 1.2}, ...
     std::vector<std::pair<std::string, double>> phases;
     int64_t graph_nodes = 0;       // nodes of the captured CUDA graph; 0 before the first Run
+    // Bytes a run moves, counted from the plan: for every node that launches work, the bytes
+    // of each buffer it reads or writes once (operands, results; a GEMM's A, B, C and D; both
+    // sides of a copy). A floor for the DRAM traffic: it ignores re-reads (a GEMM's tiles, a
+    // reduction's second pass) and whatever L2 keeps.
+    int64_t bytes_moved = 0;
     // Each distinct GEMM autotuned at load: what it is, how many calls of the run share it,
     // and what the timing found (in the program's order of first use).
     struct GemmTuningRecord {
