@@ -374,6 +374,21 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
     EXPECT_TRUE(absl::StrContains(r.output, "meaning preserved")) << r.output;
     EXPECT_TRUE(absl::StrContains(r.output, "output 0 (%loss)")) << r.output;
   }
+  // Without a tolerance, a pipeline with merge-sibling-gemms is checked for the same sums:
+  // f32 values kept in double on both sides, at 1e-9 (the README's `kiln check` command).
+  auto same_sums = RunCommand(Kiln() + " check llama-tiny --training --batch 2 --seq 16");
+  EXPECT_EQ(same_sums.exit_code, 0) << same_sums.output;
+  EXPECT_TRUE(absl::StrContains(same_sums.output, "f32 values kept in double on both sides, tolerance 1e-9"))
+      << same_sums.output;
+  EXPECT_TRUE(absl::StrContains(same_sums.output, "meaning preserved (seed 1, tolerance abs 1e-09 rel 1e-09)"))
+      << same_sums.output;
+  // Without merge-sibling-gemms the default pipeline's passes are exact in f32.
+  auto exact = RunCommand(Kiln() +
+                          " check llama-tiny --training --batch 2 --seq 16 --passes simplify,dce,lower-gemm,"
+                          "gemm-bias-epilogue,elide-grad-zeroing,narrow-activations-bf16,fuse-residual-norm,fuse-loops,"
+                          "rematerialize");
+  EXPECT_EQ(exact.exit_code, 0) << exact.output;
+  EXPECT_TRUE(absl::StrContains(exact.output, "meaning preserved (seed 1, tolerance abs 0 rel 0)")) << exact.output;
   auto bad = RunCommand(Kiln() + " check llama-tiny --passes cse,bogus");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(bad.output, "unknown pass 'bogus'")) << bad.output;
