@@ -51,7 +51,7 @@ constexpr PassInfo kPasses[] = {
      Make<LowerGemmPass>},
     {MergeSiblingGemmsPass::kName,
      "sibling gemms (shared operand, or a chain through C) -> one gemm of concatenates",
-     Make<MergeSiblingGemmsPass>},
+     Make<MergeSiblingGemmsPass>, /*reassociates_f32_sums=*/true},
     {NarrowActivationsPass::kName, "a gemm or loss gradient whose f32 result is only read as bf16 writes bf16",
      Make<NarrowActivationsPass>},
     {RematerializePass::kName,

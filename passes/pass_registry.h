@@ -22,6 +22,9 @@ struct PassInfo {
   absl::string_view name;
   absl::string_view description;  // one line, what it does to the IR
   std::unique_ptr<Pass> (*make)(const CompileOptions& options);
+  // The pass may change f32 rounding without changing the math (it reassociates f32 sums):
+  // `kiln check` then compares with f32 values kept in double, where it is exact.
+  bool reassociates_f32_sums = false;
 };
 
 // The table, sorted by name.

@@ -11,7 +11,6 @@
 #include "frontends/cli/model_source.h"
 #include "ir/status_macros.h"
 #include "passes/default_pipeline.h"
-#include "passes/merge_sibling_gemms.h"
 #include "passes/pass_registry.h"
 #include "passes/training_compile.h"
 #include "runtime/differential_check.h"
@@ -65,21 +64,24 @@ absl::Status RunCheck(const ParsedArgs& args) {
                                       "one function's inputs and values before and after the passes, 8 bytes per "
                                       "value"));
 
-  // merge-sibling-gemms sums a GEMM chain's K in one f32 accumulator where each link rounded
-  // its part: the same sums, rounded differently. The exact check then keeps f32 values in
-  // double on both sides (so no f32 rounding can differ), at 1e-9; explicit tolerances check
-  // in f32 as asked.
-  const std::vector<std::string> pass_names = pipeline.PassNames();
-  const bool reassociates =
-      std::find(pass_names.begin(), pass_names.end(), MergeSiblingGemmsPass::kName) != pass_names.end() &&
-      std::find(options.disabled_passes.begin(), options.disabled_passes.end(), MergeSiblingGemmsPass::kName) ==
-          options.disabled_passes.end();
+  // A pass that reassociates f32 sums (merge-sibling-gemms: a GEMM chain's K summed in one f32
+  // accumulator where each link rounded its part) computes the same sums, rounded differently.
+  // The exact check then keeps f32 values in double on both sides (so no f32 rounding can
+  // differ), at 1e-9; explicit tolerances check in f32 as asked.
+  std::string reassociating;
+  for (const std::string& name : pipeline.PassNames()) {
+    const PassInfo* info = FindRegisteredPass(name);
+    const bool disabled =
+        std::find(options.disabled_passes.begin(), options.disabled_passes.end(), name) != options.disabled_passes.end();
+    if (info != nullptr && info->reassociates_f32_sums && !disabled) reassociating = name;
+  }
+  const bool reassociates = !reassociating.empty();
   const bool same_sums = reassociates && abs == 0 && rel == 0;
   if (same_sums) {
     abs = rel = 1e-9;
-    std::printf("kiln check: %s reassociates f32 sums (merge-sibling-gemms): f32 values kept in double on both "
-                "sides, tolerance 1e-9; pass --abs-tolerance to compare in f32\n",
-                pipeline_name.c_str());
+    std::printf("kiln check: %s reassociates f32 sums (%s): f32 values kept in double on both sides, tolerance "
+                "1e-9; pass --abs-tolerance to compare in f32\n",
+                pipeline_name.c_str(), reassociating.c_str());
   }
   // With --training, the step kiln train compiles (the same sequence and step options); what
   // is checked is the pipeline that runs on it.
