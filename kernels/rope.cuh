@@ -8,11 +8,16 @@
 // Rounding: freq, angle, cos and sin are computed in double, like the reference, then cos
 // and sin round to fp32 and the rotation runs in fp32. In fp32 the angle of position 4096
 // would carry an error of up to half an ulp of 4096 (2.4e-4 rad), which lands in every
-// rotated value, above f32 tolerances. The double work is amortized: a thread computes its
-// cos/sin once for a (b, t, frequency chunk) and applies them to all H heads.
-// No cos/sin table is materialized. (Splitting the heads over more threads, 2 of llama-S's 12
-// per thread, made the kernel 1.8x slower on the H200: the double pow and sincos, repeated
-// per thread, then dominate at FP64's rate.)
+// rotated value, above f32 tolerances.
+//
+// The double work is what a naive kernel spends its time on (FP64 runs at 1/2 of FP32 on the
+// H200 but pow and sincos are long dependent chains), so it is done once per (position,
+// frequency): a block owns one position t and a run of batch rows, its first D/2 threads put
+// that position's cos and sin in shared memory, and then all its threads rotate every head of
+// those rows with them. llama-S's q (B 16, H 12, D 64) computes 32 cos/sin pairs per 12,288
+// rotated pairs. (The kernel before this computed them per (b, t, 8 frequencies) and looped
+// over the heads in one thread: 64k threads, 1.25 ms for llama-S's 64 RoPE launches; splitting
+// its heads over more threads made it 1.8x slower, the double work then repeated per thread.)
 #pragma once
 
 #include "kernels/common.cuh"
@@ -21,40 +26,45 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
-// out = rope(x, positions). Launch: one thread per (b, t, chunk of kVec frequencies):
-// grid = ceil(kB * kT * (kD / 2 / kVec) / blockDim.x), any block size. kVec > 1 needs
+// out = rope(x, positions). Launch: grid = kT * ceil(kB / kBPerBlock) blocks, block b of the grid
+// rotating position t = b % kT of batch rows [(b / kT) * kBPerBlock, + kBPerBlock); any block
+// size. Within a block, consecutive threads take consecutive kVec-wide chunks of a head's
+// halves, so a warp's loads and stores are contiguous runs of whole heads. kVec > 1 needs
 // (kD / 2) % kVec == 0, so that both halves of a chunk are whole 16-byte accesses.
-template <typename TX, typename TY, long long kB, long long kT, int kH, int kD, int kVec, bool kInverse>
+template <typename TX, typename TY, long long kB, long long kT, int kH, int kD, int kVec, int kBPerBlock, bool kInverse>
 __device__ __forceinline__ void Rope(TY* out, const TX* x, const int* positions, double theta) {
   constexpr int kHalf = kD / 2;
   static_assert(kD % 2 == 0 && (kVec == 1 || kHalf % kVec == 0), "chunks never straddle the halves");
   constexpr int kChunksPerHalf = kHalf / kVec;
-  const long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (item >= kB * kT * kChunksPerHalf) return;
-  const long long bt = item / kChunksPerHalf;  // b * kT + t
-  const int first = static_cast<int>(item % kChunksPerHalf) * kVec;
-  const double pos = static_cast<double>(positions[bt % kT]);
-
-  float cosines[kVec], sines[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const double freq = pow(theta, -2.0 * static_cast<double>(first + j) / static_cast<double>(kD));
+  __shared__ float cosines[kHalf];
+  __shared__ float sines[kHalf];
+  const long long t = blockIdx.x % kT;
+  const long long first_row = (blockIdx.x / kT) * kBPerBlock;
+  const int rows = static_cast<int>(kB - first_row < kBPerBlock ? kB - first_row : kBPerBlock);
+  const double pos = static_cast<double>(positions[t]);
+  for (int i = threadIdx.x; i < kHalf; i += blockDim.x) {
+    const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(kD));
     double s, c;
     sincos((kInverse ? -pos : pos) * freq, &s, &c);
-    cosines[j] = static_cast<float>(c);
-    sines[j] = static_cast<float>(s);
+    cosines[i] = static_cast<float>(c);
+    sines[i] = static_cast<float>(s);
   }
+  __syncthreads();
 
-#pragma unroll 4
-  for (int h = 0; h < kH; ++h) {
-    const long long base = (bt * kH + h) * kD + first;
+  const int chunks = rows * kH * kChunksPerHalf;
+  for (int item = threadIdx.x; item < chunks; item += blockDim.x) {
+    const int first = (item % kChunksPerHalf) * kVec;
+    const int row_head = item / kChunksPerHalf;  // local_row * kH + h
+    const long long bt = (first_row + row_head / kH) * kT + t;
+    const long long base = (bt * kH + row_head % kH) * kD + first;
     float lo[kVec], hi[kVec], out_lo[kVec], out_hi[kVec];
     LoadFloats(x + base, lo);
     LoadFloats(x + base + kHalf, hi);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      out_lo[j] = lo[j] * cosines[j] - hi[j] * sines[j];
-      out_hi[j] = hi[j] * cosines[j] + lo[j] * sines[j];
+      const float c = cosines[first + j], s = sines[first + j];
+      out_lo[j] = lo[j] * c - hi[j] * s;
+      out_hi[j] = hi[j] * c + lo[j] * s;
     }
     StoreFloats(out + base, out_lo);
     StoreFloats(out + base + kHalf, out_hi);

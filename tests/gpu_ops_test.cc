@@ -376,6 +376,19 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {0, 2048}}});
   }
+  // The kernel's other shapes: bf16 with 16-byte accesses (llama's head size 64, the block's
+  // cos/sin for 32 frequencies), and a sequence long enough that a block takes two batch rows,
+  // the last block one.
+  cases.push_back({"rope_bf16_heads", kSums, [](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{bf16, {3, 37, 12, 64}}, {i32, {37}}});
+                     return Ret(b, b.Rope(p[0], p[1], 10000.0));
+                   },
+                   {{-2, 2}, {0, 4096}}});
+  cases.push_back({"rope_rows_per_block", kSums, [](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{f32, {5, 200, 2, 16}}, {i32, {200}}});
+                     return Ret(b, b.Rope(p[0], p[1], 500000.0, /*inverse=*/true));
+                   },
+                   {{-2, 2}, {0, 4096}}});
   // AdamW's three results over the scalar path (an odd size), 16-byte accesses, and a size
   // past the grid-stride kernel's grid (threads loop).
   for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4}) {
