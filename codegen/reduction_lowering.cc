@@ -314,7 +314,11 @@ KernelSpec SplitRowReduce(const Reduction& r, int width, int64_t splits, std::st
 
 // The two-stage column reduction's geometry (see the file comment).
 struct ColumnGeometry {
-  int width = 1;          // elements per load (a 16-byte vector of the operand, or 1 when fused)
+  // Elements per thread and row: one 16-byte vector of the operand, or as many elements
+  // computed one by one when the operand is fused (a thread then still keeps several loads of
+  // its inputs in flight: with one element a thread, a bf16 input moved 64 bytes per warp load
+  // and [16384, 3072] ran at half the card's bandwidth).
+  int width = 1;
   int64_t vectors = 1;    // loads per row: inner / width
   int lanes = 32;         // threads of a block across a tile's vectors (threadIdx.x)
   int row_groups = 8;     // threads of a block down the rows (threadIdx.y)
@@ -326,7 +330,7 @@ struct ColumnGeometry {
 
 ColumnGeometry ChooseColumnGeometry(const Reduction& r, const ThreeDims& t, int dtype_bytes) {
   ColumnGeometry g;
-  g.width = r.fused ? 1 : VectorWidth(dtype_bytes, {t.inner});
+  g.width = VectorWidth(dtype_bytes, {t.inner});
   g.vectors = t.inner / g.width;
   while (g.lanes / 2 >= g.vectors && g.lanes > 1) g.lanes /= 2;  // no idle lanes on a narrow tensor
   g.row_groups = kColumnThreads / g.lanes;
@@ -350,7 +354,9 @@ KernelSpec ColumnPartials(const Reduction& r, const ThreeDims& t, const ColumnGe
   const int64_t tile_columns = int64_t{g.lanes} * g.width;
   const int64_t tiles_per_outer = g.tiles / t.outer;
   const std::string load =
-      r.fused ? "      acc[0] = Fold(acc[0], ToAcc(p[row * kInner + v]));\n"
+      r.fused ? absl::StrFormat("#pragma unroll\n"
+                                "      for (int j = 0; j < %d; ++j) acc[j] = Fold(acc[j], ToAcc(p[row * kInner + v * %d + j]));\n",
+                                g.width, g.width)
               : absl::StrFormat("      const kiln::Vec<%s, %d> x = kiln::LoadVec<%d>(p + row * kInner, v);\n"
                                 "#pragma unroll\n"
                                 "      for (int j = 0; j < %d; ++j) acc[j] = Fold(acc[j], ToAcc(x.v[j]));\n",
