@@ -98,14 +98,17 @@ __device__ __forceinline__ float Gelu(float x) {
   const double u = __dmul_rn(0.7978845608028654, __dadd_rn(xd, cubic));
   return static_cast<float>(__ddiv_rn(xd, __dadd_rn(1.0, exp(-2.0 * u))));
 }
-// The same function in f32 for a result rounded to bf16 (or f16): f32's error of u, even
-// amplified by |2u|, stays orders of magnitude below bf16's 2^-8 resolution. The double form
-// made GPT-2's MLP gelu compute-bound on the H200 (a double exp and divide are long FP64 sequences,
-// at half the FP32 rate and with no hardware approximation): 163 us
-// for a [16384, 3072] bf16 tensor whose bytes take ~50 us.
+// The same function in f32 for a result rounded to bf16 (or f16), with the hardware's
+// approximate exp2 and reciprocal: their few-ulp f32 errors, even amplified by |2u|, stay
+// orders of magnitude below bf16's 2^-8 resolution (a result lands one bf16 ulp away only
+// where the exact value sits within ~1e-6 of a rounding boundary). The double form made GPT-2's
+// MLP gelu compute-bound on the H200 (163 us for a [16384, 3072] bf16 tensor whose bytes take
+// ~45 us), and IEEE expf and division still cost ~40 instructions an element (68 us): at
+// FP32's issue rate that is the kernel's time, not its bytes. Below x ~ -9.4 exp(-2u)
+// overflows and the result is -0 where the exact one is below 1e-37.
 __device__ __forceinline__ float GeluToNarrow(float x) {
-  const float u = __fmul_rn(0.7978845608f, __fadd_rn(x, __fmul_rn(0.044715f, __fmul_rn(x, __fmul_rn(x, x)))));
-  return __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(-2.0f, u))));
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return __fdividef(x, 1.0f + __expf(-2.0f * u));
 }
 // Integer division truncating toward zero. The reference rejects a zero divisor before
 // running; a kernel cannot, and yields 0.

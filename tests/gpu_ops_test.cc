@@ -140,6 +140,11 @@ std::vector<OpCase> OpCases() {
                        {{u.lo, u.hi}}});
     }
   }
+  // GELU rounded to bf16 (the fast-intrinsic form, kernel_source.cc's GeluToNarrow) over a
+  // range where exp(-2u) overflows f32 (x below ~ -9.4) and a tensor on the 16-byte path.
+  cases.push_back({"gelu_bf16_wide", kFewUlps,
+                   [](Builder& b) { return Ret(b, b.Unary(Opcode::kGelu, *b.Parameter("x", {bf16, {64, 1024}}))); },
+                   {{-12, 12}}});
   for (Opcode op : {Opcode::kAdd, Opcode::kSub, Opcode::kMul, Opcode::kDiv, Opcode::kMax, Opcode::kMin}) {
     for (DType d : {f32, bf16, i32}) {
       if (d == i32 && op == Opcode::kDiv) continue;  // see the i32 division case below
