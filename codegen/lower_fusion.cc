@@ -79,10 +79,25 @@ class GroupEmitter {
     const std::string type = CudaTypeName(node->type().dtype);
     if (!members_.contains(node)) {
       const int input = input_index_.at(node);
-      if (auto lane = lanes_.find(index); lane != lanes_.end()) {
+      if (auto lane = lanes_.find(index); lane != lanes_.end() && lane->second.run == 0) {
         // Read at the element's own index: the lane of the vector loaded once per thread.
-        expression = absl::StrCat("a", input, ".v[", lane->second, "]");
+        expression = absl::StrCat("a", input, ".v[", lane->second.lane, "]");
         vector_inputs_.insert(input);
+      } else if (lane != lanes_.end()) {
+        // Read along a run the index maps carried contiguously (a transpose, slice or
+        // broadcast that keeps the last dim): one vector from the run's first index, loaded
+        // where lane 0 first reads it.
+        const auto vector_key = std::make_pair(input, lane->second.run);
+        auto vector = run_vectors_.find(vector_key);
+        if (vector == run_vectors_.end() && lane->second.lane == 0) {
+          const std::string name = absl::StrCat("a", input, "_r", lane->second.run);
+          absl::StrAppendFormat(&code_, "      const Vec<%s, kWidth> %s = LoadVec<kWidth>(in%d, %s / kWidth);\n", type,
+                                name, input, runs_[lane->second.run]);
+          vector = run_vectors_.emplace(vector_key, name).first;
+          run_inputs_.insert(input);
+        }
+        expression = vector != run_vectors_.end() ? absl::StrCat(vector->second, ".v[", lane->second.lane, "]")
+                                                  : absl::StrCat("in", input, "[", index, "]");
       } else {
         expression = absl::StrCat("in", input, "[", index, "]");
       }
@@ -106,18 +121,21 @@ class GroupEmitter {
         }
         case Opcode::kTranspose: {
           ASSIGN_OR_RETURN(std::string operand_index, TransposeIndex(*node, index));
+          CarryRun(*node, index, operand_index);
           ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
           memo_[key] = v;
           return v;
         }
         case Opcode::kBroadcast: {
           ASSIGN_OR_RETURN(std::string operand_index, BroadcastIndex(*node, index));
+          CarryRun(*node, index, operand_index);
           ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
           memo_[key] = v;
           return v;
         }
         case Opcode::kSlice: {
           ASSIGN_OR_RETURN(std::string operand_index, SliceIndex(*node, index));
+          CarryRun(*node, index, operand_index);
           ASSIGN_OR_RETURN(std::string v, Value(node->operand(0), operand_index));
           memo_[key] = v;
           return v;
@@ -145,14 +163,74 @@ class GroupEmitter {
 
   const std::string& code() const { return code_; }
 
-  // Makes `index` (a variable holding an element's own linear index) lane `lane` of a vector:
-  // an input read at exactly that index is then read from the vector `a<input>`, loaded once
-  // for all lanes (vector_inputs() lists them). Element-preserving ops (elementwise, reshape)
-  // pass the index on unchanged, so such an input has the result's element count.
-  void SetLane(const std::string& index, int lane) { lanes_[index] = lane; }
+  // Makes `index` (a variable holding an element's own linear index) lane `lane` of a vector
+  // of `width` lanes: an input read at exactly that index is then read from the vector
+  // `a<input>`, loaded once for all lanes (vector_inputs() lists them). Element-preserving ops
+  // (elementwise, reshape) pass the index on unchanged, so such an input has the result's
+  // element count. Index maps that keep a run of lanes contiguous (CarryRun) pass it on too,
+  // to a vector of its own (run_inputs() lists the inputs read so).
+  void SetLane(const std::string& index, int lane, int width) {
+    lanes_[index] = {lane, 0};
+    width_ = width;
+    if (runs_.empty()) runs_.push_back("vec * kWidth");
+  }
   const std::set<int>& vector_inputs() const { return vector_inputs_; }
+  const std::set<int>& run_inputs() const { return run_inputs_; }
 
  private:
+  // A vector's lanes are `width_` consecutive linear indices from a multiple of width_ (the
+  // element's own, or carried here). Where `node` keeps its last dim (a transpose that does
+  // not move it, a slice of stride 1 starting at a multiple of width_, a broadcast whose
+  // operand's last dim is the result's) and that dim is a multiple of width_, the lanes are
+  // one row's consecutive elements, and so are the operand indices they map to, again from a
+  // multiple of width_: lane l of `index`'s run reads lane l of a run starting at lane 0's
+  // operand index. Lane 0 makes the run (its operand index is the run's start); later lanes
+  // find it and name theirs start + l.
+  void CarryRun(const Node& node, const std::string& index, std::string& operand_index) {
+    const auto lane = lanes_.find(index);
+    if (lane == lanes_.end() || width_ <= 1 || !KeepsRows(node)) return;
+    const auto key = std::make_pair(&node, lane->second.run);
+    if (lane->second.lane == 0) {
+      if (operand_index.empty() || operand_index[0] != 'i') return;  // a constant index: no run
+      runs_.push_back(operand_index);
+      derived_runs_[key] = static_cast<int>(runs_.size()) - 1;
+      lanes_[operand_index] = {0, derived_runs_[key]};
+      return;
+    }
+    const auto run = derived_runs_.find(key);
+    if (run == derived_runs_.end()) return;
+    const std::string var = absl::StrCat("i", next_var_++);
+    absl::StrAppendFormat(&code_, "      const Index %s = %s + %d;\n", var, runs_[run->second], lane->second.lane);
+    operand_index = var;
+    lanes_[var] = {lane->second.lane, run->second};
+  }
+
+  bool KeepsRows(const Node& node) const {
+    const std::vector<int64_t>& out = node.type().dims;
+    const std::vector<int64_t>& in = node.operand(0)->type().dims;
+    if (out.empty() || in.empty() || out.back() % width_ != 0) return false;
+    const size_t last = out.size() - 1;
+    switch (node.opcode()) {
+      case Opcode::kTranspose: {
+        absl::StatusOr<std::vector<int64_t>> perm = node.attrs().GetInts("perm");
+        return perm.ok() && perm->size() == out.size() && (*perm)[last] == static_cast<int64_t>(last);
+      }
+      case Opcode::kSlice: {
+        absl::StatusOr<std::vector<int64_t>> start = node.attrs().GetInts("start");
+        absl::StatusOr<std::vector<int64_t>> stride = node.attrs().GetInts("stride");
+        return start.ok() && stride.ok() && start->size() == out.size() && (*stride)[last] == 1 &&
+               (*start)[last] % width_ == 0 && in.back() % width_ == 0;
+      }
+      case Opcode::kBroadcast: {
+        absl::StatusOr<std::vector<int64_t>> dims = node.attrs().GetInts("dims");
+        return dims.ok() && dims->size() == in.size() && dims->back() == static_cast<int64_t>(last) &&
+               in.back() == out.back();
+      }
+      default:
+        return false;
+    }
+  }
+
   // The operand's linear index for element `index` of a broadcast: each operand dim i sits at
   // result dim dims[i]; a size-1 operand dim contributes nothing.
   absl::StatusOr<std::string> BroadcastIndex(const Node& broadcast, const std::string& index) {
@@ -216,22 +294,41 @@ class GroupEmitter {
   // Element `index` of a concatenate: the operand whose run along `dim` holds it, computed
   // in a branch of its own, so that only that operand's inputs are read. Values computed
   // inside a branch are scoped to it: the memo forgets them when the branch closes.
+  //
+  // A run of lanes (CarryRun) all take one branch where the concatenate keeps rows whole (the
+  // result's last dim a multiple of the width, and, along the last dim, every operand's run
+  // too): lane 0 then computes every lane inside its branch, along the operand's own run,
+  // into an array the later lanes read.
   absl::StatusOr<std::string> Concatenate(const Node& concat, const std::string& index) {
     ASSIGN_OR_RETURN(int64_t dim, concat.attrs().GetInt("dim"));
     const std::vector<int64_t>& out_dims = concat.type().dims;
     int64_t inner = 1;
     for (size_t d = dim + 1; d < out_dims.size(); ++d) inner *= out_dims[d];
+    const auto lane = lanes_.find(index);
+    bool whole_runs = lane != lanes_.end() && width_ > 1 && out_dims.back() % width_ == 0;
+    if (whole_runs && dim == static_cast<int64_t>(out_dims.size()) - 1) {
+      for (const Node* operand : concat.operands()) whole_runs = whole_runs && operand->type().dims[dim] % width_ == 0;
+    }
+    if (whole_runs && lane->second.lane > 0) {
+      const auto lanes = concat_runs_.find(std::make_pair(&concat, lane->second.run));
+      if (lanes != concat_runs_.end()) return absl::StrCat(lanes->second, "[", lane->second.lane, "]");
+      whole_runs = false;
+    }
     const int n = next_var_++;
     const std::string var = absl::StrCat("v", n);
     const std::string c = absl::StrCat("c", n), o = absl::StrCat("o", n), r = absl::StrCat("r", n);
+    if (whole_runs) {
+      concat_runs_[std::make_pair(&concat, lane->second.run)] = var;
+      absl::StrAppendFormat(&code_, "      %s %s[kWidth];\n", CudaTypeName(concat.type().dtype), var);
+    }
     absl::StrAppendFormat(&code_,
-                          "      %s %s;\n"
+                          "%s"
                           "      {\n"
                           "      const Index %s = (%s / %d) %% %d;  // coordinate along dim %d\n"
                           "      const Index %s = %s / %d;\n"
                           "      const Index %s = %s %% %d;\n",
-                          CudaTypeName(concat.type().dtype), var, c, index, inner, out_dims[dim], dim, o, index,
-                          inner * out_dims[dim], r, index, inner);
+                          whole_runs ? "" : absl::StrCat("      ", CudaTypeName(concat.type().dtype), " ", var, ";\n"), c,
+                          index, inner, out_dims[dim], dim, o, index, inner * out_dims[dim], r, index, inner);
     int64_t offset = 0;
     bool first = true;
     for (const Node* operand : concat.operands()) {
@@ -242,21 +339,46 @@ class GroupEmitter {
                             first ? "" : "} else ", c, offset + run, j, o, run, c, offset, inner, r);
       first = false;
       const auto saved = memo_;
-      ASSIGN_OR_RETURN(std::string v, Value(operand, j));
-      absl::StrAppend(&code_, "      ", var, " = ", v, ";\n");
+      if (whole_runs) {
+        runs_.push_back(j);
+        const int operand_run = static_cast<int>(runs_.size()) - 1;
+        for (int l = 0; l < width_; ++l) {
+          std::string lane_index = j;
+          if (l > 0) {
+            lane_index = absl::StrCat("i", next_var_++);
+            absl::StrAppendFormat(&code_, "      const Index %s = %s + %d;\n", lane_index, j, l);
+          }
+          lanes_[lane_index] = {l, operand_run};
+          ASSIGN_OR_RETURN(std::string v, Value(operand, lane_index));
+          absl::StrAppend(&code_, "      ", var, "[", l, "] = ", v, ";\n");
+        }
+      } else {
+        ASSIGN_OR_RETURN(std::string v, Value(operand, j));
+        absl::StrAppend(&code_, "      ", var, " = ", v, ";\n");
+      }
       memo_ = saved;
       offset += run;
     }
     absl::StrAppend(&code_, first ? "" : "      }\n", "      }\n");
-    return var;
+    return whole_runs ? absl::StrCat(var, "[0]") : var;
   }
 
   const KernelGroup& group_;
   absl::flat_hash_set<const Node*> members_;
   absl::flat_hash_map<const Node*, int> input_index_;
   std::map<std::pair<const Node*, std::string>, std::string> memo_;
-  std::map<std::string, int> lanes_;
+  struct Lane {
+    int lane = 0;
+    int run = 0;  // runs_[run] is the run's first index (run 0: the element's own)
+  };
+  std::map<std::string, Lane> lanes_;
+  int width_ = 1;
+  std::vector<std::string> runs_;
+  std::map<std::pair<const Node*, int>, int> derived_runs_;          // (node, run) -> its operand's run
+  std::map<std::pair<int, int>, std::string> run_vectors_;           // (input, run) -> vector variable
+  std::map<std::pair<const Node*, int>, std::string> concat_runs_;   // (concatenate, run) -> its lanes' array
   std::set<int> vector_inputs_;
+  std::set<int> run_inputs_;
   std::string code_;
   int next_var_ = 0;
 };
@@ -333,7 +455,7 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
   for (int lane = 0; lane < width; ++lane) {
     const std::string index = absl::StrCat("e", lane);
     absl::StrAppendFormat(&lane_indices, "    const Index %s = base + %d;\n", index, lane);
-    vector_emitter.SetLane(index, lane);
+    vector_emitter.SetLane(index, lane, width);
     for (size_t r = 0; r < num_roots; ++r) {
       ASSIGN_OR_RETURN(std::string v, vector_emitter.Value(group.roots[r], index));
       lane_results[r].push_back(std::move(v));
@@ -365,11 +487,16 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
                           r == 0 ? "" : " &&\n      ", r, CudaTypeName(group.roots[r]->type().dtype));
   }
   std::string loads;
+  std::set<int> vector_read = vector_emitter.run_inputs();
   for (int input : vector_emitter.vector_inputs()) {
+    const std::string type = CudaTypeName(group.inputs[input]->type().dtype);
+    absl::StrAppendFormat(&loads, "    const Vec<%s, kWidth> a%d = LoadVec<kWidth>(in%d, vec);\n", type, input, input);
+    vector_read.insert(input);
+  }
+  for (int input : vector_read) {
     const std::string type = CudaTypeName(group.inputs[input]->type().dtype);
     absl::StrAppendFormat(&aligned, " &&\n      (reinterpret_cast<unsigned long long>(in%d) %% sizeof(Vec<%s, kWidth>) == 0)",
                           input, type);
-    absl::StrAppendFormat(&loads, "    const Vec<%s, kWidth> a%d = LoadVec<kWidth>(in%d, vec);\n", type, input, input);
   }
   std::string stores, scalar_stores;
   for (size_t r = 0; r < num_roots; ++r) {

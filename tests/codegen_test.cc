@@ -262,6 +262,71 @@ func @main {
   }
 }
 
+// Index maps that keep the last dim carry a vector's lanes on as one contiguous run: GPT-2's
+// q taken from the qkv GEMM's output (a slice at a multiple of 8 along the last dim, a
+// reshape into heads, a transpose that moves the heads but not the head dim) loads whole
+// vectors from the run's first index; a slice starting off a multiple of 8, or a transpose
+// that moves the last dim, still reads element by element.
+TEST(Codegen, LoopFusionsCarryVectorsThroughIndexMapsThatKeepTheLastDim) {
+  struct Case {
+    std::string slice_start, perm;
+    bool vector;
+  };
+  for (const Case& c : std::vector<Case>{{"768", "0,2,1,3", true}, {"764", "0,2,1,3", false}, {"768", "0,1,3,2", false}}) {
+    SCOPED_TRACE(c.slice_start + " perm " + c.perm);
+    const bool moves_last = c.perm == "0,1,3,2";
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(absl::StrCat(R"(module @m
+func @main {
+  %qkv = parameter() {index=0} : bf16[2,64,2304]
+  %q = slice(%qkv) {start=[0,0,)", c.slice_start, R"(], limit=[2,64,)", std::stoi(c.slice_start) + 768, R"(], stride=[1,1,1]} : bf16[2,64,768]
+  %heads = reshape(%q) : bf16[2,64,12,64]
+  %t = transpose(%heads) {perm=[)", c.perm, "]} : ", moves_last ? "bf16[2,64,64,12]" : "bf16[2,12,64,64]", R"(
+  %f = convert(%t) : )", moves_last ? "f32[2,64,64,12]" : "f32[2,12,64,64]", R"(
+  return %f
+})"));
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(FusionPass().Run(**m).ok());
+    const KernelSpec kernel = TheFusionsKernel(**m);
+    const std::string& source = kernel.source;
+    EXPECT_EQ(absl::StrContains(source, "const Vec<__nv_bfloat16, kWidth> a0_r"), c.vector) << source;
+    EXPECT_EQ(absl::StrContains(source, "in0[i"), true) << source;  // the scalar tail (and lanes, when not a run)
+    EXPECT_TRUE(absl::StrContains(source, "StoreVec<kWidth>(out0, vec, result);")) << source;
+    ExpectCompiles(kernel);
+  }
+}
+
+// GPT-2's d(qkv): dq, dk and dv (f32, [B, H, T, D]) converted, transposed back to rows and
+// concatenated with zeros along the last dim, then added. Every operand run is a multiple of
+// 8, so a vector's lanes take one branch: lane 0 computes all 8 inside it, reading each
+// gradient along a run of its own (a vector load from the run's first index), not 8 scalars.
+TEST(Codegen, LoopFusionsCarryVectorsThroughConcatenatesOfWholeRuns) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %dq = parameter() {index=0} : f32[2,12,16,64]
+  %dk = parameter() {index=1} : f32[2,12,16,64]
+  %zeros = constant() {value=0.0} : bf16[2,16,1536]
+  %zero = constant() {value=0.0} : bf16[2,16,768]
+  %nq = convert(%dq) : bf16[2,12,16,64]
+  %tq = transpose(%nq) {perm=[0,2,1,3]} : bf16[2,16,12,64]
+  %rq = reshape(%tq) : bf16[2,16,768]
+  %cq = concatenate(%rq, %zeros) {dim=2} : bf16[2,16,2304]
+  %nk = convert(%dk) : bf16[2,12,16,64]
+  %tk = transpose(%nk) {perm=[0,2,1,3]} : bf16[2,16,12,64]
+  %rk = reshape(%tk) : bf16[2,16,768]
+  %ck = concatenate(%zero, %rk, %zero) {dim=2} : bf16[2,16,2304]
+  %sum = add(%cq, %ck) : bf16[2,16,2304]
+  return %sum
+})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(FusionPass().Run(**m).ok());
+  const KernelSpec kernel = TheFusionsKernel(**m);
+  const std::string& source = kernel.source;
+  EXPECT_TRUE(absl::StrContains(source, "[kWidth];")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "const Vec<float, kWidth> a0_r")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "const Vec<float, kWidth> a1_r")) << source;
+  ExpectCompiles(kernel);
+}
+
 // A loop fusion of several results (rematerialize merges a recomputed value into the
 // kernel that reads its inputs anyway): one loop computes every result at each index and
 // stores each as a vector.

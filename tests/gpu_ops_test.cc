@@ -545,6 +545,53 @@ std::vector<OpCase> OpCases() {
                      return absl::OkStatus();
                    },
                    {{-2, 2}, {-2, 2}}});
+  // Vectors carried through index maps that keep the last dim (lower_fusion.cc's runs): GPT-2's
+  // q split from the qkv GEMM's output (slice at a multiple of 8, reshape into heads,
+  // transpose), beside a slice off a multiple of 8 and a broadcast row, all in one kernel; and
+  // the backward's d(qkv) assembled from dq, dk, dv (convert, transpose, reshape, concatenates
+  // with zeros along the last dim, adds), with a concatenate along a leading dim too.
+  cases.push_back({"fusion_runs_qkv_split", kFewUlps, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{bf16, {2, 24, 2304}}, {f32, {64}}});
+                     ASSIGN_OR_RETURN(Node * q, b.Slice(p[0], {0, 0, 768}, {2, 24, 1536}, {1, 1, 1}));
+                     ASSIGN_OR_RETURN(Node * off, b.Slice(p[0], {0, 0, 764}, {2, 24, 1532}, {1, 1, 1}));
+                     ASSIGN_OR_RETURN(Node * sum, b.Add(q, off));
+                     ASSIGN_OR_RETURN(Node * heads, b.Reshape(sum, {2, 24, 12, 64}));
+                     ASSIGN_OR_RETURN(Node * t, b.Transpose(heads, {0, 2, 1, 3}));
+                     ASSIGN_OR_RETURN(Node * f, b.Convert(t, f32));
+                     ASSIGN_OR_RETURN(Node * row, b.Broadcast(p[1], {3}, {2, 12, 24, 64}));
+                     ASSIGN_OR_RETURN(Node * scaled, b.Mul(f, row));
+                     ASSIGN_OR_RETURN(Node * out, b.Convert(scaled, bf16));
+                     RETURN_IF_ERROR(b.Return({out}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}}});
+  cases.push_back({"fusion_runs_qkv_grad", kFewUlps, [](Builder& b) -> absl::Status {
+                     const std::vector<int64_t> heads = {2, 12, 24, 64};
+                     std::vector<Node*> p = Params(b, {{f32, heads}, {f32, heads}, {f32, heads}});
+                     std::vector<Node*> rows;
+                     for (Node* g : p) {
+                       ASSIGN_OR_RETURN(Node * narrow, b.Convert(g, bf16));
+                       ASSIGN_OR_RETURN(Node * t, b.Transpose(narrow, {0, 2, 1, 3}));
+                       ASSIGN_OR_RETURN(Node * r, b.Reshape(t, {2, 24, 768}));
+                       rows.push_back(r);
+                     }
+                     ASSIGN_OR_RETURN(Node * zeros2, b.Constant(0.0, {bf16, {2, 24, 1536}}));
+                     ASSIGN_OR_RETURN(Node * zeros1, b.Constant(0.0, {bf16, {2, 24, 768}}));
+                     ASSIGN_OR_RETURN(Node * dq, b.Concatenate({rows[0], zeros2}, 2));
+                     ASSIGN_OR_RETURN(Node * dk, b.Concatenate({zeros1, rows[1], zeros1}, 2));
+                     ASSIGN_OR_RETURN(Node * dv, b.Concatenate({zeros2, rows[2]}, 2));
+                     ASSIGN_OR_RETURN(Node * qk, b.Add(dq, dk));
+                     ASSIGN_OR_RETURN(Node * qkv, b.Add(qk, dv));
+                     ASSIGN_OR_RETURN(Node * halves, b.Concatenate({rows[0], rows[1]}, 1));  // [2, 48, 768]
+                     ASSIGN_OR_RETURN(Node * doubled, b.Add(halves, halves));
+                     RETURN_IF_ERROR(b.Return({qkv, doubled}));
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}}});
   cases.push_back({"add_large", kExact, [](Builder& b) {
                      std::vector<Node*> p = Params(b, {{bf16, {(1 << 20) + 3}}, {bf16, {(1 << 20) + 3}}});
                      return Ret(b, b.Add(p[0], p[1]));
