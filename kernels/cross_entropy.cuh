@@ -28,6 +28,10 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
+namespace cross_entropy {
+constexpr float kLog2e = 1.4426950408889634f;
+}  // namespace cross_entropy
+
 // Columns kClasses.. of the chunk starting at column i read as -inf: padding, not classes.
 // A compile-time no-op when every column is a class.
 template <int kClasses, int kVec>
@@ -51,6 +55,11 @@ __device__ __forceinline__ void CrossEntropyForward(float* loss, float* lse, con
   if (row >= kRows) return;  // whole warps only: a warp is one row
   const TLogit* row_logits = logits + row * kV;
 
+  // A thread's running (max, sum of exp(x - max)), rescaled once per chunk rather than merged
+  // chunk by chunk through MaxExpSumOp (two more exps per chunk), and exp as exp2 of the
+  // difference times log2(e): the accurate expf is ~10 instructions, which made this kernel
+  // compute-bound on the H200 (91% SM throughput, 1.5 TB/s under ncu for GPT-2's [16384,
+  // 50304] bf16 logits). exp2f's 2-ulp error per term is far below the loss's f32 tolerance.
   MaxExpSum stats{-CUDART_INF_F, 0.f};
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {
@@ -59,7 +68,14 @@ __device__ __forceinline__ void CrossEntropyForward(float* loss, float* lse, con
     float xs[kVec];
     LoadFloats(row_logits + i, xs);
     MaskPadding<kClasses>(i, xs);
-    stats = MaxExpSumOp()(stats, MaxExpSumOf(xs));
+    float max = stats.max;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) max = fmaxf(max, xs[j]);
+    if (max == -CUDART_INF_F) continue;  // only padding (-inf) so far: nothing to add
+    float sum = max == stats.max ? stats.sum : stats.sum * exp2f((stats.max - max) * cross_entropy::kLog2e);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum += exp2f((xs[j] - max) * cross_entropy::kLog2e);  // -inf -> 0; NaN stays NaN
+    stats = {max, sum};
   }
   stats = RowReduce<kThreadsPerRow>(stats, MaxExpSumOp(), MaxExpSum{-CUDART_INF_F, 0.f});
 
@@ -101,7 +117,7 @@ __device__ __forceinline__ void CrossEntropyBackward(TGrad* dlogits, const TLogi
     for (int j = 0; j < kVec; ++j) {
       const float onehot = i + j == label ? 1.f : 0.f;
       // A padding column gets no gradient, whatever it holds.
-      grads[j] = i + j >= kClasses ? 0.f : (expf(xs[j] - row_lse) - onehot) * scale;
+      grads[j] = i + j >= kClasses ? 0.f : (exp2f((xs[j] - row_lse) * cross_entropy::kLog2e) - onehot) * scale;
     }
     StoreFloats(row_dlogits + i, grads);
   }
