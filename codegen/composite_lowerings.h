@@ -25,8 +25,9 @@ absl::StatusOr<LoweredNode> LowerSoftmax(const Node& node, const CodegenOptions&
 // lower_cross_entropy.cc: cross_entropy and cross_entropy_grad.
 absl::StatusOr<LoweredNode> LowerCrossEntropy(const Node& node, const CodegenOptions& options);
 
-// lower_rope.cc: rope.
+// lower_rope.cc: rope, rope_table.
 absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerRopeTable(const Node& node, const CodegenOptions& options);
 
 // lower_adamw.cc: adamw_update.
 absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOptions& options);

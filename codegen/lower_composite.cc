@@ -48,6 +48,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerCrossEntropy(node, options);
     case Opcode::kRope:
       return composite::LowerRope(node, options);
+    case Opcode::kRopeTable:
+      return composite::LowerRopeTable(node, options);
     case Opcode::kAdamWUpdate:
       return composite::LowerAdamWUpdate(node, options);
     case Opcode::kSumOfSquares:

@@ -84,6 +84,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kCrossEntropy:
     case Opcode::kCrossEntropyGrad:
     case Opcode::kRope:
+    case Opcode::kRopeTable:
     case Opcode::kAdamWUpdate:
     case Opcode::kSumOfSquares:
     case Opcode::kAttention:

@@ -44,4 +44,23 @@ absl::StatusOr<LoweredNode> LowerRope(const Node& node, const CodegenOptions& op
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
 }
 
+absl::StatusOr<LoweredNode> LowerRopeTable(const Node& node, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(double theta, FiniteFloatAttr(node, "theta"));
+  ASSIGN_OR_RETURN(int64_t head_dim, node.attrs().GetInt("head_dim"));
+  ASSIGN_OR_RETURN(int64_t inverse, node.attrs().GetInt("inverse"));
+  const int64_t seq = node.type().dims[0];
+  if (seq == 0) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, head_dim));
+  const int threads = options.threads_per_block;
+  const int64_t blocks = CeilDiv(seq * (head_dim / 2), threads);
+  RETURN_IF_ERROR(CheckGrid(node, blocks));
+  Wrapper wrapper;
+  wrapper.header = "rope";
+  wrapper.comment = absl::StrCat("a thread per (position, frequency): ", Count(seq * head_dim / 2, "double cos/sin"));
+  wrapper.params = {Param(DType::kI32, "positions")};
+  wrapper.call = absl::StrCat("RopeTable<", seq, "LL, ", head_dim, ", ", inverse != 0 ? "true" : "false",
+                              ">(out, positions, ", DoubleLiteral(theta), ")");
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, blocks, threads)});
+}
+
 }  // namespace kiln::codegen::composite

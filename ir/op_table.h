@@ -135,7 +135,15 @@
 //                          treats lse as the operand it is (the chain through cross_entropy's
 //                          lse result adds the softmax's coupling back)
 //   rope(x, pos)           {theta, inverse}  x [B,T,H,D], pos i32 [T]; Hugging Face
-//                          rotate-half convention; inverse=1 rotates by -angle (the VJP)
+//                          rotate-half convention; inverse=1 rotates by -angle (the VJP).
+//                          With i < D/2, angle = (inverse ? -1 : 1) pos[t] theta^(-2i/D) and
+//                          cos, sin computed in double and rounded to f32 (rope_table's
+//                          c, s), in f32 (each product and sum rounded, as the mul/sub/add
+//                          expand-rope writes it as):  out[i] = x[i] c - x[i + D/2] s;
+//                          out[i + D/2] = x[i + D/2] c + x[i] s; then rounded to x's dtype
+//   rope_table(pos)        {theta, head_dim, inverse}  f32 [T, head_dim]: row t holds the
+//                          f32 cos of rope's angles for frequencies 0..D/2-1, then their
+//                          sin (expand-rope's table, read by broadcasts)
 //   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale)  {beta1, beta2, eps, result}
 //                          one AdamW step, computed in f32; p, g, m, v share one f32 type,
 //                          the last four are f32[] per-step scalars (lr / (1 - beta1^t),
@@ -281,6 +289,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 2, "classes")                                               \
   X(kCrossEntropyGrad, "cross_entropy_grad", 4, kComposite, kInferred, 1, "classes,out_dtype")                            \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
+  X(kRopeTable, "rope_table", 1, kComposite, kInferred, 1, "theta,head_dim,inverse")                                     \
   X(kAdamWUpdate, "adamw_update", 8, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
   X(kSumOfSquares, "sum_of_squares", kVariadic, kComposite, kInferred, 1, "")                                            \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \

@@ -91,6 +91,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kCrossEntropy: return EvalCrossEntropy;
     case Opcode::kCrossEntropyGrad: return EvalCrossEntropyGrad;
     case Opcode::kRope: return EvalRope;
+    case Opcode::kRopeTable: return EvalRopeTable;
     case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
     case Opcode::kSumOfSquares: return EvalSumOfSquares;
     case Opcode::kAttention: return EvalAttention;

@@ -653,6 +653,20 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       }
       return x;
     }
+    case Opcode::kRopeTable: {
+      ASSIGN_OR_RETURN(double theta, attrs.GetFloat("theta"));
+      ASSIGN_OR_RETURN(int64_t head_dim, attrs.GetInt("head_dim"));
+      ASSIGN_OR_RETURN(int64_t inverse, attrs.GetInt("inverse"));
+      if (!(theta > 0)) return Invalid("rope_table theta must be > 0");
+      if (inverse != 0 && inverse != 1) return Invalid("rope_table inverse must be 0 or 1");
+      if (head_dim <= 0 || head_dim % 2 != 0) {
+        return Invalid(absl::StrCat("rope_table head_dim ", head_dim, " must be even and positive"));
+      }
+      if (xs[0].dtype != DType::kI32 || xs[0].rank() != 1) {
+        return Invalid(absl::StrCat("rope_table positions ", xs[0].ToString(), " must be i32[T]"));
+      }
+      return TensorType{DType::kF32, {xs[0].dims[0], head_dim}};
+    }
     case Opcode::kAttentionDelta: {
       ASSIGN_OR_RETURN(std::vector<TensorType> types, InferAttentionFamily(op, xs, attrs));
       return types[0];

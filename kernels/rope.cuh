@@ -63,12 +63,32 @@ __device__ __forceinline__ void Rope(TY* out, const TX* x, const int* positions,
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const float c = cosines[first + j], s = sines[first + j];
-      out_lo[j] = lo[j] * c - hi[j] * s;
-      out_hi[j] = hi[j] * c + lo[j] * s;
+      // Each product and sum rounded (no contraction into an FMA), as the reference and as
+      // expand-rope's mul/sub/add compute it.
+      out_lo[j] = __fsub_rn(__fmul_rn(lo[j], c), __fmul_rn(hi[j], s));
+      out_hi[j] = __fadd_rn(__fmul_rn(hi[j], c), __fmul_rn(lo[j], s));
     }
     StoreFloats(out + base, out_lo);
     StoreFloats(out + base + kHalf, out_hi);
   }
+}
+
+// table = rope_table(positions) [kT, kD]: row t holds the f32 cos of the angles of frequencies
+// 0..kD/2-1 at position t, then their sin, computed in double as Rope's. Launch: a thread per
+// (t, frequency), grid = ceil(kT * kD / 2 / blockDim.x).
+template <long long kT, int kD, bool kInverse>
+__device__ __forceinline__ void RopeTable(float* table, const int* positions, double theta) {
+  constexpr int kHalf = kD / 2;
+  const long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= kT * kHalf) return;
+  const long long t = item / kHalf;
+  const int i = static_cast<int>(item % kHalf);
+  const double pos = static_cast<double>(positions[t]);
+  const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(kD));
+  double s, c;
+  sincos((kInverse ? -pos : pos) * freq, &s, &c);
+  table[t * kD + i] = static_cast<float>(c);
+  table[t * kD + kHalf + i] = static_cast<float>(s);
 }
 
 }  // namespace kiln::kernels

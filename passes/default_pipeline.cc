@@ -9,6 +9,7 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
+#include "passes/expand_rope.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
@@ -63,6 +64,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // already bf16; its slices would hide the converts from narrowing); before fusion, which
   // puts the concatenates and slices into the loop kernels beside them.
   p.Add(std::make_unique<MergeSiblingGemmsPass>());
+  // RoPE as the elementwise ops it is, so that fusion puts it in the loop kernel of the
+  // slice before it and the transpose after it (and their gradients'); after
+  // narrow-activations-bf16, which has given each rope its result dtype.
+  p.Add(std::make_unique<ExpandRopePass>());
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());

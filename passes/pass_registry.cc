@@ -10,6 +10,7 @@
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
+#include "passes/expand_rope.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
@@ -40,6 +41,8 @@ constexpr PassInfo kPasses[] = {
     {ElideGradZeroingPass::kName,
      "add(gemm, x) -> gemm accumulating into x (beta=1); a 2^n scale -> alpha",
      Make<ElideGradZeroingPass>},
+    {ExpandRopePass::kName, "rope -> the f32 ops it is (one rope_table per positions), for fuse-loops",
+     Make<ExpandRopePass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,

@@ -852,6 +852,7 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kCrossEntropy, CrossEntropyVjp, kNode},
     VjpRow{Opcode::kCrossEntropyGrad, CrossEntropyGradVjp, kNode},
     VjpRow{Opcode::kRope, RopeVjp, kNode},
+    VjpRow{Opcode::kRopeTable, NoCotangents, kNode},
     VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
     VjpRow{Opcode::kSumOfSquares, NoCotangents, kNode},
     VjpRow{Opcode::kAttention, AttentionVjp, kNode},

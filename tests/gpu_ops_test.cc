@@ -27,6 +27,7 @@
 #include "ir/verifier.h"
 #include "passes/training_step.h"
 #include "ir/text_format.h"
+#include "passes/expand_rope.h"
 #include "passes/fusion.h"
 #include "passes/rematerialize.h"
 #include "passes/lower_gemm.h"
@@ -381,6 +382,31 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {0, 2048}}});
   }
+  // expand-rope's table, and the rotation as the loop kernel fuse-loops makes of the expanded
+  // ops (a slice of a wider bf16 input, as llama's q from the merged q/k/v GEMM, and the
+  // transpose to attention's layout), against the reference's rope.
+  // (Not bitwise: the device's double pow and sincos may differ from the host's by an ulp.)
+  cases.push_back({"rope_table", kSums, [](Builder& b) {
+                     std::vector<Node*> p = Params(b, {{i32, {37}}});
+                     return Ret(b, b.Op(Opcode::kRopeTable, {p[0]},
+                                        AttrMap{{"theta", 10000.0}, {"head_dim", int64_t{64}}, {"inverse", int64_t{1}}}));
+                   },
+                   {{0, 4096}}});
+  cases.push_back({"rope_expanded_and_fused", kSums, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{bf16, {2, 40, 1280}}, {i32, {40}}});
+                     ASSIGN_OR_RETURN(Node * q, b.Slice(p[0], {0, 0, 0}, {2, 40, 768}, {1, 1, 1}));
+                     ASSIGN_OR_RETURN(Node * heads, b.Reshape(q, {2, 40, 12, 64}));
+                     ASSIGN_OR_RETURN(Node * r, b.Rope(heads, p[1], 10000.0));
+                     ASSIGN_OR_RETURN(Node * narrow, b.Convert(r, bf16));
+                     ASSIGN_OR_RETURN(Node * t, b.Transpose(narrow, {0, 2, 1, 3}));
+                     RETURN_IF_ERROR(b.Return({t}));
+                     ASSIGN_OR_RETURN(bool expanded, ExpandRopePass().RunOnFunction(*b.function()));
+                     if (!expanded) return absl::InternalError("expand-rope expanded nothing");
+                     ASSIGN_OR_RETURN(bool fused, FusionPass().RunOnFunction(*b.function()));
+                     if (!fused) return absl::InternalError("fuse-loops made no fusion");
+                     return absl::OkStatus();
+                   },
+                   {{-2, 2}, {0, 4096}}});
   // The kernel's other shapes: bf16 with 16-byte accesses (llama's head size 64, the block's
   // cos/sin for 32 frequencies), and a sequence long enough that a block takes two batch rows,
   // the last block one.

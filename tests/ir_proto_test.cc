@@ -253,7 +253,7 @@ std::vector<RejectCase> RejectCases() {
       {"wrong type (verifier)", edit([](auto& p) { NodeNamed(p, "neg")->mutable_type()->set_dims(0, 7); }),
        "verifier: @main %6 = neg: written type f32[7,3,4] but operands give f32[2,3,4]"},
       {"bad alias (verifier)", edit([](auto& p) { p.mutable_functions(0)->add_output_aliases(0); }),
-       "1 output aliases for 9 outputs"},
+       "1 output aliases for 10 outputs"},
   };
 }
 

@@ -73,6 +73,7 @@ absl::StatusOr<std::vector<HostTensor>> EvalCrossEntropy(const Node& node, Opera
 absl::StatusOr<HostTensor> EvalCrossEntropyGrad(const Node& node, Operands xs, const EvalContext& ctx);
 // rope.cc
 absl::StatusOr<HostTensor> EvalRope(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalRopeTable(const Node& node, Operands xs, const EvalContext& ctx);
 // optimizer_ops.cc
 absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSumOfSquares(const Node& node, Operands xs, const EvalContext& ctx);

@@ -133,9 +133,12 @@ std::unique_ptr<Module> BuildAllOpsModule() {
 
   b.set_scope("layers.1.composite");
   Node* x4 = Must(b.Reshape(state, {1, 3, 2, 4}));
-  Node* ro = Must(b.Rope(x4, Must(b.Convert(pos, DType::kI32)), 10000.0));
+  Node* pos_i32 = Must(b.Convert(pos, DType::kI32));
+  Node* ro = Must(b.Rope(x4, pos_i32, 10000.0));
+  Node* rt = Must(b.Op(Opcode::kRopeTable, {pos_i32},
+                       AttrMap{{"theta", 10000.0}, {"head_dim", int64_t{4}}, {"inverse", int64_t{1}}}));
   b.set_scope("");
-  absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro});
+  absl::Status st = b.Return({rs, rm, dot, bdot, sc, gi, gw, ceg, ro, rt});
   if (!st.ok()) std::abort();
 
   // The attention family in a function of its own: the flash kernels take head dims 64 and
