@@ -43,7 +43,7 @@ constexpr PassInfo kPasses[] = {
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,
-     "add + norm -> one kernel writing both; narrow norms; backward add, dw, layer_norm's backward folded in",
+     "add + norm -> one kernel; narrow norms; backward: add, dw, all of layer_norm's",
      Make<FuseResidualNormPass>, /*reassociates_f32_sums=*/true},
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},
