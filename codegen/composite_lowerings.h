@@ -15,9 +15,11 @@ namespace kiln::codegen::composite {
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerRmsNormGradWeight(const Node& node, const CodegenOptions& options);
 
-// lower_layer_norm.cc: layer_norm and add_layer_norm (a row kernel; its gradients are
-// rms_norm's, passes/vjp_rules.cc).
+// lower_layer_norm.cc: layer_norm and add_layer_norm (a row kernel), and the fused input
+// gradient layer_norm_grad_input and add_layer_norm_grad_input (a row kernel, or with
+// {weight_grad=1} a row kernel summing dw's and db's partial rows and their fold).
 absl::StatusOr<LoweredNode> LowerLayerNorm(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerLayerNormGradInput(const Node& node, const CodegenOptions& options);
 
 // lower_softmax.cc: softmax and softmax_grad.
 absl::StatusOr<LoweredNode> LowerSoftmax(const Node& node, const CodegenOptions& options);

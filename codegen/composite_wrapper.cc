@@ -70,6 +70,19 @@ std::string RowArgs(int64_t rows, int64_t length, const RowGeometry& g) {
   return absl::StrCat(rows, "LL, ", length, ", ", g.vec, ", ", g.threads_per_row, ", ", g.rows_per_block);
 }
 
+bool WritesWeightGrad(const Node& node) {
+  return node.attrs().Has("weight_grad") && node.attrs().GetInt("weight_grad").value_or(0) == 1;
+}
+
+WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenOptions& options) {
+  const int64_t per_sm = std::max<int64_t>(1, kWeightGradThreadsPerSm / g.block_threads());
+  const int64_t target = std::clamp<int64_t>(options.target.sm_count * per_sm, 1, kMaxWeightGradPartials);
+  WeightGradGeometry w;
+  w.row_groups = CeilDiv(std::max<int64_t>(1, g.blocks), target);
+  w.blocks = std::max<int64_t>(1, CeilDiv(g.blocks, w.row_groups));
+  return w;
+}
+
 Rows RowsOf(const TensorType& t) {
   const int64_t length = t.dims.back();
   return {length == 0 ? 0 : t.num_elements() / length, length};

@@ -97,6 +97,27 @@ std::string RowComment(int64_t rows, int64_t length, const RowGeometry& g);
 // The template arguments every row kernel ends with.
 std::string RowArgs(int64_t rows, int64_t length, const RowGeometry& g);
 
+// The input-gradient norms {weight_grad=1} (rms_norm's and layer_norm's): the row kernel
+// over `g`'s rows in fewer blocks, each summing a partial row of the weight gradient (and
+// layer_norm's bias gradient) for a fold kernel to add in block order. About this many
+// threads per SM (16 warps, the rows' loads keep the memory busy; llama-S's [16384, 768]: 256
+// blocks of 8 rows x 8 groups), at most this many partial rows; the fold runs 32 columns x 8
+// groups of partial rows per block.
+inline constexpr int64_t kWeightGradThreadsPerSm = 512;
+inline constexpr int64_t kMaxWeightGradPartials = 512;
+inline constexpr int kWeightGradFoldThreads = 256;
+
+// {weight_grad=1}?
+bool WritesWeightGrad(const Node& node);
+
+// Row groups per block and blocks of the {weight_grad=1} launch: `g` as the plain input
+// gradient's (so dx is the same bits), fewer blocks that each run several of its blocks' rows.
+struct WeightGradGeometry {
+  int64_t row_groups = 1;
+  int64_t blocks = 1;
+};
+WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenOptions& options);
+
 struct Rows {
   int64_t count = 0;
   int64_t length = 0;

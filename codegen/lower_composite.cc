@@ -40,6 +40,9 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
     case Opcode::kLayerNorm:
     case Opcode::kAddLayerNorm:
       return composite::LowerLayerNorm(node, options);
+    case Opcode::kLayerNormGradInput:
+    case Opcode::kAddLayerNormGradInput:
+      return composite::LowerLayerNormGradInput(node, options);
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:
       return composite::LowerSoftmax(node, options);

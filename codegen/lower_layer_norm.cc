@@ -1,5 +1,8 @@
-// Lowering of layer_norm and add_layer_norm to the template of kernels/layer_norm.cuh (its
-// gradients are rms_norm_grad_input/_weight nodes, lowered by lower_rms_norm.cc).
+// Lowering of layer_norm and add_layer_norm, and of the fused input gradient
+// layer_norm_grad_input and add_layer_norm_grad_input, to the templates of
+// kernels/layer_norm.cuh. (LayerNormVjp's own gradients are rms_norm_grad_input/_weight
+// nodes, lowered by lower_rms_norm.cc, until fuse-residual-norm makes them one of these.)
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +43,108 @@ absl::StatusOr<LoweredNode> LowerLayerNorm(const Node& node, const CodegenOption
     wrapper.params = {Param(x, "x"), Param(w, "w"), Param(b, "b")};
     wrapper.call = absl::StrCat("LayerNormForward<", types, ">(out, x, w, b, ", FloatLiteral(eps), ")");
   }
+  return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+}
+
+namespace {
+
+// {weight_grad=1}: two kernels, as rms_norm_grad_input's. Stage 1 is the input-gradient row
+// kernel over `g`'s rows in fewer blocks, each also summing dy * c * r and dy of its rows into
+// a partial row of dw and db (2 D floats) in the node's scratch; stage 2 folds the partial rows
+// in block order (kernels/layer_norm.cuh, LayerNormGradInputAndWeight and
+// LayerNormWeightGradFold). Results: dx, [copy,] dw, db.
+absl::StatusOr<LoweredNode> LowerLayerNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
+                                                             const RowGeometry& g) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const bool residual = node.opcode() == Opcode::kAddLayerNormGradInput;
+  const int x_at = residual ? 1 : 0;
+  const Rows rows = RowsOf(node.operand(x_at)->type());
+  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
+              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
+  const bool copy = node.num_results() == 4;
+  const DType dw = node.result_types().back().dtype;
+  const DType dres = residual ? node.operand(0)->type().dtype : DType::kF32;
+  const DType copy_type = copy ? node.result_type(1).dtype : dx;
+  const WeightGradGeometry wg = ChooseWeightGradGeometry(g, options);
+
+  Wrapper wrapper{"layer_norm", "", "", {}, ""};
+  wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx")};
+  if (copy) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(copy_type), "* dx_copy"));
+  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* dw"));
+  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* db"));
+  if (residual) wrapper.params.push_back(Param(dres, "dres"));
+  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
+  wrapper.params.push_back("float* __restrict__ partials");  // the scratch: wg.blocks x 2 D floats
+
+  Wrapper stage1 = wrapper;
+  stage1.comment = absl::StrCat(RowComment(rows.count, rows.length, g), "; ", Count(wg.blocks, "block"), " of ",
+                                Count(wg.row_groups, "row group"), " each, summing dw's and db's partial rows",
+                                residual ? (copy ? "; adds the residual gradient and writes a copy of dx"
+                                                 : "; adds the residual gradient")
+                                         : "");
+  stage1.call = absl::StrCat(
+      "LayerNormGradInputAndWeight<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ",
+      CudaTypeName(dx), ", ", RowArgs(rows.count, rows.length, g), ", ", wg.row_groups, ", ", CudaTypeName(dres),
+      ", ", CudaTypeName(copy_type), ">(dx, x, w, dy, ", FloatLiteral(eps), ", ", residual ? "dres" : "nullptr", ", ",
+      copy ? "dx_copy" : "nullptr", ", partials)");
+
+  Wrapper stage2 = wrapper;
+  const int64_t fold_blocks = CeilDiv(2 * rows.length, kWarpSize);
+  stage2.comment = absl::StrCat("dw and db: ", Count(2 * rows.length, "column"), " each the sum of ",
+                                Count(wg.blocks, "partial row"), ", in block order within ",
+                                kWeightGradFoldThreads / kWarpSize, " groups, then group order");
+  stage2.call = absl::StrCat("LayerNormWeightGradFold<", CudaTypeName(dw), ", ", rows.length, ", ", wg.blocks, ", ",
+                             kWeightGradFoldThreads, ">(dw, db, partials)");
+
+  const std::string name = codegen::KernelName(node);
+  LoweredNode lowered = Kernels({Emit(node, name, stage1, wg.blocks, g.block_threads()),
+                                 Emit(node, absl::StrCat(name, "_fold"), stage2, fold_blocks, kWeightGradFoldThreads)});
+  lowered.scratch_bytes = wg.blocks * 2 * rows.length * static_cast<int64_t>(sizeof(float));
+  return lowered;
+}
+
+}  // namespace
+
+// layer_norm_grad_input, and add_layer_norm_grad_input (dx and its optional copy): one row
+// kernel, the residual form the same template with its optional pointers set; with
+// {weight_grad=1} two kernels (LowerLayerNormGradInputAndWeight).
+absl::StatusOr<LoweredNode> LowerLayerNormGradInput(const Node& node, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  const bool residual = node.opcode() == Opcode::kAddLayerNormGradInput;
+  const int x_at = residual ? 1 : 0;
+  const Rows rows = RowsOf(node.operand(x_at)->type());
+  // No rows: nothing to compute, but a weight and bias gradient (zeros) are still written.
+  if (rows.length == 0 || (rows.count == 0 && !WritesWeightGrad(node))) return Kernels({});
+  RETURN_IF_ERROR(CheckRowLength(node, rows.length));
+  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
+              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
+  std::vector<DType> dtypes;
+  for (const TensorType& t : node.result_types()) dtypes.push_back(t.dtype);
+  for (const Node* operand : node.operands()) dtypes.push_back(operand->type().dtype);
+  const RowGeometry g = ChooseRowGeometry(rows.count, rows.length, ChunkWidth(rows.length, dtypes), options);
+  RETURN_IF_ERROR(CheckGrid(node, g.blocks));
+  if (WritesWeightGrad(node)) return LowerLayerNormGradInputAndWeight(node, options, g);
+  const bool copy = node.num_results() == 2;
+  Wrapper wrapper{"layer_norm", RowComment(rows.count, rows.length, g), "", {}, ""};
+  if (residual) wrapper.params.push_back(Param(node.operand(0)->type().dtype, "dres"));
+  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
+  std::string dx_name = "out";
+  if (copy) {
+    wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx"),
+                       absl::StrCat(CudaTypeName(node.result_type(1).dtype), "* dx_copy")};
+    dx_name = "dx";
+  }
+  if (residual) {
+    wrapper.comment += copy ? "; adds the residual gradient and writes a copy of dx" : "; adds the residual gradient";
+  }
+  wrapper.call = absl::StrCat(
+      "LayerNormGradInput<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ", CudaTypeName(dx),
+      ", ", RowArgs(rows.count, rows.length, g),
+      residual ? absl::StrCat(", ", CudaTypeName(node.operand(0)->type().dtype), ", ",
+                              CudaTypeName(copy ? node.result_type(1).dtype : dx))
+               : "",
+      ">(", dx_name, ", x, w, dy, ", FloatLiteral(eps),
+      residual ? absl::StrCat(", dres, ", copy ? "dx_copy" : "nullptr") : "", ")");
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }
 

@@ -79,6 +79,8 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
     case Opcode::kAddRmsNormGradInput:
+    case Opcode::kLayerNormGradInput:
+    case Opcode::kAddLayerNormGradInput:
     case Opcode::kSoftmax:
     case Opcode::kSoftmaxGrad:
     case Opcode::kCrossEntropy:

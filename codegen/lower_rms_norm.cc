@@ -17,32 +17,6 @@ namespace {
 constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 
-// {weight_grad=1}: the input-gradient kernel's blocks, each a partial row of dw for the fold
-// to read: about this many threads per SM (16 warps, the rows' loads keep the memory busy;
-// llama-S's [16384, 768]: 256 blocks of 8 rows x 8 groups), at most this many partial rows.
-constexpr int64_t kWeightGradThreadsPerSm = 512;
-constexpr int64_t kMaxWeightGradPartials = 512;
-constexpr int kWeightGradFoldThreads = 256;  // 32 columns x 8 groups of partial rows
-
-bool WritesWeightGrad(const Node& node) {
-  return node.attrs().Has("weight_grad") && node.attrs().GetInt("weight_grad").value_or(0) == 1;
-}
-
-// Row groups per block and blocks of the {weight_grad=1} launch: `g` as the plain input
-// gradient's (so dx is the same bits), fewer blocks that each run several of its blocks' rows.
-struct WeightGradGeometry {
-  int64_t row_groups = 1;
-  int64_t blocks = 1;
-};
-WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenOptions& options) {
-  const int64_t per_sm = std::max<int64_t>(1, kWeightGradThreadsPerSm / g.block_threads());
-  const int64_t target = std::clamp<int64_t>(options.target.sm_count * per_sm, 1, kMaxWeightGradPartials);
-  WeightGradGeometry w;
-  w.row_groups = CeilDiv(std::max<int64_t>(1, g.blocks), target);
-  w.blocks = std::max<int64_t>(1, CeilDiv(g.blocks, w.row_groups));
-  return w;
-}
-
 absl::StatusOr<LoweredNode> LowerRmsNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
                                                            const RowGeometry& g);
 

@@ -13,7 +13,8 @@
 //   results   how many typed results a node of the op has (kVariableResults: a fusion
 //             has one per output of its body, a gemm two when it writes its amax,
 //             add_rms_norm_grad_input two when it writes a copy, the rms_norm input
-//             gradients one more when they write the weight gradient). An op with several (AdamW's
+//             gradients one more when they write the weight gradient, the layer_norm ones
+//             two more: dw and db). An op with several (AdamW's
 //             p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); cross_entropy's loss and LSE likewise; the text form writes
@@ -96,6 +97,8 @@
 //                          w, b [D]; out_dtype as rms_norm's. Its VJP is
 //                          rms_norm_grad_input/_weight of the centered x (layer_norm(x)
 //                          = rms_norm(x - mean(x), w) + b), dx centered again, db a reduce_sum
+//                          (fuse-residual-norm makes that decomposition one
+//                          layer_norm_grad_input on the finished step)
 //   add_rms_norm(h, branch, w)  {eps, [out_dtype]}  a residual add and the norm of its sum in
 //                          one kernel; h and branch f32 of one shape; results (sum, y):
 //                            sum = f32(h + branch);  y = rms_norm(sum, w) {eps, out_dtype}
@@ -112,6 +115,25 @@
 //                          weight_grad=1 a last result, rms_norm_grad_weight(x, w, dy) {eps},
 //                          as rms_norm_grad_input's: results (dx, [copy,] dw). Made by
 //                          fuse-residual-norm; not differentiable.
+//   layer_norm_grad_input(x, w, dy)  {eps, [weight_grad]}  dL/dx of layer_norm(x, w, b) in one
+//                          row kernel (llm.c's layernorm_backward), per row of length D:
+//                            mean = sum(x) / D;  r = (sum((x - mean)^2) / D + eps)^-1/2
+//                            xhat = (x - mean) r;  g = w dy
+//                            dx = r (g - mean(g) - xhat mean(g xhat))
+//                          the value of LayerNormVjp's decomposition (rms_norm_grad_input of the
+//                          centered x, centered again) without its intermediates rounded to f32,
+//                          so the two agree to f32 rounding, not bit for bit. With weight_grad=1
+//                          two more results of w's type: dw = sum over rows of dy xhat
+//                          (rms_norm_grad_weight of the centered x) and db = sum over rows of dy
+//                          (the bias gradient's reduce_sum), which the GPU sums as
+//                          rms_norm_grad_input's dw (per-block partials, folded in block order):
+//                          results (dx, dw, db). Made by fuse-residual-norm from that
+//                          decomposition; not differentiable.
+//   add_layer_norm_grad_input(dres, x, w, dy)  {eps, [copy_dtype], [weight_grad]}  its residual
+//                          form, as add_rms_norm_grad_input's:
+//                            dx = f32(dres + layer_norm_grad_input(x, w, dy))
+//                          a copy of dx with copy_dtype, dw and db with weight_grad=1: results
+//                          (dx, [copy,] [dw, db]). Made by fuse-residual-norm; not differentiable.
 //   softmax(x)             over the last dim, computed in f32
 //   softmax_grad(y, dy)    dL/dx given y = softmax(x)
 //   cross_entropy(logits, labels)  {classes}  logits [N, V] of any float dtype (the math is
@@ -224,7 +246,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
-inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm 1 or 2, the input gradients 1 to 3
+inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm 1 or 2, the input gradients 1 to 4
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -284,6 +306,8 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAddRmsNorm, "add_rms_norm", 3, kComposite, kInferred, 2, "eps,out_dtype")                                            \
   X(kAddLayerNorm, "add_layer_norm", 4, kComposite, kInferred, 2, "eps,out_dtype")                                        \
   X(kAddRmsNormGradInput, "add_rms_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype,weight_grad") \
+  X(kLayerNormGradInput, "layer_norm_grad_input", 3, kComposite, kInferred, kVariableResults, "eps,weight_grad")        \
+  X(kAddLayerNormGradInput, "add_layer_norm_grad_input", 4, kComposite, kInferred, kVariableResults, "eps,copy_dtype,weight_grad") \
   X(kSoftmax, "softmax", 1, kComposite, kInferred, 1, "")                                                                 \
   X(kSoftmaxGrad, "softmax_grad", 2, kComposite, kInferred, 1, "")                                                        \
   X(kCrossEntropy, "cross_entropy", 2, kComposite, kInferred, 2, "classes")                                               \

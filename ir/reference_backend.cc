@@ -86,6 +86,8 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm: return EvalAddNorm;
     case Opcode::kAddRmsNormGradInput: return EvalAddRmsNormGradInput;
+    case Opcode::kLayerNormGradInput:
+    case Opcode::kAddLayerNormGradInput: return EvalLayerNormGradInput;
     case Opcode::kSoftmax: return EvalSoftmax;
     case Opcode::kSoftmaxGrad: return EvalSoftmaxGrad;
     case Opcode::kCrossEntropy: return EvalCrossEntropy;

@@ -334,6 +334,47 @@ absl::StatusOr<std::vector<TensorType>> InferAddRmsNormGradInput(absl::Span<cons
   return results;
 }
 
+// layer_norm_grad_input(x, w, dy) and add_layer_norm_grad_input(dres, x, w, dy): x float of
+// rank >= 1, w [D] (its last dim), dy float of x's shape; dres f32 of x's type. Results dx
+// (x's type), with {copy_dtype} (the residual form) its copy, with {weight_grad=1} dw and db
+// (w's type), in that order.
+absl::StatusOr<std::vector<TensorType>> InferLayerNormGradInput(Opcode op, absl::Span<const TensorType> xs,
+                                                                const AttrMap& attrs) {
+  const absl::string_view name = OpName(op);
+  const bool residual = op == Opcode::kAddLayerNormGradInput;
+  const absl::Span<const TensorType> norm = residual ? xs.subspan(1) : xs;
+  ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
+  if (!(eps >= 0)) return Invalid(absl::StrCat(name, " eps must be >= 0"));
+  const TensorType& x = norm[0];
+  const TensorType& w = norm[1];
+  const TensorType& dy = norm[2];
+  RETURN_IF_ERROR(RequireFloat(x, absl::StrCat(name, " input")));
+  RETURN_IF_ERROR(RequireFloat(w, absl::StrCat(name, " weight")));
+  if (x.rank() < 1) return Invalid(absl::StrCat(name, " input must have rank >= 1"));
+  if (w.rank() != 1 || w.dims[0] != x.dims.back()) {
+    return Invalid(absl::StrCat(name, " weight ", w.ToString(), " must be [", x.dims.back(), "], the input's last dim"));
+  }
+  if (dy.dims != x.dims || !IsFloat(dy.dtype)) {
+    return Invalid(absl::StrCat(name, " dy ", dy.ToString(), " must be a float of the input's shape ",
+                                DimsToString(x.dims)));
+  }
+  std::vector<TensorType> results = {x};
+  if (residual) {
+    if (xs[0].dtype != DType::kF32 || xs[0] != x) {
+      return Invalid(absl::StrCat(name, " dres ", xs[0].ToString(), " and x ", x.ToString(),
+                                  " must be f32 of one shape"));
+    }
+    if (attrs.Has("copy_dtype")) {
+      ASSIGN_OR_RETURN(DType copy, attrs.GetDType("copy_dtype"));
+      if (!IsFloat(copy)) return Invalid(absl::StrCat(name, " copy_dtype must be a float type"));
+      results.push_back(TensorType{copy, x.dims});
+    }
+  }
+  ASSIGN_OR_RETURN(bool weight_grad, WeightGradFlag(attrs, name));
+  if (weight_grad) results.insert(results.end(), {w, w});
+  return results;
+}
+
 // gemm(a, b[, c]): sizes from the attributes, each operand's element count checked against
 // them; the declared result holds batch x M x N elements.
 absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> xs, const AttrMap& attrs,
@@ -690,6 +731,8 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
     case Opcode::kAddLayerNorm:
     case Opcode::kRmsNormGradInput:
     case Opcode::kAddRmsNormGradInput:
+    case Opcode::kLayerNormGradInput:
+    case Opcode::kAddLayerNormGradInput:
     case Opcode::kCrossEntropy:
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
@@ -735,6 +778,9 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
       return InferRmsNormGradInput(xs, attrs);
     case Opcode::kAddRmsNormGradInput:
       return InferAddRmsNormGradInput(xs, attrs);
+    case Opcode::kLayerNormGradInput:
+    case Opcode::kAddLayerNormGradInput:
+      return InferLayerNormGradInput(op, xs, attrs);
     case Opcode::kAttention:
     case Opcode::kAttentionGrad:
       return InferAttentionFamily(op, xs, attrs);

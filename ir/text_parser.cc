@@ -357,6 +357,11 @@ class Parser {
         Next();
       }
       RETURN_IF_ERROR(ExpectPunct(')'));
+      // One type per written name: the node's results are named and typed in one order.
+      if (types.size() != names.size()) {
+        return ErrorAt(start, absl::StrCat(names.size(), " result name(s) are written, but ", types.size(),
+                                           " result type(s)"));
+      }
     } else {
       ASSIGN_OR_RETURN(TensorType type, ParseType());
       types.push_back(std::move(type));

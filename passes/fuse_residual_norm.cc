@@ -244,6 +244,177 @@ bool MergeWeightGrad(Function& f, Node* gw) {
   return true;
 }
 
+// dims 0..n-1.
+std::vector<int64_t> FirstDims(int n) {
+  std::vector<int64_t> dims;
+  for (int i = 0; i < n; ++i) dims.push_back(i);
+  return dims;
+}
+
+// Whether `n` is used once, and not as a function output: the pass may remove it with the
+// node that uses it.
+bool UsedOnlyOnce(const Node& n) { return n.users().size() == 1 && !IsFunctionOutput(n); }
+
+// LayerNormVjp's centering of a row, sub(v, mul(broadcast(reduce_sum(v) {dims=[last]})
+// {dims=[0..last)}, splat 1/D)) (the mul either way round), its row sum, broadcast and mul
+// each used once: returns v, and appends those three to `chain`; nullptr if `sub` is not one.
+Node* CenteredValue(Node* sub, std::vector<Node*>& chain) {
+  Node* v = nullptr;
+  Node* summed = nullptr;
+  Node *sum = nullptr, *spread = nullptr, *mean = nullptr;
+  double scale = 0;
+  const m::Pattern row_sum = m::Op(Opcode::kReduceSum, {m::Any(&summed)}).Capture(&sum);
+  const m::Pattern centering =
+      m::Op(Opcode::kSub)
+          .WithDType(DType::kF32)
+          .WithOperands({m::Any(&v), m::AnyOrder(Opcode::kMul, m::Op(Opcode::kBroadcast, {row_sum}).Capture(&spread),
+                                                 m::Splat(&scale))
+                                         .Capture(&mean)});
+  if (!m::Match(sub, centering) || summed != v) return nullptr;
+  const int last = v->type().rank() - 1;
+  if (last < 0 || sum->attrs().GetInts("dims").value_or(std::vector<int64_t>{}) != std::vector<int64_t>{last} ||
+      spread->attrs().GetInts("dims").value_or(std::vector<int64_t>{-1}) != FirstDims(last) ||
+      scale != 1.0 / static_cast<double>(v->type().dims.back())) {
+    return nullptr;
+  }
+  for (Node* n : {sum, spread, mean}) {
+    if (!UsedOnlyOnce(*n)) return nullptr;
+  }
+  chain.insert(chain.end(), {mean, spread, sum});
+  return v;
+}
+
+// The one rms_norm_grad_weight(c, w, dy) {eps} among c's users other than `gi`, when every
+// other user of c is one; `*ok` false when c has a user that is neither.
+Node* WeightGradOfCentered(const Node& c, const Node& gi, bool* ok) {
+  Node* gw = nullptr;
+  *ok = !IsFunctionOutput(c);
+  for (Node* u : c.users()) {
+    if (u == &gi) continue;
+    const bool same = u->opcode() == Opcode::kRmsNormGradWeight && u->operand(0) == &c &&
+                      u->operand(1) == gi.operand(1) && u->operand(2) == gi.operand(2) &&
+                      u->attrs().GetFloat("eps").value_or(-1) == gi.attrs().GetFloat("eps").value_or(-2);
+    if (!same || (gw != nullptr && gw != u)) *ok = false;
+    if (same) gw = u;
+  }
+  return gw;
+}
+
+// reduce_sum(dy) {dims=[0..last)} of w's type (layer_norm's bias gradient); nullptr if none.
+Node* BiasGradOf(const Node& dy, const TensorType& w_type) {
+  const int last = dy.type().rank() - 1;
+  for (Node* u : dy.users()) {
+    if (u->opcode() == Opcode::kReduceSum && u->type() == w_type &&
+        u->attrs().GetInts("dims").value_or(std::vector<int64_t>{}) == FirstDims(last)) {
+      return u;
+    }
+  }
+  return nullptr;
+}
+
+// Where one node computing the values `replaced` (in order of the function, as `order` knows
+// it) from `operands` may go: just before the first of them after which every operand is
+// defined and before which no use of an earlier one comes; nullptr if none.
+Node* PlaceFor(const Order& order, std::vector<Node*> replaced, const std::vector<Node*>& operands) {
+  std::sort(replaced.begin(), replaced.end(), [&](Node* a, Node* b) { return order.Before(a, b); });
+  for (Node* at : replaced) {
+    bool ok = true;
+    for (const Node* o : operands) ok = ok && order.Before(o, at);
+    for (const Node* r : replaced) {
+      if (r == at || !order.Before(r, at)) continue;
+      for (const Node* u : r->users()) ok = ok && order.Before(at, u);
+    }
+    if (ok) return at;
+  }
+  return nullptr;
+}
+
+// LayerNormVjp's decomposition of one layer_norm's backward, on the finished step:
+//   c = center(x);  gi = rms_norm_grad_input(c, w, dy);  dx = center(gi)
+//   [dx' = add(dres, dx), and its converts]  [gw = rms_norm_grad_weight(c, w, dy)]
+//   [db = reduce_sum(dy) over the rows]
+// -> layer_norm_grad_input(x, w, dy), or add_layer_norm_grad_input(dres, x, w, dy) with a
+// copy for the add's converts, {weight_grad=1} with dw and db its last results when both gw
+// and db are there. Every intermediate (c, gi, the row means) has no other use. Returns
+// whether it fused.
+bool FuseLayerNormBackward(Function& f, Node* gi) {
+  if (gi->attrs().Has("weight_grad") || IsFunctionOutput(*gi) || gi->users().size() != 2) return false;
+  std::vector<Node*> dead;
+  Node* c = gi->operand(0);
+  Node* x = CenteredValue(c, dead);
+  if (x == nullptr) return false;
+  bool c_only_norm = false;
+  Node* gw = WeightGradOfCentered(*c, *gi, &c_only_norm);
+  if (!c_only_norm) return false;
+  Node* dxc = nullptr;  // center(gi): gi's user other than its row sum
+  for (Node* u : gi->users()) {
+    if (u->opcode() == Opcode::kSub && u->operand(0) == gi) dxc = u;
+  }
+  if (dxc == nullptr || CenteredValue(dxc, dead) != gi) return false;
+  Node* w = gi->operand(1);
+  Node* dy = gi->operand(2);
+  Node* db = BiasGradOf(*dy, w->type());
+  if (gw != nullptr && db == nullptr) return false;  // dw would stay rms_norm's, reading c
+  const bool weight_grad = gw != nullptr;
+
+  // The residual form: the centered gradient's one use adds the residual gradient.
+  Node* add = nullptr;
+  Node* dres = nullptr;
+  if (UsedOnlyOnce(*dxc) && m::Match(dxc->users()[0], ResidualAdd()) && !dxc->users()[0]->has_multiple_results()) {
+    add = dxc->users()[0];
+    const int side = add->operand(1) == dxc ? 1 : 0;
+    if (add->operand(side) == dxc && add->operand(1 - side) != dxc) dres = add->operand(1 - side);
+    if (dres == nullptr) add = nullptr;
+  }
+  Node* dx = add != nullptr ? add : dxc;
+  std::optional<DType> copy_dtype;
+  const std::vector<Node*> converts = add != nullptr ? NarrowingConverts(*add, copy_dtype) : std::vector<Node*>{};
+
+  std::vector<Node*> operands = {x, w, dy};
+  if (add != nullptr) operands.insert(operands.begin(), dres);
+  std::vector<Node*> replaced = {dx};
+  if (weight_grad) replaced.insert(replaced.end(), {gw, db});
+  const Order order(f);
+  Node* before = PlaceFor(order, replaced, operands);
+  if (before == nullptr) return false;
+
+  AttrMap attrs;
+  attrs.Set("eps", gi->attrs().GetFloat("eps").value_or(0));
+  std::vector<TensorType> types = {dx->type()};
+  std::vector<std::string> names = {TakeName(f, dx)};
+  if (copy_dtype.has_value()) {
+    attrs.Set("copy_dtype", Symbol{std::string(DTypeName(*copy_dtype))});
+    types.push_back(converts[0]->type());
+    names.push_back(TakeName(f, converts[0]));
+  }
+  if (weight_grad) {
+    attrs.Set("weight_grad", int64_t{1});
+    types.insert(types.end(), {gw->type(), db->type()});
+    names.push_back(TakeName(f, gw));
+    names.push_back(TakeName(f, db));
+  }
+  const Opcode op = add != nullptr ? Opcode::kAddLayerNormGradInput : Opcode::kLayerNormGradInput;
+  std::vector<Node*> results;
+  if (types.size() == 1) {
+    results = {f.InsertNodeBefore(before, op, operands, std::move(attrs), types[0], names[0], gi->scope())};
+    KILN_CHECK(results[0] != nullptr);
+  } else {
+    results = f.AppendMultiResultNode(op, operands, std::move(attrs), types, names, gi->scope(), before);
+    KILN_CHECK(results.size() == types.size());
+  }
+  dx->ReplaceAllUsesWith(results[0]);
+  if (copy_dtype.has_value()) ReplaceConverts(f, converts, results[1]);
+  if (weight_grad) {
+    gw->ReplaceAllUsesWith(results[results.size() - 2]);
+    db->ReplaceAllUsesWith(results.back());
+    dead.insert(dead.end(), {gw, db});
+  }
+  if (add != nullptr) dead.push_back(add);
+  dead.insert(dead.end(), {dxc, gi, c});
+  f.RemoveNodes(dead);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> FuseResidualNormPass::RunOnFunction(Function& f) {
@@ -265,6 +436,13 @@ absl::StatusOr<bool> FuseResidualNormPass::RunOnFunction(Function& f) {
     if (n->opcode() == Opcode::kAdd) adds.push_back(n.get());
   }
   for (Node* add : adds) changed |= FuseBackward(f, add);
+  // Then each layer_norm backward (LayerNormVjp's decomposition) into one input-gradient node,
+  // before its rms_norm gradients merge below; each removes its own listed input gradient.
+  std::vector<Node*> centered_grads;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kRmsNormGradInput) centered_grads.push_back(n.get());
+  }
+  for (Node* gi : centered_grads) changed |= FuseLayerNormBackward(f, gi);
   // Last, each weight gradient into its norm's input gradient (plain or with the residual
   // add folded in above); each merge removes the listed weight gradient alone.
   std::vector<Node*> weight_grads;

@@ -528,8 +528,8 @@ absl::StatusOr<Grads> RmsNormVjp(const VjpArgs& a) {
 // dim). Centering is linear and symmetric (P = I - 11^T / D), so dx = P (rms_norm's dx at c):
 // rms_norm_grad_input of c, minus its row mean; dw = rms_norm_grad_weight of c; db = the sum
 // of dy over the leading dims. The rms_norm kernels do the work (and give second
-// derivatives); a fused layer_norm backward kernel would save the passes that center c and
-// dx (a later optimization).
+// derivatives); on the finished step fuse-residual-norm makes the whole of it, with the
+// residual gradient's add, one layer_norm_grad_input kernel (passes/fuse_residual_norm.h).
 absl::StatusOr<Grads> LayerNormVjp(const VjpArgs& a) {
   Builder& b = *a.builder;
   ASSIGN_OR_RETURN(double eps, a.node->attrs().GetFloat("eps"));
@@ -803,6 +803,14 @@ absl::StatusOr<Grads> FusedResidualNormVjp(const VjpArgs& a) {
                                                "differentiate the add and the norm it fuses"));
 }
 
+// layer_norm_grad_input and its residual form are made from LayerNormVjp's decomposition (the
+// rms_norm gradients of the centered input), whose rules give second derivatives.
+absl::StatusOr<Grads> LayerNormGradInputVjp(const VjpArgs& a) {
+  return absl::UnimplementedError(absl::StrCat(a.node->op_name(),
+                                               " is made by fuse-residual-norm on the finished training step; "
+                                               "differentiate layer_norm, whose VJP it fuses"));
+}
+
 constexpr CotangentType kNode = CotangentType::kNodeType;
 
 constexpr std::array kVjpRows = {
@@ -847,6 +855,8 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kAddRmsNorm, FusedResidualNormVjp, kNode},
     VjpRow{Opcode::kAddLayerNorm, FusedResidualNormVjp, kNode},
     VjpRow{Opcode::kAddRmsNormGradInput, FusedResidualNormVjp, kNode},
+    VjpRow{Opcode::kLayerNormGradInput, LayerNormGradInputVjp, kNode},
+    VjpRow{Opcode::kAddLayerNormGradInput, LayerNormGradInputVjp, kNode},
     VjpRow{Opcode::kSoftmax, SoftmaxVjp, kNode},
     VjpRow{Opcode::kSoftmaxGrad, SoftmaxGradVjp, kNode},
     VjpRow{Opcode::kCrossEntropy, CrossEntropyVjp, kNode},

@@ -310,6 +310,10 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(std::vector<Node*> ln,
                           b.MultiResultOp(Opcode::kAddLayerNorm, {rms[0], rms[1], p[2], p[2]}, eps));
          ASSIGN_OR_RETURN(Node * dx, b.Op(Opcode::kAddRmsNormGradInput, {ln[0], ln[1], p[2], p[0]}, eps));
+         // And layer_norm's fused backward (its values are checked against finite differences
+         // in tests/reference_backend_test.cc, LayerNormGradInputMatchesFiniteDifferences).
+         ASSIGN_OR_RETURN(Node * lx, b.Op(Opcode::kLayerNormGradInput, {dx, p[2], p[0]}, eps));
+         ASSIGN_OR_RETURN(dx, b.Op(Opcode::kAddLayerNormGradInput, {lx, dx, p[2], p[1]}, eps));
          ASSIGN_OR_RETURN(Node * positive, b.Compare(dx, p[1], "lt"));
          return b.Select(positive, p[0], p[1]);
        }},

@@ -230,6 +230,80 @@ TEST(CompositeKernelsTest, LayerNormForward) {
   }
 }
 
+// layer_norm_grad_input and add_layer_norm_grad_input (fuse-residual-norm's fused layer_norm
+// backward): one row kernel plain, with the residual gradient, with its bf16 copy; with
+// {weight_grad=1} two kernels (the row kernel summing dw's and db's partial rows, the fold of
+// 2 D columns), the row kernel in the plain kernel's block (dx the same bits), the scratch a
+// partial row of 2 D floats per block. Every row geometry (a warp per row with 16-byte
+// accesses, one element, the scalar path, a block per row, no rows) and dy f32 or bf16.
+TEST(CompositeKernelsTest, LayerNormGradInput) {
+  struct Shape {
+    DType x, w, dy;
+    std::vector<int64_t> dims;
+  };
+  for (const Shape& s : std::vector<Shape>{{kF32, kF32, kF32, {4, 768}},
+                                           {kF32, kF32, kBF16, {16384, 768}},
+                                           {kF32, kF32, kF32, {3, 1}},
+                                           {kF32, kBF16, kF32, {7, 33}},
+                                           {kF32, kF32, kBF16, {2, 8192}},
+                                           {kF32, kF32, kF32, {0, 8}}}) {
+    SCOPED_TRACE((TensorType{s.dy, s.dims}).ToString());
+    const int64_t d = s.dims.back();
+    const TensorType x{s.x, s.dims}, w{s.w, {d}}, dy{s.dy, s.dims};
+    AttrMap copy = Eps();
+    copy.Set("copy_dtype", Symbol{"bf16"});
+    AttrMap with_dw = Eps();
+    with_dw.Set("weight_grad", int64_t{1});
+    AttrMap with_copy = with_dw;
+    with_copy.Set("copy_dtype", Symbol{"bf16"});
+    OneOp plain = MakeOneOp(Opcode::kLayerNormGradInput, {x, w, dy}, Eps());
+    absl::StatusOr<LoweredNode> alone = LowerCompositeNode(*plain.node, {});
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    if (s.dims[0] > 0) {
+      for (const OneOp* one : {&plain}) {
+        const std::vector<KernelSpec> kernels = LowerAndCompile(one->node);
+        ASSERT_EQ(kernels.size(), 1u);
+        EXPECT_NE(kernels[0].source.find("LayerNormGradInput<"), std::string::npos) << kernels[0].source;
+      }
+      EXPECT_EQ(LowerAndCompile(MakeOneOp(Opcode::kAddLayerNormGradInput, {x, x, w, dy}, Eps()).node).size(), 1u);
+      const std::vector<KernelSpec> copied =
+          LowerAndCompile(MakeOneOp(Opcode::kAddLayerNormGradInput, {x, x, w, dy}, copy, nullptr, 2).node);
+      ASSERT_EQ(copied.size(), 1u);
+      EXPECT_NE(copied[0].source.find("__nv_bfloat16* dx_copy"), std::string::npos) << copied[0].source;
+    }
+    OneOp merged = MakeOneOp(Opcode::kLayerNormGradInput, {x, w, dy}, with_dw, nullptr, 3);
+    OneOp residual = MakeOneOp(Opcode::kAddLayerNormGradInput, {x, x, w, dy}, with_dw, nullptr, 3);
+    OneOp all = MakeOneOp(Opcode::kAddLayerNormGradInput, {x, x, w, dy}, with_copy, nullptr, 4);
+    for (const OneOp* one : {&merged, &residual, &all}) {
+      const std::vector<KernelSpec> kernels = LowerAndCompile(one->node);
+      ASSERT_EQ(kernels.size(), 2u);
+      absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*one->node, {});
+      ASSERT_TRUE(lowered.ok()) << lowered.status();
+      EXPECT_EQ(lowered->scratch_bytes, int64_t{kernels[0].grid[0]} * 2 * d * 4);
+      EXPECT_LE(kernels[0].grid[0], 512u);
+      if (!alone->kernels.empty()) {
+        EXPECT_EQ(kernels[0].block[0], alone->kernels[0].block[0]);
+        EXPECT_LE(kernels[0].grid[0], alone->kernels[0].grid[0]);
+      }
+      EXPECT_NE(kernels[0].source.find("LayerNormGradInputAndWeight<"), std::string::npos) << kernels[0].source;
+      EXPECT_NE(kernels[1].source.find("LayerNormWeightGradFold<"), std::string::npos) << kernels[1].source;
+      EXPECT_EQ(kernels[1].name, kernels[0].name + "_fold");
+      EXPECT_EQ(kernels[1].grid[0], static_cast<unsigned>((2 * d + 31) / 32));
+    }
+  }
+  // gpt2-124M's rows: 2048 blocks of 8 rows for dx alone; 256 of 8 x 8 rows with dw and db,
+  // 1.5 MiB of partials; the fold 48 blocks of 32 columns.
+  OneOp s = MakeOneOp(Opcode::kAddLayerNormGradInput,
+                      {{kF32, {16, 1024, 768}}, {kF32, {16, 1024, 768}}, {kF32, {768}}, {kF32, {16, 1024, 768}}},
+                      AttrMap{{"eps", 1e-5}, {"copy_dtype", Symbol{"bf16"}}, {"weight_grad", int64_t{1}}}, nullptr, 4);
+  absl::StatusOr<LoweredNode> lowered = LowerCompositeNode(*s.node, {});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(lowered->kernels[0].grid[0], 256u);
+  EXPECT_EQ(lowered->kernels[0].block[0], 256u);
+  EXPECT_EQ(lowered->kernels[1].grid[0], 48u);
+  EXPECT_EQ(lowered->scratch_bytes, 256 * 2 * 768 * 4);
+}
+
 // fuse-residual-norm's ops: the residual forms of the norm kernels, over the same geometry
 // paths (a warp per row with 16-byte accesses, one element, the scalar path, a block per
 // row), with y f32 or bf16, and the residual gradient with and without its bf16 copy; and

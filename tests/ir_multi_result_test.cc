@@ -103,6 +103,13 @@ TEST(MultiResult, ParserSaysWhatIsWrongWithALine) {
               HasSubstr("get_result is written as the results of its node"));
   EXPECT_THAT(ParseError("module @m\n\nfunc @f {\n  %x, %y = neg(%x) : (f32[2], f32[2])\n  return %y\n}\n"),
               HasSubstr("neg has 1 result(s), but 2 name(s) are written"));
+  // An op of variable results (layer_norm_grad_input: 1 or 3): names and types one for one,
+  // checked before the node is made (a random edit once reached an invariant there).
+  EXPECT_THAT(ParseError("module @m\n\nfunc @f {\n  %x = parameter() {index=0} : f32[2,4]\n"
+                         "  %w = parameter() {index=1} : f32[4]\n"
+                         "  %dx, %dw = layer_norm_grad_input(%x, %w, %x) {eps=1e-05, weight_grad=1} : "
+                         "(f32[2,4], f32[4], f32[4])\n  return %dx\n}\n"),
+              HasSubstr("2 result name(s) are written, but 3 result type(s)"));
 }
 
 // The norms' input gradients with {weight_grad=1} (fuse-residual-norm's): dw is the last

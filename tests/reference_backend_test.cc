@@ -39,6 +39,10 @@ class Fn {
     EXPECT_TRUE(n.ok()) << n.status();
     return n.ok() ? *n : nullptr;
   }
+  static std::vector<Node*> Ok(absl::StatusOr<std::vector<Node*>> results) {
+    EXPECT_TRUE(results.ok()) << results.status();
+    return results.ok() ? *results : std::vector<Node*>{};
+  }
   absl::StatusOr<std::vector<HostTensor>> Eval(std::vector<Node*> outputs, std::vector<HostTensor> args,
                                                ReferenceOptions options = {}) {
     absl::Status st = b.Return(std::move(outputs));
@@ -355,6 +359,138 @@ TEST(ReferenceBackend, RmsNormGradientsMatchFiniteDifferences) {
              1e-7);
   ExpectNear((*r)[1].values(), NumericGradient([&](const HostTensor& v) { return forward(x, v); }, w, dy.values()),
              1e-7);
+}
+
+// layer_norm_grad_input against llm.c's layernorm_backward written out in double (xhat, the
+// row means of dnorm and dnorm * xhat), which the reference computes in another arrangement
+// (rms_norm's gradient of the centered row, dnorm centered); dw and db of {weight_grad=1}
+// against the sums over rows of dy * xhat and dy.
+TEST(ReferenceBackend, LayerNormGradInputByHand) {
+  constexpr int64_t kRows = 3, kD = 5;
+  const double eps = 1e-2;
+  const HostTensor x = HostTensor::Random({kF32, {kRows, kD}}, 31);
+  const HostTensor w = HostTensor::Random({kF32, {kD}}, 32);
+  const HostTensor dy = HostTensor::Random({kF32, {kRows, kD}}, 33);
+  std::vector<double> dx(kRows * kD), dw(kD, 0.0), db(kD, 0.0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const double* xr = x.values().data() + r * kD;
+    const double* dyr = dy.values().data() + r * kD;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < kD; ++i) mean += xr[i] / kD;
+    for (int64_t i = 0; i < kD; ++i) var += (xr[i] - mean) * (xr[i] - mean) / kD;
+    const double rstd = 1 / std::sqrt(var + eps);
+    double dnorm_mean = 0, dnorm_xhat_mean = 0;
+    for (int64_t i = 0; i < kD; ++i) {
+      const double xhat = (xr[i] - mean) * rstd, dnorm = w.values()[i] * dyr[i];
+      dnorm_mean += dnorm / kD;
+      dnorm_xhat_mean += dnorm * xhat / kD;
+    }
+    for (int64_t i = 0; i < kD; ++i) {
+      const double xhat = (xr[i] - mean) * rstd, dnorm = w.values()[i] * dyr[i];
+      dx[r * kD + i] = rstd * (dnorm - dnorm_mean - xhat * dnorm_xhat_mean);
+      dw[i] += dyr[i] * xhat;
+      db[i] += dyr[i];
+    }
+  }
+  Fn f;
+  Node* px = f.Param("x", x.type());
+  Node* pw = f.Param("w", w.type());
+  Node* pdy = f.Param("dy", dy.type());
+  Node* plain = Fn::Ok(f.b.Op(Opcode::kLayerNormGradInput, {px, pw, pdy}, AttrMap{{"eps", eps}}));
+  std::vector<Node*> merged = Fn::Ok(f.b.MultiResultOp(Opcode::kLayerNormGradInput, {px, pw, pdy},
+                                                      AttrMap{{"eps", eps}, {"weight_grad", int64_t{1}}}));
+  ASSERT_EQ(merged.size(), 3u);
+  auto r = f.Eval({plain, merged[0], merged[1], merged[2]}, {x, w, dy}, kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear((*r)[0].values(), dx, 1e-14);
+  EXPECT_EQ((*r)[1].values(), (*r)[0].values());  // dx the same with and without dw, db
+  ExpectNear((*r)[2].values(), dw, 1e-14);
+  ExpectNear((*r)[3].values(), db, 1e-14);
+}
+
+// layer_norm_grad_input's three results are layer_norm's gradients (x, w, b): central finite
+// differences of sum(layer_norm(x, w, b) * dy).
+TEST(ReferenceBackend, LayerNormGradInputMatchesFiniteDifferences) {
+  const HostTensor x = HostTensor::Random({kF32, {2, 3, 6}}, 41);
+  const HostTensor w = HostTensor::Random({kF32, {6}}, 42);
+  const HostTensor b = HostTensor::Random({kF32, {6}}, 43);
+  const HostTensor dy = HostTensor::Random({kF32, {2, 3, 6}}, 44);
+  auto forward = [&](const HostTensor& xv, const HostTensor& wv, const HostTensor& bv) {
+    Fn f;
+    Node* px = f.Param("x", xv.type());
+    Node* pw = f.Param("w", wv.type());
+    Node* pb = f.Param("b", bv.type());
+    return f.Values(Fn::Ok(f.b.LayerNorm(px, pw, pb, 1e-2)), {xv, wv, bv}, kDouble);
+  };
+  Fn f;
+  Node* px = f.Param("x", x.type());
+  Node* pw = f.Param("w", w.type());
+  Node* pdy = f.Param("dy", dy.type());
+  std::vector<Node*> g = Fn::Ok(f.b.MultiResultOp(Opcode::kLayerNormGradInput, {px, pw, pdy},
+                                                 AttrMap{{"eps", 1e-2}, {"weight_grad", int64_t{1}}}));
+  auto r = f.Eval(g, {x, w, dy}, kDouble);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectNear((*r)[0].values(),
+             NumericGradient([&](const HostTensor& v) { return forward(v, w, b); }, x, dy.values()), 1e-7);
+  ExpectNear((*r)[1].values(),
+             NumericGradient([&](const HostTensor& v) { return forward(x, v, b); }, w, dy.values()), 1e-7);
+  ExpectNear((*r)[2].values(),
+             NumericGradient([&](const HostTensor& v) { return forward(x, w, v); }, b, dy.values()), 1e-7);
+}
+
+// The residual form is add(dres, layer_norm_grad_input) bit for bit, its copy convert(dx), its
+// dw and db the plain {weight_grad=1} node's; in f32 and in the double mode alike. Against
+// the decomposition it replaces (LayerNormVjp's: rms_norm gradients of the centered x, dx
+// centered again, db a reduce_sum): equal to double rounding in the double mode, to f32
+// rounding in f32.
+TEST(ReferenceBackend, LayerNormGradInputFormsAndTheDecomposition) {
+  for (const ReferenceOptions& options : {ReferenceOptions{}, kDouble}) {
+    Fn f;
+    const TensorType rows{kF32, {4, 3, 8}};
+    Node* px = f.Param("x", rows);
+    Node* pw = f.Param("w", {kF32, {8}});
+    Node* pdy = f.Param("dy", rows);
+    Node* pres = f.Param("dres", rows);
+    const AttrMap eps{{"eps", 1e-2}};
+    AttrMap with_dw = eps;
+    with_dw.Set("weight_grad", int64_t{1});
+    AttrMap all = with_dw;
+    all.Set("copy_dtype", Symbol{"bf16"});
+    Node* plain = Fn::Ok(f.b.Op(Opcode::kLayerNormGradInput, {px, pw, pdy}, eps));
+    Node* added = Fn::Ok(f.b.Add(pres, plain));
+    Node* added_bf16 = Fn::Ok(f.b.Convert(added, DType::kBF16));
+    std::vector<Node*> m = Fn::Ok(f.b.MultiResultOp(Opcode::kLayerNormGradInput, {px, pw, pdy}, with_dw));
+    std::vector<Node*> am = Fn::Ok(f.b.MultiResultOp(Opcode::kAddLayerNormGradInput, {pres, px, pw, pdy}, all));
+    ASSERT_EQ(am.size(), 4u);
+    Node* res_only = Fn::Ok(f.b.Op(Opcode::kAddLayerNormGradInput, {pres, px, pw, pdy}, eps));
+    // The decomposition.
+    auto center = [&](Node* v) {
+      Node* sum = Fn::Ok(f.b.ReduceSum(v, {2}));
+      Node* mean = Fn::Ok(f.b.Mul(Fn::Ok(f.b.Broadcast(sum, {0, 1}, rows.dims)), Fn::Ok(f.b.Constant(1.0 / 8, rows))));
+      return Fn::Ok(f.b.Sub(v, mean));
+    };
+    Node* c = center(px);
+    Node* dc = Fn::Ok(f.b.Op(Opcode::kRmsNormGradInput, {c, pw, pdy}, eps));
+    Node* dx_decomposed = center(dc);
+    Node* dw_decomposed = Fn::Ok(f.b.Op(Opcode::kRmsNormGradWeight, {c, pw, pdy}, eps));
+    Node* db_decomposed = Fn::Ok(f.b.ReduceSum(pdy, {0, 1}));
+    auto r = f.Eval({plain, added, added_bf16, m[0], m[1], m[2], am[0], am[1], am[2], am[3], res_only, dx_decomposed,
+                     dw_decomposed, db_decomposed},
+                    {HostTensor::Random(rows, 51), HostTensor::Random({kF32, {8}}, 52), HostTensor::Random(rows, 53),
+                     HostTensor::Random(rows, 54)},
+                    options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)[3].values(), (*r)[0].values());  // dx, with dw and db
+    EXPECT_EQ((*r)[6].values(), (*r)[1].values());  // dres + dx
+    EXPECT_EQ((*r)[10].values(), (*r)[1].values());
+    EXPECT_EQ((*r)[7].values(), (*r)[2].values());  // its copy
+    EXPECT_EQ((*r)[8].values(), (*r)[4].values());  // dw
+    EXPECT_EQ((*r)[9].values(), (*r)[5].values());  // db
+    const double tolerance = options.f32_as_f64 ? 1e-12 : 1e-5;
+    ExpectNear((*r)[0].values(), (*r)[11].values(), tolerance);
+    ExpectNear((*r)[4].values(), (*r)[12].values(), tolerance);
+    ExpectNear((*r)[5].values(), (*r)[13].values(), tolerance);
+  }
 }
 
 // The input gradients {weight_grad=1}: dw is rms_norm_grad_weight's value bit for bit (one

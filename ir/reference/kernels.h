@@ -66,6 +66,10 @@ absl::StatusOr<HostTensor> EvalLayerNorm(const Node& node, Operands xs, const Ev
 absl::StatusOr<std::vector<HostTensor>> EvalAddNorm(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node, Operands xs,
                                                                 const EvalContext& ctx);
+// layer_norm_grad_input and add_layer_norm_grad_input: dx, [copy,] and with {weight_grad=1}
+// dw and db.
+absl::StatusOr<std::vector<HostTensor>> EvalLayerNormGradInput(const Node& node, Operands xs,
+                                                               const EvalContext& ctx);
 // softmax_ops.cc
 absl::StatusOr<HostTensor> EvalSoftmax(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSoftmaxGrad(const Node& node, Operands xs, const EvalContext& ctx);

@@ -5,7 +5,10 @@
 //   dw = sum over rows of dy * x * r
 // and layer_norm, the same of the centered row c = x - mean(x), plus the bias:
 //   y  = c * (1 / sqrt(mean(c^2) + eps)) * w + b
-// The fused residual forms (add_rms_norm, add_layer_norm, add_rms_norm_grad_input) round
+// and layer_norm's input gradient (layer_norm_grad_input), with xhat = c / sqrt(mean(c^2) + eps):
+//   dx = r * (w * dy - mean(w * dy)) - xhat * r * mean(w * dy * xhat)
+//   dw = sum over rows of dy * xhat;  db = sum over rows of dy
+// The fused residual forms (add_rms_norm, add_layer_norm, add_*_norm_grad_input) round
 // every intermediate the unfused ops would have stored, so they equal those ops bit for bit.
 #include <algorithm>
 #include <cmath>
@@ -54,6 +57,27 @@ void RmsNormGradInputRow(const double* x, const double* w, const double* dy, int
   for (int64_t i = 0; i < length; ++i) dot += w[i] * dy[i] * x[i];
   const double scale = inv_rms * inv_rms * inv_rms * dot / static_cast<double>(length);
   for (int64_t i = 0; i < length; ++i) dx[i] = inv_rms * w[i] * dy[i] - x[i] * scale;
+}
+
+// layer_norm_grad_input's row (llm.c's layernorm_backward), in double:
+//   xhat = (x - mean) r;  g = w dy;  dx = r (g - mean(g) - xhat mean(g xhat))
+// Computed on the centered row c = x - mean as rms_norm's gradient is, with g centered:
+// dx = r (g - mean(g)) - c r^3 sum(g c) / D.
+void LayerNormGradInputRow(const double* x, const double* w, const double* dy, int64_t length, double eps,
+                           double* dx) {
+  double sum = 0;
+  for (int64_t i = 0; i < length; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(length);
+  for (int64_t i = 0; i < length; ++i) dx[i] = x[i] - mean;  // c, in place
+  const double inv_std = InverseRms(dx, length, eps);
+  double g_sum = 0, dot = 0;  // sum(g), sum(g c)
+  for (int64_t i = 0; i < length; ++i) {
+    g_sum += w[i] * dy[i];
+    dot += w[i] * dy[i] * dx[i];
+  }
+  const double g_mean = g_sum / static_cast<double>(length);
+  const double scale = inv_std * inv_std * inv_std * dot / static_cast<double>(length);
+  for (int64_t i = 0; i < length; ++i) dx[i] = inv_std * (w[i] * dy[i] - g_mean) - dx[i] * scale;
 }
 
 // A norm's y over every row of x (x's type), then, for {out_dtype}, rounded to x's dtype
@@ -191,6 +215,76 @@ absl::StatusOr<std::vector<HostTensor>> EvalAddRmsNormGradInput(const Node& node
   if (weight_grad) {
     results.push_back(RmsNormGradWeightOf(*xs[1], *xs[3], node.result_type(node.num_results() - 1), eps));
   }
+  return results;
+}
+
+namespace {
+
+// layer_norm_grad_input's {weight_grad=1} results: dw = sum over rows of dy xhat and db = the
+// sum over rows of dy, both of type `type` (w's), serial over rows (in row order, whatever the
+// thread count).
+void LayerNormGradWeightAndBiasOf(const HostTensor& x, const HostTensor& dy, const TensorType& type, double eps,
+                                  std::vector<HostTensor>& results) {
+  const Rows rows = RowsOf(x.type());
+  HostTensor dw_out(type), db_out(type);
+  double* dw = dw_out.mutable_values().data();
+  double* db = db_out.mutable_values().data();
+  std::vector<double> c(static_cast<size_t>(rows.length));
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const double* xr = x.values().data() + r * rows.length;
+    const double* dyr = dy.values().data() + r * rows.length;
+    double sum = 0;
+    for (int64_t i = 0; i < rows.length; ++i) sum += xr[i];
+    const double mean = sum / static_cast<double>(rows.length);
+    for (int64_t i = 0; i < rows.length; ++i) c[i] = xr[i] - mean;
+    const double inv_std = InverseRms(c.data(), rows.length, eps);
+    for (int64_t i = 0; i < rows.length; ++i) {
+      dw[i] += dyr[i] * c[i] * inv_std;
+      db[i] += dyr[i];
+    }
+  }
+  results.push_back(std::move(dw_out));
+  results.push_back(std::move(db_out));
+}
+
+}  // namespace
+
+// layer_norm_grad_input(x, w, dy) and add_layer_norm_grad_input(dres, x, w, dy): dx, for the
+// residual form dres + (dx rounded to its dtype, as the plain op's result is), the copy (dx
+// again, which the evaluator rounds to copy_dtype), then dw and db for {weight_grad=1}.
+absl::StatusOr<std::vector<HostTensor>> EvalLayerNormGradInput(const Node& node, Operands xs,
+                                                               const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(double eps, node.attrs().GetFloat("eps"));
+  const bool residual = node.opcode() == Opcode::kAddLayerNormGradInput;
+  const int x_at = residual ? 1 : 0;
+  const HostTensor& x = *xs[x_at];
+  const HostTensor& dy = *xs[x_at + 2];
+  const Rows rows = RowsOf(x.type());
+  const double* w = xs[x_at + 1]->values().data();
+  const DType dtype = node.result_type(0).dtype;
+  HostTensor dx(node.result_type(0));
+  ForEachRow(ctx, rows, [&](int64_t r) {
+    const int64_t at = r * rows.length;
+    double* out = dx.mutable_values().data() + at;
+    LayerNormGradInputRow(x.values().data() + at, w, dy.values().data() + at, rows.length, eps, out);
+    if (!residual) return;
+    RoundValuesToDType(out, rows.length, dtype, ctx.options.f32_as_f64);
+    const double* dres = xs[0]->values().data() + at;
+    for (int64_t i = 0; i < rows.length; ++i) out[i] += dres[i];
+    RoundValuesToDType(out, rows.length, dtype, ctx.options.f32_as_f64);
+  });
+  const bool weight_grad = WritesWeightGrad(node);
+  const bool copy = residual && node.num_results() == (weight_grad ? 4 : 2);
+  std::vector<HostTensor> results;
+  if (copy) {
+    HostTensor dx_copy(node.result_type(1));
+    dx_copy.mutable_values() = dx.values();
+    results.push_back(std::move(dx));
+    results.push_back(std::move(dx_copy));
+  } else {
+    results.push_back(std::move(dx));
+  }
+  if (weight_grad) LayerNormGradWeightAndBiasOf(x, dy, node.result_types().back(), eps, results);
   return results;
 }
 

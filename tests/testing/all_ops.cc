@@ -113,6 +113,22 @@ std::unique_ptr<Module> BuildAllOpsModule() {
     gw = Must(b.Add(gw, dx_dw[1]));
     gw = Must(b.Add(gw, dx_copy_dw[2]));
   }
+  // layer_norm's fused input gradient (fuse-residual-norm's), with dw and db, and the residual
+  // form with its copy, dw and db, folded into gi and gw likewise.
+  {
+    const std::vector<Node*> lgw = Must(b.MultiResultOp(Opcode::kLayerNormGradInput, {x, w, rn},
+                                                        AttrMap{{"eps", 1e-5}, {"weight_grad", int64_t{1}}}));
+    Node* lgi = lgw[0];
+    gw = Must(b.Add(gw, lgw[1]));
+    gw = Must(b.Add(gw, lgw[2]));
+    const std::vector<Node*> lg = Must(
+        b.MultiResultOp(Opcode::kAddLayerNormGradInput, {lgi, x, w, rn},
+                        AttrMap{{"eps", 1e-5}, {"copy_dtype", Symbol{"bf16"}}, {"weight_grad", int64_t{1}}}));
+    gi = Must(b.Add(gi, Must(b.Convert(lg[1], f32))));
+    gi = Must(b.Add(gi, lg[0]));
+    gw = Must(b.Add(gw, lg[2]));
+    gw = Must(b.Add(gw, lg[3]));
+  }
   Node* sm = Must(b.Softmax(r));
   Node* smg = Must(b.Op(Opcode::kSoftmaxGrad, {sm, r}));
   Node* ce = Must(b.CrossEntropy(smg, labels, /*classes=*/smg->type().dims[1]));

@@ -259,9 +259,21 @@ absl::StatusOr<Node*> GraphGenerator::NormStep() {
   std::iota(leading.begin(), leading.end(), 0);
   ASSIGN_OR_RETURN(Node * w, b_.ReduceMax(x, leading));  // a weight of the last dim's size
   ASSIGN_OR_RETURN(Node * y, b_.RmsNorm(x, w, 1e-5));
-  switch (Uniform(4)) {
+  switch (Uniform(5)) {
     case 0: return x->type().dtype == DType::kF32 && Coin() ? FusedNormStep(x, w) : y;
     case 3: return b_.LayerNorm(x, w, w, 1e-5);  // w as the bias too
+    case 4: {  // layer_norm's fused backward (fuse-residual-norm's), dw and db folded into dx
+      const bool residual = x->type().dtype == DType::kF32 && Coin();
+      std::vector<Node*> operands = {x, w, Partner(x)};
+      if (residual) operands.insert(operands.begin(), Partner(x));
+      const Opcode op = residual ? Opcode::kAddLayerNormGradInput : Opcode::kLayerNormGradInput;
+      if (Coin()) return b_.Op(op, operands, AttrMap{{"eps", 1e-5}});
+      ASSIGN_OR_RETURN(std::vector<Node*> g,
+                       b_.MultiResultOp(op, operands, AttrMap{{"eps", 1e-5}, {"weight_grad", int64_t{1}}}));
+      ASSIGN_OR_RETURN(Node * dwb, b_.Add(g[1], g[2]));
+      ASSIGN_OR_RETURN(Node * dwb_rows, b_.Broadcast(dwb, {rank - 1}, x->type().dims));
+      return b_.Add(g[0], dwb_rows);
+    }
     case 1: {
       Node* dy = Partner(x);
       ASSIGN_OR_RETURN(Node * gi, b_.Op(Opcode::kRmsNormGradInput, {x, w, dy}, AttrMap{{"eps", 1e-5}}));
