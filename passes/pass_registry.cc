@@ -13,6 +13,7 @@
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
+#include "passes/group_optimizer_updates.h"
 #include "passes/lower_gemm.h"
 #include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
@@ -47,6 +48,9 @@ constexpr PassInfo kPasses[] = {
      Make<FuseResidualNormPass>},
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},
+    {GroupOptimizerUpdatesPass::kName,
+     "adamw_update nodes sharing their per-step scalars -> grouped nodes, one kernel for many parameters",
+     Make<GroupOptimizerUpdatesPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
     {MergeSiblingGemmsPass::kName,

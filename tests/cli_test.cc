@@ -386,7 +386,7 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
   auto exact = RunCommand(Kiln() +
                           " check llama-tiny --training --batch 2 --seq 16 --passes simplify,dce,lower-gemm,"
                           "gemm-bias-epilogue,elide-grad-zeroing,narrow-activations-bf16,fuse-residual-norm,fuse-loops,"
-                          "rematerialize");
+                          "rematerialize,group-optimizer-updates");
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
   EXPECT_TRUE(absl::StrContains(exact.output, "meaning preserved (seed 1, tolerance abs 0 rel 0)")) << exact.output;
   auto bad = RunCommand(Kiln() + " check llama-tiny --passes cse,bogus");
