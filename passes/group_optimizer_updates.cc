@@ -68,19 +68,30 @@ bool ReadsResultOf(const Node& a, const Node& b) {
 }
 
 // The node to insert a group before so that it comes just after `anchor`: past the get_result
-// nodes that must stay right after their multi-result node.
-Node* InsertionPointAfter(const Function& f, const Node* anchor) {
+// nodes that must stay right after their multi-result node, and past the groups this run has
+// already put there (so groups keep the order they were made in: by class, then readiness).
+// (Never past a group that reads a result of `members`: that one must follow.)
+Node* InsertionPointAfter(const Function& f, const Node* anchor, const absl::flat_hash_set<const Node*>& built,
+                          const std::vector<Node*>& members) {
   const absl::flat_hash_map<const Node*, int64_t> pos = Positions(f);
+  auto skip = [&](const Node& n) {
+    if (n.opcode() == Opcode::kGetResult) return true;
+    if (!built.contains(&n)) return false;
+    for (const Node* m : members) {
+      if (ReadsResultOf(n, *m)) return false;
+    }
+    return true;
+  };
   size_t i = static_cast<size_t>(pos.at(anchor)) + 1;
-  while (i < f.nodes().size() && f.nodes()[i]->opcode() == Opcode::kGetResult) ++i;
+  while (i < f.nodes().size() && skip(*f.nodes()[i])) ++i;
   return i < f.nodes().size() ? f.nodes()[i].get() : nullptr;
 }
 
 // Replaces `members` (one-group updates, in group order) by one grouped node after `anchor`;
 // records each removed result's replacement in `replaced`.
 bool BuildGroup(Function& f, const std::vector<Node*>& members, const Node* anchor,
-                absl::flat_hash_map<const Node*, Node*>& replaced) {
-  Node* before = InsertionPointAfter(f, anchor);
+                absl::flat_hash_map<const Node*, Node*>& replaced, absl::flat_hash_set<const Node*>& built) {
+  Node* before = InsertionPointAfter(f, anchor, built, members);
   if (before == nullptr) return false;  // the members come after the anchor: cannot happen
   const Node& first = *members[0];
   std::vector<Node*> operands;
@@ -109,6 +120,7 @@ bool BuildGroup(Function& f, const std::vector<Node*>& members, const Node* anch
     dead.push_back(m);
   }
   f.RemoveNodes(dead);
+  built.insert(results[0]->operand(0));
   for (size_t i = 0; i < results.size(); ++i) f.RenameNode(results[i], final_names[i]);
   f.RenameNode(results[0]->operand(0), f.UniqueName(absl::StrCat(final_names[0], ".results")));
   return true;
@@ -133,6 +145,7 @@ absl::StatusOr<bool> GroupOptimizerUpdatesPass::RunOnFunction(Function& f) {
     updates.insert(n.get());
   }
   bool changed = false;
+  absl::flat_hash_set<const Node*> built;  // the grouped nodes made so far
   for (const Key& key : order) {
     const std::vector<Node*>& nodes = classes[key];
     if (nodes.size() < 2) continue;
@@ -175,7 +188,7 @@ absl::StatusOr<bool> GroupOptimizerUpdatesPass::RunOnFunction(Function& f) {
       const Node* anchor = anchors[g];
       while (replaced.contains(anchor)) anchor = replaced.at(anchor);
       for (const Node* m : groups[g]) updates.erase(m);
-      changed |= BuildGroup(f, groups[g], anchor, replaced);
+      changed |= BuildGroup(f, groups[g], anchor, replaced, built);
     }
   }
   return changed;

@@ -358,7 +358,7 @@ TEST(CompositeKernelsTest, AdamWUpdate) {
       SCOPED_TRACE(absl::StrCat(n, " elements"));
       const TensorType state{kF32, {n}};
       OneOp one = MakeOneOp(Opcode::kAdamWUpdate, {state, state, state, state, scalar, scalar, scalar, scalar},
-                            {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
+                            {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}, nullptr, /*results=*/3);
       const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
       ASSERT_EQ(kernels.size(), 1u);
       EXPECT_EQ(KernelParams(kernels[0])[0], "float* p_new");
@@ -397,6 +397,7 @@ TEST(CompositeKernelsTest, GroupedAdamWUpdate) {
   const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
   ASSERT_EQ(kernels.size(), 1u);
   const std::string& src = kernels[0].source;
+  std::printf("%s\n", src.c_str());
   EXPECT_EQ(KernelParams(kernels[0])[0], "float* p_new_0");
   EXPECT_EQ(KernelParams(kernels[0]).size(), 7 * sizes.size() + 4);
   EXPECT_NE(src.find("AdamWUpdateGroups<4>(kGroupSlices, "), std::string::npos) << src;
