@@ -49,7 +49,7 @@ constexpr PassInfo kPasses[] = {
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},
     {GroupOptimizerUpdatesPass::kName,
-     "adamw_update nodes sharing their per-step scalars -> grouped nodes, one kernel for many parameters",
+     "adamw_update nodes sharing their scalars -> grouped nodes, one kernel each",
      Make<GroupOptimizerUpdatesPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
