@@ -113,6 +113,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   request.run_step.resize(f.num_nodes());
   request.elementwise_in_place.assign(f.num_nodes(), false);
   request.in_place_operand.assign(f.num_nodes(), -1);
+  request.in_place_operand_of_results.assign(f.num_nodes(), {});
   std::vector<GemmDescription> gemms(f.num_nodes());
   for (int64_t i = 0; i < f.num_nodes(); ++i) {
     const Node& node = *f.nodes()[i];
@@ -126,6 +127,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
                                                                : BufferRole::kOwn;
     request.elementwise_in_place[i] = lowered.elementwise_in_place;
     request.in_place_operand[i] = lowered.in_place_operand;
+    request.in_place_operand_of_results[i] = lowered.in_place_operand_of_results;
     // A result is written by its node's kernels, at that node's step.
     if (lowered.kind == LoweringKind::kResult) request.run_step[i] = index_of.at(node.operand(0));
     if (lowered.kind == LoweringKind::kGemm) {

@@ -63,6 +63,12 @@ struct LoweredNode {
   // operand's buffer where the operand dies at this node and has the result's size
   // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
   int in_place_operand = -1;
+  // With elementwise_in_place, for a node of several results: one entry per result, the one
+  // operand whose buffer that result may take (the operand it is computed from element by
+  // element at the same index), or -1 for none. A grouped adamw_update's result 3i+j is
+  // group i's p, m or v (operand 4i+{0,2,3}); another group's operand is still being read by
+  // other blocks of the same launch. Empty: any operand.
+  std::vector<int> in_place_operand_of_results;
 };
 
 }  // namespace kiln

@@ -73,9 +73,9 @@ absl::StatusOr<Node*> Builder::Op(Opcode op, std::vector<Node*> operands, AttrMa
                                                    " results: build it with Builder::MultiResultOp"));
   }
   ASSIGN_OR_RETURN(std::vector<TensorType> types, Infer(op, operands, attrs, declared, loc));
-  if (types.size() != 1) {  // an op whose result count its attributes set (a gemm with amax=1)
-    return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": these attributes give ",
-                                                   types.size(), " results; Builder::Op makes nodes of one"));
+  if (types.size() != 1) {  // an op whose operands or attributes set its result count (a gemm with amax=1)
+    return absl::InvalidArgumentError(absl::StrCat(OpName(op), " at ", FormatLocation(loc), ": has ", types.size(),
+                                                   " results here: build it with Builder::MultiResultOp"));
   }
   if (!name.empty()) name = function_->UniqueName(name);
   Node* node = function_->AppendNode(op, std::move(operands), std::move(attrs), std::move(types[0]), name, scope_);

@@ -14,8 +14,8 @@
 //             has one per output of its body, a gemm two when it writes its amax,
 //             add_rms_norm_grad_input two when it writes a copy, the rms_norm input
 //             gradients one more when they write the weight gradient, the layer_norm ones
-//             two more: dw and db). An op with several (AdamW's
-//             p', m', v'; attention's output and LSE) is one node whose results are read
+//             two more: dw and db, adamw_update three per parameter group). An op with
+//             several (AdamW's p', m', v'; attention's output and LSE) is one node whose results are read
 //             through get_result nodes that follow it directly, one per result, in order
 //             (ir/graph.h); cross_entropy's loss and LSE likewise; the text form writes
 //             them as one line,
@@ -166,7 +166,7 @@
 //   rope_table(pos)        {theta, head_dim, inverse}  f32 [T, head_dim]: row t holds the
 //                          f32 cos of rope's angles for frequencies 0..D/2-1, then their
 //                          sin (expand-rope's table, read by broadcasts)
-//   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale)  {beta1, beta2, eps, result}
+//   adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale)  {beta1, beta2, eps}
 //                          one AdamW step, computed in f32; p, g, m, v share one f32 type,
 //                          the last four are f32[] per-step scalars (lr / (1 - beta1^t),
 //                          1 - lr wd or 1, sqrt(1 - beta2^t), and the global-norm clipping
@@ -175,7 +175,14 @@
 //                            m' = beta1 m + (1 - beta1) g;  v' = beta2 v + (1 - beta2) g^2
 //                            p' = p decay - step_size m' / (sqrt(v') / sqrt_bc2 + eps)
 //                          results (p', m', v'), written by one kernel in place. Not
-//                          differentiable.
+//                          differentiable. Grouped (group-optimizer-updates makes it): K >= 1
+//                          parameter groups sharing the scalars and attributes,
+//                            adamw_update(p_1, g_1, m_1, v_1, ..., p_K, g_K, m_K, v_K,
+//                                         step_size, decay, sqrt_bc2, grad_scale)
+//                          results (p'_1, m'_1, v'_1, ..., p'_K, m'_K, v'_K): group i is the
+//                          update above of its own four tensors (each group its own f32 type),
+//                          so result 3i+j is computed element by element from operands 4i..4i+3
+//                          alone; one kernel for all groups. K = 1 is the node above.
 //   sum_of_squares(x, ...)  the sum of the squares of every element of every operand (floats
 //                          of one dtype, any shapes), f32[]: the global gradient norm's square
 //                          in one node, read by one multi-tensor kernel instead of a reduction
@@ -246,7 +253,7 @@
 namespace kiln {
 
 inline constexpr int kVariadic = -1;
-inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm 1 or 2, the input gradients 1 to 4
+inline constexpr int kVariableResults = -1;  // a fusion: one per output of its body; a gemm 1 or 2, the input gradients 1 to 4, adamw_update 3 per group
 
 enum class OpCategory {
   kLeaf,         // parameter, constant, iota
@@ -314,7 +321,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kCrossEntropyGrad, "cross_entropy_grad", 4, kComposite, kInferred, 1, "classes,out_dtype")                            \
   X(kRope, "rope", 2, kComposite, kInferred, 1, "theta,inverse")                                                          \
   X(kRopeTable, "rope_table", 1, kComposite, kInferred, 1, "theta,head_dim,inverse")                                     \
-  X(kAdamWUpdate, "adamw_update", 8, kComposite, kInferred, 3, "beta1,beta2,eps")                                         \
+  X(kAdamWUpdate, "adamw_update", kVariadic, kComposite, kInferred, kVariableResults, "beta1,beta2,eps")                \
   X(kSumOfSquares, "sum_of_squares", kVariadic, kComposite, kInferred, 1, "")                                            \
   X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \

@@ -447,31 +447,46 @@ absl::StatusOr<std::vector<TensorType>> InferGemm(absl::Span<const TensorType> x
   return results;
 }
 
-// adamw_update(p, g, m, v, step_size, decay, sqrt_bc2, grad_scale): the state tensors share one f32
-// type (master weights and optimizer state), the per-step values are f32 scalars; the
-// results p', m', v' have that type.
+// adamw_update(p_1, g_1, m_1, v_1, ..., p_K, g_K, m_K, v_K, step_size, decay, sqrt_bc2,
+// grad_scale), K >= 1 groups: the state tensors of a group share one f32 type (master weights
+// and optimizer state), the per-step values are f32 scalars; group i's results p'_i, m'_i,
+// v'_i have its type. K = 1 is the one-parameter node, whose messages name no group.
 absl::StatusOr<std::vector<TensorType>> InferAdamWUpdate(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  if (xs.size() < 8 || xs.size() % 4 != 0) {
+    return Invalid(absl::StrCat("expects 4 operands (p, g, m, v) per parameter group and 4 scalars, at least 8, got ",
+                                xs.size()));
+  }
   for (absl::string_view beta : {"beta1", "beta2"}) {
     ASSIGN_OR_RETURN(double value, attrs.GetFloat(beta));
     if (!(value >= 0 && value < 1)) return Invalid(absl::StrCat(beta, "=", value, " must be in [0, 1)"));
   }
   ASSIGN_OR_RETURN(double eps, attrs.GetFloat("eps"));
   if (!(eps >= 0) || std::isinf(eps)) return Invalid(absl::StrCat("eps=", eps, " must be finite and >= 0"));
-  const TensorType& p = xs[0];
-  if (p.dtype != DType::kF32) return Invalid(absl::StrCat("p must be f32 (master weights), got ", p.ToString()));
-  static constexpr absl::string_view kState[] = {"p", "g", "m", "v"};
-  for (int i = 1; i < 4; ++i) {
-    if (xs[i] != p) {
-      return Invalid(absl::StrCat(kState[i], " ", xs[i].ToString(), " must have p's type ", p.ToString()));
+  const size_t groups = xs.size() / 4 - 1;
+  std::vector<TensorType> results;
+  for (size_t k = 0; k < groups; ++k) {
+    const std::string group = groups == 1 ? "" : absl::StrCat("group ", k, ": ");
+    const TensorType& p = xs[4 * k];
+    if (p.dtype != DType::kF32) {
+      return Invalid(absl::StrCat(group, "p must be f32 (master weights), got ", p.ToString()));
     }
+    static constexpr absl::string_view kState[] = {"p", "g", "m", "v"};
+    for (int i = 1; i < 4; ++i) {
+      if (xs[4 * k + i] != p) {
+        return Invalid(absl::StrCat(group, kState[i], " ", xs[4 * k + i].ToString(), " must have p's type ",
+                                    p.ToString()));
+      }
+    }
+    results.insert(results.end(), {p, p, p});
   }
   static constexpr absl::string_view kScalars[] = {"step_size", "decay", "sqrt_bc2", "grad_scale"};
-  for (int i = 4; i < 8; ++i) {
-    if (xs[i] != TensorType{DType::kF32, {}}) {
-      return Invalid(absl::StrCat(kScalars[i - 4], " must be an f32[] scalar, got ", xs[i].ToString()));
+  for (int i = 0; i < 4; ++i) {
+    if (xs[4 * groups + i] != TensorType{DType::kF32, {}}) {
+      return Invalid(
+          absl::StrCat(kScalars[i], " must be an f32[] scalar, got ", xs[4 * groups + i].ToString()));
     }
   }
-  return std::vector<TensorType>{p, p, p};
+  return results;
 }
 
 // q bf16 [B,H,T,D]; k (and v) bf16 [B,Hkv,T,D] with H a multiple of Hkv.

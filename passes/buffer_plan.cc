@@ -88,6 +88,23 @@ std::string BufferPlan::LargestBuffers(const Function& f, int rows) const {
 
 namespace {
 
+// Whether result `result` of `writer` (node index w) is computed element by element from
+// `param`, so that it may take param's buffer: param is one of writer's operands, and where the
+// request names one operand per result (a grouped adamw_update), it is that one and appears
+// once among the operands.
+bool UpdatesOperand(const BufferPlanRequest& request, int64_t w, const Node& writer, int result, const Node* param) {
+  const std::vector<Node*>& operands = writer.operands();
+  const std::vector<int>* per_result =
+      request.in_place_operand_of_results.empty() || request.in_place_operand_of_results[w].empty()
+          ? nullptr
+          : &request.in_place_operand_of_results[w];
+  if (per_result == nullptr) return std::find(operands.begin(), operands.end(), param) != operands.end();
+  if (result < 0 || result >= static_cast<int>(per_result->size())) return false;
+  const int k = (*per_result)[result];
+  return k >= 0 && k < writer.num_operands() && operands[k] == param &&
+         std::count(operands.begin(), operands.end(), param) == 1;
+}
+
 // For each node, the index of the parameter node whose buffer it takes (an in-place
 // donation), or -1. See "in place" in the header.
 std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest& request,
@@ -115,7 +132,8 @@ std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest
     const Node* writer = role == BufferRole::kResult ? out->operand(0) : out;
     if ((role != BufferRole::kOwn && role != BufferRole::kResult) || !request.elementwise_in_place[index_of.at(writer)] ||
         returned.contains(param) || returned[out] != 1 || out->type().num_bytes() != param->type().num_bytes() ||
-        std::find(writer->operands().begin(), writer->operands().end(), param) == writer->operands().end()) {
+        !UpdatesOperand(request, index_of.at(writer), *writer, role == BufferRole::kResult ? out->result_index() : 0,
+                        param)) {
       continue;
     }
     // Every reader of the parameter (or of an alias of it) runs before this node's kernel,
@@ -178,6 +196,8 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
       (!request.elementwise_in_place.empty() &&
        static_cast<int64_t>(request.elementwise_in_place.size()) != num_nodes) ||
       (!request.in_place_operand.empty() && static_cast<int64_t>(request.in_place_operand.size()) != num_nodes) ||
+      (!request.in_place_operand_of_results.empty() &&
+       static_cast<int64_t>(request.in_place_operand_of_results.size()) != num_nodes) ||
       alignment <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("buffer plan for @", f.name(), ": ", request.roles.size(),
                                                    " roles and ", request.scratch_bytes.size(),

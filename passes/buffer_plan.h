@@ -64,6 +64,11 @@ struct BufferPlanRequest {
   // then takes the operand's buffer when no other reader of that buffer runs after the node,
   // the sizes agree and the buffer is a computed value that is no output.
   std::vector<int> in_place_operand;
+  // One per node, or empty: for an elementwise_in_place node of several results, one entry per
+  // result, the operand whose buffer that result may take when donated (-1: none); empty for
+  // any operand. A grouped adamw_update's result 3i+j may take only group i's p, m or v
+  // (operand 4i+{0,2,3}), which that parameter must be exactly once among the node's operands.
+  std::vector<std::vector<int>> in_place_operand_of_results;
   int64_t alignment = 256;
 };
 

@@ -13,6 +13,7 @@
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
+#include "passes/group_optimizer_updates.h"
 #include "passes/lower_gemm.h"
 #include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
@@ -74,6 +75,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());
+  // The optimizer's updates that share their per-step scalars become grouped nodes, one
+  // kernel each for up to 72 parameters. Last: no pass after it matches adamw_update, and
+  // each group is placed where its operands (the final gradients) are.
+  p.Add(std::make_unique<GroupOptimizerUpdatesPass>());
   return p;
 }
 

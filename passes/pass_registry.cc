@@ -14,6 +14,7 @@
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
+#include "passes/group_optimizer_updates.h"
 #include "passes/lower_gemm.h"
 #include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
@@ -50,6 +51,9 @@ constexpr PassInfo kPasses[] = {
      Make<FuseResidualNormPass>, /*reassociates_f32_sums=*/true},
     {GemmBiasEpiloguePass::kName, "add(gemm, broadcast(bias)) -> gemm with cuBLASLt's bias epilogue",
      Make<GemmBiasEpiloguePass>},
+    {GroupOptimizerUpdatesPass::kName,
+     "adamw_update nodes sharing their scalars -> grouped nodes, one kernel each",
+     Make<GroupOptimizerUpdatesPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
     {MergeSiblingGemmsPass::kName,

@@ -15,10 +15,13 @@
 //     with t counted in the step (t' = t + 1). Weight decay applies to parameters of rank
 //     >= 2 (matrices and embeddings), not to norm weights. The per-step scalars
 //     (lr / (1 - b1^t), 1 - lr wd, sqrt(1 - b2^t)) are computed once in the IR; each
-//     parameter then gets three adamw_update nodes (result=param, m, v), each lowered to one
-//     kernel of kernels/adamw.cuh, e.g.
-//       %w.new = adamw_update(%w, %g, %adamw.m.w, %adamw.v.w, %step_size, %decay, %sqrt_bc2, %grad_scale)
-//                {beta1=0.9, beta2=0.95, eps=1e-08, result=param} : f32[64,64]
+//     parameter then gets one adamw_update node of three results (p', m', v'), lowered to
+//     one kernel of kernels/adamw.cuh, e.g.
+//       %w.new, %adamw.m.w.new, %adamw.v.w.new = adamw_update(%w, %g, %adamw.m.w, %adamw.v.w,
+//           %step_size, %decay, %sqrt_bc2, %grad_scale) {beta1=0.9, beta2=0.95, eps=1e-08}
+//           : (f32[64,64], f32[64,64], f32[64,64])
+//     (the default pipeline's group-optimizer-updates then puts up to 72 of those that share
+//     their scalars into one grouped node, one kernel).
 // The learning rate is an input, so the schedule (warmup + cosine) is the caller's.
 #pragma once
 

@@ -387,8 +387,8 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
   // bit for bit) the default pipeline's passes are exact in f32.
   auto exact = RunCommand(Kiln() +
                           " check llama-tiny --training --batch 2 --seq 16 --passes simplify,dce,lower-gemm,"
-                          "gemm-bias-epilogue,elide-grad-zeroing,narrow-activations-bf16,fuse-loops,"
-                          "rematerialize");
+                          "gemm-bias-epilogue,elide-grad-zeroing,narrow-activations-bf16,expand-rope,fuse-loops,"
+                          "rematerialize,group-optimizer-updates");
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
   EXPECT_TRUE(absl::StrContains(exact.output, "meaning preserved (seed 1, tolerance abs 0 rel 0)")) << exact.output;
   auto bad = RunCommand(Kiln() + " check llama-tiny --passes cse,bogus");

@@ -26,7 +26,7 @@ TEST(CompileProgram, ATrainingStepBecomesALaunchListOverOnePlannedArena) {
   absl::StatusOr<CompiledProgram> program = CompileProgram(step, {.target = TargetForArch("sm_90a").value()});
   ASSERT_TRUE(program.ok()) << program.status();
   EXPECT_EQ(program->function, &step);
-  EXPECT_GT(program->num_launches, 100);
+  EXPECT_GT(program->num_launches, 80);  // 100 since group-optimizer-updates (21 AdamW launches -> 2)
   EXPECT_GT(program->num_gemms, 10);
   EXPECT_GT(program->plan.arena_bytes, 0);
 

@@ -432,7 +432,7 @@ TEST(CompositeKernelsTest, AdamWUpdate) {
       SCOPED_TRACE(absl::StrCat(n, " elements"));
       const TensorType state{kF32, {n}};
       OneOp one = MakeOneOp(Opcode::kAdamWUpdate, {state, state, state, state, scalar, scalar, scalar, scalar},
-                            {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
+                            {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}, nullptr, /*results=*/3);
       const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
       ASSERT_EQ(kernels.size(), 1u);
       EXPECT_EQ(KernelParams(kernels[0])[0], "float* p_new");
@@ -451,6 +451,52 @@ TEST(CompositeKernelsTest, AdamWUpdate) {
       }
     }
   }
+}
+
+// A grouped node (group-optimizer-updates'): one kernel for every group, blocks split among
+// the groups by size (a group on the scalar path, 16-byte groups, one strided over), the
+// slice table in constant memory, the pointers picked by a switch; it compiles without
+// spills, and a node past the 4 KiB of kernel parameters is refused.
+TEST(CompositeKernelsTest, GroupedAdamWUpdate) {
+  const TensorType scalar{kF32, {}};
+  const AttrMap attrs{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}};
+  auto grouped = [&](const std::vector<int64_t>& sizes) {
+    std::vector<TensorType> operands;
+    for (int64_t n : sizes) operands.insert(operands.end(), 4, TensorType{kF32, {n}});
+    operands.insert(operands.end(), 4, scalar);
+    return MakeOneOp(Opcode::kAdamWUpdate, operands, attrs, nullptr, 3 * static_cast<int>(sizes.size()));
+  };
+  const std::vector<int64_t> sizes = {7, 4096, 768, 50'000'000};
+  OneOp one = grouped(sizes);
+  const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
+  ASSERT_EQ(kernels.size(), 1u);
+  const std::string& src = kernels[0].source;
+  std::printf("%s\n", src.c_str());
+  EXPECT_EQ(KernelParams(kernels[0])[0], "float* p_new_0");
+  EXPECT_EQ(KernelParams(kernels[0]).size(), 7 * sizes.size() + 4);
+  EXPECT_NE(src.find("AdamWUpdateGroups<4>(kGroupSlices, "), std::string::npos) << src;
+  EXPECT_NE(src.find("{7LL, 1, 0},"), std::string::npos) << src;  // the scalar path's group first, one block
+  EXPECT_NE(src.find("{4096LL, 4, 1},"), std::string::npos) << src;
+  EXPECT_NE(src.find("0x1.ccccccp-1f, 0x1.99999ap-4f, 0x1.e66666p-1f, 0x1.99999ap-5f"), std::string::npos) << src;
+  EXPECT_NE(src.find(absl::StrCat("{0LL, 1, ", kernels[0].grid[0], "},")), std::string::npos)
+      << "the last entry closes the grid: " << src;
+  // The big group is strided over, at most the one-tensor kernel's grid in all.
+  const CodegenOptions defaults;
+  EXPECT_LE(kernels[0].grid[0], 16u * defaults.target.sm_count);
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(kernels[0], NvrtcOptions{.ptxas_info = true});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  std::printf("grouped adamw_update (4 groups): %s\n", compiled->log.c_str());
+  EXPECT_NE(compiled->log.find("0 bytes spill stores"), std::string::npos) << compiled->log;
+
+  // 72 groups fill 4064 of the 4096 bytes; 73 do not fit.
+  OneOp full = grouped(std::vector<int64_t>(72, 768));
+  EXPECT_EQ(LowerAndCompile(full.node).size(), 1u);
+  OneOp over = grouped(std::vector<int64_t>(73, 768));
+  absl::StatusOr<LoweredNode> refused = LowerCompositeNode(*over.node, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("73 parameter groups take 4120 bytes of kernel parameters, over 4096"),
+            std::string::npos)
+      << refused.status();
 }
 
 TEST(CompositeKernelsTest, Gather) {

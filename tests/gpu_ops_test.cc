@@ -461,6 +461,32 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}, {0.25, 1}}});
   }
+  // A grouped update (group-optimizer-updates'): one launch for groups on the scalar path,
+  // 16-byte accesses, a strided one and a tiny one, blocks split among them by size.
+  // And donated, as the training step returns them: result 3i+j written in place over group
+  // i's p, m or v (operand 4i+{0,2,3}).
+  for (bool donated : {false, true}) {
+    cases.push_back({donated ? "adamw_update_grouped_in_place" : "adamw_update_grouped", kSums,
+                     [donated](Builder& b) -> absl::Status {
+                       std::vector<TensorType> types;
+                       for (int64_t n : {int64_t{1001}, int64_t{64 * 48}, (int64_t{1} << 22) + 4, int64_t{3}}) {
+                         types.insert(types.end(), 4, TensorType{f32, {n}});
+                       }
+                       types.insert(types.end(), 4, TensorType{f32, {}});
+                       std::vector<Node*> p = Params(b, types);
+                       absl::StatusOr<std::vector<Node*>> outs = b.MultiResultOp(
+                           Opcode::kAdamWUpdate, p, AttrMap{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}});
+                       if (!outs.ok()) return outs.status();
+                       std::vector<int64_t> aliases;
+                       for (int64_t r = 0; donated && r < static_cast<int64_t>(outs->size()); ++r) {
+                         aliases.push_back(4 * (r / 3) + std::vector<int64_t>{0, 2, 3}[r % 3]);
+                       }
+                       return b.Return(*outs, aliases);
+                     },
+                     {{-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {-2, 2}, {-2, 2}, {-1, 1}, {0, 1},
+                      {-2, 2}, {-2, 2}, {-1, 1}, {0, 1}, {-2, 2}, {-2, 2}, {-1, 1}, {0, 1},
+                      {1e-3, 1e-2}, {0.99, 1}, {0.1, 1}, {0.25, 1}}});
+  }
   // The global gradient norm's square over operands of every path: scalar tails (1001, 15),
   // whole chunks (2 x 16384) and many blocks ((1 << 20) + 3), f32 and bf16.
   for (DType dtype : {f32, bf16}) {

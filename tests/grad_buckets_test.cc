@@ -205,7 +205,7 @@ TEST(GradBuckets, RejectsABadCapAndAStepWithoutItsUpdates) {
   more.num_params += 1;
   plan = PlanGradBuckets(*c.step, more);
   ASSERT_FALSE(plan.ok());
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "adamw_update nodes for")) << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "adamw_update parameter groups for")) << plan.status();
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
   EXPECT_THAT(error(in, attr("beta2", 1.0)), ::testing::HasSubstr("beta2=1 must be in [0, 1)"));
   absl::StatusOr<Node*> single = b.Op(Opcode::kAdamWUpdate, in, attrs);
   ASSERT_FALSE(single.ok());
-  EXPECT_THAT(single.status().message(), ::testing::HasSubstr("has 3 results: build it with Builder::MultiResultOp"));
+  EXPECT_THAT(single.status().message(), ::testing::HasSubstr("has 3 results here: build it with Builder::MultiResultOp"));
   EXPECT_THAT(error(in, attr("eps", -1.0)), ::testing::HasSubstr("eps=-1 must be finite and >= 0"));
 }
 

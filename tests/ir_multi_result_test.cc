@@ -91,7 +91,7 @@ TEST(MultiResult, ParserSaysWhatIsWrongWithALine) {
   };
   EXPECT_THAT(ParseError(with_line("  %p2, %m2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) "
                                    "{beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4])")),
-              HasSubstr("adamw_update has 3 result(s), but 2 name(s) are written"));
+              HasSubstr("written type (f32[4], f32[4]) but operands give (f32[4], f32[4], f32[4])"));
   EXPECT_THAT(ParseError(with_line("  %p2, %p2, %v2 = adamw_update(%p, %g, %m, %v, %lr, %decay, %bc2, %bc2) "
                                    "{beta1=0.9, beta2=0.95, eps=1e-08} : (f32[4], f32[4], f32[4])")),
               HasSubstr("duplicate name %p2 on one line"));

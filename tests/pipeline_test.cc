@@ -142,14 +142,15 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   // itself finishes, then the final dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing,
   // narrow-activations-bf16, fuse-residual-norm and merge-sibling-gemms (no gemms or norms
   // here: dumped unchanged), then fusion makes its fusion nodes, and rematerialize (nothing
-  // to recompute here: dumped unchanged).
+  // to recompute here: dumped unchanged), then group-optimizer-updates (no optimizer here:
+  // dumped unchanged).
   const std::vector<std::string> expected = {
       "000-input.kir",          "001-after-canonicalize.kir", "002-after-cse.kir",
       "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
       "006-after-dce.kir",      "007-after-simplify.kir",     "008-after-dce.kir",
       "009-after-lower-gemm.kir", "010-after-gemm-bias-epilogue.kir", "011-after-elide-grad-zeroing.kir",
       "012-after-narrow-activations-bf16.kir", "013-after-fuse-residual-norm.kir", "014-after-merge-sibling-gemms.kir",
-      "015-after-fuse-loops.kir", "016-after-rematerialize.kir"};
+      "015-after-fuse-loops.kir", "016-after-rematerialize.kir", "017-after-group-optimizer-updates.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -203,7 +204,7 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   EXPECT_EQ(report.status().message(),
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
             "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, fuse-residual-norm, "
-            "merge-sibling-gemms, fuse-loops, rematerialize");
+            "merge-sibling-gemms, fuse-loops, rematerialize, group-optimizer-updates");
 }
 
 TEST(Pipeline, ABadDumpRegexIsAnErrorInKilnsWordsEvenWithoutADumpFolder) {

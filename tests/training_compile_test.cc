@@ -82,7 +82,7 @@ TEST(TrainingCompile, ADisabledPassReachesWhicheverPipelineHasIt) {
   EXPECT_EQ(bad.status().message(),
             "cannot disable unknown pass 'nope'; pipeline forward has: select-flash-attention, dce; pipeline default "
             "has: simplify, canonicalize, cse, dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, "
-            "fuse-residual-norm, merge-sibling-gemms, fuse-loops, rematerialize");
+            "fuse-residual-norm, merge-sibling-gemms, fuse-loops, rematerialize, group-optimizer-updates");
 }
 
 TEST(TrainingCompile, DumpsAreNumberedOnceInTheOrderThingsRan) {
@@ -109,7 +109,7 @@ TEST(TrainingCompile, DumpsAreNumberedOnceInTheOrderThingsRan) {
   EXPECT_EQ(files[2], "002-after-dce.kir");
   EXPECT_EQ(files[3], "003-after-build-training-step.kir");
   EXPECT_EQ(files[4], "004-after-canonicalize.kir");
-  EXPECT_EQ(files.back(), absl::StrFormat("%03d-after-rematerialize.kir", files.size() - 1));
+  EXPECT_EQ(files.back(), absl::StrFormat("%03d-after-group-optimizer-updates.kir", files.size() - 1));
   std::filesystem::remove_all(dir);
 }
 

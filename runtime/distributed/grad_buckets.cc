@@ -70,24 +70,28 @@ absl::StatusOr<GradBucketPlan> PlanGradBuckets(const Function& step, const Train
   absl::flat_hash_set<int64_t> params_seen;
   for (const auto& node : step.nodes()) {
     if (node->opcode() != Opcode::kAdamWUpdate) continue;
-    const Node* param = node->operand(0);
-    absl::StatusOr<int64_t> index = param->attrs().GetInt("index");
-    if (param->opcode() != Opcode::kParameter || !index.ok() || *index < layout.first_param() ||
-        *index >= layout.first_param() + layout.num_params) {
-      return absl::FailedPreconditionError(absl::StrCat("gradient buckets: @", step.name(), "'s adamw_update %",
-                                                        node->name(), " does not update a trainable parameter"));
+    // One parameter per group (group-optimizer-updates' nodes have several): p is operand
+    // 4i, its gradient 4i + 1.
+    for (int group = 0; group < node->num_results() / 3; ++group) {
+      const Node* param = node->operand(4 * group);
+      absl::StatusOr<int64_t> index = param->attrs().GetInt("index");
+      if (param->opcode() != Opcode::kParameter || !index.ok() || *index < layout.first_param() ||
+          *index >= layout.first_param() + layout.num_params) {
+        return absl::FailedPreconditionError(absl::StrCat("gradient buckets: @", step.name(), "'s adamw_update %",
+                                                          node->name(), " does not update a trainable parameter"));
+      }
+      if (!params_seen.insert(*index).second) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("gradient buckets: %", param->name(), " has more than one adamw_update in @", step.name()));
+      }
+      absl::StatusOr<const Node*> gradient = UnclippedGradient(node->operand(4 * group + 1), *param);
+      if (!gradient.ok()) return gradient.status();
+      slots.push_back({*index, param->name(), *gradient, position.at(*gradient), (*gradient)->type().num_bytes()});
     }
-    if (!params_seen.insert(*index).second) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("gradient buckets: %", param->name(), " has more than one adamw_update in @", step.name()));
-    }
-    absl::StatusOr<const Node*> gradient = UnclippedGradient(node->operand(1), *param);
-    if (!gradient.ok()) return gradient.status();
-    slots.push_back({*index, param->name(), *gradient, position.at(*gradient), (*gradient)->type().num_bytes()});
   }
   if (static_cast<int64_t>(slots.size()) != layout.num_params) {
     return absl::FailedPreconditionError(absl::StrCat("gradient buckets: @", step.name(), " has ", slots.size(),
-                                                      " adamw_update nodes for ", layout.num_params,
+                                                      " adamw_update parameter groups for ", layout.num_params,
                                                       " trainable parameters"));
   }
   // Production order; ties (one node computing two gradients cannot happen, but keep it

@@ -8,7 +8,8 @@
 // bucket of its own. A bucket is ready after the last of its gradients is computed.
 //
 // The plan reads the training step as the default pipeline leaves it (passes/training_step.h):
-// each parameter's adamw_update takes its gradient as operand 1; with clipping on, that
+// each parameter's adamw_update group takes its gradient as operand 4i + 1 (group i of a
+// grouped node; operand 1 of a one-parameter node); with clipping on, that
 // operand is the clipped gradient (grad_clip scope), and the gradient to all-reduce is the
 // raw one the clip reads: ranks must sum gradients before the global norm is taken, or each
 // rank would clip by its own norm. "Produced" means the position in the step's node order,
