@@ -255,6 +255,15 @@ std::vector<FdCase> AllCases() {
       {"rope_inverse",
        {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
        [](Builder& b, P p) { return b.Rope(p[0], p[1], 10000.0, /*inverse=*/true); }},
+      {"rope_table_scaling",  // expand-rope's table has no operand to differentiate (positions are
+                              // integers); x times its broadcast covers it
+       {{F32({2, 3, 2, 4})}, {I32({3}), 0, 50}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         ASSIGN_OR_RETURN(Node * table, b.Op(Opcode::kRopeTable, {p[1]},
+                                             AttrMap{{"theta", 10000.0}, {"head_dim", int64_t{4}}, {"inverse", int64_t{0}}}));
+         ASSIGN_OR_RETURN(Node * wide, b.Broadcast(table, {1, 3}, {2, 3, 2, 4}));
+         return b.Mul(p[0], wide);
+       }},
       {"adamw_update_feeding_compare",
        {{F32(kShape)}, {F32(kShape)}, {F32(kShape)}, {F32(kShape), 0.25, 1}},
        [](Builder& b, P p) -> absl::StatusOr<Node*> {

@@ -354,6 +354,16 @@ absl::StatusOr<Node*> GraphGenerator::CrossEntropyStep() {
 absl::StatusOr<Node*> GraphGenerator::RopeStep() {
   Node* x = Pick([&](const Node* n) { return n->type() == rope_x_->type(); });
   if (x->type() != rope_x_->type()) x = rope_x_;
+  if (Uniform(4) == 0) {  // x scaled by its positions' cos/sin table (expand-rope's rope_table)
+    const std::vector<int64_t>& dims = x->type().dims;
+    ASSIGN_OR_RETURN(Node * table, b_.Op(Opcode::kRopeTable, {positions_},
+                                         AttrMap{{"theta", 10000.0}, {"head_dim", dims[3]}, {"inverse", int64_t{Coin()}}}));
+    ASSIGN_OR_RETURN(Node * wide, b_.Broadcast(table, {1, 3}, dims));
+    if (wide->type().dtype != x->type().dtype) {
+      ASSIGN_OR_RETURN(wide, b_.Convert(wide, x->type().dtype));
+    }
+    return b_.Mul(x, wide);
+  }
   return b_.Rope(x, positions_, 10000.0, /*inverse=*/Coin());
 }
 
