@@ -100,12 +100,11 @@ std::string RowArgs(int64_t rows, int64_t length, const RowGeometry& g);
 // The input-gradient norms {weight_grad=1} (rms_norm's and layer_norm's): the row kernel
 // over `g`'s rows in fewer blocks, each summing a partial row of the weight gradient (and
 // layer_norm's bias gradient) for a fold kernel to add in block order. About this many
-// threads per SM (32 warps: at 16, llama-S's and GPT-2's [16384, 768] ran at 2.6-3.5 TB/s,
-// a warp's row loads too few to hide the latency; [16384, 768]: 512 blocks of 8 rows x 4
-// groups), at most this many partial rows; the fold runs 32 columns x 8 groups of partial
-// rows per block.
-inline constexpr int64_t kWeightGradThreadsPerSm = 1024;
-inline constexpr int64_t kMaxWeightGradPartials = 1024;
+// threads per SM (16 warps, the rows' loads keep the memory busy; llama-S's [16384, 768]: 256
+// blocks of 8 rows x 8 groups), at most this many partial rows; the fold runs 32 columns x 8
+// groups of partial rows per block.
+inline constexpr int64_t kWeightGradThreadsPerSm = 512;
+inline constexpr int64_t kMaxWeightGradPartials = 512;
 inline constexpr int kWeightGradFoldThreads = 256;
 
 // {weight_grad=1}?
