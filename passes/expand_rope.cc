@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/node_predicates.h"
+#include "ir/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -18,7 +19,7 @@ class Expander {
  public:
   explicit Expander(Function& f) : f_(f) {}
 
-  absl::StatusOr<bool> Expand(Node* rope) {
+  absl::Status Expand(Node* rope) {
     ASSIGN_OR_RETURN(double theta, rope->attrs().GetFloat("theta"));
     ASSIGN_OR_RETURN(int64_t inverse, rope->attrs().GetInt("inverse"));
     Node* x = rope->operand(0);
@@ -52,7 +53,7 @@ class Expander {
     const std::string name = rope->name();
     f_.RemoveNode(rope);
     f_.RenameNode(out, name);
-    return true;
+    return absl::OkStatus();
   }
 
  private:
@@ -98,10 +99,7 @@ absl::StatusOr<bool> ExpandRopePass::RunOnFunction(Function& function) {
     if (n->opcode() == Opcode::kRope) ropes.push_back(n.get());
   }
   Expander expander(function);
-  for (Node* rope : ropes) {
-    ASSIGN_OR_RETURN(bool expanded, expander.Expand(rope));
-    (void)expanded;
-  }
+  for (Node* rope : ropes) RETURN_IF_ERROR(expander.Expand(rope));
   return !ropes.empty();
 }
 
