@@ -4,14 +4,18 @@
 //   fwd mma.sync  the mma.sync forward (kernels/flash_attention.cuh), lowered for a target
 //                 without wgmma, compiled for the device all the same
 //   fwd+bwd       the wgmma forward, then attention_delta and attention_grad's dq and dk/dv
-//                 kernels (what a training step on the H200 runs)
+//                 kernels on wgmma (what a training step on the H200 runs)
+//   fwd+bwd mma.sync   the same with the mma.sync backward (codegen's choice for a target
+//                 without wgmma), so the two backwards compare in one run
 // on the shapes of DESIGN.md's attention bar (causal, GQA):
 //   S  B16 H12 KV4 T1024 D64     M  B4 H16 KV8 T2048 D128     L  B2 H16 KV8 T4096 D128
 // Each row: median, min and max ms over the timed launches (CUDA events around each launch,
 // after warm-up), TFLOP/s of the median (causal forward 4·B·H·T²·D / 2, fwd+bwd 3.5 times
 // that), and the max |error| of O: against a double-precision evaluation of the attention
 // op's definition (ir/op_table.h) on sampled query rows, and against the other forward on
-// every element. One JSON object a line on stdout (bench/run_attention_h200.sh merges them
+// every element; for the backwards, the largest |dq, dk, dv (wgmma) - (mma.sync)| over the
+// largest |gradient| (the same products and roundings, in another fp32 accumulation order,
+// so about 1e-6). One JSON object a line on stdout (bench/run_attention_h200.sh merges them
 // with bench/attention_torch.py's), a readable table on stderr.
 //
 //   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64] [--max-error 2e-3]
@@ -32,6 +36,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -230,10 +235,11 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   if (!wgmma.ok()) return wgmma.status();
   if (!mma.ok()) return mma.status();
   absl::StatusOr<Loaded> delta = Load(hopper->delta[0], device), dq = Load(hopper->grad[0], device),
-                         dkdv = Load(hopper->grad[1], device);
-  if (!delta.ok()) return delta.status();
-  if (!dq.ok()) return dq.status();
-  if (!dkdv.ok()) return dkdv.status();
+                         dkdv = Load(hopper->grad[1], device), dq_mma = Load(ampere->grad[0], device),
+                         dkdv_mma = Load(ampere->grad[1], device);
+  for (const auto* l : {&delta, &dq, &dkdv, &dq_mma, &dkdv_mma}) {
+    if (!l->ok()) return l->status();
+  }
 
   const Bf16Tensor q = Random(s.q_elements(), -2, 2, 1), k = Random(s.kv_elements(), -2, 2, 2),
                    v = Random(s.kv_elements(), -1, 1, 3), dout = Random(s.q_elements(), -1, 1, 4);
@@ -253,14 +259,18 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   absl::StatusOr<void*> o_w = upload(nullptr, s.q_elements() * 4), o_m = upload(nullptr, s.q_elements() * 4),
                         lse = upload(nullptr, s.rows() * 4), lse_m = upload(nullptr, s.rows() * 4),
                         dlt = upload(nullptr, s.rows() * 4), gq = upload(nullptr, s.q_elements() * 4),
-                        gk = upload(nullptr, s.kv_elements() * 4), gv = upload(nullptr, s.kv_elements() * 4);
-  for (const auto* p : {&dq_in, &dk_in, &dv_in, &ddo, &o_w, &o_m, &lse, &lse_m, &dlt, &gq, &gk, &gv}) {
+                        gk = upload(nullptr, s.kv_elements() * 4), gv = upload(nullptr, s.kv_elements() * 4),
+                        mq = upload(nullptr, s.q_elements() * 4), mk = upload(nullptr, s.kv_elements() * 4),
+                        mv = upload(nullptr, s.kv_elements() * 4);
+  for (const auto* p :
+       {&dq_in, &dk_in, &dv_in, &ddo, &o_w, &o_m, &lse, &lse_m, &dlt, &gq, &gk, &gv, &mq, &mk, &mv}) {
     if (!p->ok()) return p->status();
   }
   const std::vector<void*> fwd_w = {*o_w, *lse, *dq_in, *dk_in, *dv_in};
   const std::vector<void*> fwd_m = {*o_m, *lse_m, *dq_in, *dk_in, *dv_in};
   const std::vector<void*> delta_args = {*dlt, *o_w, *ddo};
   const std::vector<void*> dq_args = {*gq, *gk, *gv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
+  const std::vector<void*> mma_args = {*mq, *mk, *mv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
 
   absl::StatusOr<Timing> t_w = Time({{&*wgmma, fwd_w}}, device, opt.warmup, opt.iters);
   absl::StatusOr<Timing> t_m = Time({{&*mma, fwd_m}}, device, opt.warmup, opt.iters);
@@ -274,6 +284,26 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
                                       {&*dkdv, dq_args}},
                                      device, opt.warmup, opt.iters);
   if (!t_fb.ok()) return t_fb.status();
+  absl::StatusOr<Timing> t_fb_mma = Time({{&*wgmma, fwd_w},
+                                          {&*delta, delta_args},
+                                          {&*dq_mma, mma_args},
+                                          {&*dkdv_mma, mma_args}},
+                                         device, opt.warmup, opt.iters);
+  if (!t_fb_mma.ok()) return t_fb_mma.status();
+  // The two backwards' gradients, from the same O, LSE and Delta.
+  double grad_diff = 0, grad_max = 0;
+  for (const auto& [w, m, n] : {std::tuple{*gq, *mq, s.q_elements()}, std::tuple{*gk, *mk, s.kv_elements()},
+                                std::tuple{*gv, *mv, s.kv_elements()}}) {
+    std::vector<float> a(n), b(n);
+    cudaMemcpy(a.data(), w, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(b.data(), m, n * 4, cudaMemcpyDeviceToHost);
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = std::abs(static_cast<double>(a[i]) - b[i]);
+      grad_diff = std::isnan(e) ? INFINITY : std::max(grad_diff, e);
+      grad_max = std::max(grad_max, std::abs(static_cast<double>(b[i])));
+    }
+  }
+  const double grad_rel = grad_max > 0 ? grad_diff / grad_max : INFINITY;
 
   std::vector<float> ow(s.q_elements()), om(s.q_elements());
   cudaMemcpy(ow.data(), *o_w, ow.size() * 4, cudaMemcpyDeviceToHost);
@@ -296,11 +326,16 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   }
   Report(s, "kiln fwd wgmma", *t_w, s.forward_flops(), err_w, w_vs_m, "mma.sync");
   Report(s, "kiln fwd mma.sync", *t_m, s.forward_flops(), err_m, w_vs_m, "wgmma");
-  Report(s, "kiln fwd+bwd", *t_fb, 3.5 * s.forward_flops(), err_w, w_vs_m, "mma.sync");
+  Report(s, "kiln fwd+bwd", *t_fb, 3.5 * s.forward_flops(), err_w, grad_rel, "mma.sync bwd, rel");
+  Report(s, "kiln fwd+bwd (mma.sync bwd)", *t_fb_mma, 3.5 * s.forward_flops(), err_w, grad_rel, "wgmma bwd, rel");
   // NaN compares false: written so that it fails.
   if (!(err_w <= opt.max_error && err_m <= opt.max_error && w_vs_m <= opt.max_error)) {
     return absl::InternalError(absl::StrCat("O beyond --max-error ", opt.max_error, ": wgmma vs reference ", err_w,
                                             ", mma.sync vs reference ", err_m, ", wgmma vs mma.sync ", w_vs_m));
+  }
+  if (!(grad_rel <= opt.max_error)) {
+    return absl::InternalError(absl::StrCat("the wgmma and mma.sync backwards differ by ", grad_rel,
+                                            " of the largest gradient, beyond --max-error ", opt.max_error));
   }
   return absl::OkStatus();
 }

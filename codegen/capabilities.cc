@@ -17,11 +17,11 @@ class Capabilities final : public BackendCapabilities {
     return why == nullptr ? "" : why;
   }
 
-  // The forward's kernel when T is a multiple of 128 (codegen/lower_attention.cc picks per
-  // shape); the backward is mma.sync on every target.
+  // The kernels when T is a multiple of 128 (codegen/lower_attention.cc picks per shape, and
+  // takes the mma.sync ones otherwise).
   std::string AttentionImplementation(const Target& target) const override {
     if (target.has_wgmma) {
-      return absl::StrCat("wgmma flash attention forward (kernels/flash_attention_wgmma.cuh), mma.sync backward, for ",
+      return absl::StrCat("wgmma flash attention, forward and backward (kernels/flash_attention_wgmma.cuh), for ",
                           target.arch);
     }
     return absl::StrCat("mma.sync flash attention (kernels/flash_attention.cuh) for ", target.arch);

@@ -41,10 +41,10 @@ absl::StatusOr<LoweredNode> LowerSumOfSquares(const Node& node, const CodegenOpt
 absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptions& options);
 
-// lower_attention.cc: attention (on wgmma when options.target has it, else mma.sync),
-// attention_grad and attention_delta.
+// lower_attention.cc: attention and attention_grad (on wgmma when options.target has it and
+// the shape fits its tiles, else mma.sync), and attention_delta.
 absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOptions& options);
-absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node);
+absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenOptions& options);
 
 // lower_paged_kv.cc: kv_cache_write (a copy of the pool unless it is written in place, then

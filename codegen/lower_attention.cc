@@ -1,7 +1,8 @@
 // Lowering of attention, attention_grad and attention_delta to the flash kernels of
-// kernels/flash_attention.cuh, and of attention's forward on a target with wgmma (sm_90a)
-// to kernels/flash_attention_wgmma.cuh. Both forwards compute the op's one definition
-// (ir/op_table.h) and store the same LSE, which the mma.sync backward reads.
+// kernels/flash_attention.cuh, and of attention and attention_grad on a target with wgmma
+// (sm_90a) to kernels/flash_attention_wgmma.cuh. Both forwards compute the op's one
+// definition (ir/op_table.h) and store the same LSE; both backwards read it and compute the
+// same products with the same roundings (they differ only in fp32 accumulation order).
 #include "codegen/composite_lowerings.h"
 
 #include <string>
@@ -22,6 +23,8 @@ using kernels::FlashAttentionBackwardDqLaunch;
 using kernels::FlashAttentionForwardLaunch;
 using kernels::FlashAttentionLaunch;
 using kernels::FlashAttentionUnsupportedReason;
+using kernels::FlashAttentionWgmmaBackwardDkDvLaunch;
+using kernels::FlashAttentionWgmmaBackwardDqLaunch;
 using kernels::FlashAttentionWgmmaForwardLaunch;
 using kernels::FlashAttentionWgmmaUnsupportedReason;
 
@@ -61,9 +64,9 @@ absl::StatusOr<AttentionCall> AttentionCallOf(const Node& node) {
 }  // namespace
 
 namespace {
-// Whether attention's forward runs on the wgmma kernel: the target has warpgroup MMA and
-// the shape fits its 128-query, 128-key tiles; otherwise the mma.sync kernel.
-bool UsesWgmmaForward(const AttentionCall& a, const Target& target) {
+// Whether attention (and attention_grad) runs on the wgmma kernels: the target has warpgroup
+// MMA and the shape fits their 128-row tiles; otherwise the mma.sync kernels.
+bool UsesWgmma(const AttentionCall& a, const Target& target) {
   return target.has_wgmma && FlashAttentionWgmmaUnsupportedReason(a.b, a.h, a.hkv, a.t, a.d) == nullptr;
 }
 }  // namespace
@@ -72,7 +75,7 @@ bool UsesWgmmaForward(const AttentionCall& a, const Target& target) {
 // no backward reads it).
 absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
-  const bool wgmma = UsesWgmmaForward(a, options.target);
+  const bool wgmma = UsesWgmma(a, options.target);
   const FlashAttentionLaunch launch =
       wgmma ? FlashAttentionWgmmaForwardLaunch(a.b, a.h, a.t, a.d) : FlashAttentionForwardLaunch(a.b, a.h, a.t, a.d);
   Wrapper w;
@@ -88,31 +91,36 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOption
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 
-// attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv.
-absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node) {
+// attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv, on wgmma
+// where the forward is (UsesWgmma).
+absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
   const int64_t b = a.b, h = a.h, hkv = a.hkv, t = a.t, d = a.d;
-  const double scale = a.scale;
+  const bool wgmma = UsesWgmma(a, options.target);
   const std::string shape = absl::StrCat(b, ", ", h, ", ", hkv, ", ", t, ", ", d);
-  const std::string operands = "q, k, v, dout, lse, delta";
+  const std::string arguments = absl::StrCat("q, k, v, dout, lse, delta, ", FloatLiteral(a.scale), ")");
+  const char* on = wgmma ? " on wgmma (a producer and two consumer warpgroups)" : " on mma.sync";
   Wrapper w;
-  w.header = "flash_attention";
+  w.header = wgmma ? "flash_attention_wgmma" : "flash_attention";
   w.outputs = {"float* dq", "float* dk", "float* dv"};
   w.params = {Param(DType::kBF16, "q"),    Param(DType::kBF16, "k"),   Param(DType::kBF16, "v"),
               Param(DType::kBF16, "dout"), Param(DType::kF32, "lse"), Param(DType::kF32, "delta")};
 
-  const FlashAttentionLaunch dq_launch = FlashAttentionBackwardDqLaunch(b, h, t, d);
-  w.comment = absl::StrCat("flash attention dq, ", dq_launch.block_m, " queries per block, key tiles of ",
+  const FlashAttentionLaunch dq_launch =
+      wgmma ? FlashAttentionWgmmaBackwardDqLaunch(b, h, t, d) : FlashAttentionBackwardDqLaunch(b, h, t, d);
+  w.comment = absl::StrCat("flash attention dq", on, ", ", dq_launch.block_m, " queries per block, key tiles of ",
                            dq_launch.block_n);
-  w.call = absl::StrCat("FlashAttentionBackwardDq<__nv_bfloat16, float, ", shape, ">(dq, ", operands, ", ",
-                        FloatLiteral(scale), ")");
+  w.call = absl::StrCat(wgmma ? "FlashAttentionWgmmaBackwardDq<float, " : "FlashAttentionBackwardDq<__nv_bfloat16, float, ",
+                        shape, ">(dq, ", arguments);
   KernelSpec dq = EmitFlash(node, codegen::KernelName(node) + "_dq", w, dq_launch);
 
-  const FlashAttentionLaunch dkdv_launch = FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
-  w.comment = absl::StrCat("flash attention dk and dv, ", dkdv_launch.block_m, " keys per block, query tiles of ",
-                           dkdv_launch.block_n);
-  w.call = absl::StrCat("FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", shape, ">(dk, dv, ", operands, ", ",
-                        FloatLiteral(scale), ")");
+  const FlashAttentionLaunch dkdv_launch =
+      wgmma ? FlashAttentionWgmmaBackwardDkDvLaunch(b, hkv, t, d) : FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+  w.comment = absl::StrCat("flash attention dk and dv", on, ", ", dkdv_launch.block_n,
+                           " keys per block, query tiles of ", dkdv_launch.block_m);
+  w.call = absl::StrCat(
+      wgmma ? "FlashAttentionWgmmaBackwardDkDv<float, " : "FlashAttentionBackwardDkDv<__nv_bfloat16, float, ", shape,
+      ">(dk, dv, ", arguments);
   KernelSpec dkdv = EmitFlash(node, codegen::KernelName(node) + "_dkdv", w, dkdv_launch);
   return Kernels({std::move(dq), std::move(dkdv)});
 }

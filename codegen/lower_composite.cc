@@ -64,7 +64,7 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
     case Opcode::kAttention:
       return composite::LowerAttention(node, options);
     case Opcode::kAttentionGrad:
-      return composite::LowerAttentionGrad(node);
+      return composite::LowerAttentionGrad(node, options);
     case Opcode::kAttentionDelta:
       return composite::LowerAttentionDelta(node, options);
     case Opcode::kKvCacheWrite:

@@ -62,6 +62,13 @@ constexpr unsigned kBlockThreads = 128 * (1 + kConsumers);
 KILN_FLASH_ATTENTION_HD constexpr int Stages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
 constexpr unsigned kBarrierBytes = 128;
 constexpr unsigned kAlignSlack = 1024;
+// The backward (FlashAttentionWgmmaBackwardDq, FlashAttentionWgmmaBackwardDkDv): dq blocks
+// are the forward's 128 queries (64 per consumer) walking key tiles of 64; dk/dv blocks hold
+// 128 keys (64 per consumer) and walk query tiles of 64.
+constexpr int kDqKeyTile = 64;
+constexpr int kDkDvQueryTile = 64;
+KILN_FLASH_ATTENTION_HD constexpr int DqStages(long long head_dim) { return head_dim <= 64 ? 4 : 3; }
+KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
 }  // namespace flash_attention_wgmma
 
 // Why the wgmma kernel cannot take this shape, or nullptr (the mma.sync kernel may still).
@@ -87,6 +94,42 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwar
   l.shared_bytes = static_cast<unsigned>((l.block_m + 2 * fw::Stages(head_dim) * l.block_n) * head_dim *
                                              flash_attention::kBf16Bytes +
                                          fw::kBarrierBytes + fw::kAlignSlack);
+  return l;
+}
+
+// dq on wgmma: one block per (128 queries, batch * head); shared memory holds the q and dO
+// tiles of the block and kStages (k, v) pairs of 64-key tiles.
+KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwardDqLaunch(long long batch,
+                                                                                          long long heads,
+                                                                                          long long seq_len,
+                                                                                          long long head_dim) {
+  namespace fw = flash_attention_wgmma;
+  FlashAttentionLaunch l;
+  l.block_m = fw::kBlockM;
+  l.block_n = fw::kDqKeyTile;
+  l.block_threads = fw::kBlockThreads;
+  l.grid_x = static_cast<unsigned>(seq_len / l.block_m * batch * heads);
+  l.shared_bytes = static_cast<unsigned>((2 * l.block_m + 2 * fw::DqStages(head_dim) * l.block_n) * head_dim *
+                                             flash_attention::kBf16Bytes +
+                                         fw::kBarrierBytes + fw::kAlignSlack);
+  return l;
+}
+
+// dk and dv on wgmma: one block per (128 keys, batch * kv head); shared memory holds the k and
+// v tiles of the block and kStages (q, dO) pairs of 64-query tiles with their LSE and Delta.
+KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwardDkDvLaunch(long long batch,
+                                                                                            long long kv_heads,
+                                                                                            long long seq_len,
+                                                                                            long long head_dim) {
+  namespace fw = flash_attention_wgmma;
+  FlashAttentionLaunch l;
+  l.block_m = fw::kDkDvQueryTile;
+  l.block_n = fw::kBlockM;  // keys: 64 per consumer
+  l.block_threads = fw::kBlockThreads;
+  l.grid_x = static_cast<unsigned>(seq_len / l.block_n * batch * kv_heads);
+  l.shared_bytes = static_cast<unsigned>(
+      (2 * l.block_n + 2 * fw::DkDvStages(head_dim) * l.block_m) * head_dim * flash_attention::kBf16Bytes +
+      2 * fw::DkDvStages(head_dim) * l.block_m * sizeof(float) + fw::kBarrierBytes + fw::kAlignSlack);
   return l;
 }
 
@@ -470,6 +513,309 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   if (o != nullptr) {
     fa::StoreAccumulator<kD>(o + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_o);
   }
+}
+
+
+// dq of attention(q, k, v) on wgmma, given dout (bf16), lse (forward) and delta: the same
+// products and roundings as FlashAttentionBackwardDq (kernels/flash_attention.cuh's top
+// comment), on the forward's block (a producer and two consumer warpgroups of 64 query rows).
+// Per 64-key tile, a consumer computes S = q kᵀ and dP = dO vᵀ with both operands in shared
+// memory, dS = P (dP - Delta) scale in registers, and dq += bf16(dS) k with dS as wgmma's
+// register A operand and k read N-major. Consumer 0's rows end 64 keys before consumer 1's,
+// so it frees the block's last key tile without computing on it. Launch:
+// FlashAttentionWgmmaBackwardDqLaunch; the wrapper declares __launch_bounds__(384).
+template <typename TDQ, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ dq, const __nv_bfloat16* __restrict__ q,
+                                                              const __nv_bfloat16* __restrict__ k,
+                                                              const __nv_bfloat16* __restrict__ v,
+                                                              const __nv_bfloat16* __restrict__ dout,
+                                                              const float* __restrict__ lse,
+                                                              const float* __restrict__ delta, float scale) {
+  namespace fa = flash_attention;
+  namespace fw = flash_attention_wgmma;
+  using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
+  static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
+  constexpr int kM = fw::kBlockM, kN = fw::kDqKeyTile, kD = kHeadDim;
+  constexpr int kStages = fw::DqStages(kD);
+  constexpr int kBH = kBatch * kHeads;
+  constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
+
+  const int bh = blockIdx.x % kBH;
+  const int query_block = kSeqLen / kM - 1 - static_cast<int>(blockIdx.x / kBH);  // heaviest first
+  const int kv_head = (bh / kHeads) * kKvHeads + (bh % kHeads) / Shape::kGroup;
+  const int q0 = query_block * kM;
+  const int key_tiles = (q0 + kM) / kN;  // the tiles at or before the block's last query
+  const long long row_base = static_cast<long long>(bh) * kSeqLen;
+  const __nv_bfloat16* k_head = k + static_cast<long long>(kv_head) * kSeqLen * kD;
+  const __nv_bfloat16* v_head = v + static_cast<long long>(kv_head) * kSeqLen * kD;
+
+  const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
+  const unsigned do_tile = q_tile + kM * kD * fa::kBf16Bytes;
+  const unsigned k_tiles = do_tile + kM * kD * fa::kBf16Bytes;
+  const unsigned v_tiles = k_tiles + kStages * kTileBytes;
+  const unsigned qdo_full = v_tiles + kStages * kTileBytes;  // the q and dO tiles landed
+  const unsigned full = qdo_full + 8;                          // [kStages]
+  const unsigned empty = full + 8 * kStages;                   // [kStages]
+  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+
+  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    fw::BarrierInit(qdo_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      fw::BarrierInit(full + 8 * s, 128);
+      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
+    }
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // Producer, as the forward's (its comment on the order of publishing holds here too).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
+    fw::LoadTile<kM, kD>(do_tile, dout + (row_base + q0) * kD, t);
+    fa::CpAsyncCommit();
+    for (int j = 0; j < key_tiles; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) fw::BarrierWait(empty + 8 * s, (j / kStages - 1) & 1);
+      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, k_head + static_cast<long long>(j) * kN * kD, t);
+      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, v_head + static_cast<long long>(j) * kN * kD, t);
+      fa::CpAsyncCommit();
+      fw::CpAsyncWait<1>();
+      fw::FenceProxyAsync();
+      fw::BarrierArrive(j == 0 ? qdo_full : full + 8 * ((j - 1) % kStages));
+    }
+    fw::CpAsyncWait<0>();
+    fw::FenceProxyAsync();
+    fw::BarrierArrive(full + 8 * ((key_tiles - 1) % kStages));
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+  const int c = warpgroup - 1;
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);  // and row + 8
+  const int col = (lane & 3) * 2;
+  const int my_tiles = (q0 + (c + 1) * fw::kRowsPerConsumer) / kN;  // the last one is this consumer's diagonal
+  const float scale_log2 = scale * fa::kLog2e;
+  float lse2[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = lse[row_base + row + r * 8] * fa::kLog2e;
+    row_delta[r] = delta[row_base + row + r * 8];
+  }
+  float acc_dq[kD / 8][4];
+  fa::Zero(acc_dq);
+
+  fw::BarrierWait(qdo_full, 0);
+  for (int j = 0; j < key_tiles; ++j) {
+    const int s = j % kStages;
+    fw::BarrierWait(full + 8 * s, (j / kStages) & 1);
+    if (j < my_tiles) {
+      const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
+      float acc_s[kN / 8][4], acc_dp[kN / 8][4];
+      fw::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        fw::WgmmaSS<kN>(acc_s, fw::KMajor<kM>(q_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kN>(k_tile, 0, kk),
+                        kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        fw::WgmmaSS<kN>(acc_dp, fw::KMajor<kM>(do_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kN>(v_tile, 0, kk),
+                        kk > 0);
+      }
+      fw::WgmmaCommit();
+      fw::WgmmaWaitAll();
+      fw::Pin(acc_s);
+      fw::Pin(acc_dp);
+      const bool diagonal = j == my_tiles - 1;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float p = fa::Probability(acc_s[n][e], scale_log2, lse2[r]);
+          if (diagonal && j * kN + n * 8 + col + (e & 1) > row + r * 8) p = 0.f;
+          acc_s[n][e] = p * (acc_dp[n][e] - row_delta[r]) * scale;  // dS
+        }
+      }
+      unsigned dsa[kN / 16][4];
+      fa::AccumulatorToA<kN>(dsa, acc_s);
+      fw::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_dq, dsa[kk], fw::NMajor<kN>(k_tile, kk));
+      fw::WgmmaCommit();
+      fw::WgmmaWaitAll();
+      fw::Pin(acc_dq);
+    }
+    __syncwarp();
+    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+  }
+  fa::StoreAccumulator<kD>(dq + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_dq);
+}
+
+// dk and dv of attention(q, k, v) on wgmma, each summed over the query heads that share the kv
+// head: the same products and roundings as FlashAttentionBackwardDkDv. A block holds 128 keys
+// (consumer c the 64 from k0 + 64c, its k and v rows the A operands of Sᵀ = k qᵀ and dPᵀ = v dOᵀ
+// in shared memory) and walks, in order, each query head of the group and each 64-query tile at
+// or after k0; the producer streams the q and dO tiles with their rows' LSE and Delta. Pᵀ and
+// dSᵀ = Pᵀ (dPᵀ - Delta) scale become the register A operands of dv += bf16(Pᵀ) dO and
+// dk += bf16(dSᵀ) q, with dO and q read N-major. Launch: FlashAttentionWgmmaBackwardDkDvLaunch;
+// the wrapper declares __launch_bounds__(384). A consumer holds dk, dv, Sᵀ and dPᵀ at once
+// (224 registers at D 128), so the producer keeps 40 (at 24 it spills) and the consumers get 232
+// (128 * 40 + 256 * 232 <= 65536).
+template <typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict__ dk, TDKV* __restrict__ dv,
+                                                                const __nv_bfloat16* __restrict__ q,
+                                                                const __nv_bfloat16* __restrict__ k,
+                                                                const __nv_bfloat16* __restrict__ v,
+                                                                const __nv_bfloat16* __restrict__ dout,
+                                                                const float* __restrict__ lse,
+                                                                const float* __restrict__ delta, float scale) {
+  namespace fa = flash_attention;
+  namespace fw = flash_attention_wgmma;
+  using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
+  static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
+  constexpr int kN = fw::kBlockM, kM = fw::kDkDvQueryTile, kD = kHeadDim;
+  constexpr int kStages = fw::DkDvStages(kD);
+  constexpr int kBKv = kBatch * kKvHeads;
+  constexpr int kGroup = Shape::kGroup;
+  constexpr unsigned kTileBytes = kM * kD * fa::kBf16Bytes;
+
+  const int bkv = blockIdx.x % kBKv;
+  const int key_block = static_cast<int>(blockIdx.x / kBKv);  // heaviest (most queries after it) first
+  const int batch = bkv / kKvHeads, kv_head = bkv % kKvHeads;
+  const int k0 = key_block * kN;
+  const long long kv_base = static_cast<long long>(bkv) * kSeqLen;
+  const int first_tile = k0 / kM;
+  const int tiles_per_head = kSeqLen / kM - first_tile;
+  const int stages = kGroup * tiles_per_head;
+
+  const unsigned k_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
+  const unsigned v_tile = k_tile + kN * kD * fa::kBf16Bytes;
+  const unsigned q_tiles = v_tile + kN * kD * fa::kBf16Bytes;  // [kStages]
+  const unsigned do_tiles = q_tiles + kStages * kTileBytes;      // [kStages]
+  const unsigned lse_tiles = do_tiles + kStages * kTileBytes;    // [kStages][kM] floats
+  const unsigned delta_tiles = lse_tiles + kStages * kM * 4;     // [kStages][kM] floats
+  const unsigned kv_full = delta_tiles + kStages * kM * 4;       // the k and v tiles landed
+  const unsigned full = kv_full + 8;                              // [kStages]
+  const unsigned empty = full + 8 * kStages;                      // [kStages]
+  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+
+  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    fw::BarrierInit(kv_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      fw::BarrierInit(full + 8 * s, 128);
+      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
+    }
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    fw::LoadTile<kN, kD>(k_tile, k + (kv_base + k0) * kD, t);
+    fw::LoadTile<kN, kD>(v_tile, v + (kv_base + k0) * kD, t);
+    fa::CpAsyncCommit();
+    for (int stage = 0; stage < stages; ++stage) {
+      const int s = stage % kStages;
+      if (stage >= kStages) fw::BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
+      const int head = kv_head * kGroup + stage / tiles_per_head;
+      const int q0 = (first_tile + stage % tiles_per_head) * kM;
+      const long long row = (static_cast<long long>(batch) * kHeads + head) * kSeqLen + q0;
+      fw::LoadTile<kM, kD>(q_tiles + s * kTileBytes, q + row * kD, t);
+      fw::LoadTile<kM, kD>(do_tiles + s * kTileBytes, dout + row * kD, t);
+      // The rows' LSE and Delta: 16-byte chunks by the first 2 * kM / 4 threads.
+      if (t < kM / 4) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(lse_tiles + s * kM * 4 + t * 16),
+                     "l"(lse + row + t * 4));
+      } else if (t < kM / 2) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(delta_tiles + s * kM * 4 + (t - kM / 4) * 16),
+                     "l"(delta + row + (t - kM / 4) * 4));
+      }
+      fa::CpAsyncCommit();
+      fw::CpAsyncWait<1>();
+      fw::FenceProxyAsync();
+      fw::BarrierArrive(stage == 0 ? kv_full : full + 8 * ((stage - 1) % kStages));
+    }
+    fw::CpAsyncWait<0>();
+    fw::FenceProxyAsync();
+    fw::BarrierArrive(full + 8 * ((stages - 1) % kStages));
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = warpgroup - 1;
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int key_c0 = k0 + c * fw::kRowsPerConsumer;      // this consumer's first key
+  const int key = key_c0 + warp * 16 + (lane >> 2);      // this thread's keys: key and key + 8
+  const int col = (lane & 3) * 2;                        // its queries: q0 + 8n + col (+1)
+  const float scale_log2 = scale * fa::kLog2e;
+  const float* lse_shared = reinterpret_cast<const float*>(fa::SharedTiles()) +
+                            (lse_tiles - fa::SharedAddress(fa::SharedTiles())) / 4;
+  const float* delta_shared = lse_shared + kStages * kM;
+  float acc_dk[kD / 8][4], acc_dv[kD / 8][4];
+  fa::Zero(acc_dk);
+  fa::Zero(acc_dv);
+
+  fw::BarrierWait(kv_full, 0);
+  for (int stage = 0; stage < stages; ++stage) {
+    const int s = stage % kStages;
+    fw::BarrierWait(full + 8 * s, (stage / kStages) & 1);
+    const int q0 = (first_tile + stage % tiles_per_head) * kM;
+    if (q0 + kM - 1 >= key_c0) {  // some query of the tile at or after some key of this consumer
+      const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
+      float acc_s[kM / 8][4], acc_dp[kM / 8][4];
+      fw::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        fw::WgmmaSS<kM>(acc_s, fw::KMajor<kN>(k_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kM>(q_tile, 0, kk),
+                        kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        fw::WgmmaSS<kM>(acc_dp, fw::KMajor<kN>(v_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kM>(do_tile, 0, kk),
+                        kk > 0);
+      }
+      fw::WgmmaCommit();
+      fw::WgmmaWaitAll();
+      fw::Pin(acc_s);
+      fw::Pin(acc_dp);
+      const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
+      const float* lse_row = lse_shared + s * kM;
+      const float* delta_row = delta_shared + s * kM;
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n) {
+        const float2 lse_pair = *reinterpret_cast<const float2*>(lse_row + n * 8 + col);
+        const float2 delta_pair = *reinterpret_cast<const float2*>(delta_row + n * 8 + col);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lse2 = ((e & 1) ? lse_pair.y : lse_pair.x) * fa::kLog2e;
+          float p = fa::Probability(acc_s[n][e], scale_log2, lse2);
+          if (masked && key + (e >> 1) * 8 > q0 + n * 8 + col + (e & 1)) p = 0.f;
+          acc_s[n][e] = p;
+          acc_dp[n][e] = p * (acc_dp[n][e] - ((e & 1) ? delta_pair.y : delta_pair.x)) * scale;  // dSᵀ
+        }
+      }
+      unsigned pa[kM / 16][4], dsa[kM / 16][4];
+      fa::AccumulatorToA<kM>(pa, acc_s);
+      fa::AccumulatorToA<kM>(dsa, acc_dp);
+      fw::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dv, pa[kk], fw::NMajor<kM>(do_tile, kk));
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dk, dsa[kk], fw::NMajor<kM>(q_tile, kk));
+      fw::WgmmaCommit();
+      fw::WgmmaWaitAll();
+      fw::Pin(acc_dv);
+      fw::Pin(acc_dk);
+    }
+    __syncwarp();
+    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+  }
+  // attention_grad computes dk and dv as separate nodes: each passes null for the other.
+  if (dk != nullptr) fa::StoreAccumulator<kD>(dk + (kv_base + key_c0 + warp * 16) * kD, acc_dk);
+  if (dv != nullptr) fa::StoreAccumulator<kD>(dv + (kv_base + key_c0 + warp * 16) * kD, acc_dv);
 }
 
 }  // namespace kiln::kernels

@@ -118,8 +118,8 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
 }
 
 // attention's forward is the Target's: wgmma on sm_90a when T is a multiple of 128 (the
-// kernel's tiles), mma.sync on other targets and shapes. Both compile with NVRTC; the
-// backward is mma.sync everywhere.
+// kernel's tiles), mma.sync on other targets and shapes. Both compile with NVRTC. The
+// backward (AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) follows the same rule.
 TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
   auto lower = [](int64_t t, const Target& target) -> KernelSpec {
     Module m;
@@ -149,6 +149,63 @@ TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
     EXPECT_TRUE(absl::StrContains(k.source, "FlashAttentionForward<float, 1, 4, 2, ")) << k.source;
     EXPECT_EQ(k.block[0], 128u);
     ExpectCompiles(k);
+  }
+}
+
+// attention_grad's dq and dk/dv kernels: wgmma on sm_90a when T is a multiple of 128 (the
+// forward's rule, so the two read and write the same LSE), mma.sync elsewhere; every one
+// compiles with NVRTC.
+TEST(Codegen, AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) {
+  auto lower = [](int64_t t, int64_t d, const Target& target) -> std::vector<KernelSpec> {
+    Module m;
+    Builder a(m.AddFunction("f"));
+    const DType bf16 = DType::kBF16, f32 = DType::kF32;
+    Node* q = *a.Parameter("q", {bf16, {1, 4, t, d}});
+    Node* k = *a.Parameter("k", {bf16, {1, 2, t, d}});
+    Node* v = *a.Parameter("v", {bf16, {1, 2, t, d}});
+    Node* dout = *a.Parameter("dout", {bf16, {1, 4, t, d}});
+    Node* lse = *a.Parameter("lse", {f32, {1, 4, t}});
+    Node* delta = *a.Parameter("delta", {f32, {1, 4, t}});
+    absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(Opcode::kAttentionGrad, {q, k, v, dout, lse, delta},
+                                                           {{"scale", 0.125}}, {"dq", "dk", "dv"});
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (const auto& n : m.functions()[0]->nodes()) {
+      if (n->opcode() != Opcode::kAttentionGrad) continue;
+      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
+      EXPECT_TRUE(lowered.ok()) << lowered.status();
+      if (!lowered.ok()) return {};
+      return lowered->kernels;
+    }
+    return {};
+  };
+  const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
+  for (int64_t d : {64, 128}) {
+    SCOPED_TRACE(absl::StrCat("D ", d));
+    const std::vector<KernelSpec> wgmma = lower(256, d, hopper);
+    ASSERT_EQ(wgmma.size(), 2u);
+    EXPECT_TRUE(absl::StrContains(wgmma[0].source, absl::StrCat("FlashAttentionWgmmaBackwardDq<float, 1, 4, 2, 256, ",
+                                                                d, ">(dq, ")))
+        << wgmma[0].source;
+    EXPECT_TRUE(absl::StrContains(wgmma[1].source, absl::StrCat("FlashAttentionWgmmaBackwardDkDv<float, 1, 4, 2, 256, ",
+                                                                d, ">(dk, dv, ")))
+        << wgmma[1].source;
+    for (const KernelSpec& k : wgmma) {
+      EXPECT_EQ(k.block[0], 384u);
+      ExpectCompiles(k);
+    }
+    EXPECT_EQ(wgmma[0].grid[0], 4u * 256 / 128);  // 128 queries of each head
+    EXPECT_EQ(wgmma[1].grid[0], 2u * 256 / 128);  // 128 keys of each kv head
+  }
+  for (const std::vector<KernelSpec>& kernels : {lower(256, 64, ampere), lower(192, 64, hopper)}) {
+    ASSERT_EQ(kernels.size(), 2u);
+    EXPECT_TRUE(absl::StrContains(kernels[0].source, "FlashAttentionBackwardDq<__nv_bfloat16, float, 1, 4, 2, "))
+        << kernels[0].source;
+    EXPECT_TRUE(absl::StrContains(kernels[1].source, "FlashAttentionBackwardDkDv<__nv_bfloat16, float, 1, 4, 2, "))
+        << kernels[1].source;
+    for (const KernelSpec& k : kernels) {
+      EXPECT_EQ(k.block[0], 128u);
+      ExpectCompiles(k);
+    }
   }
 }
 

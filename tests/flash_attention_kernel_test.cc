@@ -10,10 +10,11 @@
 //     rounding boundary within the GPU's fp32 error. The backward is also compared with the
 //     unfused IR's own definition of the softmax gradient (Delta = sum dP * P), and runs
 //     twice to the same bits (no atomics).
-// The Hopper forward (kernels/flash_attention_wgmma.cuh) likewise: in CI it compiles for
-// sm_90a with ptxas reporting no spills (registers and spills printed from NVRTC's log); on an
-// sm_90a GPU its O and LSE match the reference and the mma.sync forward's O (the same
-// definition with other tiles), at T of 256 and 1024, D of 64 and 128.
+// The Hopper kernels (kernels/flash_attention_wgmma.cuh: forward, dq, dk/dv) likewise: in CI
+// they compile for sm_90a with ptxas reporting no spills (registers and spills printed from
+// NVRTC's log); on an sm_90a GPU the forward's O and LSE match the reference and the mma.sync
+// forward's O (the same definition with other tiles), and the backward's dq, dk and dv the
+// reference and the mma.sync backward, at T of 256 to 1024, D of 64 and 128.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -134,6 +135,31 @@ KernelSpec DkDvKernel(const KernelCase& c) {
               kernels::FlashAttentionBackwardDkDvLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim));
 }
 
+// The Hopper backward: dq and dk/dv with the mma.sync kernels' operands (dO bf16 only).
+KernelSpec WgmmaDqKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_wgmma_dq"),
+              absl::StrCat(CudaName(c.grads), "* dq, ", BackwardInputs(c)),
+              absl::StrCat("FlashAttentionWgmmaBackwardDq<", CudaName(c.grads), ", ", ShapeArgs(s),
+                           ">(dq, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionWgmmaBackwardDqLaunch(s.batch, s.heads, s.seq_len, s.head_dim),
+              "flash_attention_wgmma");
+}
+
+KernelSpec WgmmaDkDvKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_wgmma_dkdv"),
+              absl::StrCat(CudaName(c.grads), "* dk, ", CudaName(c.grads), "* dv, ", BackwardInputs(c)),
+              absl::StrCat("FlashAttentionWgmmaBackwardDkDv<", CudaName(c.grads), ", ", ShapeArgs(s),
+                           ">(dk, dv, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionWgmmaBackwardDkDvLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim),
+              "flash_attention_wgmma");
+}
+
+std::vector<KernelSpec> WgmmaKernels(const KernelCase& c) {
+  return {WgmmaForwardKernel(c), WgmmaDqKernel(c), WgmmaDkDvKernel(c)};
+}
+
 std::vector<KernelSpec> AllKernels(const KernelCase& c) {
   return {ForwardKernel(c), DeltaKernel(c), DqKernel(c), DkDvKernel(c)};
 }
@@ -218,42 +244,54 @@ PtxasReport ParsePtxasReport(const std::string& log) {
   return r;
 }
 
-TEST(FlashAttentionKernelTest, WgmmaForwardGeometryFitsAnH200) {
+TEST(FlashAttentionKernelTest, WgmmaKernelsGeometryFitsAnH200) {
   for (const KernelCase& c : {kLlamaS, kLlamaM}) {
-    const KernelSpec k = WgmmaForwardKernel(c);
-    SCOPED_TRACE(k.name);
-    EXPECT_EQ(k.block[0], 384u);  // a producer and two consumer warpgroups
-    EXPECT_LE(k.shared_bytes, kH200SharedPerBlock);
+    for (const KernelSpec& k : WgmmaKernels(c)) {
+      SCOPED_TRACE(k.name);
+      EXPECT_EQ(k.block[0], 384u);  // a producer and two consumer warpgroups
+      EXPECT_LE(k.shared_bytes, kH200SharedPerBlock);
+    }
   }
-  // One block per 128 queries of each head.
+  // Forward and dq: one block per 128 queries of each head; dk/dv: per 128 keys of each kv head.
   EXPECT_EQ(WgmmaForwardKernel(kLlamaS).grid[0], 16u * 12 * 1024 / 128);
   EXPECT_EQ(WgmmaForwardKernel(kLlamaM).grid[0], 4u * 16 * 2048 / 128);
+  EXPECT_EQ(WgmmaDqKernel(kLlamaM).grid[0], 4u * 16 * 2048 / 128);
+  EXPECT_EQ(WgmmaDkDvKernel(kLlamaS).grid[0], 16u * 4 * 1024 / 128);
+  EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).grid[0], 4u * 8 * 2048 / 128);
+  // dk/dv at D 128: k and v of 128 keys, two stages of q and dO of 64 queries with their LSE
+  // and Delta, the barriers and the alignment slack.
+  EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).shared_bytes, (2 * 128 + 2 * 2 * 64) * 128 * 2 + 2 * 2 * 64 * 4 + 128 + 1024);
 }
 
-// The Hopper forward compiles for sm_90a at llama-S (D 64) and llama-M (D 128), fp32 and bf16
-// O, and ptxas keeps every value in registers: the setmaxnreg split (producer 72, consumers
-// 216) leaves the consumers room for S, O and P of 64 rows. The report is printed for the
-// record.
-TEST(FlashAttentionKernelTest, WgmmaForwardCompilesForSm90aWithoutSpills) {
+// The Hopper kernels compile for sm_90a at llama-S (D 64) and llama-M (D 128), fp32 and bf16
+// outputs, and ptxas keeps every value in registers: the setmaxnreg splits (producer 72,
+// consumers 216; dk/dv's producer 40, consumers 232) leave the consumers room for their
+// accumulators of 64 rows. The report is printed for the record.
+TEST(FlashAttentionKernelTest, WgmmaKernelsCompileForSm90aWithoutSpills) {
   KernelCase bf16_out = kLlamaM;
   bf16_out.name = "llama_m_bf16_o";
   bf16_out.o = Float::kBF16;
   KernelCase bf16_out_s = kLlamaS;
   bf16_out_s.name = "llama_s_bf16_o";
   bf16_out_s.o = Float::kBF16;
+  bf16_out.grads = Float::kBF16;
+  bf16_out_s.grads = Float::kBF16;
   for (const KernelCase& c : {kLlamaS, kLlamaM, bf16_out, bf16_out_s}) {
-    const KernelSpec k = WgmmaForwardKernel(c);
-    SCOPED_TRACE(k.name);
-    absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{.arch = "sm_90a", .ptxas_info = true});
-    ASSERT_TRUE(compiled.ok()) << compiled.status();
-    EXPECT_FALSE(compiled->cubin.empty());
-    const PtxasReport r = ParsePtxasReport(compiled->log);
-    std::printf("  %-40s D%lld: %d registers, %d bytes spill stores, %d bytes spill loads\n", k.name.c_str(),
-                static_cast<long long>(c.shape.head_dim), r.registers, r.spill_stores, r.spill_loads);
-    EXPECT_EQ(r.spill_stores, 0) << compiled->log;
-    EXPECT_EQ(r.spill_loads, 0) << compiled->log;
-    // 384 threads, one block per SM: 65536 / 384 rounded down to a multiple of 8.
-    EXPECT_EQ(r.registers, 168) << compiled->log;
+    for (const KernelSpec& k : WgmmaKernels(c)) {
+      SCOPED_TRACE(k.name);
+      absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{.arch = "sm_90a", .ptxas_info = true});
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
+      EXPECT_FALSE(compiled->cubin.empty());
+      const PtxasReport r = ParsePtxasReport(compiled->log);
+      std::printf("  %-48s D%lld: %d registers, %d bytes spill stores, %d bytes spill loads\n", k.name.c_str(),
+                  static_cast<long long>(c.shape.head_dim), r.registers, r.spill_stores, r.spill_loads);
+      EXPECT_EQ(r.spill_stores, 0) << compiled->log;
+      EXPECT_EQ(r.spill_loads, 0) << compiled->log;
+      // 384 threads, one block per SM: at most 65536 / 384 rounded down to a multiple of 8 at
+      // launch (the D-64 dq needs fewer, 122; setmaxnreg then moves what the block holds).
+      EXPECT_LE(r.registers, 168) << compiled->log;
+      EXPECT_GT(r.registers, 0) << compiled->log;  // the report was parsed
+    }
   }
 }
 
@@ -464,6 +502,9 @@ INSTANTIATE_TEST_SUITE_P(
 // The Hopper forward against the reference definition, and against the mma.sync forward
 // (the same definition with other tiles: they may differ by fp32 accumulation order and by
 // a neighbouring bf16 P̃ at a rounding boundary, so by at most the sum of their tolerances).
+// Then the Hopper backward, given the wgmma forward's O and LSE and a bf16 dO (what kiln's
+// VJP passes): dq, dk and dv within tolerance of the reference (both Delta definitions), the
+// same bits on a second run, and within twice the tolerance of the mma.sync backward.
 class FlashAttentionWgmmaGpuTest : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(FlashAttentionWgmmaGpuTest, MatchesReferenceAndMmaSyncKernel) {
@@ -502,6 +543,54 @@ TEST_P(FlashAttentionWgmmaGpuTest, MatchesReferenceAndMmaSyncKernel) {
   ToleratedValues mma_as_reference{o_mma, fwd.o.tolerance};
   for (double& t : mma_as_reference.tolerance) t *= 2;
   ExpectWithin("O (wgmma vs mma.sync)", o_wgmma, mma_as_reference, c.o);
+
+  // The backward.
+  KernelCase b = c;
+  b.dout = Float::kBF16;
+  const std::vector<double> dout = RandomValues(s.q_elements(), -1, 1, DType::kBF16, 14);
+  const GpuKernel delta_kernel = Load(DeltaKernel(b)), dq_wgmma = Load(WgmmaDqKernel(b)),
+                  dkdv_wgmma = Load(WgmmaDkDvKernel(b)), dq_mma = Load(DqKernel(b)), dkdv_mma = Load(DkDvKernel(b));
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  Buffer dout_buf = NewBuffer(s.q_elements(), Float::kBF16, &dout), delta = NewBuffer(s.rows(), Float::kF32);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  delta_kernel.Run({delta.get(), dout_buf.get(), o[0].get()});
+  // Runs 0 and 1 on wgmma, run 2 on mma.sync.
+  Buffer dq[3], dk[3], dv[3];
+  for (int run = 0; run < 3; ++run) {
+    dq[run] = NewBuffer(s.q_elements(), b.grads);
+    dk[run] = NewBuffer(s.kv_elements(), b.grads);
+    dv[run] = NewBuffer(s.kv_elements(), b.grads);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    const std::vector<void*> inputs = {q_buf.get(),    k_buf.get(),  v_buf.get(), dout_buf.get(),
+                                       lse[0].get(), delta.get()};
+    std::vector<void*> dq_args = {dq[run].get()}, dkdv_args = {dk[run].get(), dv[run].get()};
+    dq_args.insert(dq_args.end(), inputs.begin(), inputs.end());
+    dkdv_args.insert(dkdv_args.end(), inputs.begin(), inputs.end());
+    (run < 2 ? dq_wgmma : dq_mma).Run(dq_args);
+    (run < 2 ? dkdv_wgmma : dkdv_mma).Run(dkdv_args);
+  }
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_EQ(DownloadBytes(dq[0]), DownloadBytes(dq[1])) << "dq differs between two runs";
+  EXPECT_EQ(DownloadBytes(dk[0]), DownloadBytes(dk[1])) << "dk differs between two runs";
+  EXPECT_EQ(DownloadBytes(dv[0]), DownloadBytes(dv[1])) << "dv differs between two runs";
+  for (testing::DeltaDefinition definition : {testing::DeltaDefinition::kFromOutput, testing::DeltaDefinition::kIr}) {
+    const std::string suffix = definition == testing::DeltaDefinition::kIr ? " (wgmma, IR's Delta)" : " (wgmma)";
+    const testing::AttentionBackwardReference bwd = testing::AttentionBackward(s, q, k, v, dout, o_wgmma, definition);
+    ExpectWithin("dq" + suffix, Download(dq[0]), bwd.dq, b.grads);
+    ExpectWithin("dk" + suffix, Download(dk[0]), bwd.dk, b.grads);
+    ExpectWithin("dv" + suffix, Download(dv[0]), bwd.dv, b.grads);
+    if (definition != testing::DeltaDefinition::kFromOutput) continue;
+    // wgmma against mma.sync: twice each element's tolerance.
+    auto against_mma_sync = [&](const char* name, const Buffer& wgmma_grad, const Buffer& mma_grad,
+                                const ToleratedValues& reference) {
+      ToleratedValues mma_as_reference{Download(mma_grad), reference.tolerance};
+      for (double& t : mma_as_reference.tolerance) t *= 2;
+      ExpectWithin(absl::StrCat(name, " (wgmma vs mma.sync)"), Download(wgmma_grad), mma_as_reference, b.grads);
+    };
+    against_mma_sync("dq", dq[0], dq[2], bwd.dq);
+    against_mma_sync("dk", dk[0], dk[2], bwd.dk);
+    against_mma_sync("dv", dv[0], dv[2], bwd.dv);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -509,7 +598,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         KernelCase{"b2_h4_kv2_t256_d64", MakeShape(2, 4, 2, 256, 64), Float::kF32},
         KernelCase{"b2_h4_kv2_t256_d128", MakeShape(2, 4, 2, 256, 128), Float::kF32},
-        KernelCase{"b2_h4_kv2_t256_d128_bf16", MakeShape(2, 4, 2, 256, 128), Float::kBF16},
+        KernelCase{"b2_h4_kv2_t256_d128_bf16", MakeShape(2, 4, 2, 256, 128), Float::kBF16, Float::kBF16,
+                   Float::kBF16},
+        // GQA groups of 4 and 1, bf16 gradients at D 64 over three 128-key blocks.
+        KernelCase{"b1_h8_kv2_t256_d64", MakeShape(1, 8, 2, 256, 64), Float::kF32},
+        KernelCase{"b1_h2_kv2_t384_d64_bf16", MakeShape(1, 2, 2, 384, 64), Float::kBF16, Float::kBF16, Float::kBF16},
         // Eight key tiles: every stage of the pipeline reused, every barrier phase flipped.
         KernelCase{"b1_h4_kv1_t1024_d64", MakeShape(1, 4, 1, 1024, 64), Float::kF32},
         KernelCase{"b1_h2_kv1_t1024_d128", MakeShape(1, 2, 1, 1024, 128), Float::kBF16}),
