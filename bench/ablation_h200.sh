@@ -13,7 +13,7 @@ KILN=${KILN:-build/kiln}
 PRESETS=${PRESETS:-llama-S}
 STEPS=${STEPS:-15}
 WARMUP=${WARMUP:-4}
-PASSES=${PASSES:-elide-grad-zeroing narrow-activations-bf16 fuse-residual-norm gemm-bias-epilogue merge-sibling-gemms fuse-loops rematerialize select-flash-attention}
+PASSES=${PASSES:-elide-grad-zeroing narrow-activations-bf16 fuse-residual-norm gemm-bias-epilogue merge-sibling-gemms expand-rope fuse-loops rematerialize group-optimizer-updates select-flash-attention}
 LOG_DIR=${LOG_DIR:-/tmp/kiln-ablation}
 mkdir -p "$LOG_DIR"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$LOG_DIR/kernel-cache}
