@@ -707,7 +707,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
     fw::BarrierInit(kv_full, 128);
     for (int s = 0; s < kStages; ++s) {
       fw::BarrierInit(full + 8 * s, 128);
-      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
+      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 128);  // every consumer thread (see the loop)
     }
   }
   __syncthreads();
@@ -810,8 +810,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
       fw::Pin(acc_dv);
       fw::Pin(acc_dk);
     }
-    __syncwarp();
-    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+    // Every consumer thread arrives (not one per warp): its own reads of the stage's LSE and
+    // Delta (generic loads, unlike wgmma's) are then ordered before the producer refills it.
+    fw::BarrierArrive(empty + 8 * s);
   }
   // attention_grad computes dk and dv as separate nodes: each passes null for the other.
   if (dk != nullptr) fa::StoreAccumulator<kD>(dk + (kv_base + key_c0 + warp * 16) * kD, acc_dk);
