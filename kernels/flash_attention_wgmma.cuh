@@ -344,6 +344,69 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&
   }
 }
 
+// ------------------------------------------------------------------ the pipeline
+
+// The mbarriers of a producer/consumer pipeline: `first` completes when the producer's first
+// copies (the tiles a block keeps) land, full[s] when stage s is filled, empty[s] when
+// `empty_arrivals` consumer arrivals have freed it. Every thread of the block calls this.
+template <int kStages>
+__device__ __forceinline__ void InitPipeline(unsigned first, unsigned full, unsigned empty, unsigned empty_arrivals) {
+  if (threadIdx.x == 0) {
+    BarrierInit(first, 128);
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(full + 8 * s, 128);
+      BarrierInit(empty + 8 * s, empty_arrivals);
+    }
+  }
+  __syncthreads();
+}
+
+// The producer warpgroup's loop, after it issued and committed the copies of the tiles the block
+// keeps: for each of `count` stages, waits until its buffer s = stage % kStages is free, calls
+// load(stage, s) to issue that stage's copies, commits them, and publishes the group before
+// (the kept tiles, then stage - 1) once it has landed. A stage is published only once the next
+// is issued, which waits for a free buffer: so the consumers must free stage j - 1 before they
+// wait for stage j, or, with two stages, neither side moves (a consumer that keeps v of tile
+// j - 1 while it computes tile j's scores, as FlashAttention-3's software pipelining does,
+// deadlocks here).
+template <int kStages, typename Load>
+__device__ __forceinline__ void Produce(unsigned first, unsigned full, unsigned empty, int count, Load load) {
+  for (int stage = 0; stage < count; ++stage) {
+    const int s = stage % kStages;
+    if (stage >= kStages) BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
+    load(stage, s);
+    flash_attention::CpAsyncCommit();
+    CpAsyncWait<1>();
+    FenceProxyAsync();
+    BarrierArrive(stage == 0 ? first : full + 8 * ((stage - 1) % kStages));
+  }
+  CpAsyncWait<0>();
+  FenceProxyAsync();
+  BarrierArrive(full + 8 * ((count - 1) % kStages));
+}
+
+// Where a forward or dq block works: 128 queries of one (batch, head), heaviest first (the last
+// query block first), and the k and v rows of its kv head.
+template <int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+struct QueryBlock {
+  int query_block;      // which 128 queries of the sequence
+  int q0;               // the block's first query
+  long long row_base;   // of its (batch, head) in q, o, dO, dq, lse, delta
+  const __nv_bfloat16* k_head;
+  const __nv_bfloat16* v_head;
+  __device__ __forceinline__ QueryBlock(const __nv_bfloat16* k, const __nv_bfloat16* v) {
+    constexpr int kBH = kBatch * kHeads;
+    const int bh = blockIdx.x % kBH;
+    query_block = kSeqLen / kBlockM - 1 - static_cast<int>(blockIdx.x / kBH);
+    const int kv_head = (bh / kHeads) * kKvHeads +
+                        (bh % kHeads) / flash_attention::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>::kGroup;
+    q0 = query_block * kBlockM;
+    row_base = static_cast<long long>(bh) * kSeqLen;
+    k_head = k + static_cast<long long>(kv_head) * kSeqLen * kHeadDim;
+    v_head = v + static_cast<long long>(kv_head) * kSeqLen * kHeadDim;
+  }
+};
+
 }  // namespace flash_attention_wgmma
 
 // ------------------------------------------------------------------------------- kernel
@@ -357,22 +420,16 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
                                                            const __nv_bfloat16* __restrict__ v, float scale) {
   namespace fa = flash_attention;
   namespace fw = flash_attention_wgmma;
-  using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
   static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
   constexpr int kM = fw::kBlockM, kN = fw::kBlockN, kD = kHeadDim;
   constexpr int kStages = fw::Stages(kD);
-  constexpr int kBH = kBatch * kHeads;
   constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
   static_assert(kM == kN, "the last key tile of a block is its diagonal tile");
 
-  const int bh = blockIdx.x % kBH;
-  const int query_block = kSeqLen / kM - 1 - static_cast<int>(blockIdx.x / kBH);  // heaviest first
-  const int kv_head = (bh / kHeads) * kKvHeads + (bh % kHeads) / Shape::kGroup;
-  const int q0 = query_block * kM;
-  const int key_tiles = query_block + 1;
-  const long long row_base = static_cast<long long>(bh) * kSeqLen;  // of q, o, lse
-  const __nv_bfloat16* k_head = k + static_cast<long long>(kv_head) * kSeqLen * kD;
-  const __nv_bfloat16* v_head = v + static_cast<long long>(kv_head) * kSeqLen * kD;
+  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v);
+  const int q0 = block.q0;
+  const int key_tiles = block.query_block + 1;
+  const long long row_base = block.row_base;
 
   // Shared memory (addresses in the shared window): q tile, k stages, v stages, barriers.
   const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
@@ -384,38 +441,17 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    fw::BarrierInit(q_full, 128);
-    for (int s = 0; s < kStages; ++s) {
-      fw::BarrierInit(full + 8 * s, 128);
-      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
-    }
-  }
-  __syncthreads();
+  fw::InitPipeline<kStages>(q_full, full, empty, fw::kConsumers * 4);
 
   if (warpgroup == 0) {
     // Producer: addresses and loop counters only.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
     fa::CpAsyncCommit();
-    for (int j = 0; j < key_tiles; ++j) {
-      const int s = j % kStages;
-      if (j >= kStages) fw::BarrierWait(empty + 8 * s, (j / kStages - 1) & 1);
-      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, k_head + static_cast<long long>(j) * kN * kD, t);
-      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, v_head + static_cast<long long>(j) * kN * kD, t);
-      fa::CpAsyncCommit();
-      // The group before this one (the q tile, then tile j - 1) has landed: publish it. A
-      // tile is published only once the next is issued, which waits for a free stage: so
-      // the consumers must free tile j - 1 before they wait for tile j, or, with two stages,
-      // neither side moves (a consumer that keeps v of tile j - 1 while it computes tile j's
-      // scores, as FlashAttention-3's software pipelining does, deadlocks here).
-      fw::CpAsyncWait<1>();
-      fw::FenceProxyAsync();
-      fw::BarrierArrive(j == 0 ? q_full : full + 8 * ((j - 1) % kStages));
-    }
-    fw::CpAsyncWait<0>();
-    fw::FenceProxyAsync();
-    fw::BarrierArrive(full + 8 * ((key_tiles - 1) % kStages));
+    fw::Produce<kStages>(q_full, full, empty, key_tiles, [&](int j, int s) {
+      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
+      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
+    });
     return;
   }
 
@@ -533,21 +569,15 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
                                                               const float* __restrict__ delta, float scale) {
   namespace fa = flash_attention;
   namespace fw = flash_attention_wgmma;
-  using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
   static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
   constexpr int kM = fw::kBlockM, kN = fw::kDqKeyTile, kD = kHeadDim;
   constexpr int kStages = fw::DqStages(kD);
-  constexpr int kBH = kBatch * kHeads;
   constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
 
-  const int bh = blockIdx.x % kBH;
-  const int query_block = kSeqLen / kM - 1 - static_cast<int>(blockIdx.x / kBH);  // heaviest first
-  const int kv_head = (bh / kHeads) * kKvHeads + (bh % kHeads) / Shape::kGroup;
-  const int q0 = query_block * kM;
+  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v);
+  const int q0 = block.q0;
   const int key_tiles = (q0 + kM) / kN;  // the tiles at or before the block's last query
-  const long long row_base = static_cast<long long>(bh) * kSeqLen;
-  const __nv_bfloat16* k_head = k + static_cast<long long>(kv_head) * kSeqLen * kD;
-  const __nv_bfloat16* v_head = v + static_cast<long long>(kv_head) * kSeqLen * kD;
+  const long long row_base = block.row_base;
 
   const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
   const unsigned do_tile = q_tile + kM * kD * fa::kBf16Bytes;
@@ -559,38 +589,24 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    fw::BarrierInit(qdo_full, 128);
-    for (int s = 0; s < kStages; ++s) {
-      fw::BarrierInit(full + 8 * s, 128);
-      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 4);
-    }
-  }
-  __syncthreads();
+  fw::InitPipeline<kStages>(qdo_full, full, empty, fw::kConsumers * 4);
 
+  // At D 64 the launch's registers suffice every warp (ptxas, unable to tell the count at entry
+  // there, would drop setmaxnreg anyway: its C7508); at D 128 the consumers take 216.
+  constexpr bool kMoveRegisters = kD > 64;
   if (warpgroup == 0) {
-    // Producer, as the forward's (its comment on the order of publishing holds here too).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    if constexpr (kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
     fw::LoadTile<kM, kD>(do_tile, dout + (row_base + q0) * kD, t);
     fa::CpAsyncCommit();
-    for (int j = 0; j < key_tiles; ++j) {
-      const int s = j % kStages;
-      if (j >= kStages) fw::BarrierWait(empty + 8 * s, (j / kStages - 1) & 1);
-      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, k_head + static_cast<long long>(j) * kN * kD, t);
-      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, v_head + static_cast<long long>(j) * kN * kD, t);
-      fa::CpAsyncCommit();
-      fw::CpAsyncWait<1>();
-      fw::FenceProxyAsync();
-      fw::BarrierArrive(j == 0 ? qdo_full : full + 8 * ((j - 1) % kStages));
-    }
-    fw::CpAsyncWait<0>();
-    fw::FenceProxyAsync();
-    fw::BarrierArrive(full + 8 * ((key_tiles - 1) % kStages));
+    fw::Produce<kStages>(qdo_full, full, empty, key_tiles, [&](int j, int s) {
+      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
+      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
+    });
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+  if constexpr (kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
   const int c = warpgroup - 1;
   const int warp = t / kWarpSize, lane = t % kWarpSize;
   const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);  // and row + 8
@@ -662,8 +678,8 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
 // dSᵀ = Pᵀ (dPᵀ - Delta) scale become the register A operands of dv += bf16(Pᵀ) dO and
 // dk += bf16(dSᵀ) q, with dO and q read N-major. Launch: FlashAttentionWgmmaBackwardDkDvLaunch;
 // the wrapper declares __launch_bounds__(384). A consumer holds dk, dv, Sᵀ and dPᵀ at once
-// (224 registers at D 128), so the producer keeps 40 (at 24 it spills) and the consumers get 232
-// (128 * 40 + 256 * 232 <= 65536).
+// (224 registers at D 128), so there the producer keeps 40 (at 24 it spills) and the consumers
+// get 232 (128 * 40 + 256 * 232 <= 65536).
 template <typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict__ dk, TDKV* __restrict__ dv,
                                                                 const __nv_bfloat16* __restrict__ q,
@@ -703,23 +719,17 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    fw::BarrierInit(kv_full, 128);
-    for (int s = 0; s < kStages; ++s) {
-      fw::BarrierInit(full + 8 * s, 128);
-      fw::BarrierInit(empty + 8 * s, fw::kConsumers * 128);  // every consumer thread (see the loop)
-    }
-  }
-  __syncthreads();
+  // Every consumer thread arrives on empty (see the end of the consumers' loop).
+  fw::InitPipeline<kStages>(kv_full, full, empty, fw::kConsumers * 128);
 
+  // As in dq: at D 64 the launch's registers suffice and ptxas would drop setmaxnreg.
+  constexpr bool kMoveRegisters = kD > 64;
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     fw::LoadTile<kN, kD>(k_tile, k + (kv_base + k0) * kD, t);
     fw::LoadTile<kN, kD>(v_tile, v + (kv_base + k0) * kD, t);
     fa::CpAsyncCommit();
-    for (int stage = 0; stage < stages; ++stage) {
-      const int s = stage % kStages;
-      if (stage >= kStages) fw::BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
+    fw::Produce<kStages>(kv_full, full, empty, stages, [&](int stage, int s) {
       const int head = kv_head * kGroup + stage / tiles_per_head;
       const int q0 = (first_tile + stage % tiles_per_head) * kM;
       const long long row = (static_cast<long long>(batch) * kHeads + head) * kSeqLen + q0;
@@ -733,18 +743,11 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(delta_tiles + s * kM * 4 + (t - kM / 4) * 16),
                      "l"(delta + row + (t - kM / 4) * 4));
       }
-      fa::CpAsyncCommit();
-      fw::CpAsyncWait<1>();
-      fw::FenceProxyAsync();
-      fw::BarrierArrive(stage == 0 ? kv_full : full + 8 * ((stage - 1) % kStages));
-    }
-    fw::CpAsyncWait<0>();
-    fw::FenceProxyAsync();
-    fw::BarrierArrive(full + 8 * ((stages - 1) % kStages));
+    });
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int c = warpgroup - 1;
   const int warp = t / kWarpSize, lane = t % kWarpSize;
   const int key_c0 = k0 + c * fw::kRowsPerConsumer;      // this consumer's first key
