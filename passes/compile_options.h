@@ -38,6 +38,9 @@ struct CompileOptions {
   // an answer (select-flash-attention) select nothing, and say so in their decisions.
   const BackendCapabilities* capabilities = nullptr;
   Precision precision = Precision::kBf16;
+  // chunk-lm-head (passes/chunk_lm_head.h): the most rows (tokens) of the LM head's logits one
+  // chunk holds, the LM head and its loss computed chunk by chunk; 0: one chunk.
+  int64_t lm_head_chunk_rows = 0;
 
   // Pass names to skip (a group's name skips the whole group), in whichever pipeline of the
   // compile has them. A name that none of the compile's pipelines has is an error that lists

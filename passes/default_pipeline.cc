@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "passes/canonicalize.h"
+#include "passes/chunk_lm_head.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
@@ -65,6 +66,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // already bf16; its slices would hide the converts from narrowing); before fusion, which
   // puts the concatenates and slices into the loop kernels beside them.
   p.Add(std::make_unique<MergeSiblingGemmsPass>());
+  // The LM head and its loss in row chunks, when CompileOptions::lm_head_chunk_rows asks for
+  // it; after merge-sibling-gemms, which would merge the chunks' GEMMs (siblings on the
+  // weight) back into one, and before fusion, which fuses the slices and concatenates.
+  p.Add(std::make_unique<ChunkLmHeadPass>(options.lm_head_chunk_rows));
   // RoPE as the elementwise ops it is, so that fusion puts it in the loop kernel of the
   // slice before it and the transpose after it (and their gradients'); after
   // narrow-activations-bf16, which has given each rope its result dtype.

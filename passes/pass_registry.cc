@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "passes/canonicalize.h"
+#include "passes/chunk_lm_head.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/default_pipeline.h"
@@ -29,6 +30,10 @@ std::unique_ptr<Pass> Make(const CompileOptions&) {
   return std::make_unique<P>();
 }
 
+std::unique_ptr<Pass> MakeChunkLmHead(const CompileOptions& options) {
+  return std::make_unique<ChunkLmHeadPass>(options.lm_head_chunk_rows);
+}
+
 std::unique_ptr<Pass> MakeSelectFlashAttention(const CompileOptions& options) {
   return std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{}));
 }
@@ -37,6 +42,9 @@ std::unique_ptr<Pass> MakeSelectFlashAttention(const CompileOptions& options) {
 constexpr PassInfo kPasses[] = {
     {CanonicalizePass::kName, "folds small constants; removes x*1, x+-0 and reshape/transpose/convert chains",
      Make<CanonicalizePass>},
+    {ChunkLmHeadPass::kName,
+     "LM head + cross-entropy, forward and backward, in row chunks (with --lm-head-chunk-rows; off by default)",
+     MakeChunkLmHead, /*reassociates_f32_sums=*/true},
     {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},
     {ElideGradZeroingPass::kName,

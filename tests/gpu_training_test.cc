@@ -49,15 +49,16 @@ struct TrainingRun {
 // `steps` steps of llama-tiny at batch 4 x seq 32 on one backend, from the same weights and
 // batches; the step is compiled by the default pipeline as `kiln train` would.
 // `profile_step` >= 0: that step runs through CudaExecutable::Profile instead of Run.
+// `lm_head_chunk_rows` > 0: the pipeline's chunk-lm-head computes the loss that many tokens at a time.
 TrainingRun TrainModel(const ModelConfig& config, int batch, int seq, Precision precision, int steps,
                        CudaDevice* device, const CudaExecutableOptions& options = {}, int profile_step = -1,
-                       std::vector<StepTiming>* profile = nullptr) {
+                       std::vector<StepTiming>* profile = nullptr, int64_t lm_head_chunk_rows = 0) {
   std::unique_ptr<Module> m = *BuildLlamaModule(config, {.batch = batch, .seq_len = seq, .precision = precision});
   // As kiln train: flash attention where it applies.
   EXPECT_TRUE(RunForwardPipeline(*m, {.capabilities = &CodegenCapabilities()}).ok());
   TrainingStepLayout layout;
   Function* step = *BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
-  EXPECT_TRUE(RunDefaultPipeline(*m, {}).ok());
+  EXPECT_TRUE(RunDefaultPipeline(*m, {.lm_head_chunk_rows = lm_head_chunk_rows}).ok());
   step = m->FindFunction("train_step");
   std::unique_ptr<Trainer> trainer;
   CudaTrainer* cuda = nullptr;
@@ -210,6 +211,25 @@ TEST_F(GpuTrainingTest, FlashAttentionTrainingMatchesReference) {
 // the sharp one.
 TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp32) {
   ExpectGpuMatchesReference(Precision::kFp32, 1e-4, 1e-4, /*per_tensor=*/false, device_);
+}
+
+// chunk-lm-head on the GPU: llama-tiny's 128 tokens a step in 4 chunks of 32 (each chunk's
+// logits GEMM, loss, loss gradient and LM-head gradient GEMMs, the weight gradient accumulating
+// through C), fp32, against the same chunked run on the reference backend and the GPU's own
+// unchunked run, with TwentyStepsMatchReferenceFp32's bounds.
+TEST_F(GpuTrainingTest, ChunkedLmHeadMatchesReferenceFp32) {
+  const ModelConfig tiny = *PresetConfig("llama-tiny");
+  TrainingRun cpu = TrainModel(tiny, 4, 32, Precision::kFp32, 20, nullptr, {}, -1, nullptr, 32);
+  TrainingRun gpu = TrainModel(tiny, 4, 32, Precision::kFp32, 20, device_, {}, -1, nullptr, 32);
+  TrainingRun whole = TrainModel(tiny, 4, 32, Precision::kFp32, 20, device_);
+  ASSERT_EQ(gpu.losses.size(), 20u);
+  ASSERT_EQ(whole.losses.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-4 * std::abs(cpu.losses[i])) << "step " << i + 1;
+    EXPECT_NEAR(gpu.losses[i], whole.losses[i], 1e-4 * std::abs(whole.losses[i])) << "step " << i + 1;
+  }
+  EXPECT_LT(RelativeNormDifference(cpu.state.params, gpu.state.params), 1e-4);
+  EXPECT_LT(RelativeNormDifference(whole.state.params, gpu.state.params), 1e-4);
 }
 
 // bf16, one step: the gradients (seen through AdamW's first moment, m = (1 - b1) g) agree

@@ -38,7 +38,18 @@ std::vector<FlagSpec> TrainingStepFlags() {
        .default_value = "1"},
       {.name = "weight-decay", .value_name = "X", .help = "AdamW decoupled weight decay", .default_value = "0.1"},
       {.name = "clip", .value_name = "X", .help = "global gradient-norm clip (0: off)", .default_value = "1.0"},
+      {.name = "lm-head-chunk-rows", .value_name = "R",
+       .help = "compute the LM head and its loss, forward and backward, R tokens (rows of logits) at a time at "
+               "most (the chunk-lm-head pass: less memory, a little more time; 0: all at once)",
+       .default_value = "0"},
   };
+}
+
+absl::Status LmHeadChunkFromArgs(const ParsedArgs& args, CompileOptions& options) {
+  ASSIGN_OR_RETURN(const int64_t rows, args.GetInt("lm-head-chunk-rows", 0));
+  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("--lm-head-chunk-rows must be >= 0, not ", rows));
+  options.lm_head_chunk_rows = rows;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs& args) {

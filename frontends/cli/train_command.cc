@@ -649,6 +649,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
   if (args.Has("disable-pass")) {
     compile_options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
+  RETURN_IF_ERROR(LmHeadChunkFromArgs(args, compile_options));
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
   step_options.adamw.weight_decay = s.weight_decay;
