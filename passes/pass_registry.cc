@@ -43,7 +43,7 @@ constexpr PassInfo kPasses[] = {
     {CanonicalizePass::kName, "folds small constants; removes x*1, x+-0 and reshape/transpose/convert chains",
      Make<CanonicalizePass>},
     {ChunkLmHeadPass::kName,
-     "LM head + cross-entropy, forward and backward, in row chunks (with --lm-head-chunk-rows; off by default)",
+     "LM head and loss, forward and backward, in row chunks (--lm-head-chunk-rows)",
      MakeChunkLmHead, /*reassociates_f32_sums=*/true},
     {CsePass::kName, "merges nodes that compute the same value", Make<CsePass>},
     {DcePass::kName, "removes nodes that no output depends on", Make<DcePass>},

@@ -29,9 +29,10 @@ TEST(PassRegistry, EachRowMakesThePassItNames) {
     EXPECT_LE(info.name.size() + info.description.size(), 100u) << info.name << ": fits a help line";
     EXPECT_EQ(FindRegisteredPass(info.name), &info);
     // Every pass is exact in f32 but the one whose merged GEMM chains round their sums once,
-    // and fuse-residual-norm, whose fused layer_norm backward never rounds the
-    // decomposition's intermediates.
-    EXPECT_EQ(info.reassociates_f32_sums, info.name == "merge-sibling-gemms" || info.name == "fuse-residual-norm")
+    // fuse-residual-norm, whose fused layer_norm backward never rounds the decomposition's
+    // intermediates, and chunk-lm-head, whose weight gradient sums its chunks' partial sums.
+    EXPECT_EQ(info.reassociates_f32_sums, info.name == "merge-sibling-gemms" || info.name == "fuse-residual-norm" ||
+                                              info.name == "chunk-lm-head")
         << info.name;
   }
   EXPECT_EQ(FindRegisteredPass("no-such-pass"), nullptr);
@@ -60,7 +61,7 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   absl::StatusOr<Pipeline> bad = BuildPipelineFromNames({"cse", "bogus"}, CompileOptions{});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "unknown pass 'bogus' (known: default, " + RegisteredPassNames() + ")");
-  EXPECT_EQ(RegisteredPassNames(), "canonicalize, cse, dce, elide-grad-zeroing, expand-rope, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, "
+  EXPECT_EQ(RegisteredPassNames(), "canonicalize, chunk-lm-head, cse, dce, elide-grad-zeroing, expand-rope, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, "
             "group-optimizer-updates, lower-gemm, "
             "merge-sibling-gemms, narrow-activations-bf16, rematerialize, "
             "select-flash-attention, simplify");
