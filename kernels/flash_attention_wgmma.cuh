@@ -385,6 +385,24 @@ __device__ __forceinline__ void Produce(unsigned first, unsigned full, unsigned 
   BarrierArrive(full + 8 * ((count - 1) % kStages));
 }
 
+// The backward's two score-shaped products of a consumer, both operands in shared memory:
+// s = a1 b1ᵀ and p = a2 b2ᵀ (64 x kN each, over kD / 16 reduction steps), A the 64 rows from
+// a_row0 of K-major tiles of kARows rows, B K-major tiles of kN rows; issued as one group and
+// waited for (S and dP in dq, Sᵀ and dPᵀ in dk/dv).
+template <int kN, int kD, int kARows>
+__device__ __forceinline__ void ScoresAndScoreGradients(float (&s)[kN / 8][4], float (&p)[kN / 8][4], unsigned a1,
+                                                        unsigned b1, unsigned a2, unsigned b2, int a_row0) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) WgmmaSS<kN>(s, KMajor<kARows>(a1, a_row0, kk), KMajor<kN>(b1, 0, kk), kk > 0);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) WgmmaSS<kN>(p, KMajor<kARows>(a2, a_row0, kk), KMajor<kN>(b2, 0, kk), kk > 0);
+  WgmmaCommit();
+  WgmmaWaitAll();
+  Pin(s);
+  Pin(p);
+}
+
 // Where a forward or dq block works: 128 queries of one (batch, head), heaviest first (the last
 // query block first), and the k and v rows of its kv head.
 template <int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
@@ -628,22 +646,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
     fw::BarrierWait(full + 8 * s, (j / kStages) & 1);
     if (j < my_tiles) {
       const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
-      float acc_s[kN / 8][4], acc_dp[kN / 8][4];
-      fw::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        fw::WgmmaSS<kN>(acc_s, fw::KMajor<kM>(q_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kN>(k_tile, 0, kk),
-                        kk > 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        fw::WgmmaSS<kN>(acc_dp, fw::KMajor<kM>(do_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kN>(v_tile, 0, kk),
-                        kk > 0);
-      }
-      fw::WgmmaCommit();
-      fw::WgmmaWaitAll();
-      fw::Pin(acc_s);
-      fw::Pin(acc_dp);
+      float acc_s[kN / 8][4], acc_dp[kN / 8][4];  // S = q kᵀ, dP = dO vᵀ
+      fw::ScoresAndScoreGradients<kN, kD, kM>(acc_s, acc_dp, q_tile, k_tile, do_tile, v_tile,
+                                              c * fw::kRowsPerConsumer);
       const bool diagonal = j == my_tiles - 1;
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -768,22 +773,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
     const int q0 = (first_tile + stage % tiles_per_head) * kM;
     if (q0 + kM - 1 >= key_c0) {  // some query of the tile at or after some key of this consumer
       const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
-      float acc_s[kM / 8][4], acc_dp[kM / 8][4];
-      fw::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        fw::WgmmaSS<kM>(acc_s, fw::KMajor<kN>(k_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kM>(q_tile, 0, kk),
-                        kk > 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        fw::WgmmaSS<kM>(acc_dp, fw::KMajor<kN>(v_tile, c * fw::kRowsPerConsumer, kk), fw::KMajor<kM>(do_tile, 0, kk),
-                        kk > 0);
-      }
-      fw::WgmmaCommit();
-      fw::WgmmaWaitAll();
-      fw::Pin(acc_s);
-      fw::Pin(acc_dp);
+      float acc_s[kM / 8][4], acc_dp[kM / 8][4];  // Sᵀ = k qᵀ, dPᵀ = v dOᵀ
+      fw::ScoresAndScoreGradients<kM, kD, kN>(acc_s, acc_dp, k_tile, q_tile, v_tile, do_tile,
+                                              c * fw::kRowsPerConsumer);
       const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
       const float* lse_row = lse_shared + s * kM;
       const float* delta_row = delta_shared + s * kM;
