@@ -17,7 +17,10 @@
 # preset's family picks the PyTorch script, so llama and gpt2 presets can share one run.
 # Knobs: PRESETS="llama-S llama-M", WARMUP=5, STEPS=30 (timed steps after the warm-up),
 # SEED=1337, MODES="eager compile", KEEP_WEIGHTS=1 keeps the exported safetensors (3.5 GB
-# for llama-M), KILN_COMMIT names the commit kiln was built from (default: this tree's).
+# for llama-M), KILN_COMMIT names the commit kiln was built from (default: this tree's),
+# LR=X the peak learning rate of both sides' schedule (default kiln's, 3e-3: llama-M's loss
+# spikes at it, which makes its curves a poor comparison; LR=1e-3 is calmer), KILN_FLAGS
+# extra flags for `kiln train` alone (e.g. "--lm-head-chunk-rows 4096").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KILN=${KILN:-build/kiln}
@@ -59,12 +62,15 @@ for preset in $PRESETS; do
       shape=(--batch "${GPT2_BATCH:-16}")
       ;;
   esac
+  [ -n "${LR:-}" ] && shape+=(--lr "$LR")
   t0=$(date +%s)
   "$KILN" export-inputs "$preset" "${shape[@]}" --steps "$TOTAL" --seed "$SEED" --out "$inputs" \
     > "$OUT_DIR/export_$preset.log" 2>&1 ||
     echo "run_h200: kiln export-inputs $preset failed (see $OUT_DIR/export_$preset.log)"
   t1=$(date +%s)
-  "$KILN" train "$preset" "${shape[@]}" --backend cuda --steps "$TOTAL" --seed "$SEED" > "$OUT_DIR/kiln_$preset.log" 2>&1 ||
+  # shellcheck disable=SC2086  # KILN_FLAGS is a list of flags
+  "$KILN" train "$preset" "${shape[@]}" --backend cuda --steps "$TOTAL" --seed "$SEED" ${KILN_FLAGS:-} \
+    > "$OUT_DIR/kiln_$preset.log" 2>&1 ||
     echo "run_h200: kiln train $preset failed (see $OUT_DIR/kiln_$preset.log)"
   t2=$(date +%s)
   echo "run_h200: $preset: export $((t1 - t0)) s, kiln train $((t2 - t1)) s"
