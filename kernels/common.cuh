@@ -260,4 +260,46 @@ __device__ __forceinline__ void LoadRowWithResidual(const TX* x_row, const TB* b
   }
 }
 
+// The end of a norm input gradient's chunk (rms_norm's and layer_norm's, with or without dw):
+// with the residual stream's gradient dres (the fused add_*_norm_grad_input), dx is rounded to
+// TDX, added in fp32 and rounded again, as the unfused add of the two stored gradients would;
+// then dx is stored (null: unread) and so is its copy for the next GEMM (null: none).
+template <int kVec, typename TDX, typename TR, typename TC>
+__device__ __forceinline__ void FinishInputGradientChunk(float (&dxs)[kVec], long long offset, TDX* dx, const TR* dres,
+                                                         TC* copy) {
+  if (dres != nullptr) {
+    float rs[kVec];
+    LoadFloats(dres + offset, rs);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dxs[j] = ToFloat(FromFloat<TDX>(ToFloat(FromFloat<TDX>(dxs[j])) + rs[j]));
+  }
+  if (dx != nullptr) StoreFloats(dx + offset, dxs);
+  if (copy != nullptr) StoreFloats(copy + offset, dxs);
+}
+
+// Stage 2 of the norms' weight gradients: column c of kColumns partial columns is the sum of
+// partials[0..kBlocks)[c] (stage 1's), in a fixed order: with kThreads = 32 x kGroups threads,
+// lane x owns column blockIdx.x * 32 + x, group y sums blocks y, y + kGroups, ... in order,
+// then group 0 sums the group sums in order and calls store(c, total). Launch:
+// ceil(kColumns / 32) blocks of kThreads.
+template <int kColumns, int kBlocks, int kThreads, typename Store>
+__device__ __forceinline__ void FoldColumnPartials(const float* partials, Store store) {
+  constexpr int kGroups = kThreads / kWarpSize;
+  static_assert(kThreads % kWarpSize == 0, "groups of whole warps");
+  const int lane = threadIdx.x % kWarpSize, group = threadIdx.x / kWarpSize;
+  const int col = blockIdx.x * kWarpSize + lane;
+  float acc = 0.f;
+  if (col < kColumns) {
+#pragma unroll 8
+    for (int b = group; b < kBlocks; b += kGroups) acc += partials[static_cast<long long>(b) * kColumns + col];
+  }
+  __shared__ float group_sums[kGroups][kWarpSize];
+  group_sums[group][lane] = acc;
+  __syncthreads();
+  if (group != 0 || col >= kColumns) return;
+  float total = group_sums[0][lane];
+  for (int y = 1; y < kGroups; ++y) total += group_sums[y][lane];
+  store(col, total);
+}
+
 }  // namespace kiln::kernels

@@ -138,14 +138,7 @@ __device__ __forceinline__ void LayerNormGradInputRow(long long row, TDX* dx, co
     for (int j = 0; j < kVec; ++j) {
       dxs[j] = __fmaf_rn(r, __fsub_rn(gs[k][j], g_mean), -__fmul_rn(cs[k][j], c_scale));
     }
-    if (dres != nullptr) {
-      float rs[kVec];
-      LoadFloats(dres + row * kD + i, rs);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) dxs[j] = ToFloat(FromFloat<TDX>(ToFloat(FromFloat<TDX>(dxs[j])) + rs[j]));
-    }
-    if (dx != nullptr) StoreFloats(dx + row * kD + i, dxs);  // null: unread (only the copy is)
-    if (copy != nullptr) StoreFloats(copy + row * kD + i, dxs);
+    FinishInputGradientChunk<kVec>(dxs, row * kD + i, dx, dres, copy);
     if constexpr (kWeightGrad) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -239,30 +232,15 @@ __device__ __forceinline__ void LayerNormGradInputAndWeight(TDX* dx, const TX* x
 }
 
 // Stage 2 of 2: column c of the 2 kD partial columns (dw's, then db's) is the sum of
-// partials[0..kBlocks)[c] (stage 1's), in rms_norm's fold order: with kThreads = 32 x kGroups
-// threads, lane x owns column blockIdx.x * 32 + x, group y sums blocks y, y + kGroups, ... in
-// order, then group 0 sums the group sums in order; columns below kD go to dw, the rest to db.
-// Launch: ceil(2 kD / 32) blocks of kThreads.
+// partials[0..kBlocks)[c] (stage 1's), in FoldColumnPartials's fixed order (kernels/common.cuh,
+// rms_norm's too); columns below kD go to dw, the rest to db. Launch: ceil(2 kD / 32) blocks of
+// kThreads.
 template <typename TDW, int kD, int kBlocks, int kThreads>
 __device__ __forceinline__ void LayerNormWeightGradFold(TDW* dw, TDW* db, const float* partials) {
-  constexpr int kGroups = kThreads / kWarpSize;
-  constexpr int kColumns = 2 * kD;
-  static_assert(kThreads % kWarpSize == 0, "groups of whole warps");
-  const int lane = threadIdx.x % kWarpSize, group = threadIdx.x / kWarpSize;
-  const int col = blockIdx.x * kWarpSize + lane;
-  float acc = 0.f;
-  if (col < kColumns) {
-#pragma unroll 8
-    for (int b = group; b < kBlocks; b += kGroups) acc += partials[static_cast<long long>(b) * kColumns + col];
-  }
-  __shared__ float group_sums[kGroups][kWarpSize];
-  group_sums[group][lane] = acc;
-  __syncthreads();
-  if (group != 0 || col >= kColumns) return;
-  float total = group_sums[0][lane];
-  for (int y = 1; y < kGroups; ++y) total += group_sums[y][lane];
-  TDW* out = col < kD ? dw : db;
-  if (out != nullptr) out[col < kD ? col : col - kD] = FromFloat<TDW>(total);
+  FoldColumnPartials<2 * kD, kBlocks, kThreads>(partials, [&](int col, float total) {
+    TDW* out = col < kD ? dw : db;
+    if (out != nullptr) out[col < kD ? col : col - kD] = FromFloat<TDW>(total);
+  });
 }
 
 }  // namespace kiln::kernels

@@ -104,14 +104,7 @@ __device__ __forceinline__ void RmsNormGradInputRow(long long row, TDX* dx, cons
     float dxs[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dxs[j] = __fmaf_rn(r, wdys[k][j], -__fmul_rn(xs[k][j], x_scale));
-    if (dres != nullptr) {
-      float rs[kVec];
-      LoadFloats(dres + row * kD + i, rs);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) dxs[j] = ToFloat(FromFloat<TDX>(ToFloat(FromFloat<TDX>(dxs[j])) + rs[j]));
-    }
-    if (dx != nullptr) StoreFloats(dx + row * kD + i, dxs);  // null: unread (only the copy is)
-    if (copy != nullptr) StoreFloats(copy + row * kD + i, dxs);
+    FinishInputGradientChunk<kVec>(dxs, row * kD + i, dx, dres, copy);
     if constexpr (kWeightGrad) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) dw_sums[k][j] = __fmaf_rn(__fmul_rn(dys[k][j], xs[k][j]), r, dw_sums[k][j]);
@@ -189,28 +182,14 @@ __device__ __forceinline__ void RmsNormGradInputAndWeight(TDX* dx, const TX* x, 
   }
 }
 
-// Stage 2 of 2: dw[c] = the sum of partials[0..kBlocks)[c] (stage 1's), in a fixed order:
-// with kThreads = 32 x kGroups threads, lane x owns column blockIdx.x * 32 + x, group y sums
-// blocks y, y + kGroups, ... in order, then group 0 sums the group sums in order. Launch:
-// ceil(kD / 32) blocks of kThreads.
+// Stage 2 of 2: dw[c] = the sum of partials[0..kBlocks)[c] (stage 1's), in
+// FoldColumnPartials's fixed order (kernels/common.cuh). Launch: ceil(kD / 32) blocks of
+// kThreads.
 template <typename TDW, int kD, int kBlocks, int kThreads>
 __device__ __forceinline__ void RmsNormWeightGradFold(TDW* dw, const float* partials) {
-  constexpr int kGroups = kThreads / kWarpSize;
-  static_assert(kThreads % kWarpSize == 0, "groups of whole warps");
-  const int lane = threadIdx.x % kWarpSize, group = threadIdx.x / kWarpSize;
-  const int col = blockIdx.x * kWarpSize + lane;
-  float acc = 0.f;
-  if (col < kD) {
-#pragma unroll 8
-    for (int b = group; b < kBlocks; b += kGroups) acc += partials[static_cast<long long>(b) * kD + col];
-  }
-  __shared__ float group_sums[kGroups][kWarpSize];
-  group_sums[group][lane] = acc;
-  __syncthreads();
-  if (group != 0 || col >= kD || dw == nullptr) return;
-  float total = group_sums[0][lane];
-  for (int y = 1; y < kGroups; ++y) total += group_sums[y][lane];
-  dw[col] = FromFloat<TDW>(total);
+  FoldColumnPartials<kD, kBlocks, kThreads>(partials, [&](int col, float total) {
+    if (dw != nullptr) dw[col] = FromFloat<TDW>(total);
+  });
 }
 
 // dw = rms_norm_grad_weight(x, w, dy), deterministic and without float atomics.
