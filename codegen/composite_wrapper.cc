@@ -83,6 +83,60 @@ WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenO
   return w;
 }
 
+absl::StatusOr<LoweredNode> LowerNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
+                                                        const RowGeometry& g, const NormFamily& family) {
+  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
+  // The residual forms (add_*_norm_grad_input) take dres first.
+  const bool residual = node.opcode() == Opcode::kAddRmsNormGradInput || node.opcode() == Opcode::kAddLayerNormGradInput;
+  const int x_at = residual ? 1 : 0;
+  const Rows rows = RowsOf(node.operand(x_at)->type());
+  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
+              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
+  const int64_t grads = static_cast<int64_t>(family.weight_grads.size());
+  const bool copy = node.num_results() == 2 + grads;  // dx, [copy,] the weight gradients
+  const DType dw = node.result_types().back().dtype;
+  const DType dres = residual ? node.operand(0)->type().dtype : DType::kF32;
+  const DType copy_type = copy ? node.result_type(1).dtype : dx;
+  const WeightGradGeometry wg = ChooseWeightGradGeometry(g, options);
+
+  Wrapper wrapper{family.header, "", "", {}, ""};
+  wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx")};
+  if (copy) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(copy_type), "* dx_copy"));
+  for (const std::string& grad : family.weight_grads) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* ", grad));
+  if (residual) wrapper.params.push_back(Param(dres, "dres"));
+  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
+  wrapper.params.push_back("float* __restrict__ partials");  // the scratch: wg.blocks x grads D floats
+
+  Wrapper stage1 = wrapper;
+  stage1.comment = absl::StrCat(
+      RowComment(rows.count, rows.length, g), "; ", Count(wg.blocks, "block"), " of ", Count(wg.row_groups, "row group"),
+      " each, summing ",
+      absl::StrJoin(family.weight_grads, " and ", [](std::string* out, const std::string& grad) { absl::StrAppend(out, grad, "'s"); }),
+      " partial rows",
+      residual ? (copy ? "; adds the residual gradient and writes a copy of dx" : "; adds the residual gradient") : "");
+  stage1.call = absl::StrCat(
+      family.templates, "GradInputAndWeight<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ",
+      CudaTypeName(dx), ", ", RowArgs(rows.count, rows.length, g), ", ", wg.row_groups, ", ", CudaTypeName(dres), ", ",
+      CudaTypeName(copy_type), ">(dx, x, w, dy, ", FloatLiteral(eps), ", ", residual ? "dres" : "nullptr", ", ",
+      copy ? "dx_copy" : "nullptr", ", partials)");
+
+  Wrapper stage2 = wrapper;
+  const int64_t columns = grads * rows.length;
+  const int64_t fold_blocks = CeilDiv(columns, kWarpSize);
+  stage2.comment = absl::StrCat(absl::StrJoin(family.weight_grads, " and "), ": ", Count(columns, "column"),
+                                " each the sum of ", Count(wg.blocks, "partial row"), ", in block order within ",
+                                kWeightGradFoldThreads / kWarpSize, " groups, then group order");
+  stage2.call = absl::StrCat(family.templates, "WeightGradFold<", CudaTypeName(dw), ", ", rows.length, ", ", wg.blocks,
+                             ", ", kWeightGradFoldThreads, ">(", absl::StrJoin(family.weight_grads, ", "),
+                             ", partials)");
+
+  const std::string name = codegen::KernelName(node);
+  LoweredNode lowered = Kernels({Emit(node, name, stage1, wg.blocks, g.block_threads()),
+                                 Emit(node, absl::StrCat(name, "_fold"), stage2, fold_blocks, kWeightGradFoldThreads)});
+  lowered.scratch_bytes = wg.blocks * columns * static_cast<int64_t>(sizeof(float));
+  return lowered;
+}
+
 Rows RowsOf(const TensorType& t) {
   const int64_t length = t.dims.back();
   return {length == 0 ? 0 : t.num_elements() / length, length};

@@ -118,6 +118,20 @@ struct WeightGradGeometry {
 };
 WeightGradGeometry ChooseWeightGradGeometry(const RowGeometry& g, const CodegenOptions& options);
 
+// The {weight_grad=1} lowering both norm families share: stage 1, the input-gradient row
+// kernel over `g`'s rows in ChooseWeightGradGeometry's fewer blocks, each summing its rows'
+// partial rows of the weight gradients into the node's scratch; stage 2, the fold adding them in
+// block order. `family` names the header and the templates (`rms_norm`: RmsNormGradInputAndWeight
+// and RmsNormWeightGradFold); `weight_grads` the gradient results after dx [and its copy]: {"dw"}
+// for rms_norm, {"dw", "db"} for layer_norm (its stage 1 sums both; its fold takes 2 D columns).
+struct NormFamily {
+  std::string header;     // "rms_norm" or "layer_norm"
+  std::string templates;  // "RmsNorm" or "LayerNorm"
+  std::vector<std::string> weight_grads;
+};
+absl::StatusOr<LoweredNode> LowerNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
+                                                        const RowGeometry& g, const NormFamily& family);
+
 struct Rows {
   int64_t count = 0;
   int64_t length = 0;

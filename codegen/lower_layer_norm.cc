@@ -46,68 +46,10 @@ absl::StatusOr<LoweredNode> LowerLayerNorm(const Node& node, const CodegenOption
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }
 
-namespace {
-
-// {weight_grad=1}: two kernels, as rms_norm_grad_input's. Stage 1 is the input-gradient row
-// kernel over `g`'s rows in fewer blocks, each also summing dy * c * r and dy of its rows into
-// a partial row of dw and db (2 D floats) in the node's scratch; stage 2 folds the partial rows
-// in block order (kernels/layer_norm.cuh, LayerNormGradInputAndWeight and
-// LayerNormWeightGradFold). Results: dx, [copy,] dw, db.
-absl::StatusOr<LoweredNode> LowerLayerNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
-                                                             const RowGeometry& g) {
-  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
-  const bool residual = node.opcode() == Opcode::kAddLayerNormGradInput;
-  const int x_at = residual ? 1 : 0;
-  const Rows rows = RowsOf(node.operand(x_at)->type());
-  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
-              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
-  const bool copy = node.num_results() == 4;
-  const DType dw = node.result_types().back().dtype;
-  const DType dres = residual ? node.operand(0)->type().dtype : DType::kF32;
-  const DType copy_type = copy ? node.result_type(1).dtype : dx;
-  const WeightGradGeometry wg = ChooseWeightGradGeometry(g, options);
-
-  Wrapper wrapper{"layer_norm", "", "", {}, ""};
-  wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx")};
-  if (copy) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(copy_type), "* dx_copy"));
-  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* dw"));
-  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* db"));
-  if (residual) wrapper.params.push_back(Param(dres, "dres"));
-  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
-  wrapper.params.push_back("float* __restrict__ partials");  // the scratch: wg.blocks x 2 D floats
-
-  Wrapper stage1 = wrapper;
-  stage1.comment = absl::StrCat(RowComment(rows.count, rows.length, g), "; ", Count(wg.blocks, "block"), " of ",
-                                Count(wg.row_groups, "row group"), " each, summing dw's and db's partial rows",
-                                residual ? (copy ? "; adds the residual gradient and writes a copy of dx"
-                                                 : "; adds the residual gradient")
-                                         : "");
-  stage1.call = absl::StrCat(
-      "LayerNormGradInputAndWeight<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ",
-      CudaTypeName(dx), ", ", RowArgs(rows.count, rows.length, g), ", ", wg.row_groups, ", ", CudaTypeName(dres),
-      ", ", CudaTypeName(copy_type), ">(dx, x, w, dy, ", FloatLiteral(eps), ", ", residual ? "dres" : "nullptr", ", ",
-      copy ? "dx_copy" : "nullptr", ", partials)");
-
-  Wrapper stage2 = wrapper;
-  const int64_t fold_blocks = CeilDiv(2 * rows.length, kWarpSize);
-  stage2.comment = absl::StrCat("dw and db: ", Count(2 * rows.length, "column"), " each the sum of ",
-                                Count(wg.blocks, "partial row"), ", in block order within ",
-                                kWeightGradFoldThreads / kWarpSize, " groups, then group order");
-  stage2.call = absl::StrCat("LayerNormWeightGradFold<", CudaTypeName(dw), ", ", rows.length, ", ", wg.blocks, ", ",
-                             kWeightGradFoldThreads, ">(dw, db, partials)");
-
-  const std::string name = codegen::KernelName(node);
-  LoweredNode lowered = Kernels({Emit(node, name, stage1, wg.blocks, g.block_threads()),
-                                 Emit(node, absl::StrCat(name, "_fold"), stage2, fold_blocks, kWeightGradFoldThreads)});
-  lowered.scratch_bytes = wg.blocks * 2 * rows.length * static_cast<int64_t>(sizeof(float));
-  return lowered;
-}
-
-}  // namespace
-
 // layer_norm_grad_input, and add_layer_norm_grad_input (dx and its optional copy): one row
 // kernel, the residual form the same template with its optional pointers set; with
-// {weight_grad=1} two kernels (LowerLayerNormGradInputAndWeight).
+// {weight_grad=1} two kernels (LowerNormGradInputAndWeight: stage 1 sums dy * c * r and dy of
+// its rows into partial rows of dw and db, 2 D floats; the fold adds them in block order).
 absl::StatusOr<LoweredNode> LowerLayerNormGradInput(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
   const bool residual = node.opcode() == Opcode::kAddLayerNormGradInput;
@@ -123,7 +65,7 @@ absl::StatusOr<LoweredNode> LowerLayerNormGradInput(const Node& node, const Code
   for (const Node* operand : node.operands()) dtypes.push_back(operand->type().dtype);
   const RowGeometry g = ChooseRowGeometry(rows.count, rows.length, ChunkWidth(rows.length, dtypes), options);
   RETURN_IF_ERROR(CheckGrid(node, g.blocks));
-  if (WritesWeightGrad(node)) return LowerLayerNormGradInputAndWeight(node, options, g);
+  if (WritesWeightGrad(node)) return LowerNormGradInputAndWeight(node, options, g, {"layer_norm", "LayerNorm", {"dw", "db"}});
   const bool copy = node.num_results() == 2;
   Wrapper wrapper{"layer_norm", RowComment(rows.count, rows.length, g), "", {}, ""};
   if (residual) wrapper.params.push_back(Param(node.operand(0)->type().dtype, "dres"));

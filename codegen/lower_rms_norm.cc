@@ -17,15 +17,13 @@ namespace {
 constexpr int64_t kMaxPartialBlocks = 256;
 constexpr int kGradWeightMinThreads = 256;  // 8 rows' r in flight per block
 
-absl::StatusOr<LoweredNode> LowerRmsNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
-                                                           const RowGeometry& g);
-
 }  // namespace
 
 // rms_norm and rms_norm_grad_input, and their residual forms (add_rms_norm: sum and y;
 // add_rms_norm_grad_input: dx and its optional copy), each one row kernel: the residual
 // forms instantiate the same templates with their optional pointers set. An input gradient
-// {weight_grad=1} is two kernels (LowerRmsNormGradInputAndWeight).
+// {weight_grad=1} is two kernels (LowerNormGradInputAndWeight: stage 1 sums dy * x * r of its
+// rows into partial rows of dw; the fold adds them in block order).
 absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
   const Opcode op = node.opcode();
@@ -64,7 +62,7 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
     }
     case Opcode::kRmsNormGradInput:
     case Opcode::kAddRmsNormGradInput: {
-      if (WritesWeightGrad(node)) return LowerRmsNormGradInputAndWeight(node, options, g);
+      if (WritesWeightGrad(node)) return LowerNormGradInputAndWeight(node, options, g, {"rms_norm", "RmsNorm", {"dw"}});
       const DType dy = node.operand(x_at + 2)->type().dtype;
       const bool residual = op == Opcode::kAddRmsNormGradInput;
       const bool copy = node.num_results() == 2;
@@ -95,62 +93,6 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
   return Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
 }
 
-namespace {
-
-// {weight_grad=1}: two kernels. Stage 1 is the input-gradient row kernel over `g`'s rows in
-// fewer blocks, each also summing dy * x * r of its rows into a partial row of dw in the
-// node's scratch; stage 2 folds the partial rows in block order (kernels/rms_norm.cuh,
-// RmsNormGradInputAndWeight and RmsNormWeightGradFold). Results: dx, [copy,] dw.
-absl::StatusOr<LoweredNode> LowerRmsNormGradInputAndWeight(const Node& node, const CodegenOptions& options,
-                                                           const RowGeometry& g) {
-  ASSIGN_OR_RETURN(double eps, FiniteFloatAttr(node, "eps"));
-  const bool residual = node.opcode() == Opcode::kAddRmsNormGradInput;
-  const int x_at = residual ? 1 : 0;
-  const Rows rows = RowsOf(node.operand(x_at)->type());
-  const DType x = node.operand(x_at)->type().dtype, w = node.operand(x_at + 1)->type().dtype,
-              dy = node.operand(x_at + 2)->type().dtype, dx = node.result_type(0).dtype;
-  const bool copy = node.num_results() == 3;
-  const DType dw = node.result_type(node.num_results() - 1).dtype;
-  const DType dres = residual ? node.operand(0)->type().dtype : DType::kF32;
-  const DType copy_type = copy ? node.result_type(1).dtype : dx;
-  const WeightGradGeometry wg = ChooseWeightGradGeometry(g, options);
-
-  Wrapper wrapper{"rms_norm", "", "", {}, ""};
-  wrapper.outputs = {absl::StrCat(CudaTypeName(dx), "* dx")};
-  if (copy) wrapper.outputs.push_back(absl::StrCat(CudaTypeName(copy_type), "* dx_copy"));
-  wrapper.outputs.push_back(absl::StrCat(CudaTypeName(dw), "* dw"));
-  if (residual) wrapper.params.push_back(Param(dres, "dres"));
-  wrapper.params.insert(wrapper.params.end(), {Param(x, "x"), Param(w, "w"), Param(dy, "dy")});
-  wrapper.params.push_back("float* __restrict__ partials");  // the scratch: wg.blocks x D floats
-
-  Wrapper stage1 = wrapper;
-  stage1.comment = absl::StrCat(RowComment(rows.count, rows.length, g), "; ", Count(wg.blocks, "block"), " of ",
-                                Count(wg.row_groups, "row group"), " each, summing dw's partial rows",
-                                residual ? (copy ? "; adds the residual gradient and writes a copy of dx"
-                                                 : "; adds the residual gradient")
-                                         : "");
-  stage1.call = absl::StrCat(
-      "RmsNormGradInputAndWeight<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(dy), ", ",
-      CudaTypeName(dx), ", ", RowArgs(rows.count, rows.length, g), ", ", wg.row_groups, ", ", CudaTypeName(dres),
-      ", ", CudaTypeName(copy_type), ">(dx, x, w, dy, ", FloatLiteral(eps), ", ", residual ? "dres" : "nullptr", ", ",
-      copy ? "dx_copy" : "nullptr", ", partials)");
-
-  Wrapper stage2 = wrapper;
-  const int64_t fold_blocks = CeilDiv(rows.length, kWarpSize);
-  stage2.comment = absl::StrCat("dw: ", Count(rows.length, "column"), " each the sum of ",
-                                Count(wg.blocks, "partial row"), ", in block order within ",
-                                kWeightGradFoldThreads / kWarpSize, " groups, then group order");
-  stage2.call = absl::StrCat("RmsNormWeightGradFold<", CudaTypeName(dw), ", ", rows.length, ", ", wg.blocks, ", ",
-                             kWeightGradFoldThreads, ">(dw, partials)");
-
-  const std::string name = codegen::KernelName(node);
-  LoweredNode lowered = Kernels({Emit(node, name, stage1, wg.blocks, g.block_threads()),
-                                 Emit(node, absl::StrCat(name, "_fold"), stage2, fold_blocks, kWeightGradFoldThreads)});
-  lowered.scratch_bytes = wg.blocks * rows.length * static_cast<int64_t>(sizeof(float));
-  return lowered;
-}
-
-}  // namespace
 
 // One kernel, deterministic: per-block partial column sums in a module-scope buffer, summed
 // in block order by the last block (kernels/rms_norm.cuh, RmsNormGradWeight).
