@@ -346,44 +346,60 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&
 
 // ------------------------------------------------------------------ the pipeline
 
-// The mbarriers of a producer/consumer pipeline: `first` completes when the producer's first
-// copies (the tiles a block keeps) land, full[s] when stage s is filled, empty[s] when
-// `empty_arrivals` consumer arrivals have freed it. Every thread of the block calls this.
+// A producer/consumer pipeline's mbarriers, 8 bytes each from `base`: `first` completes when
+// the producer's first copies (the tiles a block keeps) land, full[s] when stage s is filled,
+// empty[s] when the consumers' arrivals have freed it.
 template <int kStages>
-__device__ __forceinline__ void InitPipeline(unsigned first, unsigned full, unsigned empty, unsigned empty_arrivals) {
-  if (threadIdx.x == 0) {
-    BarrierInit(first, 128);
-    for (int s = 0; s < kStages; ++s) {
-      BarrierInit(full + 8 * s, 128);
-      BarrierInit(empty + 8 * s, empty_arrivals);
-    }
-  }
-  __syncthreads();
-}
+struct Pipeline {
+  static_assert(8 * (1 + 2 * kStages) <= kBarrierBytes, "barriers fit their space");
+  unsigned first, full, empty;
+  __device__ __forceinline__ explicit Pipeline(unsigned base)
+      : first(base), full(base + 8), empty(base + 8 + 8 * kStages) {}
 
-// The producer warpgroup's loop, after it issued and committed the copies of the tiles the block
-// keeps: for each of `count` stages, waits until its buffer s = stage % kStages is free, calls
-// load(stage, s) to issue that stage's copies, commits them, and publishes the group before
-// (the kept tiles, then stage - 1) once it has landed. A stage is published only once the next
-// is issued, which waits for a free buffer: so the consumers must free stage j - 1 before they
-// wait for stage j, or, with two stages, neither side moves (a consumer that keeps v of tile
-// j - 1 while it computes tile j's scores, as FlashAttention-3's software pipelining does,
-// deadlocks here).
-template <int kStages, typename Load>
-__device__ __forceinline__ void Produce(unsigned first, unsigned full, unsigned empty, int count, Load load) {
-  for (int stage = 0; stage < count; ++stage) {
-    const int s = stage % kStages;
-    if (stage >= kStages) BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
-    load(stage, s);
-    flash_attention::CpAsyncCommit();
-    CpAsyncWait<1>();
-    FenceProxyAsync();
-    BarrierArrive(stage == 0 ? first : full + 8 * ((stage - 1) % kStages));
+  // Every thread of the block calls this; `empty_arrivals` arrivals free a stage.
+  __device__ __forceinline__ void Init(unsigned empty_arrivals) const {
+    if (threadIdx.x == 0) {
+      BarrierInit(first, 128);
+      for (int s = 0; s < kStages; ++s) {
+        BarrierInit(full + 8 * s, 128);
+        BarrierInit(empty + 8 * s, empty_arrivals);
+      }
+    }
+    __syncthreads();
   }
-  CpAsyncWait<0>();
-  FenceProxyAsync();
-  BarrierArrive(full + 8 * ((count - 1) % kStages));
-}
+
+  // The producer warpgroup's loop, after it issued and committed the copies of the tiles the
+  // block keeps: for each of `count` stages, waits until its buffer s = stage % kStages is free,
+  // calls load(stage, s) to issue that stage's copies, commits them, and publishes the group
+  // before (the kept tiles, then stage - 1) once it has landed. A stage is published only once
+  // the next is issued, which waits for a free buffer: so the consumers must free stage j - 1
+  // before they wait for stage j, or, with two stages, neither side moves (a consumer that keeps
+  // v of tile j - 1 while it computes tile j's scores, as FlashAttention-3's software
+  // pipelining does, deadlocks here).
+  template <typename Load>
+  __device__ __forceinline__ void Produce(int count, Load load) const {
+    for (int stage = 0; stage < count; ++stage) {
+      const int s = stage % kStages;
+      if (stage >= kStages) BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
+      load(stage, s);
+      flash_attention::CpAsyncCommit();
+      CpAsyncWait<1>();
+      FenceProxyAsync();
+      BarrierArrive(stage == 0 ? first : full + 8 * ((stage - 1) % kStages));
+    }
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    BarrierArrive(full + 8 * ((count - 1) % kStages));
+  }
+
+  // The consumers' side: the kept tiles, stage `stage`'s tiles (in buffer stage % kStages), and
+  // freeing buffer s (one arrival of the Init count).
+  __device__ __forceinline__ void WaitFirst() const { BarrierWait(first, 0); }
+  __device__ __forceinline__ void WaitFull(int stage) const {
+    BarrierWait(full + 8 * (stage % kStages), (stage / kStages) & 1);
+  }
+  __device__ __forceinline__ void Release(int s) const { BarrierArrive(empty + 8 * s); }
+};
 
 // The backward's two score-shaped products of a consumer, both operands in shared memory:
 // s = a1 b1ᵀ and p = a2 b2ᵀ (64 x kN each, over kD / 16 reduction steps), A the 64 rows from
@@ -453,20 +469,19 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
   const unsigned k_tiles = q_tile + kM * kD * fa::kBf16Bytes;
   const unsigned v_tiles = k_tiles + kStages * kTileBytes;
-  const unsigned q_full = v_tiles + kStages * kTileBytes;  // the q tile landed
-  const unsigned full = q_full + 8;                          // [kStages]: stage's k and v landed
-  const unsigned empty = full + 8 * kStages;                 // [kStages]: every consumer warp is done with it
-  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+  // first: the q tile landed; full[s]: stage s's k and v landed; empty[s]: every consumer warp
+  // is done with them.
+  const fw::Pipeline<kStages> pipe(v_tiles + kStages * kTileBytes);
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  fw::InitPipeline<kStages>(q_full, full, empty, fw::kConsumers * 4);
+  pipe.Init(fw::kConsumers * 4);
 
   if (warpgroup == 0) {
     // Producer: addresses and loop counters only.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
     fa::CpAsyncCommit();
-    fw::Produce<kStages>(q_full, full, empty, key_tiles, [&](int j, int s) {
+    pipe.Produce(key_tiles, [&](int j, int s) {
       fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
       fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
     });
@@ -487,10 +502,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running row max of S * scale_log2, rounded up to an integer
   float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(S * scale_log2 - max2))
 
-  fw::BarrierWait(q_full, 0);
+  pipe.WaitFirst();
   for (int j = 0; j < key_tiles; ++j) {
     const int s = j % kStages;
-    fw::BarrierWait(full + 8 * s, (j / kStages) & 1);
+    pipe.WaitFull(j);
     const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
 
     float acc_s[kN / 8][4];
@@ -549,7 +564,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     fw::WgmmaWaitAll();
     fw::Pin(acc_o);
     __syncwarp();
-    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+    if (lane == 0) pipe.Release(s);
   }
 
 #pragma unroll
@@ -601,13 +616,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   const unsigned do_tile = q_tile + kM * kD * fa::kBf16Bytes;
   const unsigned k_tiles = do_tile + kM * kD * fa::kBf16Bytes;
   const unsigned v_tiles = k_tiles + kStages * kTileBytes;
-  const unsigned qdo_full = v_tiles + kStages * kTileBytes;  // the q and dO tiles landed
-  const unsigned full = qdo_full + 8;                          // [kStages]
-  const unsigned empty = full + 8 * kStages;                   // [kStages]
-  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+  const fw::Pipeline<kStages> pipe(v_tiles + kStages * kTileBytes);  // first: the q and dO tiles landed
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  fw::InitPipeline<kStages>(qdo_full, full, empty, fw::kConsumers * 4);
+  pipe.Init(fw::kConsumers * 4);
 
   // At D 64 the launch's registers suffice every warp (ptxas, unable to tell the count at entry
   // there, would drop setmaxnreg anyway: its C7508); at D 128 the consumers take 216.
@@ -617,7 +629,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
     fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
     fw::LoadTile<kM, kD>(do_tile, dout + (row_base + q0) * kD, t);
     fa::CpAsyncCommit();
-    fw::Produce<kStages>(qdo_full, full, empty, key_tiles, [&](int j, int s) {
+    pipe.Produce(key_tiles, [&](int j, int s) {
       fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
       fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
     });
@@ -640,10 +652,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   float acc_dq[kD / 8][4];
   fa::Zero(acc_dq);
 
-  fw::BarrierWait(qdo_full, 0);
+  pipe.WaitFirst();
   for (int j = 0; j < key_tiles; ++j) {
     const int s = j % kStages;
-    fw::BarrierWait(full + 8 * s, (j / kStages) & 1);
+    pipe.WaitFull(j);
     if (j < my_tiles) {
       const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
       float acc_s[kN / 8][4], acc_dp[kN / 8][4];  // S = q kᵀ, dP = dO vᵀ
@@ -670,7 +682,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
       fw::Pin(acc_dq);
     }
     __syncwarp();
-    if (lane == 0) fw::BarrierArrive(empty + 8 * s);
+    if (lane == 0) pipe.Release(s);
   }
   fa::StoreAccumulator<kD>(dq + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_dq);
 }
@@ -718,14 +730,11 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   const unsigned do_tiles = q_tiles + kStages * kTileBytes;      // [kStages]
   const unsigned lse_tiles = do_tiles + kStages * kTileBytes;    // [kStages][kM] floats
   const unsigned delta_tiles = lse_tiles + kStages * kM * 4;     // [kStages][kM] floats
-  const unsigned kv_full = delta_tiles + kStages * kM * 4;       // the k and v tiles landed
-  const unsigned full = kv_full + 8;                              // [kStages]
-  const unsigned empty = full + 8 * kStages;                      // [kStages]
-  static_assert(8 * (1 + 2 * kStages) <= fw::kBarrierBytes, "barriers fit their space");
+  const fw::Pipeline<kStages> pipe(delta_tiles + kStages * kM * 4);  // first: the k and v tiles landed
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
   // Every consumer thread arrives on empty (see the end of the consumers' loop).
-  fw::InitPipeline<kStages>(kv_full, full, empty, fw::kConsumers * 128);
+  pipe.Init(fw::kConsumers * 128);
 
   // As in dq: at D 64 the launch's registers suffice and ptxas would drop setmaxnreg.
   constexpr bool kMoveRegisters = kD > 64;
@@ -734,7 +743,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
     fw::LoadTile<kN, kD>(k_tile, k + (kv_base + k0) * kD, t);
     fw::LoadTile<kN, kD>(v_tile, v + (kv_base + k0) * kD, t);
     fa::CpAsyncCommit();
-    fw::Produce<kStages>(kv_full, full, empty, stages, [&](int stage, int s) {
+    pipe.Produce(stages, [&](int stage, int s) {
       const int head = kv_head * kGroup + stage / tiles_per_head;
       const int q0 = (first_tile + stage % tiles_per_head) * kM;
       const long long row = (static_cast<long long>(batch) * kHeads + head) * kSeqLen + q0;
@@ -766,10 +775,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   fa::Zero(acc_dk);
   fa::Zero(acc_dv);
 
-  fw::BarrierWait(kv_full, 0);
+  pipe.WaitFirst();
   for (int stage = 0; stage < stages; ++stage) {
     const int s = stage % kStages;
-    fw::BarrierWait(full + 8 * s, (stage / kStages) & 1);
+    pipe.WaitFull(stage);
     const int q0 = (first_tile + stage % tiles_per_head) * kM;
     if (q0 + kM - 1 >= key_c0) {  // some query of the tile at or after some key of this consumer
       const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
@@ -807,7 +816,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
     }
     // Every consumer thread arrives (not one per warp): its own reads of the stage's LSE and
     // Delta (generic loads, unlike wgmma's) are then ordered before the producer refills it.
-    fw::BarrierArrive(empty + 8 * s);
+    pipe.Release(s);
   }
   // attention_grad computes dk and dv as separate nodes: each passes null for the other.
   if (dk != nullptr) fa::StoreAccumulator<kD>(dk + (kv_base + key_c0 + warp * 16) * kD, acc_dk);
