@@ -396,6 +396,22 @@ TEST_F(CliTest, CheckProvesEveryPassPreservesMeaning) {
   EXPECT_TRUE(absl::StrContains(bad.output, "unknown pass 'bogus'")) << bad.output;
 }
 
+// --lm-head-chunk-rows: the default pipeline with chunk-lm-head (32 tokens a step, 8 a chunk)
+// keeps every value of the step up to the weight gradient's reassociated sum, which kiln check
+// names; a negative count, or the flag without --training, is an error that says so.
+TEST_F(CliTest, CheckProvesTheChunkedLmHead) {
+  auto r = RunCommand(Kiln() + " check llama-tiny --training --batch 2 --seq 16 --lm-head-chunk-rows 8");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "chunk-lm-head): f32 values kept in double")) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "meaning preserved (seed 1, tolerance abs 1e-09 rel 1e-09)")) << r.output;
+  auto negative = RunCommand(Kiln() + " check llama-tiny --training --lm-head-chunk-rows -8");
+  EXPECT_EQ(negative.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(negative.output, "--lm-head-chunk-rows must be >= 0, not -8")) << negative.output;
+  auto forward_only = RunCommand(Kiln() + " check llama-tiny --lm-head-chunk-rows 8");
+  EXPECT_EQ(forward_only.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(forward_only.output, "--lm-head-chunk-rows")) << forward_only.output;
+}
+
 // select-flash-attention is not an exact rewrite: the attention op rounds P to bf16 before
 // its normalization (ir/op_table.h), the decomposed graph after it, so each term of P·v
 // differs by up to two bf16 roundings (2^-8 relative). `kiln check` proves it against the
