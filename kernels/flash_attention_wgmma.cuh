@@ -1,5 +1,8 @@
-// Causal flash attention forward for Hopper (sm_90a): the `attention` op (ir/op_table.h) on
-// warpgroup MMA (wgmma.mma_async m64nNk16, bf16 operands, fp32 accumulation), single pass
+// Causal flash attention for Hopper (sm_90a), forward and backward. This comment describes the
+// forward; the backward kernels (FlashAttentionWgmmaBackwardDq, FlashAttentionWgmmaBackwardDkDv,
+// below) use the same block, pipeline and tile layout and say what they compute.
+//
+// The forward: the `attention` op (ir/op_table.h) on warpgroup MMA (wgmma.mma_async m64nNk16, bf16 operands, fp32 accumulation), single pass
 // over the keys with an online softmax. Same layouts, GQA rule, O and LSE as
 // FlashAttentionForward in kernels/flash_attention.cuh, and the same definition of O (that
 // header's top comment): P rounded to bf16 before normalization, with the running row max
@@ -44,7 +47,7 @@
 // declares __launch_bounds__(384), so ptxas gives every thread 168 registers at launch (65536 /
 // 384, one block an SM) and setmaxnreg moves them: the producer keeps 72, the consumers get 216
 // (128 * 72 + 256 * 216 = 384 * 168). tests/flash_attention_kernel_test.cc checks that ptxas
-// spills nothing at D 64 and 128.
+// spills nothing in any of the kernels at D 64 and 128.
 #pragma once
 
 #include "kernels/flash_attention.cuh"
