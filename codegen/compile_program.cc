@@ -172,7 +172,10 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
       args.push_back(i);
     }
     for (const Node* input : node.operands()) args.push_back(index_of.at(input));
-    for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
+    const bool copy_is_a_no_op =
+        nk.lowered.first_kernel_copies_in_place_operand && nk.lowered.in_place_operand >= 0 &&
+        program.plan.node_buffer[i] == program.plan.node_buffer[index_of.at(node.operand(nk.lowered.in_place_operand))];
+    for (size_t k = copy_is_a_no_op ? 1 : 0; k < nk.lowered.kernels.size(); ++k) {
       ProgramStep step{.kind = ProgramStep::Kind::kKernel, .node = &node, .kernel = nk.compiled[k]};
       step.launch = std::move(nk.lowered.kernels[k]);
       step.launch.source.clear();

@@ -50,6 +50,6 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
 // lower_paged_kv.cc: kv_cache_write (a copy of the pool unless it is written in place, then
 // the rows) and paged_attention (a warp per query and head).
 absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOptions& options);
-absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node);
+absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options);
 
 }  // namespace kiln::codegen::composite

@@ -63,6 +63,10 @@ struct LoweredNode {
   // operand's buffer where the operand dies at this node and has the result's size
   // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
   int in_place_operand = -1;
+  // With in_place_operand: the first kernel only copies that operand into the result
+  // (kv_cache_write's pool copy), so the launch list leaves it out where the plan gives the
+  // result the operand's buffer.
+  bool first_kernel_copies_in_place_operand = false;
   // With elementwise_in_place, for a node of several results: one entry per result, the one
   // operand whose buffer that result may take (the operand it is computed from element by
   // element at the same index), or -1 for none. A grouped adamw_update's result 3i+j is

@@ -70,7 +70,7 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
     case Opcode::kKvCacheWrite:
       return composite::LowerKvCacheWrite(node, options);
     case Opcode::kPagedAttention:
-      return composite::LowerPagedAttention(node);
+      return composite::LowerPagedAttention(node, options);
     default:
       break;
   }

@@ -17,8 +17,9 @@ std::string PoolArgs(const TensorType& pool, int64_t layer) {
 
 }  // namespace
 
-// Two kernels: the pool copied into the output (a no-op when the runtime gives the output
-// the pool's buffer), then one thread per element of the new rows.
+// Two kernels: the pool copied into the output (left out when the plan gives the output the
+// pool's buffer, and a no-op in the kernel when it is), then one thread per element of the
+// new rows.
 absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   const TensorType& pool = node.operand(0)->type();
@@ -43,28 +44,83 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
   write.call = absl::StrCat("KvCacheWrite<", CudaTypeName(x.dtype), ", ", tp, ", ", x.dims[0], "LL, ",
                             PoolArgs(pool, layer), ">(out, x, slots)");
   kernels.push_back(Emit(node, codegen::KernelName(node), write, write_blocks, threads));
-  return Kernels(std::move(kernels));
+  // The pool is updated in place where the plan allows (passes/buffer_plan.h: a chain of
+  // writes from the pool parameter to its donated output), and the copy is then left out.
+  LoweredNode lowered = Kernels(std::move(kernels));
+  lowered.in_place_operand = 0;
+  lowered.first_kernel_copies_in_place_operand = true;
+  return lowered;
 }
 
-absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node) {
+// PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
+// split over the keys until the launch has about two blocks per SM (each split at least 32
+// keys), then PagedAttentionCombine when there are several splits; otherwise a warp per
+// (query row, head), one key at a time (PagedAttention).
+absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
   const TensorType& q = node.operand(0)->type();
   const TensorType& pool = node.operand(1)->type();
   const int64_t max_blocks = node.operand(3)->type().dims[1];
-  const int64_t items = q.num_elements() / std::max<int64_t>(1, q.dims[3]);
   if (q.num_elements() == 0) return Kernels({});
-  RETURN_IF_ERROR(CheckGrid(node, items));
+  const int64_t heads = q.dims[2], head_dim = q.dims[3], kv_heads = pool.dims[2], block_size = pool.dims[3];
+  const int64_t group = heads / std::max<int64_t>(1, kv_heads);
+  const int64_t rows = q.dims[0] * q.dims[1];
   Wrapper w;
   w.header = "paged_kv";
-  w.comment = absl::StrCat("a warp per (query, head): ", Count(items, "warp"), ", two passes over the keys");
   w.params = {Param(q.dtype, "q"), Param(pool.dtype, "k_pool"), Param(pool.dtype, "v_pool"),
               Param(DType::kI32, "block_tables"), Param(DType::kI32, "positions")};
-  w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", q.dims[0], "LL, ", q.dims[1], "LL, ",
-                        q.dims[2], ", ", q.dims[3], ", ", layer, ", ", pool.dims[1], "LL, ", pool.dims[2], ", ",
-                        pool.dims[3], ", ", max_blocks,
-                        ">(out, q, k_pool, v_pool, block_tables, positions, ", FloatLiteral(scale), ")");
-  return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
+  const std::string args = absl::StrCat(q.dims[0], "LL, ", q.dims[1], "LL, ", heads, ", ", head_dim, ", ", layer, ", ",
+                                        pool.dims[1], "LL, ", kv_heads, ", ", block_size, ", ", max_blocks);
+  const std::string call_args = absl::StrCat("(out, q, k_pool, v_pool, block_tables, positions, ", FloatLiteral(scale));
+  const int64_t vec = 16 / DTypeBytes(pool.dtype);
+  const int64_t lanes_per_row = head_dim % vec == 0 ? head_dim / vec : 0;
+  if (q.dtype != pool.dtype || lanes_per_row < 1 || lanes_per_row > kWarpSize || kWarpSize % lanes_per_row != 0) {
+    const int64_t items = q.num_elements() / std::max<int64_t>(1, head_dim);
+    RETURN_IF_ERROR(CheckGrid(node, items));
+    w.comment = absl::StrCat("a warp per (query, head): ", Count(items, "warp"), ", two passes over the keys");
+    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", args, ">", call_args, ")");
+    return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
+  }
+  constexpr int kWarps = 8;
+  constexpr int64_t kMinChunk = 32;
+  const int64_t max_keys = max_blocks * block_size;
+  const int64_t items = rows * kv_heads;
+  const int64_t wanted_blocks = 2 * int64_t{std::max(1, options.target.sm_count)};
+  int64_t splits = items >= wanted_blocks ? 1
+                                          : std::min(CeilDiv(wanted_blocks, items), CeilDiv(max_keys, kMinChunk));
+  const int64_t chunk = CeilDiv(max_keys, std::max<int64_t>(1, splits));
+  splits = CeilDiv(max_keys, chunk);
+  // The block table row, then the chunk's scores, the warps' partial outputs and their
+  // (max, sum) states.
+  const int64_t shared_bytes =
+      CeilDiv(max_blocks, 4) * 16 + (group * chunk + kWarps * group * head_dim + 2 * kWarps * group) * int64_t{4};
+  if (shared_bytes > options.target.shared_memory_per_block) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": ", shared_bytes,
+                                                   " bytes of shared memory for paged attention over ", max_keys,
+                                                   " keys, beyond the target's ",
+                                                   options.target.shared_memory_per_block));
+  }
+  RETURN_IF_ERROR(CheckGrid(node, items * splits));
+  if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
+  w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
+                           " x ", splits, " splits of ", chunk, " keys, the group's ", group,
+                           " heads sharing each K and V row");
+  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", args, ", ", kWarps, ", ", splits, ", ",
+                        chunk, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
+  KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, kWarps * kWarpSize);
+  split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
+  if (splits == 1) return Kernels({std::move(split_kernel)});
+  Wrapper combine = w;
+  combine.comment = absl::StrCat("adds the ", splits, " splits' partial outputs, a thread per element");
+  combine.call = absl::StrCat("PagedAttentionCombine<", rows, "LL, ", heads, ", ", head_dim, ", ", kv_heads, ", ", splits,
+                              ">(out, partials)");
+  const int threads = options.threads_per_block;
+  LoweredNode lowered =
+      Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,
+                                             CeilDiv(q.num_elements(), threads), threads)});
+  lowered.scratch_bytes = items * splits * group * head_dim * int64_t{4};
+  return lowered;
 }
 
 }  // namespace kiln::codegen::composite

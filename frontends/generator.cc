@@ -3,9 +3,13 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "frontends/inference_engine.h"
 #include "frontends/llama.h"
-#include "ir/reference_backend.h"
 #include "ir/status_macros.h"
+#ifdef KILN_WITH_CUDA
+#include "frontends/cuda_inference_engine.h"
+#include "runtime/cuda/device.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -32,6 +36,9 @@ int64_t PrefillBucket(int64_t num_tokens) {
   while (bucket < num_tokens) bucket *= 2;
   return bucket;
 }
+
+Generator::Generator(const ModelConfig& config, const GeneratorOptions& options) : config_(config), options_(options) {}
+Generator::~Generator() = default;
 
 absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& config, std::vector<HostTensor> weights,
                                                              const GeneratorOptions& options) {
@@ -85,11 +92,22 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& 
                                                 std::move(blocks)));
   g->scheduler_.emplace(std::move(scheduler));
 
-  const TensorType pool = KvPoolType(config, g->layout_, options.precision);
-  g->args_.resize(kInferenceFirstWeightParameter);
-  g->args_[kInferenceKPoolParameter] = HostTensor(pool);
-  g->args_[kInferenceVPoolParameter] = HostTensor(pool);
-  for (HostTensor& w : weights) g->args_.push_back(std::move(w));
+  // The GEMM operands in the GEMM dtype, as the inference functions take them.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorType type = InferenceWeightType(specs[i], options.precision);
+    if (type.dtype != weights[i].type().dtype) weights[i] = HostTensor::FromValues(type, weights[i].values());
+  }
+  if (options.device == nullptr) {
+    ASSIGN_OR_RETURN(g->engine_,
+                     CreateReferenceInferenceEngine(config, g->layout_, options.precision, std::move(weights)));
+  } else {
+#ifdef KILN_WITH_CUDA
+    ASSIGN_OR_RETURN(g->engine_, CreateCudaInferenceEngine(config, g->layout_, options.precision, std::move(weights),
+                                                           *options.device));
+#else
+    return absl::FailedPreconditionError("generation on a GPU: this kiln was built without CUDA");
+#endif
+  }
   return g;
 }
 
@@ -106,7 +124,11 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
                      BuildLlamaInferenceModule(config_, layout_, options_.precision, phase, size));
     CompileOptions compile;
     compile.precision = options_.precision;
+#ifdef KILN_WITH_CUDA
+    if (options_.device != nullptr) compile.target = options_.device->target();
+#endif
     RETURN_IF_ERROR(CompileInferenceModule(*module, compile).status());
+    RETURN_IF_ERROR(engine_->Load(*module->functions()[0]));
     it = compiled_.emplace(key, std::move(module)).first;
     stats_.compile_seconds += Seconds(start);
     ++stats_.functions_compiled;
@@ -114,43 +136,13 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
   return it->second->functions()[0].get();
 }
 
-absl::StatusOr<HostTensor> Generator::Call(const Function& f, HostTensor tokens, HostTensor positions, HostTensor slots,
-                                           HostTensor block_tables) {
-  args_[0] = std::move(tokens);
-  args_[1] = std::move(positions);
-  args_[2] = std::move(slots);
-  args_[3] = std::move(block_tables);
-  ASSIGN_OR_RETURN(std::vector<HostTensor> outputs, EvaluateFunction(f, args_));
-  // The pools are donated: outputs 1 and 2 replace parameters 4 and 5.
-  args_[kInferenceKPoolParameter] = std::move(outputs[1]);
-  args_[kInferenceVPoolParameter] = std::move(outputs[2]);
-  return std::move(outputs[0]);
-}
-
-// K and V of every layer, the first num_tokens slots of src into dst: [L, NB, KV, BS, D].
-void Generator::CopyBlocks(absl::Span<const inference::BlockCopy> copies) {
-  const int64_t bs = layout_.block_size, d = config_.head_dim, kv = config_.n_kv_heads, nb = layout_.num_blocks;
-  for (int p : {kInferenceKPoolParameter, kInferenceVPoolParameter}) {
-    std::vector<double>& pool = args_[p].mutable_values();
-    for (const inference::BlockCopy& c : copies) {
-      for (int64_t layer = 0; layer < config_.n_layers; ++layer) {
-        for (int64_t h = 0; h < kv; ++h) {
-          const int64_t src = ((layer * nb + c.src) * kv + h) * bs * d;
-          const int64_t dst = ((layer * nb + c.dst) * kv + h) * bs * d;
-          std::copy(pool.begin() + src, pool.begin() + src + c.num_tokens * d, pool.begin() + dst);
-        }
-      }
-    }
-  }
-}
-
-absl::StatusOr<TokenId> Generator::SampleRow(const HostTensor& logits, int64_t row, inference::RequestId request,
+absl::StatusOr<TokenId> Generator::SampleRow(absl::Span<const float> logits, inference::RequestId request,
                                              int64_t position, const inference::SamplingParams& sampling,
                                              int64_t draw) {
-  const int64_t vocab = config_.vocab_size;
-  std::vector<float> values(logits.values().begin() + row * vocab, logits.values().begin() + (row + 1) * vocab);
-  if (options_.on_logits) options_.on_logits(request, position, values);
-  absl::StatusOr<TokenId> token = sampler_.Sample(values, sampling, draw);
+  if (options_.on_logits) options_.on_logits(request, position, logits);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<TokenId> token = sampler_.Sample(logits, sampling, draw);
+  stats_.sample_seconds += Seconds(start);
   if (!token.ok()) {
     return absl::Status(token.status().code(), absl::StrCat("request ", request, ": ", token.status().message()));
   }
@@ -174,9 +166,11 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
       positions[i] = static_cast<int32_t>(pos);
       slots[i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
     }
-    ASSIGN_OR_RETURN(HostTensor logits, Call(*f, I32({1, t}, tokens), I32({1, t}, positions), I32({1, t}, slots),
-                                             I32({1, m}, table)));
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, fresh - 1, p.request, context - 1, p.sampling, p.draw));
+    const int64_t last = fresh - 1;
+    ASSIGN_OR_RETURN(std::vector<float> logits,
+                     engine_->Run(*f, {I32({1, t}, tokens), I32({1, t}, positions), I32({1, t}, slots), I32({1, m}, table)},
+                                  absl::MakeConstSpan(&last, 1)));
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, p.request, context - 1, p.sampling, p.draw));
     sampled.push_back({p.request, token});
     stats_.prefill_tokens += fresh;
     stats_.cached_tokens += p.num_cached_tokens;
@@ -195,16 +189,26 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   // Padding rows attend to nothing: position -1 (context length 0).
   std::vector<int32_t> positions(bucket);
   for (int64_t i = 0; i < bucket; ++i) positions[i] = batch.context_lengths[i] - 1;
-  ASSIGN_OR_RETURN(HostTensor logits,
-                   Call(*f, I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions), I32({bucket, 1}, batch.slots),
-                        I32({bucket, layout_.max_blocks_per_sequence}, batch.block_tables)));
+  const bool profiled = stats_.decode_steps == options_.profile_decode_call;
+  std::vector<int64_t> rows(step.decodes.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  ASSIGN_OR_RETURN(std::vector<float> logits,
+                   engine_->Run(*f,
+                                {I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions),
+                                 I32({bucket, 1}, batch.slots),
+                                 I32({bucket, layout_.max_blocks_per_sequence}, batch.block_tables)},
+                                rows, profiled ? &decode_profile_ : nullptr));
+  if (profiled) decode_profile_bucket_ = bucket;
+  const int64_t vocab = config_.vocab_size;
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < step.decodes.size(); ++i) {
     const DecodeWork& d = step.decodes[i];
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, static_cast<int64_t>(i), d.request, d.position, d.sampling, d.draw));
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), d.request,
+                                              d.position, d.sampling, d.draw));
     sampled.push_back({d.request, token});
   }
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());
+  ++stats_.decode_steps;
   stats_.decode_seconds += Seconds(start);
   return sampled;
 }
@@ -213,7 +217,7 @@ absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Step(const To
   ASSIGN_OR_RETURN(inference::ScheduledStep step, scheduler_->Schedule());
   if (step.empty()) return std::vector<inference::FinishedRequest>{};  // nothing in flight
   ++stats_.steps;
-  CopyBlocks(step.block_copies);
+  RETURN_IF_ERROR(engine_->CopyBlocks(step.block_copies));
   ASSIGN_OR_RETURN(std::vector<SampledToken> sampled, RunPrefills(step));
   ASSIGN_OR_RETURN(std::vector<SampledToken> decoded, RunDecodes(step));
   sampled.insert(sampled.end(), decoded.begin(), decoded.end());

@@ -1,7 +1,9 @@
-// Text generation on the CPU reference backend from a paged KV cache (issue 15): the
-// scheduler, block manager and sampler of runtime/inference/ driving the @prefill and
-// @decode functions of frontends/llama_inference.h, compiled through the normal pipelines and
-// evaluated by ir/reference_backend.h.
+// Text generation from a paged KV cache (issue 15): the scheduler, block manager and
+// sampler of runtime/inference/ driving the @prefill and @decode functions of
+// frontends/llama_inference.h, compiled through the normal pipelines and run by an
+// InferenceEngine (frontends/inference_engine.h): the CPU reference backend, or a GPU
+// (GeneratorOptions::device) where one executable per function size binds the one copy of
+// the weights and the KV pools, and replays as a CUDA graph.
 //
 //   Generator::Create(config, weights, options)
 //   generator->Submit(request)        rejected (InvalidArgument, changing nothing) if it can
@@ -9,14 +11,9 @@
 //   generator->Run(on_token)          steps until every request is done; on_token sees each
 //                                     sampled token as it comes
 //
-// Each step: the block copies of copy-on-write on the host pool, each prefill as one call of
-// @prefill (its uncached tokens padded to a power of two), then the decode batch as one call
-// of @decode padded to its bucket. The KV pools are host tensors passed in as parameters 4
-// and 5 and taken back from the outputs that are donated to them. A function is compiled the
-// first time its size is needed and kept.
-//
-// Only the CPU backend is wired: the CUDA executables (runtime/cuda/) do not yet bind a KV
-// pool shared between functions, so `--backend cuda` is refused by `kiln generate`.
+// Each step: the block copies of copy-on-write, each prefill as one call of @prefill (its
+// uncached tokens padded to a power of two), then the decode batch as one call of @decode
+// padded to its bucket. A function is compiled the first time its size is needed and kept.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +31,12 @@
 #include "ir/host_tensor.h"
 #include "passes/compile_options.h"
 #include "runtime/inference/scheduler.h"
+#include "runtime/step_profile.h"
 
 namespace kiln {
+
+class CudaDevice;
+class InferenceEngine;
 
 struct GeneratorOptions {
   Precision precision = Precision::kBf16;
@@ -49,6 +50,12 @@ struct GeneratorOptions {
   int64_t max_prefill_tokens = 8192;
   bool enable_prefix_caching = true;
   std::optional<inference::TokenId> eos_token;
+  // Run on this GPU (it outlives the Generator); null: on the CPU reference backend. A build
+  // without CUDA refuses a device.
+  CudaDevice* device = nullptr;
+  // >= 0: that call of @decode (0 is the first) runs launched one by one with CUDA events
+  // (InferenceEngine::Run's profile): decode_profile() then says where its time went.
+  int64_t profile_decode_call = -1;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
   std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
@@ -59,8 +66,10 @@ struct GenerationStats {
   int64_t prefill_tokens = 0;  // tokens computed by @prefill (cached ones excluded)
   int64_t cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache
   int64_t decode_tokens = 0;   // tokens computed by @decode (padding rows excluded)
+  int64_t decode_steps = 0;    // calls of @decode
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  double sample_seconds = 0;   // of prefill and decode seconds: picking the tokens on the host
   double compile_seconds = 0;
   int64_t steps = 0;
   int64_t functions_compiled = 0;
@@ -92,17 +101,17 @@ class Generator {
   const inference::Scheduler& scheduler() const { return *scheduler_; }
   int64_t max_context() const { return max_context_; }
   const PagedKvLayout& layout() const { return layout_; }
+  // The profiled @decode call's launches (GeneratorOptions::profile_decode_call), and its batch
+  // bucket; empty before that call, or on the CPU.
+  const std::vector<StepTiming>& decode_profile() const { return decode_profile_; }
+  int64_t decode_profile_bucket() const { return decode_profile_bucket_; }
+  ~Generator();
 
  private:
-  Generator(const ModelConfig& config, const GeneratorOptions& options) : config_(config), options_(options) {}
+  Generator(const ModelConfig& config, const GeneratorOptions& options);
 
   absl::StatusOr<const Function*> FunctionFor(InferencePhase phase, int64_t size);
-  // Runs `f` on (tokens, positions, slots, block_tables) and the pools; the pools come back
-  // updated, the logits are returned.
-  absl::StatusOr<HostTensor> Call(const Function& f, HostTensor tokens, HostTensor positions, HostTensor slots,
-                                  HostTensor block_tables);
-  void CopyBlocks(absl::Span<const inference::BlockCopy> copies);
-  absl::StatusOr<inference::TokenId> SampleRow(const HostTensor& logits, int64_t row, inference::RequestId request,
+  absl::StatusOr<inference::TokenId> SampleRow(absl::Span<const float> logits, inference::RequestId request,
                                                int64_t position, const inference::SamplingParams& sampling,
                                                int64_t draw);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
@@ -114,10 +123,11 @@ class Generator {
   int64_t max_context_ = 0;
   std::optional<inference::Scheduler> scheduler_;
   inference::Sampler sampler_;
-  // tokens, positions, slots, block_tables, k_pool, v_pool, weights...: the weights stay.
-  std::vector<HostTensor> args_;
+  std::unique_ptr<InferenceEngine> engine_;  // the weights and the pools
   std::map<std::pair<InferencePhase, int64_t>, std::unique_ptr<Module>> compiled_;
   GenerationStats stats_;
+  std::vector<StepTiming> decode_profile_;
+  int64_t decode_profile_bucket_ = 0;
 };
 
 // The prefill size a context of `num_tokens` uncached tokens is padded to: the next power of

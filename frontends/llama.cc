@@ -40,24 +40,25 @@ std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = LayerPrefix(i);
     weights.push_back({p + "input_layernorm.weight", {c.d_model}});
-    weights.push_back({p + "self_attn.q_proj.weight", {q_width, c.d_model}});
-    weights.push_back({p + "self_attn.k_proj.weight", {kv_width, c.d_model}});
-    weights.push_back({p + "self_attn.v_proj.weight", {kv_width, c.d_model}});
-    weights.push_back({p + "self_attn.o_proj.weight", {c.d_model, q_width}});
+    weights.push_back({p + "self_attn.q_proj.weight", {q_width, c.d_model}, true});
+    weights.push_back({p + "self_attn.k_proj.weight", {kv_width, c.d_model}, true});
+    weights.push_back({p + "self_attn.v_proj.weight", {kv_width, c.d_model}, true});
+    weights.push_back({p + "self_attn.o_proj.weight", {c.d_model, q_width}, true});
     weights.push_back({p + "post_attention_layernorm.weight", {c.d_model}});
-    weights.push_back({p + "mlp.gate_proj.weight", {c.d_ff, c.d_model}});
-    weights.push_back({p + "mlp.up_proj.weight", {c.d_ff, c.d_model}});
-    weights.push_back({p + "mlp.down_proj.weight", {c.d_model, c.d_ff}});
+    weights.push_back({p + "mlp.gate_proj.weight", {c.d_ff, c.d_model}, true});
+    weights.push_back({p + "mlp.up_proj.weight", {c.d_ff, c.d_model}, true});
+    weights.push_back({p + "mlp.down_proj.weight", {c.d_model, c.d_ff}, true});
   }
   weights.push_back({"model.norm.weight", {c.d_model}});
-  if (!c.tie_embeddings) weights.push_back({"lm_head.weight", {c.vocab_size, c.d_model}});
+  if (!c.tie_embeddings) weights.push_back({"lm_head.weight", {c.vocab_size, c.d_model}, true});
   return weights;
 }
 
-std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config) {
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config, DType gemm_operand_dtype) {
   std::vector<Tensor> params;
   for (const WeightSpec& spec : LlamaWeights(config)) {
-    params.push_back(graph.Parameter(spec.name, TensorType{DType::kF32, spec.shape}));
+    const DType dtype = spec.gemm_operand ? gemm_operand_dtype : DType::kF32;
+    params.push_back(graph.Parameter(spec.name, TensorType{dtype, spec.shape}));
   }
   return params;
 }

@@ -36,6 +36,9 @@ struct LlamaBuildOptions {
 struct WeightSpec {
   std::string name;             // Hugging Face name
   std::vector<int64_t> shape;   // Hugging Face layout
+  // Read only as a GEMM operand (the projections and an untied LM head): the inference
+  // functions take it in the GEMM dtype, since every use rounds it there anyway.
+  bool gemm_operand = false;
 };
 
 // Every weight of the model, in the order @forward takes them (after tokens, targets).
@@ -45,8 +48,11 @@ std::vector<WeightSpec> LlamaWeights(const ModelConfig& config);
 // (frontends/llama_inference.h) so that all of them take the same weights in the same order
 // and compute the same layers.
 //
-// Every weight as a parameter of `graph`, in LlamaWeights order.
-std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config);
+// Every weight as a parameter of `graph`, in LlamaWeights order: f32, except that the GEMM
+// operands are `gemm_operand_dtype` (the inference functions pass bf16 under the bf16 policy,
+// so that a decode step reads half the bytes and converts nothing).
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config,
+                                        DType gemm_operand_dtype = DType::kF32);
 // One layer's self-attention: `x` is the normed input [B,T,D]; returns f32 [B,T,D].
 using LlamaAttention = std::function<Tensor(int64_t layer, Tensor x, const AttentionWeights& weights)>;
 // Logits f32 [B,T,V] of `tokens` [B,T]: embedding, the decoder layers (attention built by

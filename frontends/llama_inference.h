@@ -10,8 +10,11 @@
 //   parameters  tokens i32[B,T], positions i32[B,T], slots i32[B,T], block_tables i32[B,M],
 //               k_pool, v_pool [L, NB, KV, BS, Dh] (f32, or bf16 under the bf16 policy),
 //               then every weight in LlamaWeights order, as @forward takes them after its
-//               tokens and targets
-//   outputs     logits f32[B,T,V], k_pool', v_pool' (donated: output_aliases {-1, 4, 5})
+//               tokens and targets, but with the GEMM operands in the GEMM dtype (bf16
+//               under the bf16 policy: @forward rounds them there before every use, so
+//               the values are the same, and a decode step reads half the bytes)
+//   outputs     logits [B,T,V] (f32; bf16 under the bf16 policy, as @forward's LM head writes
+//               them), k_pool', v_pool' (donated: output_aliases {-1, 4, 5})
 //
 // Sequence lengths, positions and block tables are data, so a function's shapes depend only
 // on (B, T) and the pool: one compile (and, on a GPU, one captured graph) per bucket. A
@@ -36,6 +39,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "frontends/llama.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
 #include "passes/compile_options.h"
@@ -52,6 +56,9 @@ struct PagedKvLayout {
 // The pool's type: [L, NB, KV, BS, Dh] of the GEMM dtype of `precision` (f32 or bf16).
 TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Precision precision);
 
+// The type an inference function takes weight `spec` in (see above).
+TensorType InferenceWeightType(const WeightSpec& spec, Precision precision);
+
 // The parameter index of the first weight, and of the pools, in both functions.
 inline constexpr int kInferenceKPoolParameter = 4;
 inline constexpr int kInferenceVPoolParameter = 5;
@@ -65,8 +72,9 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
                                                                   const PagedKvLayout& layout, Precision precision,
                                                                   InferencePhase phase, int64_t size);
 
-// The forward pipeline, then the default pipeline (passes/default_pipeline.h), on an
-// inference module: what `kiln compile` would run on it.
+// The forward pipeline, then the default pipeline (passes/default_pipeline.h) without
+// merge-sibling-gemms (its concatenate of weight parameters would be a copy every call), on
+// an inference module.
 absl::StatusOr<PipelineReport> CompileInferenceModule(Module& module, const CompileOptions& options);
 
 }  // namespace kiln

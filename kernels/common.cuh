@@ -142,6 +142,10 @@ struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
 
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
 // The running state of a stable log-sum-exp: max of the values seen, and the sum of
 // exp(value - max). Two states merge exactly like two halves of one row (online softmax),
 // so no exp ever overflows whatever the logits.

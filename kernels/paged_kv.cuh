@@ -2,14 +2,17 @@
 // stores token rows into pool slots, paged_attention reads K and V back through block
 // tables. The pool is [L, NB, Hkv, BS, D] (layers, blocks, kv heads, block size, head dim);
 // a flat slot s is offset s % BS of block s / BS. Semantics as in ir/op_table.h and
-// ir/reference/paged_kv_ops.cc.
+// ir/reference/paged_kv_ops.cc: P is rounded to the pool's dtype after normalization, so
+// attention makes two passes over the scores (their max and sum of exp, then P), and reads
+// each K and V row once.
 //
-// These are the straightforward kernels (correct, deterministic, not yet fast): a thread
-// per element for the writes, and one warp per (query, head) for attention, walking the
-// keys one at a time with the dot product spread over the lanes. Attention makes two passes
-// over the keys (online max and sum, then the normalized probabilities), so that P is
-// rounded to the pool's dtype after normalization, as the reference rounds it; neither the
-// scores nor P are ever stored.
+// PagedAttentionSplit (with PagedAttentionCombine) is the kernel codegen picks: blocks per
+// (query row, kv head, key range), so that the group's query heads share every K and V row
+// a block loads and a batch of one still spreads over the SMs (flash-decoding's split), with
+// 16-byte loads spread over the lanes of a row, the rows over the warps, several loads in
+// flight per thread. PagedAttention (a warp per query head, one key at a time) stays for
+// shapes that kernel does not take (a head dim whose rows are not whole 16-byte loads for a
+// power of two of lanes).
 #pragma once
 
 #include "kernels/common.cuh"
@@ -110,6 +113,187 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
     const int d = lane + i * kWarpSize;
     if (d < kD) o[d] = acc[i];
   }
+}
+
+// Attention as PagedAttention computes it, split over the keys: a block of kWarps warps per
+// (b, t, kv head, split), the group's kGroup query heads sharing every K and V row the block
+// loads. Each block reads every key's K (from L2 after the first block of its (b, t, head))
+// for the row's max and sum of exp, online, which the rounding of P needs before any P*V;
+// then P (rounded to the pool's dtype) times V over its own kChunk keys. With kSplits == 1
+// that is the output; otherwise the block writes its partial sum to `partials` [b*t, kv
+// head, split, kGroup, kD], which PagedAttentionCombine adds up in split order.
+// A K or V row is kD / kVec lanes of one 16-byte load each; a warp takes 32 / that rows at
+// a time, the warps interleave, and each thread keeps kUnroll rows' loads in flight.
+// Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared
+// memory of kMaxBlocks ints and (kGroup * kChunk + kWarps * kGroup * (kD + 2)) floats.
+template <typename TP, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
+          int kMaxBlocks, int kWarps, int kSplits, int kChunk>
+__device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, const TP* k_pool, const TP* v_pool,
+                                                    const int* block_tables, const int* positions, float scale,
+                                                    float* partials) {
+  constexpr int kGroup = kH / kHkv;
+  constexpr int kMaxKeys = kMaxBlocks * kBs;
+  constexpr int kVec = Packed128<TP>::kSize;
+  constexpr int kLanesPerRow = kD / kVec;
+  constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
+  constexpr int kRowsPerPass = kRowsPerWarp * kWarps;
+  constexpr int kUnroll = 8;
+  static_assert(kD % kVec == 0 && kLanesPerRow <= kWarpSize && kWarpSize % kLanesPerRow == 0,
+                "a row is a power of two of lanes, each one 16-byte access");
+  static_assert(kSplits * kChunk >= kMaxKeys, "the splits cover every key");
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  int* table = reinterpret_cast<int*>(shared_bytes);                    // [kMaxBlocks]
+  float* scores = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kGroup][kChunk]: S, then P
+  float* partial = scores + kGroup * kChunk;                            // [kWarps][kGroup][kD]
+  MaxExpSum* reduce = reinterpret_cast<MaxExpSum*>(partial + kWarps * kGroup * kD);  // [kWarps][kGroup]
+
+  const int split = static_cast<int>(blockIdx.x % kSplits);
+  const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
+  const long long bt = item / kHkv;
+  const int head = static_cast<int>(item % kHkv);
+  const long long b = bt / kT;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int row_in_warp = lane / kLanesPerRow, sub = lane % kLanesPerRow;
+  const int position = positions[bt];
+  const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
+  const int first = split * kChunk, last = min(keys, first + kChunk);  // this block's P*V keys
+  float* result = kSplits == 1 ? out + (bt * kH + static_cast<long long>(head) * kGroup) * kD
+                               : partials + item * kSplits * kGroup * kD + static_cast<long long>(split) * kGroup * kD;
+  if (first >= last) {  // a padding row, or a split past the row's keys: it adds nothing
+    for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) result[i] = 0.0f;
+    return;
+  }
+  for (int i = threadIdx.x; i < kMaxBlocks; i += blockDim.x) table[i] = block_tables[b * kMaxBlocks + i];
+  __syncthreads();
+  auto row_of = [&](int j) -> long long {
+    return (((static_cast<long long>(kLayer) * kBlocks + table[j / kBs]) * kHkv + head) * kBs + j % kBs) * kD +
+           sub * kVec;
+  };
+
+  // Pass 1, over every key: the scores (this block's chunk kept), and per head the online max
+  // and sum of exp of the thread's rows.
+  float qv[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
+  }
+  MaxExpSum state[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) state[g] = {-CUDART_INF_F, 0.0f};
+  for (int base = 0; base < keys; base += kRowsPerPass * kUnroll) {
+    Packed128<TP> k[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+      if (j < keys) k[u] = Load128(k_pool + row_of(j));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float dot = 0.0f;
+        if (j < keys) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) dot += qv[g][i] * ToFloat(k[u][i]);
+        }
+#pragma unroll
+        for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (j < keys) {
+          const float s = dot * scale;
+          state[g] = MaxExpSumOp{}(state[g], MaxExpSum{s, 1.0f});
+          if (sub == 0 && j >= first && j < last) scores[g * kChunk + j - first] = s;
+        }
+      }
+    }
+  }
+  // The row's max and sum: the warp's rows (kLanesPerRow apart), then the warps'.
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset >= kLanesPerRow; offset /= 2) {
+      state[g] = MaxExpSumOp{}(state[g], ShuffleXor(state[g], offset));
+    }
+    if (lane == 0) reduce[warp * kGroup + g] = state[g];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    MaxExpSum total = reduce[g];
+    for (int w = 1; w < kWarps; ++w) total = MaxExpSumOp{}(total, reduce[w * kGroup + g]);
+    state[g] = total;
+  }
+  // P over the chunk, rounded to the pool's dtype.
+  for (int j = threadIdx.x; j < last - first; j += blockDim.x) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      float& s = scores[g * kChunk + j];
+      s = ToFloat(FromFloat<TP>(expf(s - state[g].max) / state[g].sum));
+    }
+  }
+  __syncthreads();
+
+  // Pass 2, over the chunk: P times V, the lanes of a row over its dims.
+  float acc[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
+  }
+  for (int base = first; base < last; base += kRowsPerPass * kUnroll) {
+    Packed128<TP> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+      if (j < last) v[u] = Load128(v_pool + row_of(j));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+      if (j >= last) continue;
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const float p = scores[g * kChunk + j - first];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[g][i] += p * ToFloat(v[u][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset >= kLanesPerRow; offset /= 2) {
+        acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+      }
+    }
+    if (row_in_warp == 0) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) partial[(warp * kGroup + g) * kD + sub * kVec + i] = acc[g][i];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += partial[w * kGroup * kD + i];
+    result[i] = total;
+  }
+}
+
+// out[b, t, h, :] = the sum over splits of PagedAttentionSplit's partials, in split order (P
+// is normalized over the whole row already). Launch: one thread per output element.
+template <long long kRows, int kH, int kD, int kHkv, int kSplits>
+__device__ __forceinline__ void PagedAttentionCombine(float* out, const float* partials) {
+  constexpr int kGroup = kH / kHkv;
+  const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= kRows * kH * kD) return;
+  const long long bt = e / (kH * kD);
+  const int h = static_cast<int>(e / kD % kH), d = static_cast<int>(e % kD);
+  const float* p = partials + ((bt * kHkv + h / kGroup) * kSplits * kGroup + h % kGroup) * kD + d;
+  float total = 0.0f;
+  for (int split = 0; split < kSplits; ++split) total += p[static_cast<long long>(split) * kGroup * kD];
+  out[e] = total;
 }
 
 }  // namespace kiln::kernels

@@ -105,6 +105,53 @@ bool UpdatesOperand(const BufferPlanRequest& request, int64_t w, const Node& wri
          std::count(operands.begin(), operands.end(), param) == 1;
 }
 
+// The nodes from a parameter to the output donated to it when each takes its predecessor
+// in_place_operand and so all of them may live in the parameter's buffer (kv_cache_write,
+// layer after layer, into the KV pool): each link single-result, of its predecessor's size,
+// reading no other link, and run after every other reader of its predecessor; no link but
+// the last returned. Empty when `out` is not such a chain's end.
+std::vector<int64_t> UpdateChain(const Function& f, const BufferPlanRequest& request,
+                                 const absl::flat_hash_map<const Node*, int64_t>& index_of,
+                                 const absl::flat_hash_map<const Node*, int>& returned, const Node& param,
+                                 const Node& out) {
+  if (request.in_place_operand.empty()) return {};
+  auto step_of = [&](int64_t i) { return request.run_step.empty() ? i : request.run_step[i]; };
+  std::vector<int64_t> chain;  // from `out` back towards `param`
+  for (const Node* link = &out; link != &param;) {
+    const int64_t i = index_of.at(link);
+    const int k = request.in_place_operand[i];
+    if (request.roles[i] != BufferRole::kOwn || k < 0 || k >= link->num_operands()) return {};
+    const Node* prev = link->operand(k);
+    if (prev->type().num_bytes() != link->type().num_bytes() ||
+        prev->type().num_elements() != link->type().num_elements() || (prev != &param && returned.contains(prev))) {
+      return {};
+    }
+    for (int j = 0; j < link->num_operands(); ++j) {
+      if (j != k && link->operand(j) == prev) return {};
+    }
+    for (const Node* user : prev->users()) {
+      const int64_t u = index_of.at(user);
+      if (user == link || request.roles[u] == BufferRole::kNone) continue;
+      if (request.roles[u] == BufferRole::kAlias || step_of(u) >= step_of(i)) return {};
+    }
+    chain.push_back(i);
+    if (prev != &param && prev->opcode() == Opcode::kParameter) return {};
+    link = prev;
+  }
+  // No link may be read by a later link as a second operand (checked above against its
+  // predecessor only): the chain's values are one buffer, overwritten link by link.
+  for (int64_t i : chain) {
+    for (const Node* operand : f.nodes()[i]->operands()) {
+      const int64_t o = index_of.at(operand);
+      if (operand != f.nodes()[i]->operand(request.in_place_operand[i]) &&
+          std::find(chain.begin(), chain.end(), o) != chain.end()) {
+        return {};
+      }
+    }
+  }
+  return chain;
+}
+
 // For each node, the index of the parameter node whose buffer it takes (an in-place
 // donation), or -1. See "in place" in the header.
 std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest& request,
@@ -130,10 +177,12 @@ std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest
     const BufferRole role = request.roles[n];
     // The node whose kernel computes the output: itself, or a result's multi-result node.
     const Node* writer = role == BufferRole::kResult ? out->operand(0) : out;
+    if (returned.contains(param) || returned[out] != 1) continue;
     if ((role != BufferRole::kOwn && role != BufferRole::kResult) || !request.elementwise_in_place[index_of.at(writer)] ||
-        returned.contains(param) || returned[out] != 1 || out->type().num_bytes() != param->type().num_bytes() ||
+        out->type().num_bytes() != param->type().num_bytes() ||
         !UpdatesOperand(request, index_of.at(writer), *writer, role == BufferRole::kResult ? out->result_index() : 0,
                         param)) {
+      for (int64_t link : UpdateChain(f, request, index_of, returned, *param, *out)) in_place[link] = index_of.at(param);
       continue;
     }
     // Every reader of the parameter (or of an alias of it) runs before this node's kernel,

@@ -22,7 +22,10 @@
 //                reads one operand element by element (in_place_operand), computed after
 //                every other reader of that operand's buffer, of the same size, neither a
 //                parameter nor an output, takes that buffer: cross_entropy_grad's dlogits
-//                over the logits, which die there (llm.c's classifier does the same)
+//                over the logits, which die there (llm.c's classifier does the same).
+//                And a chain of such values from a parameter to the output donated to
+//                it, each the last reader of the one before, all take the parameter's
+//                buffer: the KV pool, written by each layer's kv_cache_write in turn
 //
 // Placement is greedy by size (largest first) with best fit among the gaps left by the
 // already placed buffers whose lifetimes overlap; every offset and size is a multiple of

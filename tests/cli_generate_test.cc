@@ -109,7 +109,7 @@ TEST_F(CliGenerateTest, BadInputsAreClearErrors) {
       {"llama-tiny --prompt hi --top-p 2", "top_p"},
       {"llama-tiny --prompt hi --top-k=-3", "top_k"},
       {"llama-tiny --prompt hi --max-new-tokens 0", "--max-new-tokens 0 must be >= 1"},
-      {"llama-tiny --prompt hi --backend cuda", "--backend cuda is not wired for generate yet"},
+      {"llama-tiny --prompt hi --backend tpu", "--backend must be cpu, cuda or auto, got 'tpu'"},
       {"llama-tiny", "give exactly one of --prompt TEXT, --prompt-tokens IDS or --prompts FILE"},
   };
   for (const auto& [args, message] : cases) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "frontends/llama.h"
+#include "frontends/llama_inference.h"
 #include "ir/builder.h"
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
@@ -126,6 +127,35 @@ TEST(CompileProgram, ErrorsNameTheNode) {
   absl::StatusOr<CompiledProgram> program = CompileProgram(*f, {});
   ASSERT_FALSE(program.ok());
   EXPECT_TRUE(absl::StrContains(program.status().message(), "dot_general %d reached codegen")) << program.status();
+}
+
+// A decode step writes each layer's K and V into the pools in place: the chain of
+// kv_cache_writes from each pool parameter to the output donated to it lives in that
+// parameter's buffer, so no launch copies a pool (their bytes dwarf the step's) and the
+// finish donates nothing by copy.
+TEST(CompileProgram, TheKvPoolIsWrittenInPlaceLayerAfterLayer) {
+  const ModelConfig config = *PresetConfig("llama-tiny");
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+  for (InferencePhase phase : {InferencePhase::kDecode, InferencePhase::kPrefill}) {
+    std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, phase, 4);
+    ASSERT_TRUE(CompileInferenceModule(*m, {}).ok());
+    const Function& f = *m->functions()[0];
+    absl::StatusOr<CompiledProgram> program = CompileProgram(f, {.target = TargetForArch("sm_90a").value()});
+    ASSERT_TRUE(program.ok()) << program.status();
+    int writes = 0;
+    for (const ProgramStep& s : program->steps) {
+      EXPECT_NE(s.kind, ProgramStep::Kind::kCopy) << s.what;
+      if (s.kind != ProgramStep::Kind::kKernel || s.node->opcode() != Opcode::kKvCacheWrite) continue;
+      ++writes;
+      EXPECT_FALSE(absl::EndsWith(s.launch.name, "_copy")) << s.launch.name;
+      EXPECT_EQ(program->plan.node_buffer[s.args[0]], program->plan.node_buffer[s.args[1]]) << s.node->name();
+    }
+    EXPECT_EQ(writes, 2 * config.n_layers);  // K and V of every layer, one launch each
+    EXPECT_EQ(program->plan.in_place_outputs, 2);
+    int64_t k_pool = 0;
+    while (f.nodes()[k_pool].get() != f.parameters()[kInferenceKPoolParameter]) ++k_pool;
+    EXPECT_EQ(program->plan.output_buffer[1], program->plan.node_buffer[k_pool]);
+  }
 }
 
 }  // namespace

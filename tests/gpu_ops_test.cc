@@ -539,6 +539,36 @@ std::vector<OpCase> OpCases() {
                      return b.Return({o, k, v});
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  // And at prefill shapes of llama-M's heads (dim 128, 4 query heads per kv head), one
+  // sequence's tokens written across blocks of 16 in table order {4, 1, 7, 0, 9, 3, 11, 2, 5,
+  // 10} and attending causally, the last 3 rows padding (position and slot -1): 20 tokens
+  // (40 row-heads: the kernel splits the keys) and 140 (280: one split, no combine).
+  for (int64_t tokens : {20, 140}) {
+    cases.push_back({absl::StrCat("paged_kv_prefill_t", tokens, "_d128_gqa4"), Tolerance{2e-3, 2e-2},
+                     [tokens](Builder& b) -> absl::Status {
+                       const DType bf16 = DType::kBF16;
+                       const std::vector<double> table = {4, 1, 7, 0, 9, 3, 11, 2, 5, 10};
+                       std::vector<Node*> p = Params(b, {{bf16, {1, 12, 2, 16, 128}}, {bf16, {1, 12, 2, 16, 128}},
+                                                         {bf16, {tokens, 2, 128}}, {bf16, {tokens, 2, 128}},
+                                                         {bf16, {1, tokens, 8, 128}}});
+                       std::vector<double> slots, positions;
+                       for (int64_t i = 0; i < tokens; ++i) {
+                         const bool padding = i >= tokens - 3;
+                         positions.push_back(padding ? -1 : i);
+                         slots.push_back(padding ? -1 : table[i / 16] * 16 + i % 16);
+                       }
+                       ASSIGN_OR_RETURN(Node * slot_values, b.ConstantValues(slots, {DType::kI32, {tokens}}));
+                       ASSIGN_OR_RETURN(Node * tables, b.ConstantValues(table, {DType::kI32, {1, 10}}));
+                       ASSIGN_OR_RETURN(Node * position_values, b.ConstantValues(positions, {DType::kI32, {1, tokens}}));
+                       const AttrMap layer{{"layer", int64_t{0}}};
+                       ASSIGN_OR_RETURN(Node * k, b.Op(Opcode::kKvCacheWrite, {p[0], p[2], slot_values}, layer));
+                       ASSIGN_OR_RETURN(Node * v, b.Op(Opcode::kKvCacheWrite, {p[1], p[3], slot_values}, layer));
+                       ASSIGN_OR_RETURN(Node * o, b.Op(Opcode::kPagedAttention, {p[4], k, v, tables, position_values},
+                                                       AttrMap{{"layer", int64_t{0}}, {"scale", 0.088388}}));
+                       return b.Return({o, k, v});
+                     },
+                     {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  }
   // Fusion nodes as fuse-loops makes them: a loop fusion over a broadcast, and a reduction
   // fusion over an elementwise chain (the fused kernels' own paths, beside the all-ops ones).
   cases.push_back({"fusion_loop_and_reduction", kFewUlps, [](Builder& b) -> absl::Status {

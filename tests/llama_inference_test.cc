@@ -108,10 +108,17 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     ASSERT_NE(f, nullptr);
     const std::vector<Node*> p = f->parameters();
     ASSERT_EQ(p.size() - kInferenceFirstWeightParameter, fp.size() - 2);
+    const std::vector<WeightSpec> specs = LlamaWeights(config);
+    int gemm_operands = 0;
     for (size_t i = 2; i < fp.size(); ++i) {
-      EXPECT_EQ(p[i - 2 + kInferenceFirstWeightParameter]->name(), fp[i]->name());
-      EXPECT_EQ(p[i - 2 + kInferenceFirstWeightParameter]->type(), fp[i]->type());
+      const Node* w = p[i - 2 + kInferenceFirstWeightParameter];
+      EXPECT_EQ(w->name(), fp[i]->name());
+      // Same shape; the GEMM operands in bf16, which @forward rounds them to before each use.
+      EXPECT_EQ(w->type().dims, fp[i]->type().dims);
+      EXPECT_EQ(w->type().dtype, specs[i - 2].gemm_operand ? DType::kBF16 : DType::kF32) << w->name();
+      gemm_operands += specs[i - 2].gemm_operand;
     }
+    EXPECT_EQ(gemm_operands, 7 * config.n_layers + (config.tie_embeddings ? 0 : 1));
     EXPECT_EQ(p[kInferenceKPoolParameter]->type().ToString(), "bf16[2,8,2,4,32]");
     EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
     EXPECT_EQ(f->outputs()[0]->type().dims, (std::vector<int64_t>{phase == InferencePhase::kPrefill ? 1 : 4,
@@ -122,9 +129,10 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     std::map<Opcode, int> ops;
     for (const auto& n : f->nodes()) ++ops[n->opcode()];
     EXPECT_EQ(ops[Opcode::kDotGeneral], 0) << "lower-gemm ran";
-    // q/k, v, o, gate/up, down; the head (merge-sibling-gemms: q and k, read in f32 by RoPE,
-    // are one gemm, gate and up one; v, narrowed to bf16 for the KV pool, stays apart)
-    EXPECT_EQ(ops[Opcode::kGemm], 5 * config.n_layers + 1);
+    // q, k, v, o, gate, up, down; the head (merge-sibling-gemms is off: it would copy the
+    // bf16 weight parameters into one every call)
+    EXPECT_EQ(ops[Opcode::kGemm], 7 * config.n_layers + 1);
+    EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     EXPECT_EQ(ops[Opcode::kKvCacheWrite], 2 * config.n_layers);
     EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);

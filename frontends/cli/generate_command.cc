@@ -1,5 +1,5 @@
 // kiln generate: text (or tokens) from a model through the paged-KV inference functions
-// (frontends/generator.h), on the CPU reference backend.
+// (frontends/generator.h), on the CPU reference backend or a GPU.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -137,16 +137,7 @@ std::string Rate(int64_t tokens, double seconds) {
 }
 
 absl::Status RunGenerate(const ParsedArgs& args) {
-  const std::string backend = args.Get("backend", "cpu");
-  if (backend == "cuda" || backend == "auto") {
-    if (backend == "cuda") {
-      return absl::UnimplementedError(
-          "--backend cuda is not wired for generate yet (the CUDA executables do not bind a KV pool shared by "
-          "@prefill and @decode); use --backend cpu");
-    }
-  } else if (backend != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("--backend '", backend, "': expected cpu (cuda: not yet)"));
-  }
+  ASSIGN_OR_RETURN(ResolvedBackend backend, ResolveBackend(args.Get("backend", "cpu")));
   ASSIGN_OR_RETURN(int64_t max_new, args.GetInt("max-new-tokens", 32));
   ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 1.0));
   ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 0));
@@ -154,10 +145,17 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.Get("precision", "bf16")));
   GeneratorOptions options{.precision = precision};
+#ifdef KILN_WITH_CUDA
+  options.device = backend.device.get();
+#endif
   ASSIGN_OR_RETURN(options.block_size, args.GetInt("block-size", 16));
   ASSIGN_OR_RETURN(options.num_blocks, args.GetInt("kv-blocks", 0));
   ASSIGN_OR_RETURN(options.max_running, args.GetInt("max-running", 8));
   ASSIGN_OR_RETURN(options.max_context, args.GetInt("context", 0));
+  const bool report = args.Has("report");
+  // A decode call well past the first (the batch has filled) but before the shortest
+  // request can end.
+  if (report) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
   if (max_new < 1) return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens ", max_new, " must be >= 1"));
   if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("--seed ", seed, " must be >= 0"));
   inference::SamplingParams sampling{.temperature = temperature, .top_k = top_k, .top_p = top_p,
@@ -184,7 +182,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
     }
     options.num_blocks = std::min(needed, std::max<int64_t>(1, options.max_running) * per_sequence);
   }
-  if (options.num_blocks > 0) {
+  if (options.num_blocks > 0 && backend.backend == Backend::kCpu) {
     // The pools as the reference backend holds them (a double per value, K and V, and the
     // copy each call makes), with the weights as read and as bound.
     const double pool_values = 2.0 * static_cast<double>(config.n_layers) * static_cast<double>(options.num_blocks) *
@@ -198,8 +196,9 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                    Generator::Create(loaded.config, std::move(loaded.weights), options));
   const int64_t num_blocks = generator->layout().num_blocks;
-  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend cpu (reference), KV pool of %lld block%s of %lld tokens\n",
+  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend %s, KV pool of %lld block%s of %lld tokens\n",
                loaded.config.name.c_str(), std::string(PrecisionName(precision)).c_str(), loaded.source.c_str(),
+               backend.backend == Backend::kCpu ? "cpu (reference)" : "cuda",
                static_cast<long long>(num_blocks), num_blocks == 1 ? "" : "s",
                static_cast<long long>(generator->layout().block_size));
   int64_t rejected = 0;
@@ -232,11 +231,32 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   const GenerationStats& s = generator->stats();
   std::fprintf(stderr,
                "kiln generate: prefill %lld tokens in %.3f s (%s, %lld from the prefix cache), decode %lld tokens in "
-               "%.3f s (%s), %lld steps; compiling %lld functions took %.3f s\n",
+               "%.3f s (%s; %lld decode steps, %.3f ms each), %lld steps; sampling took %.3f s of those; compiling %lld "
+               "functions took %.3f s\n",
                static_cast<long long>(s.prefill_tokens), s.prefill_seconds, Rate(s.prefill_tokens, s.prefill_seconds).c_str(),
                static_cast<long long>(s.cached_tokens), static_cast<long long>(s.decode_tokens), s.decode_seconds,
-               Rate(s.decode_tokens, s.decode_seconds).c_str(), static_cast<long long>(s.steps),
+               Rate(s.decode_tokens, s.decode_seconds).c_str(), static_cast<long long>(s.decode_steps),
+               s.decode_steps > 0 ? 1e3 * s.decode_seconds / static_cast<double>(s.decode_steps) : 0.0,
+               static_cast<long long>(s.steps), s.sample_seconds,
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
+  if (report) {
+    const std::vector<StepTiming>& timings = generator->decode_profile();
+    if (timings.empty()) {
+      std::fprintf(stderr, "kiln generate: --report: no decode call was profiled (%s)\n",
+                   backend.backend == Backend::kCpu ? "the CPU backend has no launches to time"
+                                                    : "fewer decode calls than the profiled one");
+    } else {
+      double total_us = 0;
+      for (const StepTiming& t : timings) total_us += t.duration_us;
+      std::fprintf(stderr,
+                   "kiln generate: GPU time of decode call %lld (batch bucket %lld) by kernel group, %zu launches, "
+                   "%.3f ms launched one by one with CUDA events\n%s",
+                   static_cast<long long>(options.profile_decode_call),
+                   static_cast<long long>(generator->decode_profile_bucket()), timings.size(), total_us / 1e3,
+                   FormatGroupTable(timings, 15).c_str());
+      std::fprintf(stderr, "kiln generate: its 15 longest launches\n%s", FormatSlowestLaunches(timings, 15).c_str());
+    }
+  }
   if (rejected > 0) {
     return absl::InvalidArgumentError(absl::StrCat(rejected, " of ", prompts.size(), " requests were rejected"));
   }
@@ -248,7 +268,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
 Command GenerateCommand() {
   return {{.name = "generate",
            .usage = "MODEL (--prompt TEXT | --prompt-tokens IDS | --prompts FILE) [options]",
-           .summary = "generate tokens from a paged KV cache (CPU reference backend)",
+           .summary = "generate tokens from a paged KV cache (CPU reference backend or a GPU)",
            .details =
                "Runs the @prefill and @decode functions the compiler derives from the model (causal attention\n"
                "over the prompt writing K/V into paged blocks, then one token per sequence reading K/V through\n"
@@ -257,7 +277,8 @@ Command GenerateCommand() {
                "TEXT) or an HF config/folder (token ids: --prompt-tokens 1,2,3). Weights: --weights CKPT\n"
                "(from kiln train --save), an HF folder's model.safetensors, or a seeded random init.\n"
                "--prompts FILE runs one request per line together (text lines for the presets, comma-separated\n"
-               "ids otherwise); a bad line is reported and skipped. Only --backend cpu is wired yet.",
+               "ids otherwise); a bad line is reported and skipped. On --backend cuda every function size is one\n"
+               "executable (a CUDA graph) binding one copy of the weights and of the KV pool.",
            .min_positionals = 1,
            .max_positionals = 1,
            .flags = {
@@ -280,7 +301,8 @@ Command GenerateCommand() {
                 .default_value = "8"},
                {.name = "context", .value_name = "N", .help = "tokens per sequence at most",
                 .default_value = "the model's"},
-               {.name = "backend", .value_name = "B", .help = "cpu (cuda is not wired yet)", .default_value = "cpu"},
+               {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "cpu"},
+               {.name = "report", .help = "where one decode call's GPU time goes, by kernel group (cuda)"},
            }},
           RunGenerate};
 }

@@ -1,6 +1,8 @@
 #include "runtime/cuda/executable.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
@@ -91,21 +93,65 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledPro
   double compile_seconds = 0;
   for (const auto& [phase, seconds] : exe->program_.phases) compile_seconds += seconds;
 
-  ASSIGN_OR_RETURN(void* arena, device.Allocate(std::max<int64_t>(exe->plan_.arena_bytes, 1),
-                                                absl::StrCat("the arena of @", f.name(), " (", exe->plan_.Summary(), ")")));
-  exe->arena_.reset(arena);
+  ASSIGN_OR_RETURN(const int64_t arena_bytes, exe->PlaceBuffers());
   if (options.poison_arena) {
-    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(arena, 0xFF, exe->plan_.arena_bytes, device.stream()), "poisoning the arena");
+    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(exe->arena_.get(), 0xFF, arena_bytes, device.stream()),
+                              "poisoning the arena");
     KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device.stream()), "poisoning the arena");
   }
   exe->stats_.phases.emplace_back("arena allocation", Lap(&phase_start));
   RETURN_IF_ERROR(exe->BuildSteps());
   exe->stats_.phases.emplace_back("kernel loading and cuBLASLt plans", Lap(&phase_start));
   exe->stats_.cache_hits = exe->program_.cache_hits;
-  exe->stats_.arena_bytes = exe->plan_.arena_bytes;
+  exe->stats_.arena_bytes = arena_bytes;
   exe->stats_.compile_seconds =
       compile_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return exe;
+}
+
+absl::StatusOr<int64_t> CudaExecutable::PlaceBuffers() {
+  const int64_t alignment = 256;  // BufferPlanRequest's, and what cudaMalloc and cuBLASLt want
+  absl::flat_hash_map<int64_t, char*> bound;  // buffer -> the caller's memory
+  for (const auto& [param_index, address] : options_.bound_parameters) {
+    ASSIGN_OR_RETURN(const Node* p, ParameterNode(param_index));
+    if (address == nullptr || reinterpret_cast<uintptr_t>(address) % alignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("@", function_->name(), " ", ParameterContext(*p),
+                                                     ": its bound memory must be a non-null address aligned to ",
+                                                     alignment, " bytes"));
+    }
+    bound[plan_.node_buffer[index_of_.at(p)]] = static_cast<char*>(address);
+  }
+  // Parameters come first in the plan (offsets [0, parameter_bytes)); the unbound ones are
+  // packed at the arena's start and every other buffer moves down by the bound bytes, by a
+  // multiple of the alignment so that each keeps its own.
+  std::vector<int64_t> offset(plan_.buffers.size(), -1);
+  int64_t packed = 0, first_other = plan_.arena_bytes;
+  for (size_t b = 0; b < plan_.buffers.size(); ++b) {
+    const PlannedBuffer& buffer = plan_.buffers[b];
+    if (buffer.kind != PlannedBuffer::Kind::kParameter) {
+      first_other = std::min(first_other, buffer.offset);
+    } else if (!bound.contains(static_cast<int64_t>(b))) {
+      offset[b] = packed;
+      packed += (buffer.bytes + alignment - 1) / alignment * alignment;
+    }
+  }
+  const int64_t shift = bound.empty() ? 0 : std::max<int64_t>(0, (first_other - packed) / alignment * alignment);
+  const int64_t arena_bytes = plan_.arena_bytes - shift;
+  ASSIGN_OR_RETURN(void* arena, device_->Allocate(std::max<int64_t>(arena_bytes, 1),
+                                                  absl::StrCat("the arena of @", function_->name(), " (",
+                                                               plan_.Summary(), ")")));
+  arena_.reset(arena);
+  buffer_address_.resize(plan_.buffers.size());
+  for (size_t b = 0; b < plan_.buffers.size(); ++b) {
+    if (auto it = bound.find(static_cast<int64_t>(b)); it != bound.end()) {
+      buffer_address_[b] = it->second;
+    } else if (bound.empty()) {
+      buffer_address_[b] = static_cast<char*>(arena) + plan_.buffers[b].offset;
+    } else {
+      buffer_address_[b] = static_cast<char*>(arena) + (offset[b] >= 0 ? offset[b] : plan_.buffers[b].offset - shift);
+    }
+  }
+  return arena_bytes;
 }
 
 absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const std::vector<void*>& pointers,

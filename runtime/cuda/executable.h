@@ -49,6 +49,12 @@ struct CudaExecutableOptions {
   // them with the kernel cache). Unset, a choice is kept for this process only.
   std::function<std::optional<std::string>(const std::string& key)> load_tuning;
   std::function<void(const std::string& key, const std::string& value)> save_tuning;
+  // Parameters whose buffers the caller owns, by parameter index: device memory of at least
+  // the parameter type's num_bytes(), aligned to 256 bytes, outliving the executable. The
+  // arena leaves them out, so several executables can share one copy: the inference
+  // functions of a model (frontends/generator.h) bind the same weights and KV pool. A donated
+  // output of a bound parameter lands in the bound memory, as it would in the arena.
+  absl::flat_hash_map<int64_t, void*> bound_parameters;
 };
 
 
@@ -130,7 +136,11 @@ class CudaExecutable {
                         absl::flat_hash_map<std::string, int>* tuned);
   absl::Status EnqueueStep(const Step& step) const;
   static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose
-  char* BufferAddress(int64_t buffer) const { return static_cast<char*>(arena_.get()) + plan_.buffers[buffer].offset; }
+  char* BufferAddress(int64_t buffer) const { return buffer_address_[buffer]; }
+  // Every buffer's address: bound parameters where the caller put them, the rest in the
+  // arena, whose planned offsets close up over the bound parameters' space. Returns the
+  // arena's size.
+  absl::StatusOr<int64_t> PlaceBuffers();
   char* NodeAddress(const Node* node) const { return BufferAddress(plan_.node_buffer[index_of_.at(node)]); }
   // The address of node `index`'s buffer; null for -1 (an argument left out).
   void* ArgAddress(int64_t index) const {
@@ -145,6 +155,7 @@ class CudaExecutable {
   CompiledProgram program_;
   const BufferPlan& plan_ = program_.plan;
   DeviceMemory arena_;
+  std::vector<char*> buffer_address_;  // by plan_.buffers index
   std::vector<std::unique_ptr<KernelLibrary>> libraries_;
   std::vector<std::unique_ptr<KernelLaunch>> launches_;
   std::vector<std::unique_ptr<GemmPlan>> gemms_;

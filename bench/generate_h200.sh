@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 15's decode benchmark on the GPU machine, kiln and Hugging Face transformers in one run:
+# llama-M (random weights, bf16) at batch 1 and 32, prompts of 512 distinct random tokens,
+# 256 new tokens, greedy. kiln: `kiln generate --backend cuda --prompts FILE` (its stderr
+# gives decode ms per step: decode wall time over @decode calls, sampling and the logits'
+# download included; compiles excluded). HF: bench/hf_generate.py (static cache). The floor:
+# the bytes one decode step must read (the bf16 weights but the embedding table, plus K and V
+# of the average context, 512 + 128 tokens) over 4.26 TB/s (H200.md's measured copy rate).
+#   KILN=.carry/bin/kiln OUT_DIR=/tmp/gen bash bench/generate_h200.sh
+# Knobs: PRESET=llama-M, BATCHES="1 32", PROMPT=512, NEW=256, HF=1 (0 skips transformers).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+KILN=${KILN:-build/kiln}
+OUT_DIR=${OUT_DIR:-/tmp/kiln-generate}
+PRESET=${PRESET:-llama-M}
+BATCHES=${BATCHES:-1 32}
+PROMPT=${PROMPT:-512}
+NEW=${NEW:-256}
+HF=${HF:-1}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT_DIR"
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
+echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+status=0
+for batch in $BATCHES; do
+  prompts="$OUT_DIR/prompts_b$batch.txt"
+  "$PYTHON" - "$batch" "$PROMPT" > "$prompts" <<'PY'
+import random, sys
+batch, length = int(sys.argv[1]), int(sys.argv[2])
+rng = random.Random(batch)
+for _ in range(batch):
+    print(",".join(str(rng.randrange(32000)) for _ in range(length)))
+PY
+  log="$OUT_DIR/kiln_${PRESET}_b$batch.log"
+  "$KILN" generate "$PRESET" --prompts "$prompts" --max-new-tokens "$NEW" --temperature 0 --backend cuda \
+    --max-running "$batch" --context $((PROMPT + NEW)) > "$log.out" 2> "$log" || { echo "kiln b$batch failed"; tail -5 "$log"; status=1; }
+  kiln_ms=$(grep -o '[0-9.]* ms each' "$log" | head -1 | cut -d' ' -f1)
+  prefill=$(grep -o 'prefill [0-9]* tokens in [0-9.]* s ([0-9]* tok/s' "$log" | grep -o '[0-9]* tok/s' | head -1)
+  hf_json="{}"
+  if [ "$HF" = 1 ]; then
+    hf_json=$(cd bench && "$PYTHON" hf_generate.py --preset "$PRESET" --batch "$batch" --prompt "$PROMPT" --new "$NEW" 2> "$OUT_DIR/hf_b$batch.log" | tail -1)
+  fi
+  "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" <<'PY'
+import json, sys
+sys.path.insert(0, "bench")
+from torch_llama import PRESETS
+preset, batch, prompt, new, kiln_ms, prefill, hf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6], json.loads(sys.argv[7] or "{}")
+p = PRESETS[preset]
+q, kv = p["heads"] * p["hd"], p["kv"] * p["hd"]
+params = p["layers"] * (p["d"] * (2 * q + 2 * kv) + 3 * p["d"] * p["ff"]) + p["vocab"] * p["d"]  # projections, MLP, head
+weight_bytes = 2 * params
+kv_bytes = batch * (prompt + new / 2) * p["layers"] * 2 * kv * 2
+floor_ms = 1e3 * (weight_bytes + kv_bytes) / 4.26e12
+hf_ms = hf.get("decode_ms_per_step_median", float("nan"))
+print(f"{preset} batch {batch}, prompt {prompt}, {new} new: kiln {kiln_ms:.3f} ms/step, HF {hf_ms:.3f} ms/step "
+      f"(min {hf.get('decode_ms_per_step_min', float('nan')):.3f}, max {hf.get('decode_ms_per_step_max', float('nan')):.3f}), "
+      f"floor {floor_ms:.3f} ms ({weight_bytes / 1e9:.2f} GB weights + {kv_bytes / 1e9:.2f} GB KV); "
+      f"kiln/floor {kiln_ms / floor_ms:.2f}x, HF/kiln {hf_ms / kiln_ms:.2f}x; prefill kiln {prefill}, "
+      f"HF {hf.get('prefill_tok_per_s', float('nan')):.0f} tok/s")
+PY
+done
+exit $status

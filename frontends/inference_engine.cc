@@ -1,0 +1,84 @@
+#include "frontends/inference_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "ir/reference_backend.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+// The reference backend: the pools and weights are host tensors passed as parameters 4 and
+// up, and the pools are taken back from the outputs donated to them.
+class ReferenceInferenceEngine : public InferenceEngine {
+ public:
+  ReferenceInferenceEngine(const ModelConfig& config, const PagedKvLayout& layout, std::vector<HostTensor> args)
+      : config_(config), layout_(layout), args_(std::move(args)) {}
+
+  absl::string_view backend() const override { return "cpu"; }
+  absl::Status Load(const Function&) override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::vector<float>> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows,
+                                         std::vector<StepTiming>* profile) override {
+    if (profile != nullptr) profile->clear();
+    args_[0] = std::move(inputs.tokens);
+    args_[1] = std::move(inputs.positions);
+    args_[2] = std::move(inputs.slots);
+    args_[3] = std::move(inputs.block_tables);
+    ASSIGN_OR_RETURN(std::vector<HostTensor> outputs, EvaluateFunction(f, args_));
+    args_[kInferenceKPoolParameter] = std::move(outputs[1]);
+    args_[kInferenceVPoolParameter] = std::move(outputs[2]);
+    const int64_t vocab = config_.vocab_size;
+    const std::vector<double>& logits = outputs[0].values();
+    std::vector<float> picked;
+    picked.reserve(rows.size() * vocab);
+    for (int64_t row : rows) {
+      if (row < 0 || (row + 1) * vocab > static_cast<int64_t>(logits.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
+                                                       outputs[0].type().ToString()));
+      }
+      picked.insert(picked.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+    }
+    return picked;
+  }
+
+  absl::Status CopyBlocks(absl::Span<const inference::BlockCopy> copies) override {
+    const int64_t bs = layout_.block_size, d = config_.head_dim, kv = config_.n_kv_heads, nb = layout_.num_blocks;
+    for (int p : {kInferenceKPoolParameter, kInferenceVPoolParameter}) {
+      std::vector<double>& pool = args_[p].mutable_values();
+      for (const inference::BlockCopy& c : copies) {
+        for (int64_t layer = 0; layer < config_.n_layers; ++layer) {
+          for (int64_t h = 0; h < kv; ++h) {
+            const int64_t src = ((layer * nb + c.src) * kv + h) * bs * d;
+            const int64_t dst = ((layer * nb + c.dst) * kv + h) * bs * d;
+            std::copy(pool.begin() + src, pool.begin() + src + c.num_tokens * d, pool.begin() + dst);
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ModelConfig config_;
+  PagedKvLayout layout_;
+  // tokens, positions, slots, block_tables, k_pool, v_pool, weights...: the weights stay.
+  std::vector<HostTensor> args_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InferenceEngine>> CreateReferenceInferenceEngine(const ModelConfig& config,
+                                                                                const PagedKvLayout& layout,
+                                                                                Precision precision,
+                                                                                std::vector<HostTensor> weights) {
+  std::vector<HostTensor> args(kInferenceFirstWeightParameter);
+  const TensorType pool = KvPoolType(config, layout, precision);
+  args[kInferenceKPoolParameter] = HostTensor(pool);
+  args[kInferenceVPoolParameter] = HostTensor(pool);
+  for (HostTensor& w : weights) args.push_back(std::move(w));
+  return std::make_unique<ReferenceInferenceEngine>(config, layout, std::move(args));
+}
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// Where a Generator's @prefill and @decode functions run (frontends/generator.h): the CPU
+// reference backend (here), or a GPU (frontends/cuda_inference_engine.h). An engine holds
+// one copy of the weights and the KV pools, which every function it runs shares; the
+// Generator owns the functions, the scheduler and the sampler, and is the same on both.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+#include "ir/graph.h"
+#include "ir/host_tensor.h"
+#include "runtime/inference/inference_types.h"
+#include "runtime/step_profile.h"
+
+namespace kiln {
+
+class InferenceEngine {
+ public:
+  // A call's per-row inputs: parameters 0-3 of both functions (frontends/llama_inference.h).
+  struct Inputs {
+    HostTensor tokens, positions, slots, block_tables;
+  };
+
+  virtual ~InferenceEngine() = default;
+  virtual absl::string_view backend() const = 0;
+  // Makes `f` (@prefill or @decode from BuildLlamaInferenceModule, through its pipelines;
+  // it outlives the engine) ready to run: nothing on the CPU, the compile and load on a GPU.
+  virtual absl::Status Load(const Function& f) = 0;
+  // Runs `f` on `inputs`, the pools and the weights; the pools come back updated. Returns
+  // the logits of `rows` (indices into f's output 0 seen as [B * T, V]), row after row.
+  // With `profile`, a GPU launches the run one by one with CUDA events around each launch
+  // (same results, slower) and stores where the time went; the CPU leaves it empty.
+  virtual absl::StatusOr<std::vector<float>> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows,
+                                                 std::vector<StepTiming>* profile = nullptr) = 0;
+  // For each copy, K and V of every layer: the first num_tokens slots of block src into
+  // block dst (copy-on-write of a shared block).
+  virtual absl::Status CopyBlocks(absl::Span<const inference::BlockCopy> copies) = 0;
+};
+
+// `weights` in LlamaWeights order, each of InferenceWeightType(spec, precision).
+absl::StatusOr<std::unique_ptr<InferenceEngine>> CreateReferenceInferenceEngine(const ModelConfig& config,
+                                                                                const PagedKvLayout& layout,
+                                                                                Precision precision,
+                                                                                std::vector<HostTensor> weights);
+
+}  // namespace kiln
