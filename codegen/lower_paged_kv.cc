@@ -54,8 +54,9 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 
 // PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
 // split over the keys until the launch has about two blocks per SM (each split at least 32
-// keys), then PagedAttentionCombine when there are several splits; otherwise a warp per
-// (query row, head), one key at a time (PagedAttention).
+// keys) and each split's scores fit in shared memory, then PagedAttentionCombine when there
+// are several splits; otherwise a warp per (query row, head), one key at a time
+// (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
@@ -87,20 +88,24 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const int64_t max_keys = max_blocks * block_size;
   const int64_t items = rows * kv_heads;
   const int64_t wanted_blocks = 2 * int64_t{std::max(1, options.target.sm_count)};
+  // The block table row, the chunk's scores, the warps' partial outputs and maxima/sums.
+  auto shared_bytes_for = [&](int64_t chunk) {
+    return CeilDiv(max_blocks, 4) * 16 + (group * chunk + kWarps * group * (head_dim + 1)) * int64_t{4};
+  };
   int64_t splits = items >= wanted_blocks ? 1
                                           : std::min(CeilDiv(wanted_blocks, items), CeilDiv(max_keys, kMinChunk));
-  const int64_t chunk = CeilDiv(max_keys, std::max<int64_t>(1, splits));
-  splits = CeilDiv(max_keys, chunk);
-  // The block table row, then the chunk's scores, the warps' partial outputs and their
-  // (max, sum) states.
-  const int64_t shared_bytes =
-      CeilDiv(max_blocks, 4) * 16 + (group * chunk + kWarps * group * head_dim + 2 * kWarps * group) * int64_t{4};
-  if (shared_bytes > options.target.shared_memory_per_block) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": ", shared_bytes,
-                                                   " bytes of shared memory for paged attention over ", max_keys,
-                                                   " keys, beyond the target's ",
+  int64_t chunk = CeilDiv(max_keys, std::max<int64_t>(1, splits));
+  // A chunk's scores must fit in shared memory (long contexts split for that alone).
+  const int64_t fixed = shared_bytes_for(0);
+  const int64_t max_chunk = (options.target.shared_memory_per_block - fixed) / (4 * group);
+  if (max_chunk < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", fixed,
+                                                   " bytes of shared memory before any key, beyond the target's ",
                                                    options.target.shared_memory_per_block));
   }
+  chunk = std::min(chunk, max_chunk);
+  splits = CeilDiv(max_keys, chunk);
+  const int64_t shared_bytes = shared_bytes_for(chunk);
   RETURN_IF_ERROR(CheckGrid(node, items * splits));
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
   w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
@@ -119,7 +124,7 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   LoweredNode lowered =
       Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,
                                              CeilDiv(q.num_elements(), threads), threads)});
-  lowered.scratch_bytes = items * splits * group * head_dim * int64_t{4};
+  lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
   return lowered;
 }
 

@@ -238,10 +238,12 @@
 //                          positions i32 [B, T]; f32 [B, T, H, D]. For query (b, t) at p =
 //                          positions[b, t] >= 0, key j <= p is at pool[layer, block_tables[b, j /
 //                          BS], g, j % BS, :]:
-//                            S_j = f32(f32(q . k_j) f32(scale)); P = softmax(S) (f32), rounded to the
-//                            pools' dtype; O = f32(sum_j P_j v_j)
-//                          (the forward's rounding: QK^T and PV are GEMMs of the pools' dtype with
-//                          f32 results, softmax f32). A negative p is a padding row: O = 0. A position
+//                            S_j = f32(f32(q . k_j) f32(scale)); P = softmax(S) (f32, not rounded);
+//                            O = f32(sum_j P_j v_j)
+//                          (QK^T of the pools' dtype with an f32 result, as the forward's; P is
+//                          not rounded to the pools' dtype as the forward's PV GEMM rounds it, so
+//                          that a decode kernel may split the keys over blocks, each with a softmax
+//                          of its own, and differ from this only in the order of f32 sums). A negative p is a padding row: O = 0. A position
 //                          beyond M * BS or a block id outside [0, NB) is the caller's error (the
 //                          reference reports it). Prefill (T tokens of one sequence, their K/V
 //                          written first) and decode (one token per sequence) both use it. Not

@@ -2,9 +2,8 @@
 // stores token rows into pool slots, paged_attention reads K and V back through block
 // tables. The pool is [L, NB, Hkv, BS, D] (layers, blocks, kv heads, block size, head dim);
 // a flat slot s is offset s % BS of block s / BS. Semantics as in ir/op_table.h and
-// ir/reference/paged_kv_ops.cc: P is rounded to the pool's dtype after normalization, so
-// attention makes two passes over the scores (their max and sum of exp, then P), and reads
-// each K and V row once.
+// ir/reference/paged_kv_ops.cc: P stays f32 (not rounded), so a split of the keys over
+// blocks changes only the order of f32 sums.
 //
 // PagedAttentionSplit (with PagedAttentionCombine) is the kernel codegen picks: blocks per
 // (query row, kv head, key range), so that the group's query heads share every K and V row
@@ -98,12 +97,12 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
   // Pass 1: the row's max and sum of exp, online.
   MaxExpSum state{-CUDART_INF_F, 0.0f};
   for (int j = 0; j < keys; ++j) state = MaxExpSumOp{}(state, MaxExpSum{score(key_row(j)), 1.0f});
-  // Pass 2: P rounded to the pool's dtype, times V, accumulated in f32.
+  // Pass 2: P times V, accumulated in f32.
   float acc[kPerLane];
   for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
   for (int j = 0; j < keys; ++j) {
     const long long row = key_row(j);
-    const float p = ToFloat(FromFloat<TP>(expf(score(row) - state.max) / state.sum));
+    const float p = expf(score(row) - state.max) / state.sum;
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane + i * kWarpSize;
       if (d < kD) acc[i] += p * ToFloat(v_pool[row + d]);
@@ -115,17 +114,16 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
   }
 }
 
-// Attention as PagedAttention computes it, split over the keys: a block of kWarps warps per
-// (b, t, kv head, split), the group's kGroup query heads sharing every K and V row the block
-// loads. Each block reads every key's K (from L2 after the first block of its (b, t, head))
-// for the row's max and sum of exp, online, which the rounding of P needs before any P*V;
-// then P (rounded to the pool's dtype) times V over its own kChunk keys. With kSplits == 1
-// that is the output; otherwise the block writes its partial sum to `partials` [b*t, kv
-// head, split, kGroup, kD], which PagedAttentionCombine adds up in split order.
-// A K or V row is kD / kVec lanes of one 16-byte load each; a warp takes 32 / that rows at
-// a time, the warps interleave, and each thread keeps kUnroll rows' loads in flight.
+// Attention as PagedAttention computes it, split over the keys (flash-decoding): a block of
+// kWarps warps per (b, t, kv head, split of kChunk keys), the group's kGroup query heads
+// sharing every K and V row the block loads. The block's softmax is exact over its keys (its
+// max, then exp(S - max), their sum, and the sum of exp(S - max) V); with kSplits == 1 it
+// writes O, otherwise (max, sum, unnormalized sum of V) per head to `partials`, which
+// PagedAttentionCombine merges in split order. A K or V row is kD / kVec lanes of one
+// 16-byte load each; a warp takes 32 / that rows at a time, the warps interleave, and each
+// thread keeps kUnroll rows' loads in flight.
 // Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared
-// memory of kMaxBlocks ints and (kGroup * kChunk + kWarps * kGroup * (kD + 2)) floats.
+// memory of kMaxBlocks ints and (kGroup * kChunk + kWarps * kGroup * (kD + 1)) floats.
 template <typename TP, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
           int kMaxBlocks, int kWarps, int kSplits, int kChunk>
 __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, const TP* k_pool, const TP* v_pool,
@@ -137,15 +135,15 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
   constexpr int kLanesPerRow = kD / kVec;
   constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
   constexpr int kRowsPerPass = kRowsPerWarp * kWarps;
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = 4;
   static_assert(kD % kVec == 0 && kLanesPerRow <= kWarpSize && kWarpSize % kLanesPerRow == 0,
                 "a row is a power of two of lanes, each one 16-byte access");
   static_assert(kSplits * kChunk >= kMaxKeys, "the splits cover every key");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  int* table = reinterpret_cast<int*>(shared_bytes);                    // [kMaxBlocks]
-  float* scores = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kGroup][kChunk]: S, then P
-  float* partial = scores + kGroup * kChunk;                            // [kWarps][kGroup][kD]
-  MaxExpSum* reduce = reinterpret_cast<MaxExpSum*>(partial + kWarps * kGroup * kD);  // [kWarps][kGroup]
+  int* table = reinterpret_cast<int*>(shared_bytes);                             // [kMaxBlocks]
+  float* scores = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kGroup][kChunk]: S, then exp
+  float* partial = scores + kGroup * kChunk;                                     // [kWarps][kGroup][kD]
+  float* reduce = partial + kWarps * kGroup * kD;                                // [kWarps][kGroup]
 
   const int split = static_cast<int>(blockIdx.x % kSplits);
   const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
@@ -156,11 +154,13 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
   const int row_in_warp = lane / kLanesPerRow, sub = lane % kLanesPerRow;
   const int position = positions[bt];
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
-  const int first = split * kChunk, last = min(keys, first + kChunk);  // this block's P*V keys
-  float* result = kSplits == 1 ? out + (bt * kH + static_cast<long long>(head) * kGroup) * kD
-                               : partials + item * kSplits * kGroup * kD + static_cast<long long>(split) * kGroup * kD;
-  if (first >= last) {  // a padding row, or a split past the row's keys: it adds nothing
+  const int first = split * kChunk, count = min(keys, first + kChunk) - first;  // this block's keys
+  // Partials: [item][split] of kGroup (max, sum) pairs, then kGroup x kD sums.
+  float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
+  float* result = kSplits == 1 ? out + (bt * kH + static_cast<long long>(head) * kGroup) * kD : stats + 2 * kGroup;
+  if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
     for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) result[i] = 0.0f;
+    if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     return;
   }
   for (int i = threadIdx.x; i < kMaxBlocks; i += blockDim.x) table[i] = block_tables[b * kMaxBlocks + i];
@@ -170,22 +170,21 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
            sub * kVec;
   };
 
-  // Pass 1, over every key: the scores (this block's chunk kept), and per head the online max
-  // and sum of exp of the thread's rows.
+  // Scores of the block's keys into shared memory; each thread keeps the max of its own.
   float qv[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
     LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
   }
-  MaxExpSum state[kGroup];
+  float row_max[kGroup];
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) state[g] = {-CUDART_INF_F, 0.0f};
-  for (int base = 0; base < keys; base += kRowsPerPass * kUnroll) {
+  for (int g = 0; g < kGroup; ++g) row_max[g] = -CUDART_INF_F;
+  for (int base = 0; base < count; base += kRowsPerPass * kUnroll) {
     Packed128<TP> k[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j < keys) k[u] = Load128(k_pool + row_of(j));
+      if (j < count) k[u] = Load128(k_pool + row_of(first + j));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -193,69 +192,79 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.0f;
-        if (j < keys) {
+        if (j < count) {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) dot += qv[g][i] * ToFloat(k[u][i]);
         }
 #pragma unroll
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (j < keys) {
+        if (j < count) {
           const float s = dot * scale;
-          state[g] = MaxExpSumOp{}(state[g], MaxExpSum{s, 1.0f});
-          if (sub == 0 && j >= first && j < last) scores[g * kChunk + j - first] = s;
+          row_max[g] = fmaxf(row_max[g], s);
+          if (sub == 0) scores[g * kChunk + j] = s;
         }
       }
     }
   }
-  // The row's max and sum: the warp's rows (kLanesPerRow apart), then the warps'.
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset >= kLanesPerRow; offset /= 2) {
-      state[g] = MaxExpSumOp{}(state[g], ShuffleXor(state[g], offset));
-    }
-    if (lane == 0) reduce[warp * kGroup + g] = state[g];
+    const float m = WarpReduce(row_max[g], MaxOp{});
+    if (lane == 0) reduce[warp * kGroup + g] = m;
   }
   __syncthreads();
+  float m[kGroup], sum[kGroup];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    MaxExpSum total = reduce[g];
-    for (int w = 1; w < kWarps; ++w) total = MaxExpSumOp{}(total, reduce[w * kGroup + g]);
-    state[g] = total;
+    m[g] = reduce[g];
+    for (int w = 1; w < kWarps; ++w) m[g] = fmaxf(m[g], reduce[w * kGroup + g]);
+    sum[g] = 0.0f;
   }
-  // P over the chunk, rounded to the pool's dtype.
-  for (int j = threadIdx.x; j < last - first; j += blockDim.x) {
+  __syncthreads();  // every thread has read the maxima before the sums take their place
+  // exp(S - max) over the block's keys, and their sum.
+  for (int j = threadIdx.x; j < count; j += blockDim.x) {
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      float& s = scores[g * kChunk + j];
-      s = ToFloat(FromFloat<TP>(expf(s - state[g].max) / state[g].sum));
+      float& e = scores[g * kChunk + j];
+      e = expf(e - m[g]);
+      sum[g] += e;
     }
   }
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    const float l = WarpReduce(sum[g], SumOp{});
+    if (lane == 0) reduce[warp * kGroup + g] = l;
+  }
   __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    float l = 0.0f;
+    for (int w = 0; w < kWarps; ++w) l += reduce[w * kGroup + g];
+    sum[g] = l;
+  }
 
-  // Pass 2, over the chunk: P times V, the lanes of a row over its dims.
+  // The sum of exp(S - max) V over the block's keys, the lanes of a row over its dims.
   float acc[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
   }
-  for (int base = first; base < last; base += kRowsPerPass * kUnroll) {
+  for (int base = 0; base < count; base += kRowsPerPass * kUnroll) {
     Packed128<TP> v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j < last) v[u] = Load128(v_pool + row_of(j));
+      if (j < count) v[u] = Load128(v_pool + row_of(first + j));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j >= last) continue;
+      if (j >= count) continue;
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        const float p = scores[g * kChunk + j - first];
+        const float e = scores[g * kChunk + j];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[g][i] += p * ToFloat(v[u][i]);
+        for (int i = 0; i < kVec; ++i) acc[g][i] += e * ToFloat(v[u][i]);
       }
     }
   }
@@ -277,12 +286,14 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
   for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
     float total = 0.0f;
     for (int w = 0; w < kWarps; ++w) total += partial[w * kGroup * kD + i];
-    result[i] = total;
+    result[i] = kSplits == 1 ? total / sum[i / kD] : total;
   }
+  if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = m[threadIdx.x], stats[2 * threadIdx.x + 1] = sum[threadIdx.x];
 }
 
-// out[b, t, h, :] = the sum over splits of PagedAttentionSplit's partials, in split order (P
-// is normalized over the whole row already). Launch: one thread per output element.
+// out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the
+// row's max and added in split order, over the rescaled sum of exp. Launch: one thread per
+// output element.
 template <long long kRows, int kH, int kD, int kHkv, int kSplits>
 __device__ __forceinline__ void PagedAttentionCombine(float* out, const float* partials) {
   constexpr int kGroup = kH / kHkv;
@@ -290,10 +301,22 @@ __device__ __forceinline__ void PagedAttentionCombine(float* out, const float* p
   if (e >= kRows * kH * kD) return;
   const long long bt = e / (kH * kD);
   const int h = static_cast<int>(e / kD % kH), d = static_cast<int>(e % kD);
-  const float* p = partials + ((bt * kHkv + h / kGroup) * kSplits * kGroup + h % kGroup) * kD + d;
-  float total = 0.0f;
-  for (int split = 0; split < kSplits; ++split) total += p[static_cast<long long>(split) * kGroup * kD];
-  out[e] = total;
+  const int g = h % kGroup;
+  const float* p = partials + (bt * kHkv + h / kGroup) * kSplits * kGroup * (kD + 2);
+  float m = -CUDART_INF_F;
+  for (int split = 0; split < kSplits; ++split) m = fmaxf(m, p[split * kGroup * (kD + 2) + 2 * g]);
+  if (m == -CUDART_INF_F) {  // a padding row: no split saw a key
+    out[e] = 0.0f;
+    return;
+  }
+  float total = 0.0f, sum = 0.0f;
+  for (int split = 0; split < kSplits; ++split) {
+    const float* s = p + split * kGroup * (kD + 2);
+    const float scale = expf(s[2 * g] - m);  // 0 for a split without keys (max -inf)
+    sum += scale * s[2 * g + 1];
+    total += scale * s[2 * kGroup + g * kD + d];
+  }
+  out[e] = total / sum;
 }
 
 }  // namespace kiln::kernels

@@ -76,7 +76,9 @@ void ExpectSameGeneration(const Generation& gpu, const Generation& cpu, double t
   EXPECT_EQ(gpu.stats.cached_tokens, cpu.stats.cached_tokens);
   EXPECT_GT(cpu.stats.cached_tokens, 0) << "the shared prefix came from the cache";
   EXPECT_EQ(gpu.stats.prefill_tokens, cpu.stats.prefill_tokens);
-  if (same_tokens) EXPECT_EQ(gpu.outputs, cpu.outputs);
+  if (same_tokens) {
+    EXPECT_EQ(gpu.outputs, cpu.outputs);
+  }
   int64_t compared = 0;
   for (const auto& [key, logits] : gpu.logits) {
     auto it = cpu.logits.find(key);

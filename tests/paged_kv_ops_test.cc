@@ -75,7 +75,7 @@ TEST(PagedKvOps, ShapeErrorsNameTheOperand) {
 
 // One sequence of T = 6 tokens whose K/V sit in scrambled blocks of 2: paged attention at
 // positions 0..5 computes what the causal `attention` op computes over the contiguous K/V,
-// up to the two ops' documented rounding (both bf16 policy).
+// up to the two ops' documented rounding (paged: P in f32; attention: P rounded to bf16).
 TEST(PagedKvOps, PagedAttentionIsCausalAttentionThroughTheBlockTable) {
   const int64_t t = 6, h = 4, hkv = 2, d = 8, bs = 2, nb = 5;
   Module m("m");
@@ -109,7 +109,7 @@ TEST(PagedKvOps, PagedAttentionIsCausalAttentionThroughTheBlockTable) {
   ASSERT_TRUE(out.ok()) << out.status();
   double worst = 0;
   for (int64_t i = 0; i < (*out)[0].num_elements(); ++i) worst = std::max(worst, std::fabs((*out)[0][i] - (*out)[1][i]));
-  EXPECT_LT(worst, 1e-2) << "bf16 P rounded after f32 scores vs after double ones";
+  EXPECT_LT(worst, 1e-2) << "f32 P (paged) against P rounded to bf16 (attention)";
   EXPECT_GT(std::fabs((*out)[0][0]), 0.0);
 }
 
@@ -173,9 +173,18 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_NE(write->kernels[0].source.find("PoolCopy<__nv_bfloat16"), std::string::npos) << write->kernels[0].source;
   auto attention = LowerNode(*o);
   ASSERT_TRUE(attention.ok()) << attention.status();
-  ASSERT_EQ(attention->kernels.size(), 1u);
-  EXPECT_EQ(attention->kernels[0].grid[0], 8u * 32u);
-  EXPECT_EQ(attention->kernels[0].block[0], 32u);
+  // 8 sequences x 8 kv heads = 64 blocks would leave half of 132 SMs idle: the keys split
+  // in 5 (at most 2 blocks per SM, so ceil(264 / 64)), 52 keys each of the 16 x 16 = 256, and
+  // a combine kernel adds the splits' partials (scratch: 64 x 5 x 4 heads x (128 + 2) floats).
+  ASSERT_EQ(attention->kernels.size(), 2u);
+  EXPECT_EQ(attention->kernels[0].grid[0], 64u * 5u);
+  EXPECT_EQ(attention->kernels[0].block[0], 256u);
+  EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, 8LL, 1LL, 32, 128, 3, 64LL, 8, 16, "
+                                              "16, 8, 5, 52>"),
+            std::string::npos)
+      << attention->kernels[0].source;
+  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<8LL, 32, 128, 8, 5>"), std::string::npos);
+  EXPECT_EQ(attention->scratch_bytes, 64 * 5 * 4 * (128 + 2) * 4);
   for (const LoweredNode* lowered : {&*write, &*attention}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});

@@ -68,7 +68,6 @@ absl::StatusOr<HostTensor> EvalPagedAttention(const Node& node, Operands xs, con
   const TensorType& qt = xs[0]->type();
   const int64_t batch = qt.dims[0], seq = qt.dims[1], heads = qt.dims[2], d = qt.dims[3];
   const PoolDims p(xs[1]->type());
-  const DType pool_dtype = xs[1]->type().dtype;
   const int64_t group = heads / p.kv_heads;
   const std::vector<double>& tables = xs[3]->values();
   const int64_t max_blocks = xs[3]->type().dims[1];
@@ -122,7 +121,7 @@ absl::StatusOr<HostTensor> EvalPagedAttention(const Node& node, Operands xs, con
       for (int64_t j = 0; j < keys; ++j) sum += std::exp(scores[j] - max);
       double* oi = o + item * d;
       for (int64_t j = 0; j < keys; ++j) {
-        const double prob = RoundToDType(F32(std::exp(scores[j] - max) / sum), pool_dtype);
+        const double prob = F32(std::exp(scores[j] - max) / sum);
         for (int64_t x = 0; x < d; ++x) oi[x] += prob * v[rows[j] + x];
       }
     }
