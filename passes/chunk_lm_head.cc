@@ -1,5 +1,6 @@
 #include "passes/chunk_lm_head.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,17 @@ namespace {
 Node* ThroughReshape(Node* node) {
   if (node->users().size() == 1 && node->users()[0]->opcode() == Opcode::kReshape) return node->users()[0];
   return node;
+}
+
+// The one value of a uniform cotangent: a constant, or the broadcast of a scalar constant
+// (what the real presets' [16384] cotangent is: canonicalize folds only small broadcasts).
+std::optional<double> UniformValue(const Node& n) {
+  const Node* c = &n;
+  if (n.opcode() == Opcode::kBroadcast && n.num_operands() == 1 && n.operand(0)->type().rank() == 0) c = n.operand(0);
+  if (c->opcode() != Opcode::kConstant) return std::nullopt;
+  absl::StatusOr<double> v = c->attrs().GetFloat("value");
+  if (!v.ok()) return std::nullopt;
+  return *v;
 }
 
 bool AttrIs(const Node& n, absl::string_view name, absl::string_view symbol) {
@@ -85,8 +97,7 @@ bool Match(Node* logits, LmHead& h) {
   Node* dloss = h.ce_grad->operand(2);
   if (h.ce_grad->operand(1) != labels || h.ce_grad->operand(3) != h.lse) return false;
   // The cotangent must be known before the loss: a constant.
-  if (dloss->opcode() != Opcode::kConstant || !dloss->attrs().GetFloat("value").ok() ||
-      dloss->type().dims != std::vector<int64_t>{h.rows}) {
+  if (!UniformValue(*dloss).has_value() || dloss->type().dims != std::vector<int64_t>{h.rows}) {
     return false;
   }
   h.dlogits = ThroughReshape(h.ce_grad);
@@ -149,7 +160,9 @@ void Rewrite(Function& f, const LmHead& h, int64_t chunks) {
   for (int64_t c = 0; c < chunks; ++c) {
     Node* xc = slice(x2, c, scope);
     Node* labels_c = slice(labels, c, h.ce->scope());
-    Node* dloss_c = insert(Opcode::kConstant, {}, dloss->attrs(), TensorType{dloss->type().dtype, {rows}},
+    AttrMap dloss_value;
+    dloss_value.Set("value", *UniformValue(*dloss));
+    Node* dloss_c = insert(Opcode::kConstant, {}, std::move(dloss_value), TensorType{dloss->type().dtype, {rows}},
                            absl::StrCat(dloss->name(), ".", c), dloss->scope());
     Node* logits_c = insert(Opcode::kGemm, {xc, w}, WithInt(h.logits->attrs(), "m", rows),
                             TensorType{h.logits->type().dtype, {rows, h.classes}},

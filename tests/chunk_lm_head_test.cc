@@ -84,6 +84,45 @@ TEST(ChunkLmHead, HeaderExample) {
   )");
 }
 
+// The presets' cotangent is a broadcast of the scalar 1/N (canonicalize folds only small
+// broadcasts into a constant): the same rewrite, each chunk's cotangent a constant.
+TEST(ChunkLmHead, ABroadcastScalarCotangentSplitsToo) {
+  std::string text = LmHead();
+  const std::string constant = "  %dloss = constant() {value=0.03125} : f32[32]\n";
+  ASSERT_NE(text.find(constant), std::string::npos);
+  text.replace(text.find(constant), constant.size(),
+               "  %mean = constant() {value=0.03125} : f32[]\n"
+               "  %dloss = broadcast(%mean) {dims=[]} : f32[32]\n");
+  ChunkLmHeadPass pass(kTwoChunks);
+  const std::string out = testing::RunPassOnText(pass, text, /*expect_change=*/true, /*check_meaning=*/false);
+  absl::Status same = CheckMeaningPreserved(**ParseModule(text), **ParseModule(out), SameSums());
+  EXPECT_TRUE(same.ok()) << same;
+  EXPECT_CHECKS(out, R"(
+    CHECK:      constant() {value=0.03125} : f32[16]
+    CHECK:      cross_entropy_grad({{.*}}) : bf16[16,24]
+    CHECK:      constant() {value=0.03125} : f32[16]
+    CHECK:      cross_entropy_grad({{.*}}) : bf16[16,24]
+    CHECK-NOT:  broadcast
+  )");
+}
+
+// llama-S as `kiln train` compiles it (16 x 1024 tokens): 4096 rows a chunk is 4 chunks.
+TEST(ChunkLmHead, TheLlamaSPresetStepSplits) {
+  std::unique_ptr<Module> m = *BuildLlamaModule(*PresetConfig("llama-S"), {});
+  CompileOptions options;
+  options.lm_head_chunk_rows = 4096;
+  absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
+  ASSERT_TRUE(tc.ok()) << tc.status();
+  ASSERT_TRUE(tc->Run(*m).ok());
+  int64_t ce = 0, ce_grad = 0;
+  for (const auto& node : m->FindFunction("train_step")->nodes()) {
+    ce += node->opcode() == Opcode::kCrossEntropy;
+    ce_grad += node->opcode() == Opcode::kCrossEntropyGrad;
+  }
+  EXPECT_EQ(ce, 4);
+  EXPECT_EQ(ce_grad, 4);
+}
+
 TEST(ChunkLmHead, ChunkCount) {
   EXPECT_EQ(LmHeadChunks(32, 0), 1);   // off
   EXPECT_EQ(LmHeadChunks(32, 32), 1);  // one chunk holds them
