@@ -50,8 +50,8 @@ class CudaInferenceEngine : public InferenceEngine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::vector<float>> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows,
-                                         std::vector<StepTiming>* profile) override {
+  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                           std::vector<StepTiming>* profile) override {
     RETURN_IF_ERROR(Load(f));
     CudaExecutable& exe = *executables_.at(&f);
     RETURN_IF_ERROR(device_->MakeCurrent());
@@ -77,44 +77,62 @@ class CudaInferenceEngine : public InferenceEngine {
     } else {
       RETURN_IF_ERROR(exe.Run());
     }
-    // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
-    // its output rounded (the reference backend holds the same rounded values).
     const Node* out = f.outputs()[0];
-    const DType dtype = out->type().dtype;
-    if (dtype != DType::kF32 && dtype != DType::kBF16) {
-      return absl::InternalError(absl::StrCat("@", f.name(), "'s logits are ", out->type().ToString(),
-                                              ", not f32 or bf16"));
-    }
-    const int64_t vocab = config_.vocab_size, element = DTypeBytes(dtype);
+    const int64_t vocab = config_.vocab_size;
     const int64_t num_rows = out->type().num_elements() / vocab;
-    ASSIGN_OR_RETURN(const void* logits, exe.OutputAddress(0));
-    std::string bytes(rows.size() * vocab * element, '\0');
-    for (size_t r = 0; r < rows.size();) {
-      if (rows[r] < 0 || rows[r] >= num_rows) {
-        return absl::InvalidArgumentError(absl::StrCat("logits row ", rows[r], " of @", f.name(), "'s ",
+    for (int64_t row : rows) {
+      if (row < 0 || row >= num_rows) {
+        return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
                                                        out->type().ToString()));
       }
-      size_t run = 1;  // consecutive rows (a decode batch's) in one copy
-      while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int64_t>(run)) ++run;
-      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(bytes.data() + r * vocab * element,
-                                                static_cast<const char*>(logits) + rows[r] * vocab * element,
-                                                run * vocab * element, cudaMemcpyDeviceToHost, stream),
-                                absl::StrCat("reading the logits of @", f.name()));
-      r += run;
     }
-    KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the logits of @", f.name()));
-    std::vector<float> picked(rows.size() * vocab);
-    if (dtype == DType::kF32) {
-      std::memcpy(picked.data(), bytes.data(), bytes.size());
-    } else {
-      for (size_t i = 0; i < picked.size(); ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, bytes.data() + 2 * i, 2);
-        const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-        std::memcpy(&picked[i], &wide, 4);
+    Rows picked;
+    picked.greedy.resize(rows.size());
+    ASSIGN_OR_RETURN(const void* greedy, exe.OutputAddress(kInferenceGreedyOutput));
+    RETURN_IF_ERROR(CopyRows(greedy, sizeof(int32_t), rows, picked.greedy.data(), absl::StrCat("@", f.name())));
+    if (with_logits) {
+      // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
+      // its output rounded (the reference backend holds the same rounded values).
+      const DType dtype = out->type().dtype;
+      if (dtype != DType::kF32 && dtype != DType::kBF16) {
+        return absl::InternalError(absl::StrCat("@", f.name(), "'s logits are ", out->type().ToString(),
+                                                ", not f32 or bf16"));
+      }
+      const int64_t element = DTypeBytes(dtype);
+      ASSIGN_OR_RETURN(const void* logits, exe.OutputAddress(0));
+      std::string bytes(rows.size() * vocab * element, '\0');
+      RETURN_IF_ERROR(CopyRows(logits, vocab * element, rows, bytes.data(), absl::StrCat("@", f.name())));
+      picked.logits.resize(rows.size() * vocab);
+      if (dtype == DType::kF32) {
+        std::memcpy(picked.logits.data(), bytes.data(), bytes.size());
+      } else {
+        for (size_t i = 0; i < picked.logits.size(); ++i) {
+          uint16_t bits;
+          std::memcpy(&bits, bytes.data() + 2 * i, 2);
+          const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+          std::memcpy(&picked.logits[i], &wide, 4);
+        }
       }
     }
     return picked;
+  }
+
+  // `rows` of `row_bytes` each from device memory `src` to host `dst`, consecutive rows (a
+  // decode batch's) in one copy; then waits for them.
+  absl::Status CopyRows(const void* src, int64_t row_bytes, absl::Span<const int64_t> rows, void* dst,
+                        const std::string& what) {
+    const cudaStream_t stream = device_->stream();
+    for (size_t r = 0; r < rows.size();) {
+      size_t run = 1;
+      while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int64_t>(run)) ++run;
+      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + r * row_bytes,
+                                                static_cast<const char*>(src) + rows[r] * row_bytes, run * row_bytes,
+                                                cudaMemcpyDeviceToHost, stream),
+                                absl::StrCat("reading the outputs of ", what));
+      r += run;
+    }
+    KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the outputs of ", what));
+    return absl::OkStatus();
   }
 
   absl::Status CopyBlocks(absl::Span<const inference::BlockCopy> copies) override {

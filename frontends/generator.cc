@@ -136,9 +136,23 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
   return it->second->functions()[0].get();
 }
 
-absl::StatusOr<TokenId> Generator::SampleRow(absl::Span<const float> logits, inference::RequestId request,
-                                             int64_t position, const inference::SamplingParams& sampling,
-                                             int64_t draw) {
+bool Generator::NeedsLogits(const inference::SamplingParams& sampling) const {
+  return options_.on_logits != nullptr || !inference::IsGreedy(sampling);
+}
+
+absl::StatusOr<TokenId> Generator::SampleRow(const InferenceEngine::Rows& picked, size_t row,
+                                             inference::RequestId request, int64_t position,
+                                             const inference::SamplingParams& sampling, int64_t draw) {
+  const int64_t vocab = config_.vocab_size;
+  if (picked.logits.empty()) {  // a greedy request: the function's own pick
+    const TokenId token = picked.greedy[row];
+    if (token < 0 || token >= vocab) {
+      return absl::InternalError(absl::StrCat("request ", request, ": the logits at position ", position,
+                                              " hold no largest value (NaN): no greedy token"));
+    }
+    return token;
+  }
+  const absl::Span<const float> logits = absl::MakeConstSpan(picked.logits).subspan(row * vocab, vocab);
   if (options_.on_logits) options_.on_logits(request, position, logits);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<TokenId> token = sampler_.Sample(logits, sampling, draw);
@@ -167,10 +181,10 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
       slots[i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
     }
     const int64_t last = fresh - 1;
-    ASSIGN_OR_RETURN(std::vector<float> logits,
+    ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
                      engine_->Run(*f, {I32({1, t}, tokens), I32({1, t}, positions), I32({1, t}, slots), I32({1, m}, table)},
-                                  absl::MakeConstSpan(&last, 1)));
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(logits, p.request, context - 1, p.sampling, p.draw));
+                                  absl::MakeConstSpan(&last, 1), NeedsLogits(p.sampling)));
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(picked, 0, p.request, context - 1, p.sampling, p.draw));
     sampled.push_back({p.request, token});
     stats_.prefill_tokens += fresh;
     stats_.cached_tokens += p.num_cached_tokens;
@@ -192,19 +206,19 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   const bool profiled = stats_.decode_steps == options_.profile_decode_call;
   std::vector<int64_t> rows(step.decodes.size());
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-  ASSIGN_OR_RETURN(std::vector<float> logits,
+  bool with_logits = false;
+  for (const DecodeWork& d : step.decodes) with_logits |= NeedsLogits(d.sampling);
+  ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
                    engine_->Run(*f,
                                 {I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions),
                                  I32({bucket, 1}, batch.slots),
                                  I32({bucket, layout_.max_blocks_per_sequence}, batch.block_tables)},
-                                rows, profiled ? &decode_profile_ : nullptr));
+                                rows, with_logits, profiled ? &decode_profile_ : nullptr));
   if (profiled) decode_profile_bucket_ = bucket;
-  const int64_t vocab = config_.vocab_size;
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < step.decodes.size(); ++i) {
     const DecodeWork& d = step.decodes[i];
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), d.request,
-                                              d.position, d.sampling, d.draw));
+    ASSIGN_OR_RETURN(TokenId token, SampleRow(picked, i, d.request, d.position, d.sampling, d.draw));
     sampled.push_back({d.request, token});
   }
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "frontends/inference_engine.h"
 #include "frontends/llama_inference.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
@@ -36,7 +37,6 @@
 namespace kiln {
 
 class CudaDevice;
-class InferenceEngine;
 
 struct GeneratorOptions {
   Precision precision = Precision::kBf16;
@@ -111,7 +111,12 @@ class Generator {
   Generator(const ModelConfig& config, const GeneratorOptions& options);
 
   absl::StatusOr<const Function*> FunctionFor(InferencePhase phase, int64_t size);
-  absl::StatusOr<inference::TokenId> SampleRow(absl::Span<const float> logits, inference::RequestId request,
+  // Whether a request's token needs its logits on the host: not for a greedy one (the
+  // function's greedy output), unless on_logits wants them.
+  bool NeedsLogits(const inference::SamplingParams& sampling) const;
+  // Row `row` of a call's picked rows: its greedy token, or the sampler's draw from its logits.
+  absl::StatusOr<inference::TokenId> SampleRow(const InferenceEngine::Rows& picked, size_t row,
+                                               inference::RequestId request,
                                                int64_t position, const inference::SamplingParams& sampling,
                                                int64_t draw);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);

@@ -19,8 +19,8 @@ class ReferenceInferenceEngine : public InferenceEngine {
   absl::string_view backend() const override { return "cpu"; }
   absl::Status Load(const Function&) override { return absl::OkStatus(); }
 
-  absl::StatusOr<std::vector<float>> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows,
-                                         std::vector<StepTiming>* profile) override {
+  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                           std::vector<StepTiming>* profile) override {
     if (profile != nullptr) profile->clear();
     args_[0] = std::move(inputs.tokens);
     args_[1] = std::move(inputs.positions);
@@ -31,14 +31,15 @@ class ReferenceInferenceEngine : public InferenceEngine {
     args_[kInferenceVPoolParameter] = std::move(outputs[2]);
     const int64_t vocab = config_.vocab_size;
     const std::vector<double>& logits = outputs[0].values();
-    std::vector<float> picked;
-    picked.reserve(rows.size() * vocab);
+    const std::vector<double>& greedy = outputs[kInferenceGreedyOutput].values();
+    Rows picked;
     for (int64_t row : rows) {
-      if (row < 0 || (row + 1) * vocab > static_cast<int64_t>(logits.size())) {
+      if (row < 0 || row >= static_cast<int64_t>(greedy.size())) {
         return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
                                                        outputs[0].type().ToString()));
       }
-      picked.insert(picked.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+      picked.greedy.push_back(static_cast<int32_t>(greedy[row]));
+      if (with_logits) picked.logits.insert(picked.logits.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
     }
     return picked;
   }

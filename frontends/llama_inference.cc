@@ -24,6 +24,22 @@ absl::Status CheckLayout(const PagedKvLayout& layout, int64_t size) {
   return absl::OkStatus();
 }
 
+// The first index of each row's largest logit, as the sampler's greedy pick (ties to the
+// lowest id): [B, T, V] -> i32 [B, T]. Indices are exact in f32 (V < 2^24); the first of
+// the maxima is the largest of V - 1 - index over the positions equal to the row's max.
+Tensor GreedyTokens(Graph& g, Tensor logits) {
+  const std::vector<int64_t> dims = logits.type().dims;
+  const int64_t vocab = dims.back(), last = static_cast<int64_t>(dims.size()) - 1;
+  const TensorType values{DType::kF32, dims};
+  Tensor x = Convert(logits, DType::kF32);
+  std::vector<int64_t> row_dims(last);
+  for (int64_t i = 0; i < last; ++i) row_dims[i] = i;
+  Tensor at_max = Compare(x, Broadcast(ReduceMax(x, {last}), row_dims, dims), "eq");
+  Tensor from_end = Add(Mul(g.Iota(values, last), -1.0), static_cast<double>(vocab - 1));
+  Tensor best = ReduceMax(Select(at_max, from_end, g.Constant(-1.0, values)), {last});
+  return Convert(Add(Mul(best, -1.0), static_cast<double>(vocab - 1)), DType::kI32);
+}
+
 }  // namespace
 
 TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Precision precision) {
@@ -61,7 +77,9 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
                               [&](int64_t layer, Tensor x, const AttentionWeights& w) {
                                 return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
                               });
-  RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool}, {-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+  Tensor greedy = InScope(g, "greedy", [&] { return GreedyTokens(g, logits); });
+  RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool, greedy},
+                           {-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
   RETURN_IF_ERROR(VerifyModule(*module));
   return module;
 }

@@ -14,7 +14,9 @@
 //               under the bf16 policy: @forward rounds them there before every use, so
 //               the values are the same, and a decode step reads half the bytes)
 //   outputs     logits [B,T,V] (f32; bf16 under the bf16 policy, as @forward's LM head writes
-//               them), k_pool', v_pool' (donated: output_aliases {-1, 4, 5})
+//               them), k_pool', v_pool' (donated: output_aliases {-1, 4, 5, -1}), and the
+//               greedy token of every row, i32 [B,T] (the first of the largest logits), so
+//               that a greedy request needs no logits off the device
 //
 // Sequence lengths, positions and block tables are data, so a function's shapes depend only
 // on (B, T) and the pool: one compile (and, on a GPU, one captured graph) per bucket. A
@@ -63,6 +65,7 @@ TensorType InferenceWeightType(const WeightSpec& spec, Precision precision);
 inline constexpr int kInferenceKPoolParameter = 4;
 inline constexpr int kInferenceVPoolParameter = 5;
 inline constexpr int kInferenceFirstWeightParameter = 6;
+inline constexpr int kInferenceGreedyOutput = 3;
 
 enum class InferencePhase { kPrefill, kDecode };
 

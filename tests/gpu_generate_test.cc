@@ -35,14 +35,16 @@ std::vector<TokenId> Prompt(int64_t n, int64_t salt) {
 // Five greedy requests on llama-tiny with blocks of 4: 2 shares 1's 8-token prefix (two
 // full blocks, cached once 1 is prefilled), 3 repeats 1's prompt exactly (its last token is
 // recomputed), and 4 and 5 join after two and five steps, while others run or have left.
-Generation Generate(CudaDevice* device, Precision precision) {
+Generation Generate(CudaDevice* device, Precision precision, bool log_logits = true) {
   const ModelConfig config = *PresetConfig("llama-tiny");
   Generation g;
   GeneratorOptions options{.precision = precision, .block_size = 4, .max_running = 4, .max_context = 64};
   options.device = device;
-  options.on_logits = [&g](RequestId r, int64_t position, absl::Span<const float> logits) {
-    g.logits[{r, position}] = std::vector<float>(logits.begin(), logits.end());
-  };
+  if (log_logits) {  // otherwise greedy tokens come from the functions' own pick, on the device
+    options.on_logits = [&g](RequestId r, int64_t position, absl::Span<const float> logits) {
+      g.logits[{r, position}] = std::vector<float>(logits.begin(), logits.end());
+    };
+  }
   auto gen = Generator::Create(config, InitLlamaWeights(config, 21), options);
   EXPECT_TRUE(gen.ok()) << gen.status();
   if (!gen.ok()) return g;
@@ -125,6 +127,16 @@ TEST(GpuGenerate, MatchesTheReferenceBackendBf16) {
   // The bf16 policy's roundings are the same on both; what differs is f32 summation order,
   // which a bf16 rounding can turn into one bf16 ulp of an activation.
   ExpectSameGeneration(gpu, cpu, 2e-2, /*same_tokens=*/false);
+}
+
+// Without on_logits the greedy tokens are picked on the device (the decode function's greedy
+// output) and only B tokens come back: the same tokens as the host's sampler on the CPU.
+TEST(GpuGenerate, GreedyPickedOnTheDeviceMatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  const Generation gpu = Generate(testing::TestDevice(), Precision::kFp32, /*log_logits=*/false);
+  const Generation cpu = Generate(nullptr, Precision::kFp32);
+  EXPECT_EQ(gpu.outputs, cpu.outputs);
+  EXPECT_EQ(gpu.stats.sample_seconds, 0.0) << "no logits were sampled on the host";
 }
 
 }  // namespace

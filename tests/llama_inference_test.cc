@@ -120,7 +120,10 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     }
     EXPECT_EQ(gemm_operands, 7 * config.n_layers + (config.tie_embeddings ? 0 : 1));
     EXPECT_EQ(p[kInferenceKPoolParameter]->type().ToString(), "bf16[2,8,2,4,32]");
-    EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+    EXPECT_EQ(f->output_aliases(),
+              (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
+    EXPECT_EQ(f->outputs()[kInferenceGreedyOutput]->type().ToString(),
+              phase == InferencePhase::kPrefill ? "i32[1,4]" : "i32[4,1]");
     EXPECT_EQ(f->outputs()[0]->type().dims, (std::vector<int64_t>{phase == InferencePhase::kPrefill ? 1 : 4,
                                                                    phase == InferencePhase::kPrefill ? 4 : 1, 256}));
     // The normal pipelines run on them, and the donated pools survive them.
@@ -136,7 +139,10 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     EXPECT_EQ(ops[Opcode::kKvCacheWrite], 2 * config.n_layers);
     EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);
-    EXPECT_EQ(f->output_aliases(), (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter}));
+    EXPECT_EQ(f->output_aliases(),
+              (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
+    EXPECT_EQ(f->outputs()[kInferenceGreedyOutput]->type().ToString(),
+              phase == InferencePhase::kPrefill ? "i32[1,4]" : "i32[4,1]");
   }
 }
 
@@ -230,6 +236,28 @@ TEST(LlamaInference, GreedyGenerationIsTheArgmaxOfRepeatedFullForwards) {
     context.push_back(expected.back());
   }
   EXPECT_EQ((*done)[0].output, expected);
+}
+
+// A greedy request takes the function's greedy output (no logits leave the engine); with
+// on_logits set the host's sampler picks from the logits instead: the same tokens, ties
+// included (both take the first of the largest).
+TEST(LlamaInference, TheFunctionsGreedyPickIsTheSamplers) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 13);
+  auto run = [&](LogitsLog* log) {
+    auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 4, log));
+    EXPECT_TRUE(gen.ok());
+    EXPECT_TRUE((*gen)->Submit({.id = 0, .prompt = Prompt(7, 2), .max_new_tokens = 12, .sampling = kGreedy}).ok());
+    EXPECT_TRUE((*gen)->Submit({.id = 1, .prompt = Prompt(3, 9), .max_new_tokens = 9, .sampling = kGreedy}).ok());
+    auto done = (*gen)->Run();
+    EXPECT_TRUE(done.ok()) << done.status();
+    std::map<RequestId, std::vector<TokenId>> out;
+    for (const FinishedRequest& f : *done) out[f.id] = f.output;
+    EXPECT_EQ((*gen)->stats().sample_seconds > 0, log != nullptr) << "the host sampled only with on_logits";
+    return out;
+  };
+  LogitsLog log;
+  EXPECT_EQ(run(nullptr), run(&log));
+  EXPECT_EQ(log.size(), 12u + 9u);
 }
 
 TEST(LlamaInference, SamplingIsDeterministicPerSeed) {

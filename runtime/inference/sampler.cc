@@ -88,7 +88,7 @@ double UniformForDraw(uint64_t seed, int64_t draw) {
 absl::StatusOr<TokenId> Sampler::Sample(absl::Span<const float> logits, const SamplingParams& params, int64_t draw) {
   RETURN_IF_ERROR(ValidateSamplingParams(params));
   if (draw < 0) return absl::InvalidArgumentError(absl::StrCat("sampling: draw index is ", draw, "; it must be >= 0"));
-  if (params.temperature == 0 || params.top_k == 1) return CheckedArgmax(logits);
+  if (IsGreedy(params)) return CheckedArgmax(logits);
   RETURN_IF_ERROR(CheckLogits(logits));
 
   candidates_.clear();

@@ -24,6 +24,9 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// Greedy: the first of the largest logits, no draw (temperature 0, or top_k 1).
+inline bool IsGreedy(const SamplingParams& params) { return params.temperature == 0 || params.top_k == 1; }
+
 // InvalidArgument, naming the field and its value, for a temperature that is negative or
 // not finite, a negative top_k, or a top_p outside (0, 1] (NaN included).
 absl::Status ValidateSamplingParams(const SamplingParams& params);
