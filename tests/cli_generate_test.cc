@@ -54,6 +54,14 @@ TEST_F(CliGenerateTest, PresetGeneratesBytesAndReportsSpeeds) {
   EXPECT_EQ(Generate("llama-tiny --prompt hello --max-new-tokens 8 --temperature 0 --seed 9").output, greedy.output);
 }
 
+// --kv-memory sizes the pool: llama-tiny's bf16 block of 16 tokens is K and V of 2 layers x 2
+// kv heads x 16 x 32 = 8 KiB, so 1M holds 128 blocks.
+TEST_F(CliGenerateTest, KvMemorySizesThePool) {
+  CommandResult r = Generate("llama-tiny --prompt hello --max-new-tokens 4 --kv-memory 1M");
+  ASSERT_EQ(r.exit_code, 0) << r.output << Stderr();
+  EXPECT_NE(Stderr().find("KV pool of 128 blocks of 16 tokens"), std::string::npos) << Stderr();
+}
+
 TEST_F(CliGenerateTest, TrainedCheckpointsAndHuggingFaceFoldersLoad) {
   CommandResult train = RunCommand(absl::StrCat(Kiln(), " train llama-tiny --steps 2 --backend cpu --save ",
                                                 Path("ck.safetensors"), " 2>&1"));
@@ -111,6 +119,9 @@ TEST_F(CliGenerateTest, BadInputsAreClearErrors) {
       {"llama-tiny --prompt hi --max-new-tokens 0", "--max-new-tokens 0 must be >= 1"},
       {"llama-tiny --prompt hi --backend tpu", "--backend must be cpu, cuda or auto, got 'tpu'"},
       {"llama-tiny", "give exactly one of --prompt TEXT, --prompt-tokens IDS or --prompts FILE"},
+      {"llama-tiny --prompt hi --kv-memory 100", "--kv-memory 100 holds no KV block: one block of 16 tokens takes 8192 bytes"},
+      {"llama-tiny --prompt hi --kv-memory 12Q", "--kv-memory '12Q': expected a positive byte count"},
+      {"llama-tiny --prompt hi --kv-memory 1M --kv-blocks 4", "give --kv-memory or --kv-blocks, not both"},
   };
   for (const auto& [args, message] : cases) {
     CommandResult r = Generate(args);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -16,6 +17,7 @@
 #include "frontends/cli/commands.h"
 #include "frontends/generator.h"
 #include "frontends/hf_checkpoint.h"
+#include "frontends/llama_inference.h"
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
@@ -55,6 +57,27 @@ absl::StatusOr<LoadedWeights> LoadWeights(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(int64_t seed, args.GetInt("init-seed", 1337));
   return LoadedWeights{config, InitLlamaWeights(config, static_cast<uint64_t>(seed)),
                        absl::StrCat("random init (seed ", seed, "; pass --weights CKPT for trained ones)")};
+}
+
+// "1048576", "512K", "64M", "2G" (binary units): bytes, > 0.
+absl::StatusOr<int64_t> ParseByteCount(absl::string_view text, absl::string_view what) {
+  int64_t unit = 1;
+  absl::string_view digits = text;
+  if (!digits.empty()) {
+    switch (std::toupper(static_cast<unsigned char>(digits.back()))) {
+      case 'K': unit = int64_t{1} << 10; break;
+      case 'M': unit = int64_t{1} << 20; break;
+      case 'G': unit = int64_t{1} << 30; break;
+      default: break;
+    }
+    if (unit > 1) digits.remove_suffix(1);
+  }
+  int64_t count = 0;
+  if (!absl::SimpleAtoi(digits, &count) || count <= 0 || count > std::numeric_limits<int64_t>::max() / unit) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", text, "': expected a positive byte count such as ",
+                                                   "1048576, 512K, 64M or 2G"));
+  }
+  return count * unit;
 }
 
 absl::StatusOr<std::vector<TokenId>> ParseTokenList(absl::string_view text, absl::string_view what) {
@@ -168,6 +191,23 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   // A single request's problems are the command's; with --prompts a bad line is reported
   // and the others still run.
   const bool single = prompts.size() == 1;
+  if (args.Has("kv-memory")) {
+    if (args.Has("kv-blocks")) return absl::InvalidArgumentError("give --kv-memory or --kv-blocks, not both");
+    ASSIGN_OR_RETURN(const int64_t budget, ParseByteCount(args.Get("kv-memory"), "--kv-memory"));
+    if (options.block_size < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--block-size ", options.block_size, " must be >= 1"));
+    }
+    // K and V of every layer: 2 x L x KV x BS x Dh elements of the pool's dtype a block.
+    const PagedKvLayout one_block{.num_blocks = 1, .block_size = options.block_size, .max_blocks_per_sequence = 1};
+    const int64_t block_bytes = 2 * KvPoolType(config, one_block, precision).num_bytes();
+    options.num_blocks = budget / block_bytes;
+    if (options.num_blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-memory ", args.Get("kv-memory"), " holds no KV block: one block of ",
+                                                     options.block_size, " tokens takes ", block_bytes, " bytes for ",
+                                                     args.positionals()[0], " (K and V of ", config.n_layers,
+                                                     " layers)"));
+    }
+  }
   if (options.num_blocks == 0 && options.block_size >= 1) {
     // Default: blocks for every request at once (they are known up front), no more than
     // max_running full contexts.
@@ -295,6 +335,8 @@ Command GenerateCommand() {
                 .default_value = "1337"},
                {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
                {.name = "block-size", .value_name = "N", .help = "tokens per KV block", .default_value = "16"},
+               {.name = "kv-memory", .value_name = "BYTES",
+                .help = "size the KV pool (K and V) to at most this many bytes: 1048576, 512K, 64M, 2G"},
                {.name = "kv-blocks", .value_name = "N", .help = "KV blocks in the pool",
                 .default_value = "what the requests need, at most max-running full contexts"},
                {.name = "max-running", .value_name = "N", .help = "requests decoded together at most",
