@@ -152,9 +152,27 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
     if (nk.lowered.kind == LoweringKind::kGemm) {
       ProgramStep step{.kind = ProgramStep::Kind::kGemm, .node = &node};
       ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
-      step.args = {i, index_of.at(node.operand(0)), index_of.at(node.operand(1)),
-                   slots.c >= 0 ? index_of.at(node.operand(slots.c)) : -1,
-                   slots.bias >= 0 ? index_of.at(node.operand(slots.bias)) : -1};
+      auto operand = [&](int slot) { return slot >= 0 ? index_of.at(node.operand(slot)) : int64_t{-1}; };
+      // With amax=1 the gemm has two results (D, amax), each a get_result node with the buffer.
+      auto result = [&](int r) -> int64_t {
+        if (!node.has_multiple_results()) return r == 0 ? i : -1;
+        const int64_t at = index_of.at(node.result(r));
+        return request.roles[at] == BufferRole::kNone ? -1 : at;
+      };
+      step.args.assign(ProgramStep::kGemmArgs, -1);
+      step.args[ProgramStep::kGemmOut] = result(0);
+      step.args[ProgramStep::kGemmA] = operand(0);
+      step.args[ProgramStep::kGemmB] = operand(1);
+      step.args[ProgramStep::kGemmC] = operand(slots.c);
+      step.args[ProgramStep::kGemmBias] = operand(slots.bias);
+      step.args[ProgramStep::kGemmAScale] = operand(slots.a_scale);
+      step.args[ProgramStep::kGemmBScale] = operand(slots.b_scale);
+      step.args[ProgramStep::kGemmDScale] = operand(slots.d_scale);
+      if (slots.amax) step.args[ProgramStep::kGemmAmax] = result(1);
+      if (step.args[ProgramStep::kGemmOut] < 0) {
+        return absl::UnimplementedError(absl::StrCat(Context(node), ": only its amax is used; cuBLASLt writes D ",
+                                                     "all the same, and kiln plans no buffer for an unused D"));
+      }
       step.gemm = std::move(gemms[i]);
       step.scratch_buffer = program.plan.scratch_buffer[i];
       program.steps.push_back(std::move(step));

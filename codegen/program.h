@@ -41,6 +41,11 @@ struct GemmDescription {
 
 struct ProgramStep {
   enum class Kind { kKernel, kGemm, kCopy };
+  // A kGemm step's args, in order: D (the gemm node, or its result 0 with amax=1), a, b, c
+  // (-1 when beta is 0), bias (-1 without epilogue=bias), a_scale, b_scale, d_scale (-1
+  // without scaled=1), amax (its result 1; -1 without amax=1).
+  enum GemmArg : int { kGemmOut, kGemmA, kGemmB, kGemmC, kGemmBias, kGemmAScale, kGemmBScale, kGemmDScale, kGemmAmax,
+                       kGemmArgs };
   Kind kind = Kind::kKernel;
   // The node it computes (errors, profiles); null for the finishing copies.
   const Node* node = nullptr;
@@ -50,9 +55,8 @@ struct ProgramStep {
   KernelSpec launch;  // name and geometry; the source is dropped
   std::string label;
   // kKernel: the outputs (one per result, -1 where a result is not needed), then the
-  // operands; kGemm: out, a, b, c (-1 when beta is 0), bias (-1 without epilogue=bias).
-  // Node indices into the function's
-  // nodes(), whose buffers the plan gives.
+  // operands; kGemm: the buffers GemmArg lists, -1 where one is left out. Node indices
+  // into the function's nodes(), whose buffers the plan gives.
   std::vector<int64_t> args;
   // kGemm
   GemmDescription gemm;

@@ -56,8 +56,9 @@ TEST(CompileProgram, ATrainingStepBecomesALaunchListOverOnePlannedArena) {
       }
       case ProgramStep::Kind::kGemm:
         ++gemms;
-        ASSERT_EQ(s.args.size(), 5u);  // out, a, b, c, bias
-        EXPECT_EQ(s.args[4] >= 0, s.gemm.bias);  // a bias buffer exactly when the epilogue adds one
+        ASSERT_EQ(s.args.size(), size_t{ProgramStep::kGemmArgs});  // out, a, b, c, bias, 3 scales, amax
+        EXPECT_EQ(s.args[ProgramStep::kGemmBias] >= 0, s.gemm.bias);  // a bias exactly when the epilogue adds one
+        for (int arg = ProgramStep::kGemmAScale; arg <= ProgramStep::kGemmAmax; ++arg) EXPECT_EQ(s.args[arg], -1);
         EXPECT_EQ(s.gemm.max_workspace_bytes, kGemmWorkspaceBytes);
         EXPECT_GE(s.scratch_buffer, 0);
         EXPECT_GE(program->plan.buffers[s.scratch_buffer].bytes, kGemmWorkspaceBytes);

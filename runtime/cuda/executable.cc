@@ -154,7 +154,7 @@ absl::StatusOr<int64_t> CudaExecutable::PlaceBuffers() {
   return arena_bytes;
 }
 
-absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const std::vector<void*>& pointers,
+absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const GemmBuffers& buffers,
                                       absl::flat_hash_map<std::string, int>* tuned) {
   const std::string key = GemmTuningKey(ps.gemm);
   if (auto it = tuned->find(key); it != tuned->end()) {
@@ -177,12 +177,14 @@ absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, con
     stats_.gemm_tuning.push_back({key, 1, GemmPlan::Tuning{.chosen = rank}, /*from_cache=*/true});
     return absl::OkStatus();
   }
-  // Timing overwrites the output: only a step-local value may take it (never a parameter's
-  // buffer, whose contents the run starts from).
-  const int64_t out_buffer = plan_.node_buffer[ps.args[0]];
-  if (out_buffer < 0 || plan_.buffers[out_buffer].kind != PlannedBuffer::Kind::kValue) return absl::OkStatus();
-  ASSIGN_OR_RETURN(GemmPlan::Tuning tuning, gemm.Autotune(pointers[0], pointers[1], pointers[2], pointers[3],
-                                                          pointers[4], pointers[5], device_->stream()));
+  // Timing overwrites the output (and the amax): only step-local values may take them (never
+  // a parameter's buffer, whose contents the run starts from).
+  for (const int arg : {ProgramStep::kGemmOut, ProgramStep::kGemmAmax}) {
+    if (ps.args[arg] < 0) continue;
+    const int64_t buffer = plan_.node_buffer[ps.args[arg]];
+    if (buffer < 0 || plan_.buffers[buffer].kind != PlannedBuffer::Kind::kValue) return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(GemmPlan::Tuning tuning, gemm.Autotune(buffers, device_->stream()));
   if (tuning.candidates > 0) {
     KeepTuning(store_key, absl::StrCat(tuning.chosen));
     if (options_.save_tuning) options_.save_tuning(store_key, absl::StrCat(tuning.chosen));
@@ -209,16 +211,27 @@ absl::Status CudaExecutable::BuildSteps() {
     }
     switch (ps.kind) {
       case ProgramStep::Kind::kGemm: {
-        if (ps.args.size() != 5) return absl::InvalidArgumentError(absl::StrCat(ps.gemm.context, ": a GEMM step takes 5 buffers"));
+        if (ps.args.size() != ProgramStep::kGemmArgs) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(ps.gemm.context, ": a GEMM step takes ", int{ProgramStep::kGemmArgs}, " buffers"));
+        }
         absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(ps.gemm, *device_);
         if (!plan.ok()) return plan.status();
         gemms_.push_back(*std::move(plan));
         GemmPlan& gemm = *gemms_.back();
         step.gemm = &gemm;
-        for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
-        step.pointers.push_back(ps.scratch_buffer >= 0 ? BufferAddress(ps.scratch_buffer) : nullptr);
+        step.gemm_buffers = {.out = ArgAddress(ps.args[ProgramStep::kGemmOut]),
+                             .a = ArgAddress(ps.args[ProgramStep::kGemmA]),
+                             .b = ArgAddress(ps.args[ProgramStep::kGemmB]),
+                             .c = ArgAddress(ps.args[ProgramStep::kGemmC]),
+                             .bias = ArgAddress(ps.args[ProgramStep::kGemmBias]),
+                             .a_scale = ArgAddress(ps.args[ProgramStep::kGemmAScale]),
+                             .b_scale = ArgAddress(ps.args[ProgramStep::kGemmBScale]),
+                             .d_scale = ArgAddress(ps.args[ProgramStep::kGemmDScale]),
+                             .amax = ArgAddress(ps.args[ProgramStep::kGemmAmax]),
+                             .scratch = ps.scratch_buffer >= 0 ? BufferAddress(ps.scratch_buffer) : nullptr};
         ++stats_.gemms;
-        if (options_.autotune_gemms) RETURN_IF_ERROR(TuneGemm(ps, gemm, step.pointers, &tuned));
+        if (options_.autotune_gemms) RETURN_IF_ERROR(TuneGemm(ps, gemm, step.gemm_buffers, &tuned));
         break;
       }
       case ProgramStep::Kind::kKernel: {
@@ -258,8 +271,7 @@ absl::Status CudaExecutable::EnqueueStep(const Step& step) const {
     case ProgramStep::Kind::kKernel:
       return EnqueueLaunch(*step.launch, step.pointers, stream, NodeContext(*step.program->node));
     case ProgramStep::Kind::kGemm:
-      return step.gemm->Enqueue(step.pointers[0], step.pointers[1], step.pointers[2], step.pointers[3],
-                                step.pointers[4], step.pointers[5], stream);
+      return step.gemm->Enqueue(step.gemm_buffers, stream);
     case ProgramStep::Kind::kCopy:
       if (step.program->bytes == 0 || step.dst == step.src) return absl::OkStatus();
       KILN_RETURN_IF_CUDA_ERROR(

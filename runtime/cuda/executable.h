@@ -118,8 +118,9 @@ class CudaExecutable {
   struct Step {
     const ProgramStep* program = nullptr;  // what it is: kind, node, label, copy purpose
     const KernelLaunch* launch = nullptr;  // kernel
-    std::vector<void*> pointers;           // kernel: outputs, operands; GEMM: out, a, b, c, scratch
+    std::vector<void*> pointers;           // kernel: outputs, operands (then its scratch)
     const GemmPlan* gemm = nullptr;
+    GemmBuffers gemm_buffers;
     void* dst = nullptr;                   // copy
     const void* src = nullptr;
   };
@@ -129,10 +130,10 @@ class CudaExecutable {
   absl::Status Capture();
   absl::Status EnqueueAll(bool check_each_step) const;
   absl::Status BuildSteps();
-  // Autotunes `gemm` (a plan of step `ps`, resolved to `pointers`) unless a GEMM of the same
+  // Autotunes `gemm` (a plan of step `ps`, resolved to `buffers`) unless a GEMM of the same
   // description was tuned already, whose choice it then takes; `tuned` maps descriptions to
   // their records in stats_.gemm_tuning.
-  absl::Status TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const std::vector<void*>& pointers,
+  absl::Status TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const GemmBuffers& buffers,
                         absl::flat_hash_map<std::string, int>* tuned);
   absl::Status EnqueueStep(const Step& step) const;
   static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose

@@ -125,8 +125,7 @@ absl::Status GemmPlan::UseCandidate(int rank) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(void* out, const void* a, const void* b, const void* c,
-                                                     const void* bias, void* scratch, cudaStream_t stream) {
+absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(const GemmBuffers& buffers, cudaStream_t stream) {
   Tuning tuning;
   if (candidates_.size() <= 1) return tuning;
   const std::string& ctx = g_.context;
@@ -144,11 +143,11 @@ absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(void* out, const void* a, co
   int chosen = -1;
   for (int rank = 0; rank < static_cast<int>(candidates_.size()); ++rank) {
     RETURN_IF_ERROR(UseCandidate(rank));
-    if (!Enqueue(out, a, b, c, bias, scratch, stream).ok()) continue;  // an algorithm may refuse the buffers
+    if (!Enqueue(buffers, stream).ok()) continue;  // an algorithm may refuse the buffers
     double fastest = 0;
     for (int call = 0; call < kTimedCalls; ++call) {
       KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(start, stream), ctx);
-      RETURN_IF_ERROR(Enqueue(out, a, b, c, bias, scratch, stream));
+      RETURN_IF_ERROR(Enqueue(buffers, stream));
       KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(stop, stream), ctx);
       KILN_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop), ctx);
       float ms = 0;
@@ -175,25 +174,27 @@ absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(void* out, const void* a, co
   return tuning;
 }
 
-absl::Status GemmPlan::Enqueue(void* out, const void* a, const void* b, const void* c, const void* bias,
-                               void* scratch, cudaStream_t stream) const {
+absl::Status GemmPlan::Enqueue(const GemmBuffers& buffers, cudaStream_t stream) const {
   const GemmDescription& g = g_;
   if (g.batch * g.m * g.n == 0) return absl::OkStatus();
   if (g.k == 0 && g.beta == 0.0f && !g.bias) {  // an empty sum
-    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes_, stream), g.context);
+    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffers.out, 0, out_bytes_, stream), g.context);
     return absl::OkStatus();
   }
   if (g.k == 0) return absl::UnimplementedError(absl::StrCat(g.context, ": a gemm with K = 0 and beta != 0 or a bias"));
   if (g.bias) {
-    if (bias == nullptr) return absl::InvalidArgumentError(absl::StrCat(g.context, ": epilogue=bias without a bias"));
-    KILN_RETURN_IF_CUBLAS_ERROR(
-        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), g.context);
+    if (buffers.bias == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(g.context, ": epilogue=bias without a bias"));
+    }
+    KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &buffers.bias,
+                                                               sizeof(buffers.bias)),
+                                g.context);
   }
-  void* workspace = workspace_bytes_ > 0 ? scratch : nullptr;
+  void* workspace = workspace_bytes_ > 0 ? buffers.scratch : nullptr;
   // cuBLAS's A is the IR's b and its B the IR's a (see the header); C is read only if beta != 0.
-  KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, b, a_desc_, a, b_desc_, &g.beta,
-                                             c != nullptr ? c : out, c_desc_, out, c_desc_, &algo_, workspace,
-                                             workspace_bytes_, stream),
+  KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, buffers.b, a_desc_, buffers.a, b_desc_, &g.beta,
+                                             buffers.c != nullptr ? buffers.c : buffers.out, c_desc_, buffers.out,
+                                             c_desc_, &algo_, workspace, workspace_bytes_, stream),
                               g.context);
   return absl::OkStatus();
 }

@@ -40,6 +40,23 @@
 
 namespace kiln {
 
+// The device buffers of one call, each 256-byte aligned like every arena buffer. `c` is null
+// when beta is 0, `bias` without epilogue=bias; the scales and `amax` are the gemm's FP8 slots
+// (ir/op_table.h), null without them (codegen describes no FP8 gemm yet); `scratch` holds the
+// description's max_workspace_bytes.
+struct GemmBuffers {
+  void* out = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;
+  const void* bias = nullptr;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  const void* d_scale = nullptr;
+  void* amax = nullptr;
+  void* scratch = nullptr;
+};
+
 class GemmPlan {
  public:
   // Unimplemented when cuBLASLt has no algorithm for it within its workspace.
@@ -53,11 +70,8 @@ class GemmPlan {
   // reserves).
   int64_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Enqueues the matmul. `c` is the gemm's C (null when beta is 0), `bias` its bias vector
-  // (null without epilogue=bias); `scratch` holds the description's max_workspace_bytes,
-  // 256-byte aligned, like every operand.
-  absl::Status Enqueue(void* out, const void* a, const void* b, const void* c, const void* bias, void* scratch,
-                       cudaStream_t stream) const;
+  // Enqueues the matmul.
+  absl::Status Enqueue(const GemmBuffers& buffers, cudaStream_t stream) const;
 
   // cuBLASLt's heuristic ranks algorithms by a model, and on the H200 its first choice is
   // not always the fastest: M16384 N768 K2048 with an f32 C (beta = 1) ran at 450 TFLOP/s
@@ -71,8 +85,7 @@ class GemmPlan {
     double best_us = 0;        // the one kept, per call
   };
   static constexpr int kCandidates = 8;
-  absl::StatusOr<Tuning> Autotune(void* out, const void* a, const void* b, const void* c, const void* bias,
-                                  void* scratch, cudaStream_t stream);
+  absl::StatusOr<Tuning> Autotune(const GemmBuffers& buffers, cudaStream_t stream);
   // Uses the heuristic's candidate `rank` (from a Tuning of a plan of the same description).
   absl::Status UseCandidate(int rank);
   int num_candidates() const { return static_cast<int>(candidates_.size()); }
