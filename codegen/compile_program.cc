@@ -36,6 +36,32 @@ std::vector<bool> NeededNodes(const Function& f, const absl::flat_hash_map<const
 
 bool IsCublasDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
+// The FP8 slots (ir/op_table.h) as the description carries them. cuBLASLt's scale pointers
+// and amax are planned for fp8 operands only (the IR gives fp8 operands scaled=1, so an fp8
+// gemm is always scaled), and a non-fp8 D takes no D_SCALE_POINTER (cuBLASLt 13 answers
+// CUBLAS_STATUS_INVALID_VALUE; PyTorch's _scaled_mm met the same, pytorch/pytorch#190452), so
+// there d_scale must be the constant 1, which the plan then leaves out. Which fp8 GEMMs
+// cuBLASLt runs (dtype combinations, layouts, C and bias) is the plan's to say
+// (GemmPlan::CheckSupported in runtime/cuda/gemm.h).
+absl::Status DescribeFp8Slots(const Node& gemm, const GemmSlots& slots, GemmDescription& g) {
+  g.scaled = slots.a_scale >= 0;
+  g.amax = slots.amax;
+  const bool fp8 = IsFp8(g.a_dtype) && IsFp8(g.b_dtype);
+  if (!fp8) {
+    return absl::UnimplementedError(absl::StrCat(g.context, ": ", g.scaled ? "scaled=1" : "amax=1", " with ",
+                                                 DTypeName(g.a_dtype), " x ", DTypeName(g.b_dtype),
+                                                 " operands: cuBLASLt's scales and amax are planned for fp8 operands ",
+                                                 "(f8e4m3, f8e5m2) only"));
+  }
+  const Node& d_scale = *gemm.operand(slots.d_scale);
+  if (!IsFp8(g.d_dtype) && !IsSplatOf(d_scale, 1.0)) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.context, ": d_scale %", d_scale.name(), " of a ", DTypeName(g.d_dtype), " result must be the constant 1: ",
+        "cuBLASLt applies D_SCALE_POINTER to an fp8 D only (CUDA 13 refuses it for any other)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm) {
@@ -59,22 +85,22 @@ absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm) {
     g.bias = true;
     g.bias_dtype = gemm.operand(slots.bias)->type().dtype;
   }
-  if (HasFp8Slots(gemm)) {
-    return absl::UnimplementedError(absl::StrCat(g.context, ": scaled=1 or amax=1 (an FP8 GEMM's scales and amax) ",
-                                                 "is not wired to cuBLASLt yet"));
-  }
   g.a_k_inner = a_layout == "mk";
   g.b_k_inner = b_layout == "nk";
   g.alpha = static_cast<float>(alpha);
   g.beta = static_cast<float>(beta);
   g.a_dtype = gemm.operand(0)->type().dtype;
   g.b_dtype = gemm.operand(1)->type().dtype;
-  g.d_dtype = gemm.type().dtype;
-  if (g.a_dtype != g.b_dtype || !IsCublasDType(g.a_dtype) || (g.d_dtype != DType::kF32 && g.d_dtype != g.a_dtype)) {
+  g.d_dtype = gemm.result_type(0).dtype;
+  if (HasFp8Slots(gemm)) {
+    RETURN_IF_ERROR(DescribeFp8Slots(gemm, slots, g));
+  } else if (g.a_dtype != g.b_dtype || !IsCublasDType(g.a_dtype) ||
+             (g.d_dtype != DType::kF32 && g.d_dtype != g.a_dtype)) {
     return absl::UnimplementedError(absl::StrCat(g.context, ": no cuBLASLt GEMM for ",
                                                  gemm.operand(0)->type().ToString(), " x ",
                                                  gemm.operand(1)->type().ToString(), " -> ", gemm.type().ToString(),
-                                                 " (operands f32, bf16 or f16 alike; the result f32 or theirs)"));
+                                                 " (operands f32, bf16 or f16 alike; the result f32 or theirs; fp8 ",
+                                                 "operands take scaled=1)"));
   }
   g.max_workspace_bytes = g.batch * g.m * g.n * g.k == 0 ? 0 : kGemmWorkspaceBytes;
   return g;

@@ -32,7 +32,10 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
 
 // The cuBLASLt description of one gemm node. InvalidArgument for a node that is not a gemm
 // (a dot_general names the lower-gemm pass); Unimplemented for an epilogue or dtypes that are
-// not planned (operands f32, bf16 or f16 alike; the result f32 or the operands' dtype).
+// not planned (operands f32, bf16 or f16 alike, the result f32 or the operands' dtype; or, with
+// the FP8 slots, fp8 operands, and for a result that is not fp8 a d_scale that is the
+// constant 1). Whether cuBLASLt runs an fp8 description (its dtype combinations, the TN
+// layout) GemmPlan::CheckSupported says (runtime/cuda/gemm.h), without a GPU.
 absl::StatusOr<GemmDescription> GemmDescriptionOf(const Node& gemm);
 
 // What cuBLASLt may use for its split-K and stream-K variants (NVIDIA suggests 32 MiB on

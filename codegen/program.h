@@ -34,6 +34,14 @@ struct GemmDescription {
   // epilogue=bias: a vector [n] added to each row of D (cuBLASLt's CUBLASLT_EPILOGUE_BIAS).
   bool bias = false;
   DType bias_dtype = DType::kF32;
+  // scaled=1 (an FP8 GEMM: a and b f8e4m3/f8e5m2): three f32 scalars on the device, a_scale,
+  // b_scale and d_scale, and D = d_scale (alpha a_scale b_scale A B + beta C). d_scale is read
+  // only for an fp8 D: cuBLASLt (CUDA 13) refuses CUBLASLT_MATMUL_DESC_D_SCALE_POINTER for any
+  // other, so GemmDescriptionOf admits there only a d_scale that is the constant 1.
+  bool scaled = false;
+  // amax=1: the gemm's second result, an f32 scalar, max |alpha a_scale b_scale A B + beta C|
+  // before d_scale (cuBLASLt's CUBLASLT_MATMUL_DESC_AMAX_D_POINTER).
+  bool amax = false;
   // The most workspace cuBLASLt's algorithm may use; the plan reserves this much scratch.
   int64_t max_workspace_bytes = 0;
   std::string context;  // "%name (gemm)", for errors

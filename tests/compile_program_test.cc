@@ -11,6 +11,7 @@
 #include "frontends/llama.h"
 #include "frontends/llama_inference.h"
 #include "ir/builder.h"
+#include "ir/text_format.h"
 #include "passes/default_pipeline.h"
 #include "passes/training_step.h"
 
@@ -128,6 +129,42 @@ TEST(CompileProgram, ErrorsNameTheNode) {
   absl::StatusOr<CompiledProgram> program = CompileProgram(*f, {});
   ASSERT_FALSE(program.ok());
   EXPECT_TRUE(absl::StrContains(program.status().message(), "dot_general %d reached codegen")) << program.status();
+}
+
+// An FP8 gemm's step (codegen/program.h's GemmArg): D and amax are its two results (the
+// get_result nodes, which hold the buffers), the scales its last three operands, with c and
+// bias left out.
+TEST(CompileProgram, AnFp8GemmStepNamesItsScalesAndItsAmax) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : f8e4m3[48,64]
+  %b = parameter() {index=1} : f8e5m2[80,64]
+  %sa = parameter() {index=2} : f32[]
+  %sb = parameter() {index=3} : f32[]
+  %sd = parameter() {index=4} : f32[]
+  %d, %amax = gemm(%a, %b, %sa, %sb, %sd) {a_layout=mk, alpha=1.0, amax=1, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=64, m=48, n=80, scaled=1} : (f8e4m3[48,80], f32[])
+  return %d, %amax
+})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& f = *(*m)->functions()[0];
+  absl::StatusOr<CompiledProgram> program = CompileProgram(f, {.target = TargetForArch("sm_90a").value()});
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto index = [&](absl::string_view name) {
+    for (int64_t i = 0; i < f.num_nodes(); ++i) {
+      if (f.nodes()[i]->name() == name) return i;
+    }
+    return int64_t{-2};
+  };
+  ASSERT_EQ(program->num_gemms, 1);
+  const ProgramStep& s = program->steps[0];
+  ASSERT_EQ(s.kind, ProgramStep::Kind::kGemm);
+  EXPECT_EQ(s.args, (std::vector<int64_t>{index("d"), index("a"), index("b"), -1, -1, index("sa"), index("sb"),
+                                          index("sd"), index("amax")}));
+  EXPECT_GE(program->plan.node_buffer[index("d")], 0);
+  EXPECT_GE(program->plan.node_buffer[index("amax")], 0);
+  EXPECT_NE(program->plan.node_buffer[index("d")], program->plan.node_buffer[index("amax")]);
+  EXPECT_TRUE(s.gemm.scaled && s.gemm.amax);
+  EXPECT_EQ(s.gemm.b_dtype, DType::kF8E5M2);
 }
 
 // A decode step writes each layer's K and V into the pools in place: the chain of

@@ -4,11 +4,16 @@
 // f16 -> f32. The tolerance is
 // the worst case of f32 summation in any order, (K + 2)·2⁻²⁴·Σ|a||b| per element, plus one
 // bf16 ulp of a narrow result; integer-valued operands must give exact results.
+// FP8 (gemm {scaled=1}, the TN layout): e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3 into bf16,
+// f32 and fp8 with scales and amax, under the same rules (an fp8 D's ulp for the narrow term),
+// and exact for integer-valued operands; without a GPU, the descriptions codegen makes and
+// the layouts and dtypes the plan refuses (GemmPlan::CheckSupported).
 #include "runtime/cuda/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "ir/builder.h"
@@ -183,17 +188,342 @@ TEST(GpuGemm, PlansReadTheGemmNode) {
   }
 }
 
-TEST(GpuGemm, UnsupportedDTypesAndUnloweredDotsFailNamingTheNode) {
-  Function f("fp8_dot");
-  Node* dot = BuildDot(f, DotCases()[0], DType::kF8E4M3, DType::kF32);  // FP8 GEMMs are not planned yet
+TEST(GpuGemm, UnloweredDotsFailNamingTheNode) {
+  Function f("dot");
+  Node* dot = BuildDot(f, DotCases()[0], DType::kBF16, DType::kF32);
   absl::StatusOr<GemmDescription> unlowered = GemmDescriptionOf(*dot);
   ASSERT_FALSE(unlowered.ok());
   EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), absl::string_view::npos) << unlowered.status();
-  const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
-  absl::StatusOr<GemmDescription> fp8 = GemmDescriptionOf(*GemmOf(*lowered->functions()[0]));
-  ASSERT_FALSE(fp8.ok());
-  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(fp8.status().message().find("%dot (gemm)"), absl::string_view::npos) << fp8.status();
+}
+
+// ---- FP8 (gemm {scaled=1}, runtime/cuda/gemm.h) ----------------------------------------
+
+// A scaled gemm as tests write it: a [batch, M, K] (mk) of `a`, b [batch, N, K] (nk) of `b`,
+// the scales %sa, %sb (parameters 2, 3) and %sd (parameter 4 for an fp8 D; for another D the
+// constant 1, the only d_scale cuBLASLt applies there: codegen/program.h), D of `d`, and with
+// `amax` the second result.
+struct Fp8Case {
+  std::string name;
+  DType a, b, d;
+  int64_t batch, m, n, k;
+  double a_scale, b_scale, d_scale;
+  bool amax;
+  std::string a_layout = "mk", b_layout = "nk";
+};
+
+std::string Fp8GemmText(const Fp8Case& c) {
+  auto dims = [&](int64_t rows, int64_t cols) {
+    return c.batch > 1 ? absl::StrCat("[", c.batch, ",", rows, ",", cols, "]") : absl::StrCat("[", rows, ",", cols, "]");
+  };
+  const bool a_mk = c.a_layout == "mk", b_nk = c.b_layout == "nk";
+  const std::string d_type = absl::StrCat(DTypeName(c.d), dims(c.m, c.n));
+  return absl::StrCat(
+      "module @m\nfunc @main {\n",
+      "  %a = parameter() {index=0} : ", DTypeName(c.a), a_mk ? dims(c.m, c.k) : dims(c.k, c.m), "\n",
+      "  %b = parameter() {index=1} : ", DTypeName(c.b), b_nk ? dims(c.n, c.k) : dims(c.k, c.n), "\n",
+      "  %sa = parameter() {index=2} : f32[]\n", "  %sb = parameter() {index=3} : f32[]\n",
+      IsFp8(c.d) ? "  %sd = parameter() {index=4} : f32[]\n" : "  %sd = constant() {value=1.0} : f32[]\n",
+      c.amax ? "  %d, %amax = gemm(" : "  %d = gemm(", "%a, %b, %sa, %sb, %sd) {a_layout=", c.a_layout,
+      ", alpha=1.0", c.amax ? ", amax=1" : "", ", b_layout=", c.b_layout, ", batch=", c.batch,
+      ", beta=0.0, epilogue=none, k=", c.k, ", m=", c.m, ", n=", c.n, ", scaled=1} : ",
+      c.amax ? absl::StrCat("(", d_type, ", f32[])") : d_type, "\n",
+      c.amax ? "  return %d, %amax\n" : "  return %d\n", "}\n");
+}
+
+std::unique_ptr<Module> ParseFp8Gemm(const Fp8Case& c) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(Fp8GemmText(c));
+  EXPECT_TRUE(m.ok()) << m.status() << "\n" << Fp8GemmText(c);
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+// The operands, rounded to their fp8 dtype as the reference and the GPU both read them:
+// uniform in [-2, 2), or with `integers` small integers in [-3, 3], which fp8 holds exactly
+// and whose sums (|.| <= 9 K) every accumulator holds exactly too.
+std::vector<HostTensor> Fp8Args(const Function& f, const Fp8Case& c, bool integers) {
+  std::vector<HostTensor> args;
+  for (int i = 0; i < 2; ++i) {
+    HostTensor t = HostTensor::Random(f.parameters()[i]->type(), 40 + i, integers ? -3.49 : -2.0, integers ? 3.49 : 2.0);
+    if (integers) {
+      for (double& v : t.mutable_values()) v = std::round(v);
+      t = HostTensor::FromValues(t.type(), t.values());
+    }
+    args.push_back(std::move(t));
+  }
+  const TensorType scalar{DType::kF32, {}};
+  args.push_back(HostTensor::FromValues(scalar, {c.a_scale}));
+  args.push_back(HostTensor::FromValues(scalar, {c.b_scale}));
+  if (IsFp8(c.d)) args.push_back(HostTensor::FromValues(scalar, {c.d_scale}));
+  return args;
+}
+
+// The cases the GPU runs: e4m3 x e4m3 and e4m3 x e5m2 (and e5m2 x e4m3) into bf16, f32 and
+// e4m3, the scales 0.5 and 4 (or 0.25, with d_scale 2 for an fp8 D, which keeps D inside
+// e4m3's 448), odd shapes, a batch, amax.
+std::vector<Fp8Case> Fp8Cases() {
+  const DType e4m3 = DType::kF8E4M3, e5m2 = DType::kF8E5M2;
+  return {
+      {"e4m3xe4m3_bf16", e4m3, e4m3, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, false},
+      {"e4m3xe4m3_f32", e4m3, e4m3, DType::kF32, 1, 48, 80, 64, 0.5, 4.0, 1.0, false},
+      {"e4m3xe5m2_bf16", e4m3, e5m2, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, false},
+      {"e5m2xe4m3_f32", e5m2, e4m3, DType::kF32, 1, 112, 40, 96, 4.0, 0.5, 1.0, false},
+      {"e4m3xe4m3_bf16_large", e4m3, e4m3, DType::kBF16, 1, 256, 384, 512, 0.5, 4.0, 1.0, false},
+      {"e4m3xe4m3_f32_batch3", e4m3, e4m3, DType::kF32, 3, 32, 48, 32, 0.5, 4.0, 1.0, false},
+      {"e4m3xe4m3_e4m3_amax", e4m3, e4m3, DType::kF8E4M3, 1, 48, 80, 64, 0.5, 0.25, 2.0, true},
+      {"e4m3xe5m2_e5m2_amax", e4m3, e5m2, DType::kF8E5M2, 1, 64, 48, 32, 0.5, 0.25, 2.0, true},
+  };
+}
+
+// Σ|alpha' a b| per element of D, before d_scale (alpha' = a_scale b_scale; a mk, b nk).
+std::vector<double> Fp8AbsSums(const Fp8Case& c, const std::vector<HostTensor>& args) {
+  std::vector<double> sums(c.batch * c.m * c.n, 0.0);
+  const double scale = std::abs(c.a_scale * c.b_scale);
+  for (int64_t p = 0; p < c.batch; ++p) {
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double sum = 0;
+        for (int64_t q = 0; q < c.k; ++q) {
+          sum += std::abs(args[0][(p * c.m + i) * c.k + q] * args[1][(p * c.n + j) * c.k + q]);
+        }
+        sums[(p * c.m + i) * c.n + j] = scale * sum;
+      }
+    }
+  }
+  return sums;
+}
+
+// What the GPU must match: the reference (same inputs) within f32 summation in another order,
+// (K + 2)·2⁻²⁴·Σ|alpha' a b| d_scale per element, plus one ulp of a narrow D (a sum near a
+// rounding boundary may round the other way): 2⁻⁷ relative for bf16, 2⁻³ for e4m3, 2⁻² for
+// e5m2 (and their smallest subnormal); amax, computed before d_scale and the rounding, within
+// the f32 term of the largest sum. Prints the largest error in units of Σ|ab|, the figure to
+// read when this fails (FP8 tensor cores that kept fewer than f32's bits would show there).
+void ExpectFp8Close(const Fp8Case& c, const std::vector<HostTensor>& args, const std::vector<HostTensor>& want,
+                    const std::vector<HostTensor>& got) {
+  const std::vector<double> sums = Fp8AbsSums(c, args);
+  const double ulp = c.d == DType::kBF16 ? 0x1p-7 : c.d == DType::kF8E4M3 ? 0x1p-3 : c.d == DType::kF8E5M2 ? 0x1p-2 : 0;
+  const double subnormal = c.d == DType::kF8E4M3 ? 0x1p-9 : c.d == DType::kF8E5M2 ? 0x1p-16 : 0;
+  const double f32_order = (c.k + 2) * 0x1p-24;
+  int64_t bad = 0;
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const double w = want[0][i], g = got[0][i], e = std::abs(g - w) / c.d_scale;
+    const double allowed = f32_order * sums[i] + ulp * std::abs(w) / c.d_scale + subnormal;
+    if (sums[i] > 0) worst = std::max(worst, e / sums[i]);
+    largest = std::max(largest, sums[i]);
+    if (!(e <= allowed) && ++bad <= 3) {
+      ADD_FAILURE() << "[" << i << "] gpu " << g << " reference " << w << " (d_scale " << c.d_scale
+                    << "): off by " << e << " before d_scale, allowed " << allowed << " (Σ|ab| " << sums[i] << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  std::printf("%s: max |gpu - reference| = %.3g of Σ|ab| (the f32-order term allows %.3g)\n", c.name.c_str(), worst,
+              f32_order);
+  if (c.amax) {
+    ASSERT_EQ(got.size(), 2u);
+    const double w = want[1][0], g = got[1][0];
+    EXPECT_LE(std::abs(g - w), f32_order * largest + 1e-6 * std::abs(w)) << "amax: gpu " << g << " reference " << w;
+    EXPECT_GT(w, 0);
+  }
+}
+
+TEST(GpuGemm, Fp8MatchesTheReference) {
+  KILN_REQUIRE_GPU();
+  for (const Fp8Case& c : Fp8Cases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Module> m = ParseFp8Gemm(c);
+    ASSERT_NE(m, nullptr);
+    const Function& f = *m->functions()[0];
+    const std::vector<HostTensor> args = Fp8Args(f, c, /*integers=*/false);
+    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectFp8Close(c, args, *want, *got);
+  }
+}
+
+// Small integers and power-of-two scales make every sum and every scaling exact, whatever
+// the accumulation order or the tensor cores' internal precision: D (rounded once to its
+// dtype) and amax must equal the reference bit for bit. A scale given to the wrong operand
+// or not at all, a wrong layout or a missed d_scale shows here as a plain wrong value.
+TEST(GpuGemm, Fp8IntegerValuedOperandsAreExact) {
+  KILN_REQUIRE_GPU();
+  for (Fp8Case c : Fp8Cases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Module> m = ParseFp8Gemm(c);
+    ASSERT_NE(m, nullptr);
+    const Function& f = *m->functions()[0];
+    const std::vector<HostTensor> args = Fp8Args(f, c, /*integers=*/true);
+    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t r = 0; r < want->size(); ++r) EXPECT_EQ((*got)[r].values(), (*want)[r].values()) << "result " << r;
+  }
+}
+
+// amax of a bf16 and an f32 D (delayed scaling records the amax of every GEMM output, not
+// only of an fp8 one). Its own test: if cuBLASLt computes AMAX_D for an fp8 D only, this one
+// fails (CUBLAS_STATUS_INVALID_VALUE, named in the error) and the others stand.
+std::vector<Fp8Case> Fp8WideAmaxCases() {
+  const DType e4m3 = DType::kF8E4M3;
+  return {{"e4m3xe4m3_bf16_amax", e4m3, e4m3, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, true},
+          {"e4m3xe4m3_f32_amax", e4m3, e4m3, DType::kF32, 1, 48, 80, 64, 0.5, 4.0, 1.0, true}};
+}
+
+TEST(GpuGemm, Fp8AmaxOfAWideResult) {
+  KILN_REQUIRE_GPU();
+  for (const Fp8Case& c : Fp8WideAmaxCases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Module> m = ParseFp8Gemm(c);
+    ASSERT_NE(m, nullptr);
+    const Function& f = *m->functions()[0];
+    for (bool integers : {true, false}) {
+      const std::vector<HostTensor> args = Fp8Args(f, c, integers);
+      absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+      absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      if (integers) {
+        EXPECT_EQ((*got)[0].values(), (*want)[0].values());
+        EXPECT_EQ((*got)[1].values(), (*want)[1].values()) << "amax";
+      } else {
+        ExpectFp8Close(c, args, *want, *got);
+      }
+    }
+  }
+}
+
+// No GPU needed: what GemmDescriptionOf makes of a scaled gemm, and what the plan's rules
+// (GemmPlan::CheckSupported, the first thing GemmPlan::Create does) refuse, each naming the
+// gemm and the rule.
+TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
+  const DType e4m3 = DType::kF8E4M3, e5m2 = DType::kF8E5M2;
+  // Every case the GPU tests run is one the plan takes, and compiles (on CI, where they skip).
+  std::vector<Fp8Case> cases = Fp8Cases();
+  for (const Fp8Case& c : Fp8WideAmaxCases()) cases.push_back(c);
+  for (const Fp8Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Module> m = ParseFp8Gemm(c);
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+    absl::StatusOr<CompiledProgram> program =
+        CompileProgram(*m->functions()[0], {.target = TargetForArch("sm_90a").value()});
+    ASSERT_TRUE(program.ok()) << program.status();
+    EXPECT_EQ(program->num_gemms, 1);
+  }
+  {
+    std::unique_ptr<Module> m = ParseFp8Gemm({"amax", e4m3, e5m2, DType::kBF16, 2, 48, 80, 64, 0.5, 4.0, 1.0, true});
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(std::vector<int64_t>({g->batch, g->m, g->n, g->k}), std::vector<int64_t>({2, 48, 80, 64}));
+    EXPECT_TRUE(g->a_k_inner && g->b_k_inner);
+    EXPECT_EQ(g->a_dtype, e4m3);
+    EXPECT_EQ(g->b_dtype, e5m2);
+    EXPECT_EQ(g->d_dtype, DType::kBF16);
+    EXPECT_TRUE(g->scaled);
+    EXPECT_TRUE(g->amax);
+    EXPECT_FALSE(g->bias);
+    EXPECT_EQ(g->context, "%d.results (gemm)");  // a multi-result node is named after its first result
+    EXPECT_EQ(g->max_workspace_bytes, kGemmWorkspaceBytes);
+    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+  }
+  {
+    std::unique_ptr<Module> m = ParseFp8Gemm({"fp8_d", e4m3, e4m3, e4m3, 1, 16, 32, 48, 0.5, 4.0, 2.0, false});
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(g->scaled && !g->amax);
+    EXPECT_EQ(g->d_dtype, e4m3);
+    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+  }
+  // Every layout but TN is refused, naming the layouts and the way out.
+  for (auto [a_layout, b_layout] : {std::pair{"km", "nk"}, std::pair{"mk", "kn"}, std::pair{"km", "kn"}}) {
+    Fp8Case c{"layout", e4m3, e4m3, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, false, a_layout, b_layout};
+    std::unique_ptr<Module> m = ParseFp8Gemm(c);
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->a_k_inner, c.a_layout == "mk");
+    EXPECT_EQ(g->b_k_inner, c.b_layout == "nk");
+    const absl::Status refused = GemmPlan::CheckSupported(*g);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+    for (const std::string& part :
+         {std::string("%d (gemm)"), absl::StrCat("a_layout=", a_layout, ", b_layout=", b_layout),
+          std::string("FP8 cuBLASLt on sm_90 takes only K-inner operands (TN"),
+          std::string("write the transposed copy in the producer")}) {
+      EXPECT_NE(refused.message().find(part), absl::string_view::npos) << part << " in: " << refused;
+    }
+  }
+  // The type rules: no e5m2 x e5m2, no e5m2 D from e4m3 x e4m3, K a multiple of 16, and an
+  // fp8 D with neither a C nor a bias (cuBLASLt's are bf16 there, the IR's the D's dtype).
+  auto refusal = [](GemmDescription g) { return std::string(GemmPlan::CheckSupported(g).message()); };
+  GemmDescription fp8{.batch = 1, .m = 64, .n = 64, .k = 64, .a_dtype = e4m3, .b_dtype = e4m3,
+                      .d_dtype = DType::kBF16, .scaled = true, .context = "%g (gemm)"};
+  ASSERT_EQ(refusal(fp8), "");
+  GemmDescription bad = fp8;
+  bad.a_dtype = bad.b_dtype = e5m2;
+  EXPECT_NE(refusal(bad).find("no e5m2 x e5m2"), std::string::npos) << refusal(bad);
+  bad = fp8;
+  bad.d_dtype = e5m2;
+  EXPECT_NE(refusal(bad).find("e5m2 D from mixed operands only"), std::string::npos) << refusal(bad);
+  bad.b_dtype = e5m2;
+  EXPECT_EQ(refusal(bad), "");
+  bad = fp8;
+  bad.k = 40;
+  EXPECT_NE(refusal(bad).find("K 40: FP8 cuBLASLt takes K a multiple of 16"), std::string::npos) << refusal(bad);
+  bad = fp8;
+  bad.d_dtype = e4m3;
+  bad.beta = 1;
+  EXPECT_NE(refusal(bad).find("C for an fp8 D is bf16 or f16"), std::string::npos) << refusal(bad);
+  bad = fp8;
+  bad.bias = true;
+  bad.bias_dtype = DType::kBF16;
+  EXPECT_EQ(refusal(bad), "");  // a bf16 D takes its bf16 bias
+  bad.d_dtype = bad.bias_dtype = DType::kF32;
+  EXPECT_NE(refusal(bad).find("FP8 bias for a f32 D is bf16"), std::string::npos) << refusal(bad);
+  bad = fp8;
+  bad.scaled = false;
+  EXPECT_EQ(refusal(bad), "%g (gemm): no FP8 cuBLASLt GEMM: f8e4m3 x f8e4m3 -> bf16: fp8 operands take scaled=1 "
+                          "(a_scale, b_scale, d_scale)");
+}
+
+// What the description cannot carry is refused where it is made: a d_scale that may not be 1
+// for a wide D (cuBLASLt applies D_SCALE to an fp8 D only), scales for bf16 operands.
+TEST(GpuGemm, Fp8SlotsTheDescriptionCannotCarryAreRefused) {
+  {
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : f8e4m3[16,32]
+  %b = parameter() {index=1} : f8e4m3[48,32]
+  %s = parameter() {index=2} : f32[]
+  %d = gemm(%a, %b, %s, %s, %s) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=48, scaled=1} : bf16[16,48]
+  return %d
+})");
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*(*m)->functions()[0]));
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(g.status().message().find("%d (gemm): d_scale %s of a bf16 result must be the constant 1"),
+              absl::string_view::npos)
+        << g.status();
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %a = parameter() {index=0} : bf16[16,32]
+  %b = parameter() {index=1} : bf16[48,32]
+  %s = constant() {value=1.0} : f32[]
+  %d = gemm(%a, %b, %s, %s, %s) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=48, scaled=1} : bf16[16,48]
+  return %d
+})");
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*(*m)->functions()[0]));
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("scaled=1 with bf16 x bf16 operands"), absl::string_view::npos) << g.status();
+  }
 }
 
 }  // namespace

@@ -39,11 +39,15 @@ std::string GemmName(const GemmDescription& g) {
 }
 
 // Everything cuBLASLt's choice of algorithm depends on (GEMMs that agree share one tuning).
+// (The FP8 parts are written only for a gemm that has them, so the keys of the others, kept
+// on disk, stay what they were.)
 std::string GemmTuningKey(const GemmDescription& g) {
+  const bool fp8 = g.a_dtype != g.b_dtype || g.scaled || g.amax;
   return absl::StrCat(g.batch > 1 ? absl::StrCat("batch ", g.batch, " ") : "", "M", g.m, " N", g.n, " K", g.k, " ",
                       g.a_k_inner ? "mk" : "km", ",", g.b_k_inner ? "nk" : "kn", " alpha=", g.alpha, " beta=", g.beta,
-                      " ", DTypeName(g.a_dtype), "->", DTypeName(g.d_dtype),
-                      g.bias ? absl::StrCat(" +bias ", DTypeName(g.bias_dtype)) : "", " ws=", g.max_workspace_bytes);
+                      " ", DTypeName(g.a_dtype), fp8 ? absl::StrCat("x", DTypeName(g.b_dtype)) : "", "->",
+                      DTypeName(g.d_dtype), g.bias ? absl::StrCat(" +bias ", DTypeName(g.bias_dtype)) : "",
+                      g.scaled ? " scaled" : "", g.amax ? " +amax" : "", " ws=", g.max_workspace_bytes);
 }
 
 // Autotuning's choices made in this process, by store key (see TuneGemm).

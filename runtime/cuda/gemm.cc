@@ -16,38 +16,99 @@ absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
+    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2: return CUDA_R_8F_E5M2;
     default: return absl::UnimplementedError(absl::StrCat(DTypeName(t), " GEMMs are not supported"));
   }
+}
+
+bool IsFp8Gemm(const GemmDescription& g) { return IsFp8(g.a_dtype) || IsFp8(g.b_dtype); }
+
+// "a_layout=mk, b_layout=nk": the gemm's layouts as the IR writes them.
+std::string Layouts(const GemmDescription& g) {
+  return absl::StrCat("a_layout=", g.a_k_inner ? "mk" : "km", ", b_layout=", g.b_k_inner ? "nk" : "kn");
+}
+
+// Why cuBLASLt takes no FP8 GEMM like `g` (gemm.h's table), or "" when it takes it.
+std::string Fp8Unsupported(const GemmDescription& g) {
+  const std::string types = absl::StrCat(DTypeName(g.a_dtype), " x ", DTypeName(g.b_dtype), " -> ", DTypeName(g.d_dtype));
+  if (!IsFp8(g.a_dtype) || !IsFp8(g.b_dtype)) return absl::StrCat(types, ": both operands must be fp8");
+  if (!g.scaled) return absl::StrCat(types, ": fp8 operands take scaled=1 (a_scale, b_scale, d_scale)");
+  if (g.a_dtype == DType::kF8E5M2 && g.b_dtype == DType::kF8E5M2) {
+    return absl::StrCat(types, ": cuBLASLt has no e5m2 x e5m2 GEMM (one operand e4m3: e4m3 x e5m2 or e5m2 x e4m3)");
+  }
+  if (!g.a_k_inner || !g.b_k_inner) {
+    return absl::StrCat(Layouts(g), ": FP8 cuBLASLt on sm_90 takes only K-inner operands (TN: a_layout=mk, ",
+                        "b_layout=nk); write the transposed copy in the producer");
+  }
+  if (g.k % 16 != 0) return absl::StrCat("K ", g.k, ": FP8 cuBLASLt takes K a multiple of 16 (16-byte rows)");
+  const bool fp8_d = IsFp8(g.d_dtype);
+  if (g.d_dtype == DType::kF8E5M2 && g.a_dtype == DType::kF8E4M3 && g.b_dtype == DType::kF8E4M3) {
+    return absl::StrCat(types, ": cuBLASLt writes an e5m2 D from mixed operands only (e4m3 x e4m3 -> e4m3, bf16, ",
+                        "f16 or f32)");
+  }
+  if (!fp8_d && g.d_dtype != DType::kBF16 && g.d_dtype != DType::kF16 && g.d_dtype != DType::kF32) {
+    return absl::StrCat(types, ": FP8 cuBLASLt writes D in bf16, f16, f32 or fp8");
+  }
+  if (fp8_d && g.beta != 0) {
+    return absl::StrCat(types, " with beta=", g.beta, ": cuBLASLt's C for an fp8 D is bf16 or f16, not the D's ",
+                        DTypeName(g.d_dtype), " the gemm's c has");
+  }
+  if (g.bias && (g.d_dtype == DType::kF32 || fp8_d)) {
+    return absl::StrCat(types, " with epilogue=bias: cuBLASLt's FP8 bias for a ", DTypeName(g.d_dtype),
+                        " D is bf16", fp8_d ? " or f16" : "", ", not the D's dtype the gemm's bias has");
+  }
+  return "";
 }
 
 }  // namespace
 
 GemmPlan::~GemmPlan() {
+  if (d_desc_ != nullptr && d_desc_ != c_desc_) cublasLtMatrixLayoutDestroy(d_desc_);
   if (c_desc_ != nullptr) cublasLtMatrixLayoutDestroy(c_desc_);
   if (b_desc_ != nullptr) cublasLtMatrixLayoutDestroy(b_desc_);
   if (a_desc_ != nullptr) cublasLtMatrixLayoutDestroy(a_desc_);
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
 }
 
+absl::Status GemmPlan::CheckSupported(const GemmDescription& g) {
+  if (IsFp8Gemm(g) || g.scaled || g.amax) {
+    if (const std::string why = Fp8Unsupported(g); !why.empty()) {
+      return absl::UnimplementedError(absl::StrCat(g.context, ": no FP8 cuBLASLt GEMM: ", why));
+    }
+    return absl::OkStatus();
+  }
+  const bool operands_ok = g.a_dtype == g.b_dtype && CudaDataType(g.a_dtype).ok();
+  if (!operands_ok || (g.d_dtype != DType::kF32 && g.d_dtype != g.a_dtype)) {
+    return absl::UnimplementedError(absl::StrCat(g.context, ": no cuBLASLt GEMM for ", DTypeName(g.a_dtype), " x ",
+                                                 DTypeName(g.b_dtype), " -> ", DTypeName(g.d_dtype),
+                                                 " (f32, bf16 and f16 operands are supported, and fp8 ones scaled)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription& gemm, const CudaDevice& device) {
+  RETURN_IF_ERROR(CheckSupported(gemm));
   std::unique_ptr<GemmPlan> plan(new GemmPlan());
   plan->g_ = gemm;
   const GemmDescription& g = plan->g_;
   const std::string& ctx = g.context;
-  absl::StatusOr<cudaDataType_t> in_type = CudaDataType(g.a_dtype);
-  absl::StatusOr<cudaDataType_t> out_type = CudaDataType(g.d_dtype);
-  if (!in_type.ok() || !out_type.ok() || g.b_dtype != g.a_dtype) {
-    return absl::UnimplementedError(absl::StrCat(ctx, ": no cuBLASLt GEMM for ", DTypeName(g.a_dtype), " x ",
-                                                 DTypeName(g.b_dtype), " -> ", DTypeName(g.d_dtype),
-                                                 " (f32, bf16 and f16 operands are supported)"));
+  const bool fp8 = IsFp8Gemm(g);
+  if (fp8 && !device.target().has_fp8) {
+    return absl::UnimplementedError(absl::StrCat(ctx, ": FP8 GEMMs need FP8 tensor cores (sm_89, sm_90); this GPU is ",
+                                                 device.arch()));
   }
-  const DType in_dtype = g.a_dtype, out_dtype = g.d_dtype;
+  ASSIGN_OR_RETURN(const cudaDataType_t a_type, CudaDataType(g.a_dtype));
+  ASSIGN_OR_RETURN(const cudaDataType_t b_type, CudaDataType(g.b_dtype));
+  ASSIGN_OR_RETURN(const cudaDataType_t d_type, CudaDataType(g.d_dtype));
+  // cuBLASLt's C for an fp8 D is bf16 (read only when beta != 0, which CheckSupported refuses).
+  const cudaDataType_t c_type = IsFp8(g.d_dtype) ? CUDA_R_16BF : d_type;
   plan->handle_ = device.cublas();
-  plan->out_bytes_ = g.batch * g.m * g.n * DTypeBytes(out_dtype);
+  plan->out_bytes_ = g.batch * g.m * g.n * DTypeBytes(g.d_dtype);
 
   if (g.batch * g.m * g.n * g.k == 0) return plan;  // nothing to multiply: Enqueue zero-fills or does nothing
 
-  const cublasComputeType_t compute = in_dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = g.a_dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F), ctx);
   // cuBLAS's A is the IR's b, its B the IR's a (see the header).
   const cublasOperation_t op_a = g.b_k_inner ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -86,9 +147,14 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
     return absl::OkStatus();
   };
   // Stored (column-major) shapes; ld is always the row count since each matrix is dense.
-  RETURN_IF_ERROR(make_layout(&plan->a_desc_, *in_type, g.b_k_inner ? g.k : g.n, g.b_k_inner ? g.n : g.k, g.n * g.k));
-  RETURN_IF_ERROR(make_layout(&plan->b_desc_, *in_type, g.a_k_inner ? g.k : g.m, g.a_k_inner ? g.m : g.k, g.m * g.k));
-  RETURN_IF_ERROR(make_layout(&plan->c_desc_, *out_type, g.n, g.m, g.m * g.n));
+  RETURN_IF_ERROR(make_layout(&plan->a_desc_, b_type, g.b_k_inner ? g.k : g.n, g.b_k_inner ? g.n : g.k, g.n * g.k));
+  RETURN_IF_ERROR(make_layout(&plan->b_desc_, a_type, g.a_k_inner ? g.k : g.m, g.a_k_inner ? g.m : g.k, g.m * g.k));
+  RETURN_IF_ERROR(make_layout(&plan->c_desc_, c_type, g.n, g.m, g.m * g.n));
+  if (c_type == d_type) {
+    plan->d_desc_ = plan->c_desc_;
+  } else {
+    RETURN_IF_ERROR(make_layout(&plan->d_desc_, d_type, g.n, g.m, g.m * g.n));
+  }
 
   cublasLtMatmulPreference_t preference = nullptr;
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulPreferenceCreate(&preference), ctx);
@@ -99,14 +165,15 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
   int found = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = cublasLtMatmulAlgoGetHeuristic(plan->handle_, plan->desc_, plan->a_desc_, plan->b_desc_, plan->c_desc_,
-                                            plan->c_desc_, preference, kCandidates, results.data(), &found);
+                                            plan->d_desc_, preference, kCandidates, results.data(), &found);
   }
   cublasLtMatmulPreferenceDestroy(preference);
   KILN_RETURN_IF_CUBLAS_ERROR(status, ctx);
   if (found == 0) {
     return absl::UnimplementedError(absl::StrCat(ctx, ": cuBLASLt has no algorithm for batch ", g.batch, ", M ", g.m,
-                                                 ", N ", g.n, ", K ", g.k, " (", DTypeName(in_dtype), " -> ",
-                                                 DTypeName(out_dtype), ")"));
+                                                 ", N ", g.n, ", K ", g.k, " (", DTypeName(g.a_dtype),
+                                                 fp8 ? absl::StrCat(" x ", DTypeName(g.b_dtype)) : "", " -> ",
+                                                 DTypeName(g.d_dtype), ", ", Layouts(g), ")"));
   }
   for (int i = 0; i < found; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates_.push_back(results[i]);
@@ -176,26 +243,48 @@ absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(const GemmBuffers& buffers, 
 
 absl::Status GemmPlan::Enqueue(const GemmBuffers& buffers, cudaStream_t stream) const {
   const GemmDescription& g = g_;
+  if (g.amax) {
+    if (buffers.amax == nullptr) return absl::InvalidArgumentError(absl::StrCat(g.context, ": amax=1 without its buffer"));
+    // The maximum of this call (0 for an empty or all-zero D), whatever the buffer held: the
+    // header says cuBLASLt sets the value, and zeroing it (4 bytes) makes that so even for an
+    // algorithm that folds its tiles' maxima into what is there.
+    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffers.amax, 0, sizeof(float), stream), g.context);
+  }
   if (g.batch * g.m * g.n == 0) return absl::OkStatus();
   if (g.k == 0 && g.beta == 0.0f && !g.bias) {  // an empty sum
     KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffers.out, 0, out_bytes_, stream), g.context);
     return absl::OkStatus();
   }
   if (g.k == 0) return absl::UnimplementedError(absl::StrCat(g.context, ": a gemm with K = 0 and beta != 0 or a bias"));
-  if (g.bias) {
-    if (buffers.bias == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(g.context, ": epilogue=bias without a bias"));
+  auto set_pointer = [&](cublasLtMatmulDescAttributes_t attribute, const void* pointer,
+                         const char* what) -> absl::Status {
+    if (pointer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(g.context, ": its ", what, " buffer is missing"));
     }
-    KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &buffers.bias,
-                                                               sizeof(buffers.bias)),
-                                g.context);
+    KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(desc_, attribute, &pointer, sizeof(pointer)),
+                                absl::StrCat(g.context, " (the ", what, " pointer)"));
+    return absl::OkStatus();
+  };
+  if (g.bias) RETURN_IF_ERROR(set_pointer(CUBLASLT_MATMUL_DESC_BIAS_POINTER, buffers.bias, "bias"));
+  if (g.scaled) {
+    // cuBLAS's A is the IR's b, its B the IR's a (see the header), and so are their scales.
+    RETURN_IF_ERROR(set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, buffers.b_scale, "b_scale"));
+    RETURN_IF_ERROR(set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, buffers.a_scale, "a_scale"));
+    if (IsFp8(g.d_dtype)) RETURN_IF_ERROR(set_pointer(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, buffers.d_scale, "d_scale"));
   }
+  if (g.amax) RETURN_IF_ERROR(set_pointer(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, buffers.amax, "amax"));
   void* workspace = workspace_bytes_ > 0 ? buffers.scratch : nullptr;
   // cuBLAS's A is the IR's b and its B the IR's a (see the header); C is read only if beta != 0.
+  // An fp8 D's C (bf16, never read: beta is 0) gets no pointer rather than the D's bytes.
+  const void* c = buffers.c != nullptr ? buffers.c : IsFp8(g.d_dtype) ? nullptr : buffers.out;
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, buffers.b, a_desc_, buffers.a, b_desc_, &g.beta,
-                                             buffers.c != nullptr ? buffers.c : buffers.out, c_desc_, buffers.out,
-                                             c_desc_, &algo_, workspace, workspace_bytes_, stream),
-                              g.context);
+                                             c, c_desc_, buffers.out, d_desc_, &algo_, workspace, workspace_bytes_,
+                                             stream),
+                              g.amax && !IsFp8(g.d_dtype)
+                                  ? absl::StrCat(g.context, " (amax=1 with a ", DTypeName(g.d_dtype),
+                                                 " D: cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE for an ",
+                                                 "AMAX_D_POINTER its kernels do not compute)")
+                                  : g.context);
   return absl::OkStatus();
 }
 

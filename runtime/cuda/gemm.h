@@ -24,6 +24,25 @@
 // Numerics: bf16/f16 operands accumulate in f32 (CUBLAS_COMPUTE_32F, f32 alpha/beta) and
 // round once to the result dtype; f32 operands use CUBLAS_COMPUTE_32F_PEDANTIC, so no TF32
 // or other reduced-precision path is ever taken (kiln's fp32 policy).
+//
+// FP8 (gemm {scaled=1}: a, b f8e4m3 or f8e5m2, CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2): cuBLASLt's
+//   D = d_scale (alpha a_scale b_scale A B + beta C),  amax = max |alpha a_scale b_scale A B + beta C|
+// with the scales f32 scalars on the device. As with the operands, cuBLAS's A scale is the
+// IR's b_scale and its B scale the IR's a_scale. Accumulation is cuBLASLt's default for FP8
+// (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: partial sums promoted to f32), not the fast mode,
+// whose accumulator keeps fewer bits. What cuBLASLt 13 takes on sm_89/sm_90 (CheckSupported
+// says which rule a description breaks):
+//   operands  e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3 (never e5m2 x e5m2), both K-inner: a mk
+//             and b nk, cuBLAS's TN (a producer writes the transposed copy; lower-gemm does
+//             not make one), K a multiple of 16
+//   D         bf16, f16 or f32, C of D's type; or fp8 (e5m2 only from mixed operands) with
+//             d_scale, and then beta = 0: cuBLASLt's C for an fp8 D is bf16 or f16, never
+//             the fp8 D's own type that the IR gives c (its C layout is still bf16, unread)
+//   bias      of D's type for a bf16 or f16 D (cuBLASLt's fp8 bias is bf16 for an f32 D and
+//             bf16/f16 for an fp8 D, which the IR's bias of D's type cannot be)
+// d_scale goes to CUBLASLT_MATMUL_DESC_D_SCALE_POINTER for an fp8 D only (for another D the
+// description's d_scale is 1: codegen/program.h). The scale and amax pointers, like the bias
+// pointer, are attributes of the matmul descriptor, set at each enqueue.
 #pragma once
 
 #include <cublasLt.h>
@@ -41,9 +60,9 @@
 namespace kiln {
 
 // The device buffers of one call, each 256-byte aligned like every arena buffer. `c` is null
-// when beta is 0, `bias` without epilogue=bias; the scales and `amax` are the gemm's FP8 slots
-// (ir/op_table.h), null without them (codegen describes no FP8 gemm yet); `scratch` holds the
-// description's max_workspace_bytes.
+// when beta is 0, `bias` without epilogue=bias, the scales without scaled=1 (d_scale is read
+// for an fp8 D only), `amax` without amax=1; `scratch` holds the description's
+// max_workspace_bytes.
 struct GemmBuffers {
   void* out = nullptr;
   const void* a = nullptr;
@@ -59,8 +78,12 @@ struct GemmBuffers {
 
 class GemmPlan {
  public:
-  // Unimplemented when cuBLASLt has no algorithm for it within its workspace.
+  // Unimplemented for a description CheckSupported refuses, on a GPU without FP8 tensor cores
+  // for an FP8 one, and when cuBLASLt has no algorithm for it within its workspace.
   static absl::StatusOr<std::unique_ptr<GemmPlan>> Create(const GemmDescription& gemm, const CudaDevice& device);
+  // Whether cuBLASLt takes the description's dtypes, layouts, C and bias (the rules above);
+  // Unimplemented naming the gemm and the rule it breaks. Needs no GPU.
+  static absl::Status CheckSupported(const GemmDescription& gemm);
   ~GemmPlan();
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -70,14 +93,15 @@ class GemmPlan {
   // reserves).
   int64_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Enqueues the matmul.
+  // Enqueues the matmul (with amax=1, a 4-byte memset of the amax first, so that it is this
+  // call's maximum whatever the buffer held).
   absl::Status Enqueue(const GemmBuffers& buffers, cudaStream_t stream) const;
 
   // cuBLASLt's heuristic ranks algorithms by a model, and on the H200 its first choice is
   // not always the fastest: M16384 N768 K2048 with an f32 C (beta = 1) ran at 450 TFLOP/s
   // against 670 for the same shape with beta = 0. Autotune times each of the heuristic's
   // candidates (at most kCandidates) on the given buffers and keeps the fastest. It
-  // overwrites `out` (and reads the rest), so call it before `out` holds anything.
+  // overwrites `out` and `amax` (and reads the rest), so call it before they hold anything.
   struct Tuning {
     int candidates = 0;        // algorithms timed
     int chosen = 0;            // the heuristic's rank of the one kept (0: its first choice)
@@ -96,7 +120,8 @@ class GemmPlan {
   GemmDescription g_;
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t a_desc_ = nullptr, b_desc_ = nullptr, c_desc_ = nullptr;  // cuBLAS's A, B, C/D
+  // cuBLAS's A, B, C and D; d_desc_ is c_desc_ but for an fp8 D (whose C is bf16).
+  cublasLtMatrixLayout_t a_desc_ = nullptr, b_desc_ = nullptr, c_desc_ = nullptr, d_desc_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
   std::vector<cublasLtMatmulHeuristicResult_t> candidates_;  // the heuristic's ranking, best first
   int64_t out_bytes_ = 0;
