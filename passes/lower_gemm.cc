@@ -158,17 +158,24 @@ absl::StatusOr<bool> LowerGemmPass::RunOnFunction(Function& f) {
     Node* b = dot->operand(1);
     if (!shape.a_permutation.empty()) a = InsertTranspose(f, a, shape.a_permutation, dot);
     if (!shape.b_permutation.empty()) b = InsertTranspose(f, b, shape.b_permutation, dot);
-    const AttrMap attrs{{"batch", shape.batch},
-                        {"m", shape.m},
-                        {"n", shape.n},
-                        {"k", shape.k},
-                        {"a_layout", Symbol{shape.a_k_inner ? "mk" : "km"}},
-                        {"b_layout", Symbol{shape.b_k_inner ? "nk" : "kn"}},
-                        {"alpha", 1.0},
-                        {"beta", 0.0},
-                        {"epilogue", Symbol{"none"}}};
+    AttrMap attrs{{"batch", shape.batch},
+                  {"m", shape.m},
+                  {"n", shape.n},
+                  {"k", shape.k},
+                  {"a_layout", Symbol{shape.a_k_inner ? "mk" : "km"}},
+                  {"b_layout", Symbol{shape.b_k_inner ? "nk" : "kn"}},
+                  {"alpha", 1.0},
+                  {"beta", 0.0},
+                  {"epilogue", Symbol{"none"}}};
     const std::string name = dot->name();
-    Node* gemm = f.InsertNodeBefore(dot, Opcode::kGemm, {a, b}, attrs, dot->type(), f.UniqueName(name + ".gemm"),
+    std::vector<Node*> operands = {a, b};
+    if (IsFp8(a->type().dtype)) {  // fp8 operands take the FP8 slots: unit scales (see the header)
+      attrs.Set("scaled", int64_t{1});
+      Node* one = f.InsertNodeBefore(dot, Opcode::kConstant, {}, AttrMap{{"value", 1.0}}, TensorType{DType::kF32, {}},
+                                     f.UniqueName(name + ".unit_scale"), dot->scope());
+      operands.insert(operands.end(), {one, one, one});
+    }
+    Node* gemm = f.InsertNodeBefore(dot, Opcode::kGemm, operands, attrs, dot->type(), f.UniqueName(name + ".gemm"),
                                     dot->scope());
     dot->ReplaceAllUsesWith(gemm);
     f.RemoveNode(dot);

@@ -16,6 +16,17 @@
 //
 // Numerics are the dot_general's: the same products, summed over K in memory order (which is
 // the dot_general's listed order whenever its contracting dims are listed as they lie).
+//
+// fp8 operands: a gemm takes them only with its FP8 slots (ir/op_table.h), so a dot_general of
+// f8e4m3/f8e5m2 operands becomes a gemm {scaled=1} whose three scales are one constant 1
+// (alpha' = 1 and d_scale 1 change nothing: the same value bit for bit). The pass makes no
+// layout for FP8's sake: cuBLASLt on sm_90 runs FP8 only with both operands K-inner (a mk, b
+// nk), and a gemm laid out otherwise is refused when it is planned (GemmPlan::CheckSupported);
+// the transposed copy belongs in the producer (issue 14's select-fp8-gemm writes it there).
+//   %y = dot_general(%x, %w) {...} : bf16[64,48]     (x f8e4m3[64,32], w f8e4m3[48,32])
+// ->
+//   %y.unit_scale = constant() {value=1.0} : f32[]
+//   %y = gemm(%x, %w, %y.unit_scale, %y.unit_scale, %y.unit_scale) {..., scaled=1} : bf16[64,48]
 #pragma once
 
 #include "absl/status/statusor.h"

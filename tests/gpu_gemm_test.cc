@@ -393,6 +393,23 @@ TEST(GpuGemm, Fp8AmaxOfAWideResult) {
   }
 }
 
+// A dot_general of fp8 operands runs as every compile runs it: lower-gemm gives it unit scales.
+TEST(GpuGemm, Fp8DotGeneralRunsThroughLowerGemm) {
+  KILN_REQUIRE_GPU();
+  Function f("fp8_dot");
+  BuildDot(f, DotCases()[0], DType::kF8E4M3, DType::kBF16);  // x [2,3,16] · w [24,16]ᵀ: TN, K 16
+  const std::vector<HostTensor> args = {HostTensor::Random(f.parameters()[0]->type(), 1, -2, 2),
+                                        HostTensor::Random(f.parameters()[1]->type(), 2, -2, 2)};
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+  absl::StatusOr<std::vector<HostTensor>> got = GemmOnGpu(f, args);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  const HostTensor bound = AbsDot(f, args);
+  for (int64_t i = 0; i < bound.num_elements(); ++i) {
+    const double w = (*want)[0][i];
+    EXPECT_LE(std::abs((*got)[0][i] - w), 18 * 0x1p-24 * bound[i] * 1.01 + 0x1p-7 * std::abs(w)) << i;
+  }
+}
+
 // No GPU needed: what GemmDescriptionOf makes of a scaled gemm, and what the plan's rules
 // (GemmPlan::CheckSupported, the first thing GemmPlan::Create does) refuse, each naming the
 // gemm and the rule.
@@ -456,6 +473,18 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
           std::string("write the transposed copy in the producer")}) {
       EXPECT_NE(refused.message().find(part), absl::string_view::npos) << part << " in: " << refused;
     }
+  }
+  // The lowered weight gradient of an fp8 dot_general (km, kn) is refused the same way.
+  {
+    Function f("fp8_weight_gradient");
+    BuildDot(f, DotCases()[1], e4m3, DType::kF32);
+    const std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*lowered->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(g->scaled);
+    const absl::Status refused = GemmPlan::CheckSupported(*g);
+    EXPECT_NE(refused.message().find("a_layout=km, b_layout=kn: FP8 cuBLASLt on sm_90"), absl::string_view::npos)
+        << refused;
   }
   // The type rules: no e5m2 x e5m2, no e5m2 D from e4m3 x e4m3, K a multiple of 16, and an
   // fp8 D with neither a C nor a bias (cuBLASLt's are bf16 there, the IR's the D's dtype).

@@ -57,11 +57,13 @@ TEST(LowerGemm, UngroupedOperandsAreTransposedFirst) {
 }
 
 // Every layout family: the gemm (and its transposes) computes exactly the dot_general's
-// values on the reference backend, in every dtype pair the GPU runs.
+// values on the reference backend, in every dtype pair the GPU runs (fp8 operands through the
+// gemm's unit scales).
 TEST(LowerGemm, EveryLayoutKeepsTheValuesExactly) {
   for (const DotCase& c : DotCases()) {
     for (auto [in, out] : {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},
-                           std::pair{DType::kBF16, DType::kBF16}}) {
+                           std::pair{DType::kBF16, DType::kBF16}, std::pair{DType::kF8E4M3, DType::kBF16},
+                           std::pair{DType::kF8E5M2, DType::kF32}}) {
       SCOPED_TRACE(absl::StrCat(c.name, " ", DTypeName(in), " -> ", DTypeName(out)));
       Module m("m");
       Function& f = *m.AddFunction("f");
@@ -100,6 +102,29 @@ TEST(LowerGemm, TheGemmLineSaysWhatCublasLtNeeds) {
   ASSERT_TRUE(LowerGemmPass().RunOnFunction(g).ok());
   EXPECT_THAT(PrintFunction(g), ::testing::HasSubstr("%dot.lhs.transposed = transpose(%a) {perm=[0,2,1,3]}"));
   EXPECT_THAT(PrintFunction(g), ::testing::HasSubstr("%dot = gemm(%dot.lhs.transposed, %dot.rhs.transposed)"));
+}
+
+// fp8 operands take the gemm's FP8 slots (ir/op_table.h): scaled=1 with one constant 1 for
+// its three scales, which the verifier accepts and which changes no value (above). No
+// transpose is made for FP8's sake: a weight gradient stays km, kn (the plan refuses it).
+TEST(LowerGemm, Fp8OperandsGetUnitScales) {
+  Module m("m");
+  Function& f = *m.AddFunction("f");
+  BuildDot(f, DotCases()[0], DType::kF8E4M3, DType::kBF16);  // x [2,3,16] · w [24,16]ᵀ
+  ASSERT_TRUE(LowerGemmPass().RunOnFunction(f).ok());
+  ASSERT_TRUE(VerifyFunction(f).ok()) << VerifyFunction(f) << PrintFunction(f);
+  EXPECT_THAT(PrintFunction(f), ::testing::HasSubstr("%dot.unit_scale = constant() {value=1.0} : f32[]"));
+  EXPECT_THAT(PrintFunction(f),
+              ::testing::HasSubstr("%dot = gemm(%a, %b, %dot.unit_scale, %dot.unit_scale, %dot.unit_scale) "
+                                   "{a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=16, "
+                                   "m=6, n=24, scaled=1} : bf16[2,3,24]"));
+  Module wg("m");
+  Function& g = *wg.AddFunction("g");
+  BuildDot(g, DotCases()[1], DType::kF8E5M2, DType::kF32);  // weight_gradient
+  ASSERT_TRUE(LowerGemmPass().RunOnFunction(g).ok());
+  ASSERT_TRUE(VerifyFunction(g).ok()) << VerifyFunction(g) << PrintFunction(g);
+  EXPECT_THAT(PrintFunction(g), ::testing::HasSubstr("a_layout=km"));
+  EXPECT_THAT(PrintFunction(g), ::testing::Not(::testing::HasSubstr("transpose")));
 }
 
 TEST(LowerGemm, TheVerifierChecksAGemmsSizesAgainstItsOperands) {
