@@ -76,6 +76,36 @@
 //                          (cuBLASLt's scale pointers); with {amax=1} the node has a second
 //                          result, f32[]: max |alpha a_scale b_scale A B + beta C|, before
 //                          d_scale (cuBLASLt's AMAX_D), what delayed scaling records.
+//   fp8_quantize(x, state)  {out_dtype=f8e4m3|f8e5m2, [transposed]}  x cast to FP8 with the
+//                          delayed scale its state holds (fp8_scale_update below), for an FP8
+//                          GEMM (passes/fp8_policy.h): x any float tensor of rank >= 1, state f32
+//                          [L + 2]; with e = floor(state[0]) clamped to [-64, 64] the scale is 2^e:
+//                            q = out_dtype(x 2^e)  (one rounding, to nearest even, saturating to
+//                                the format's largest finite value; NaN stays NaN)
+//                            amax = max |x| over every element (NaN if any is; 0 for no element)
+//                            scale_inv = 2^-e
+//                          results (q, amax, scale_inv[, q_t]), amax and scale_inv f32[]. A power
+//                          of two scales exactly, so q 2^-e is x rounded to the format's grid,
+//                          and a GEMM of (q, scale_inv) is the GEMM of those values. With
+//                          transposed=1 a last result q_t: q of x viewed as [R, C] (C its last
+//                          dim) transposed to [C, R], the K-inner copy a TN FP8 GEMM reads
+//                          (Hopper's cuBLASLt takes FP8 in TN only), written by the same kernel.
+//                          Not differentiable (the policy adds it after autodiff).
+//   fp8_dequantize(q, scale_inv)  {out_dtype}  q fp8, scale_inv f32[]: out_dtype(q scale_inv),
+//                          the float values an fp8_quantize stands for (exact for its power-of-two
+//                          scale_inv and a bf16/f16/f32 out_dtype). select-fp8-gemm replaces the
+//                          ones its GEMMs read; the rest run as a kernel. Not differentiable.
+//   fp8_scale_update(state, amax)  {fp8_format=f8e4m3|f8e5m2, margin}  delayed scaling's step:
+//                          state f32[L + 2] holds [e, overflows, amax_1 .. amax_L] (the scale's
+//                          exponent, the count of overflowed steps, the L most recent amaxes,
+//                          newest first; all zero is the initial state: scale 1, no history),
+//                          amax f32[] this step's max |x|. Result: the next state.
+//                            amax not finite (an overflow): history kept, overflows + 1,
+//                              e - 1 (the scale backs off by half)
+//                            else: history shifted with amax first; m = its max; when m > 0,
+//                              e = (the largest integer with m 2^e <= the format's max finite
+//                              value, 448 or 57344) - margin, clamped to [-64, 64]; else e kept
+//                          Not differentiable.
 //   gather(table, idx)     rows of table along dim 0: idx.dims ++ table.dims[1:]
 //   scatter_add(idx, upd)  declared result [V, ...]: sums upd rows into row idx; the
 //                          gradient of gather (indices out of range are dropped)
@@ -306,6 +336,9 @@ enum class ResultRule { kInferred, kDeclared };
   X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1, "dims")                                                        \
   X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1, "lhs_batch,rhs_batch,lhs_contract,rhs_contract,out_dtype") \
   X(kGemm, "gemm", kVariadic, kContraction, kDeclared, kVariableResults, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue,scaled,amax")            \
+  X(kFp8Quantize, "fp8_quantize", 2, kComposite, kInferred, kVariableResults, "out_dtype,transposed")                \
+  X(kFp8Dequantize, "fp8_dequantize", 2, kComposite, kInferred, 1, "out_dtype")                                         \
+  X(kFp8ScaleUpdate, "fp8_scale_update", 2, kComposite, kInferred, 1, "fp8_format,margin")                              \
   X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \
   X(kScatterAdd, "scatter_add", 2, kIndexing, kDeclared, 1, "")                                                           \
   X(kRmsNorm, "rms_norm", 2, kComposite, kInferred, 1, "eps,out_dtype")                                                   \

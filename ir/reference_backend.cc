@@ -96,6 +96,9 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kRopeTable: return EvalRopeTable;
     case Opcode::kAdamWUpdate: return EvalAdamWUpdate;
     case Opcode::kSumOfSquares: return EvalSumOfSquares;
+    case Opcode::kFp8Quantize: return EvalFp8Quantize;
+    case Opcode::kFp8Dequantize: return EvalFp8Dequantize;
+    case Opcode::kFp8ScaleUpdate: return EvalFp8ScaleUpdate;
     case Opcode::kAttention: return EvalAttention;
     case Opcode::kAttentionDelta: return EvalAttentionDelta;
     case Opcode::kAttentionGrad: return EvalAttentionGrad;

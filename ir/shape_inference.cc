@@ -199,6 +199,45 @@ std::vector<int64_t> GatheredDims(const TensorType& table, const TensorType& idx
   return dims;
 }
 
+// fp8_quantize's and fp8_scale_update's delayed-scaling state: f32 [L + 2] (ir/op_table.h).
+absl::Status RequireFp8State(const TensorType& state, absl::string_view op) {
+  if (state.dtype != DType::kF32 || state.rank() != 1 || state.dims[0] < 3) {
+    return Invalid(absl::StrCat(op, " state ", state.ToString(),
+                                " must be f32[L + 2] ([exponent, overflows, L >= 1 amaxes])"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> Fp8FormatAttr(const AttrMap& attrs, absl::string_view name, absl::string_view op) {
+  ASSIGN_OR_RETURN(DType format, attrs.GetDType(name));
+  if (!IsFp8(format)) {
+    return Invalid(absl::StrCat(op, " ", name, " must be f8e4m3 or f8e5m2, got ", DTypeName(format)));
+  }
+  return format;
+}
+
+// (q, amax, scale_inv[, q_t]): see ir/op_table.h.
+absl::StatusOr<std::vector<TensorType>> InferFp8Quantize(absl::Span<const TensorType> xs, const AttrMap& attrs) {
+  const TensorType& x = xs[0];
+  RETURN_IF_ERROR(RequireFloat(x, "fp8_quantize input"));
+  if (IsFp8(x.dtype)) return Invalid(absl::StrCat("fp8_quantize input ", x.ToString(), " is fp8 already"));
+  if (x.rank() < 1) return Invalid("fp8_quantize input must have rank >= 1");
+  RETURN_IF_ERROR(RequireFp8State(xs[1], "fp8_quantize"));
+  ASSIGN_OR_RETURN(DType format, Fp8FormatAttr(attrs, "out_dtype", "fp8_quantize"));
+  int64_t transposed = 0;
+  if (attrs.Has("transposed")) {
+    ASSIGN_OR_RETURN(transposed, attrs.GetInt("transposed"));
+    if (transposed != 0 && transposed != 1) return Invalid("fp8_quantize transposed must be 0 or 1");
+  }
+  const TensorType scalar{DType::kF32, {}};
+  std::vector<TensorType> types{TensorType{format, x.dims}, scalar, scalar};
+  if (transposed) {
+    const int64_t cols = x.dims.back();
+    types.push_back(TensorType{format, {cols, cols == 0 ? 0 : x.num_elements() / cols}});
+  }
+  return types;
+}
+
 // A norm's result: x's type, or with {out_dtype} x's f32 result rounded to out_dtype (the
 // kernel computes in f32 and rounds once on store, so x must be f32 for that to be one
 // rounding on the GPU as in the reference).
@@ -737,11 +776,33 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       }
       return TensorType{DType::kF32, {}};
     }
+    case Opcode::kFp8Dequantize: {
+      if (!IsFp8(xs[0].dtype)) return Invalid(absl::StrCat("fp8_dequantize input ", xs[0].ToString(), " must be fp8"));
+      if (xs[1] != TensorType{DType::kF32, {}}) {
+        return Invalid(absl::StrCat("fp8_dequantize scale_inv ", xs[1].ToString(), " must be f32[]"));
+      }
+      ASSIGN_OR_RETURN(DType out, attrs.GetDType("out_dtype"));
+      if (!IsFloat(out) || IsFp8(out)) {
+        return Invalid(absl::StrCat("fp8_dequantize out_dtype must be f32, bf16 or f16, got ", DTypeName(out)));
+      }
+      return TensorType{out, xs[0].dims};
+    }
+    case Opcode::kFp8ScaleUpdate: {
+      RETURN_IF_ERROR(RequireFp8State(xs[0], "fp8_scale_update"));
+      if (xs[1] != TensorType{DType::kF32, {}}) {
+        return Invalid(absl::StrCat("fp8_scale_update amax ", xs[1].ToString(), " must be f32[]"));
+      }
+      RETURN_IF_ERROR(Fp8FormatAttr(attrs, "fp8_format", "fp8_scale_update").status());
+      ASSIGN_OR_RETURN(int64_t margin, attrs.GetInt("margin"));
+      if (margin < 0 || margin > 16) return Invalid(absl::StrCat("fp8_scale_update margin ", margin, " must be in [0, 16]"));
+      return xs[0];
+    }
     case Opcode::kKvCacheWrite:
       return InferKvCacheWrite(xs, attrs);
     case Opcode::kPagedAttention:
       return InferPagedAttention(xs, attrs);
     case Opcode::kAdamWUpdate:
+    case Opcode::kFp8Quantize:
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
     case Opcode::kRmsNormGradInput:
@@ -786,6 +847,8 @@ absl::StatusOr<std::vector<TensorType>> InferResultTypes(Opcode op, absl::Span<c
   switch (op) {
     case Opcode::kAdamWUpdate:
       return InferAdamWUpdate(xs, attrs);
+    case Opcode::kFp8Quantize:
+      return InferFp8Quantize(xs, attrs);
     case Opcode::kAddRmsNorm:
     case Opcode::kAddLayerNorm:
       return InferAddNorm(op, xs, attrs);

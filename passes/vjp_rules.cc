@@ -865,6 +865,10 @@ constexpr std::array kVjpRows = {
     VjpRow{Opcode::kRopeTable, NoCotangents, kNode},
     VjpRow{Opcode::kAdamWUpdate, NoCotangents, kNode},
     VjpRow{Opcode::kSumOfSquares, NoCotangents, kNode},
+    // The FP8 policy adds these after autodiff (passes/fp8_policy.h): not differentiable.
+    VjpRow{Opcode::kFp8Quantize, NoCotangents, kNode},
+    VjpRow{Opcode::kFp8Dequantize, NoCotangents, kNode},
+    VjpRow{Opcode::kFp8ScaleUpdate, NoCotangents, kNode},
     VjpRow{Opcode::kAttention, AttentionVjp, kNode},
     // Used only inside attention's VJP: a second derivative of attention is not supported.
     VjpRow{Opcode::kAttentionDelta, NoCotangents, kNode},

@@ -81,6 +81,9 @@ absl::StatusOr<HostTensor> EvalRopeTable(const Node& node, Operands xs, const Ev
 // optimizer_ops.cc
 absl::StatusOr<std::vector<HostTensor>> EvalAdamWUpdate(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalSumOfSquares(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<std::vector<HostTensor>> EvalFp8Quantize(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalFp8Dequantize(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalFp8ScaleUpdate(const Node& node, Operands xs, const EvalContext& ctx);
 // attention_ops.cc
 absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, const EvalContext& ctx);
