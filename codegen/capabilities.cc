@@ -1,6 +1,7 @@
 #include "codegen/capabilities.h"
 
 #include "absl/strings/str_cat.h"
+#include "codegen/gemm_rules.h"
 #include "kernels/flash_attention.cuh"  // the shapes the kernels take: plain C++ outside a CUDA compiler
 
 namespace kiln {
@@ -25,6 +26,13 @@ class Capabilities final : public BackendCapabilities {
                           target.arch);
     }
     return absl::StrCat("mma.sync flash attention (kernels/flash_attention.cuh) for ", target.arch);
+  }
+
+  std::string Fp8GemmUnsupportedReason(const Fp8GemmShape& s, const Target& target) const override {
+    if (!target.has_fp8) return absl::StrCat(target.arch, " has no FP8 tensor cores (sm_89 or later)");
+    GemmDescription g{.batch = s.batch, .m = s.m, .n = s.n, .k = s.k, .beta = s.beta,
+                      .a_dtype = s.a, .b_dtype = s.b, .d_dtype = s.d, .bias = s.bias, .scaled = true};
+    return kiln::Fp8GemmUnsupportedReason(g);
   }
 };
 

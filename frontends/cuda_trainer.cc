@@ -32,6 +32,9 @@ absl::StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(std::unique_ptr
     RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.first_v() + i));
   }
   RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.t_index()));
+  for (int64_t i = 0; i < layout.num_fp8_states(); ++i) {  // scale 1, no amax history yet
+    RETURN_IF_ERROR(trainer->executable_->ZeroInput(layout.first_fp8_state() + i));
+  }
   return trainer;
 }
 
@@ -43,6 +46,10 @@ absl::Status CudaTrainer::SetState(TrainingState state) {
     RETURN_IF_ERROR(executable_->SetInput(layout_.first_v() + i, state.v[i]));
   }
   RETURN_IF_ERROR(executable_->SetInput(layout_.t_index(), state.t));
+  for (int64_t i = 0; i < layout_.num_fp8_states(); ++i) {
+    const int64_t input = layout_.first_fp8_state() + i;
+    RETURN_IF_ERROR(state.fp8.empty() ? executable_->ZeroInput(input) : executable_->SetInput(input, state.fp8[i]));
+  }
   steps_done_ = state.step;
   return absl::OkStatus();
 }
@@ -58,6 +65,10 @@ absl::StatusOr<TrainingState> CudaTrainer::State() const {
     state.v.push_back(std::move(v));
   }
   ASSIGN_OR_RETURN(state.t, executable_->Input(layout_.t_index()));
+  for (int64_t i = 0; i < layout_.num_fp8_states(); ++i) {
+    ASSIGN_OR_RETURN(HostTensor s, executable_->Input(layout_.first_fp8_state() + i));
+    state.fp8.push_back(std::move(s));
+  }
   state.step = steps_done_;
   return state;
 }

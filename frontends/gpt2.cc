@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Module>> BuildGpt2Module(const ModelConfig& confi
                                                    config.name, "''s ", config.max_positions, " positions"));
   }
   RETURN_IF_ERROR(shaped.Validate());
-  const DType gemm_dtype = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  const DType gemm_dtype = GemmOperandDType(options.precision);
 
   auto module = std::make_unique<Module>(IsValidName(config.name) ? config.name : "gpt2");
   Graph g(module->AddFunction("forward"));

@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& conf
   shaped.batch = batch;
   shaped.seq_len = seq_len;
   RETURN_IF_ERROR(shaped.Validate());
-  const DType gemm_dtype = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  const DType gemm_dtype = GemmOperandDType(options.precision);
   const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
 
   auto module = std::make_unique<Module>(IsValidName(config.name) ? config.name : "llama");

@@ -11,7 +11,7 @@
 namespace kiln {
 namespace {
 
-DType GemmDType(Precision precision) { return precision == Precision::kBf16 ? DType::kBF16 : DType::kF32; }
+DType GemmDType(Precision precision) { return GemmOperandDType(precision); }
 
 absl::Status CheckLayout(const PagedKvLayout& layout, int64_t size) {
   if (layout.num_blocks < 1 || layout.block_size < 1 || layout.max_blocks_per_sequence < 1) {

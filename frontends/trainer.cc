@@ -62,11 +62,24 @@ absl::Status CheckTrainingState(const Function& step_function, const TrainingSte
   RETURN_IF_ERROR(CheckTensors(params, layout.first_param(), state.params, "parameter"));
   RETURN_IF_ERROR(CheckTensors(params, layout.first_m(), state.m, "AdamW first moment"));
   RETURN_IF_ERROR(CheckTensors(params, layout.first_v(), state.v, "AdamW second moment"));
+  if (!state.fp8.empty()) {
+    if (static_cast<int64_t>(state.fp8.size()) != layout.num_fp8_states()) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer state holds ", state.fp8.size(),
+                                                     " FP8 scaling states; the step has ", layout.num_fp8_states()));
+    }
+    RETURN_IF_ERROR(CheckTensors(params, layout.first_fp8_state(), state.fp8, "FP8 scaling state"));
+  }
   return CheckTensors(params, layout.t_index(), {state.t}, "AdamW step count");
 }
 
 absl::Status ReferenceTrainer::SetState(TrainingState state) {
   RETURN_IF_ERROR(CheckTrainingState(*step_, layout_, state));
+  if (state.fp8.empty()) {  // the initial scaling states: all zero (scale 1, no history)
+    const std::vector<Node*> params = step_->parameters();
+    for (int64_t i = 0; i < layout_.num_fp8_states(); ++i) {
+      state.fp8.emplace_back(params[layout_.first_fp8_state() + i]->type());
+    }
+  }
   state_ = std::move(state);
   return absl::OkStatus();
 }
@@ -107,6 +120,7 @@ absl::StatusOr<double> RunReferenceStep(const Function& step, const TrainingStep
   args.push_back(std::move(state.t));
   for (HostTensor& b : batch) args.push_back(std::move(b));
   args.push_back(HostTensor::FromValues({DType::kF32, {}}, {lr}));
+  for (HostTensor& t : state.fp8) args.push_back(std::move(t));
   absl::StatusOr<std::vector<HostTensor>> outs = EvaluateFunction(step, args, options);
   if (!outs.ok()) {
     int64_t i = 0;
@@ -114,6 +128,7 @@ absl::StatusOr<double> RunReferenceStep(const Function& step, const TrainingStep
       for (HostTensor& t : *group) t = std::move(args[i++]);
     }
     state.t = std::move(args[i]);
+    for (size_t j = 0; j < state.fp8.size(); ++j) state.fp8[j] = std::move(args[layout.first_fp8_state() + j]);
     return outs.status();
   }
   const int64_t n = layout.num_params;
@@ -123,6 +138,7 @@ absl::StatusOr<double> RunReferenceStep(const Function& step, const TrainingStep
     state.v[i] = std::move((*outs)[1 + 2 * n + i]);
   }
   state.t = std::move((*outs)[1 + 3 * n]);
+  for (size_t j = 0; j < state.fp8.size(); ++j) state.fp8[j] = std::move((*outs)[2 + 3 * n + j]);
   ++state.step;
   return (*outs)[0][0];
 }

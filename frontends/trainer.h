@@ -21,6 +21,10 @@ namespace kiln {
 struct TrainingState {
   std::vector<HostTensor> params, m, v;  // in TrainingStepLayout order
   HostTensor t;                          // f32[]: AdamW updates done
+  // The FP8 policy's delayed-scaling states, in TrainingStepLayout order (f32 [L + 2] each,
+  // passes/fp8_policy.h). Empty: all zero, the initial state (a fresh run, or a trainer
+  // without the policy).
+  std::vector<HostTensor> fp8;
   int64_t step = 0;                      // steps completed
 };
 

@@ -33,6 +33,7 @@ absl::Status SaveState(const std::string& path, const std::vector<NamedWeight>& 
   for (size_t i = 0; i < weights.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.m.", weights[i].name), s.m[i]});
   for (size_t i = 0; i < weights.size(); ++i) st.tensors.push_back({absl::StrCat("adamw.v.", weights[i].name), s.v[i]});
   st.tensors.push_back({"adamw.t", s.t});
+  for (size_t i = 0; i < s.fp8.size(); ++i) st.tensors.push_back({absl::StrCat("fp8.state.", i), s.fp8[i]});
   st.metadata = std::move(metadata);
   st.metadata[std::string(kFormatKey)] = std::string(format);
   st.metadata[std::string(kStepKey)] = absl::StrCat(s.step);
@@ -98,6 +99,15 @@ absl::StatusOr<TrainingState> TakeState(const std::string& path, Safetensors& st
     state.v.push_back(std::move(v));
   }
   ASSIGN_OR_RETURN(state.t, take("adamw.t", {DType::kF32, {}}));
+  // The FP8 policy's scaling states, fp8.state.0, 1, ... (the step's layout checks their
+  // count and types when the state is set).
+  for (int64_t i = 0;; ++i) {
+    const std::string name = absl::StrCat("fp8.state.", i);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) break;
+    ASSIGN_OR_RETURN(HostTensor s, take(name, it->second->type()));
+    state.fp8.push_back(std::move(s));
+  }
   if (!by_name.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": unexpected tensor '", by_name.begin()->first, "' for this model"));

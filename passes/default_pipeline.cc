@@ -21,6 +21,7 @@
 #include "passes/rematerialize.h"
 #include "passes/pass_registry.h"
 #include "passes/select_flash_attention.h"
+#include "passes/select_fp8_gemm.h"
 
 namespace kiln {
 
@@ -53,6 +54,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // GEMMs whose results are only converted to bf16 write bf16; before fusion, which would
   // hide the converts inside fusion bodies.
   p.Add(std::make_unique<NarrowActivationsPass>());
+  // The FP8 policy's GEMMs read FP8 operands (passes/select_fp8_gemm.h); after narrowing, so
+  // that a gemm whose result is only read as bf16 writes bf16 before it becomes FP8. A step
+  // without the policy has no fp8_dequantize for it to find.
+  p.Add(std::make_unique<SelectFp8GemmPass>(options.capabilities, options.target.value_or(Target{})));
   // A residual add and its norm in one kernel, norms written in the dtype their consumers
   // convert to, the residual gradient's add in the norm's backward kernel. After
   // elide-grad-zeroing, which has made a residual add whose branch is a GEMM that GEMM's C

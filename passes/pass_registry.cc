@@ -21,6 +21,7 @@
 #include "passes/narrow_activations.h"
 #include "passes/rematerialize.h"
 #include "passes/select_flash_attention.h"
+#include "passes/select_fp8_gemm.h"
 
 namespace kiln {
 namespace {
@@ -36,6 +37,10 @@ std::unique_ptr<Pass> MakeChunkLmHead(const CompileOptions& options) {
 
 std::unique_ptr<Pass> MakeSelectFlashAttention(const CompileOptions& options) {
   return std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{}));
+}
+
+std::unique_ptr<Pass> MakeSelectFp8Gemm(const CompileOptions& options) {
+  return std::make_unique<SelectFp8GemmPass>(options.capabilities, options.target.value_or(Target{}));
 }
 
 // Sorted by name.
@@ -74,6 +79,8 @@ constexpr PassInfo kPasses[] = {
      Make<RematerializePass>},
     {SelectFlashAttentionPass::kName, "decomposed causal attention -> the flash attention op (before autodiff)",
      MakeSelectFlashAttention},
+    {SelectFp8GemmPass::kName, "gemms of the FP8 policy's dequantized operands -> cuBLASLt FP8 GEMMs (TN)",
+     MakeSelectFp8Gemm},
     {kSimplifyPassName, "canonicalize, cse and dce, rerun until a round changes nothing", BuildSimplifyPass},
 };
 

@@ -23,7 +23,16 @@ absl::StatusOr<TrainingCompile> TrainingCompile::Create(const TrainingStepOption
   Pipeline forward_pipeline = BuildForwardPipeline(options);
   RETURN_IF_ERROR(CheckDisabledPasses(options, {&forward_pipeline, &main_pipeline}));
   ASSIGN_OR_RETURN(std::unique_ptr<PassRunner> runner, PassRunner::Create(options));
-  return TrainingCompile(step_options, std::move(forward_pipeline), std::move(main_pipeline), std::move(runner));
+  TrainingStepOptions step = step_options;
+  // The precision policy decides the step's GEMM operands: under fp8 the step is built with
+  // the FP8 policy (passes/fp8_policy.h), which select-fp8-gemm then implements.
+  if (options.precision == Precision::kFp8) {
+    step.fp8 = options.fp8;
+    RETURN_IF_ERROR(Fp8Policy::Create(options.fp8).status());  // bad options fail before any work
+  } else {
+    step.fp8.reset();
+  }
+  return TrainingCompile(std::move(step), std::move(forward_pipeline), std::move(main_pipeline), std::move(runner));
 }
 
 absl::Status TrainingCompile::BuildStep(Module& module) {

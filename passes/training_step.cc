@@ -109,6 +109,10 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   // into the GEMM that computes the addend (beta=1).
   std::vector<Node*> grads(layout.num_params, nullptr);
   Node* loss_sum = nullptr;
+  std::unique_ptr<Fp8Policy> fp8;
+  if (options.fp8.has_value()) {
+    ASSIGN_OR_RETURN(fp8, Fp8Policy::Create(*options.fp8));
+  }
   for (int64_t micro = 0; micro < k; ++micro) {
     std::vector<Node*> args;
     b.set_scope("");
@@ -122,8 +126,16 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     }
     args.insert(args.end(), params.begin(), params.end());
     std::string prefix = k == 1 ? "" : absl::StrCat("micro", micro, ".");
+    const int64_t first_node = step->num_nodes();
     ASSIGN_OR_RETURN(std::vector<Node*> outs, InlineFunction(*step, forward, args, prefix));
     ASSIGN_OR_RETURN(std::vector<Node*> micro_grads, AppendBackward(*step, outs[0], params));
+    if (fp8 != nullptr) {  // autodiff names the loss's cotangent seed "<loss>.grad"
+      const Node* seed = step->FindNode(absl::StrCat(outs[0]->name(), ".grad"));
+      if (seed == nullptr || seed->opcode() != Opcode::kConstant) {
+        return absl::InternalError("training step: the FP8 policy cannot find the backward's seed");
+      }
+      RETURN_IF_ERROR(fp8->QuantizeMicroBatch(*step, first_node, seed));
+    }
     b.set_scope("grad_accum");
     if (micro == 0) {
       loss_sum = outs[0];
@@ -206,6 +218,11 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
     new_vs.push_back(updated[2]);
   }
   b.set_scope("");
+  Fp8Policy::Updates fp8_updates;
+  if (fp8 != nullptr) {
+    ASSIGN_OR_RETURN(fp8_updates, fp8->AppendScaleUpdates(*step));
+    layout.fp8_tensors = fp8->tensors();
+  }
 
   std::vector<Node*> outputs{loss};
   std::vector<int64_t> aliases{-1};
@@ -219,6 +236,7 @@ absl::StatusOr<Function*> BuildTrainingStep(Module& module, const Function& forw
   add_outputs(new_ms, layout.first_m());
   add_outputs(new_vs, layout.first_v());
   add_outputs({t_next}, layout.t_index());
+  add_outputs(fp8_updates.outputs, layout.first_fp8_state());
   RETURN_IF_ERROR(b.Return(outputs, aliases));
   if (layout_out) *layout_out = layout;
   return step;

@@ -23,13 +23,20 @@
 //     (the default pipeline's group-optimizer-updates then puts up to 72 of those that share
 //     their scalars into one grouped node, one kernel).
 // The learning rate is an input, so the schedule (warmup + cosine) is the caller's.
+// With options.fp8 (the FP8 policy, passes/fp8_policy.h) each micro-batch's linear-layer
+// GEMMs read FP8 operands, and the step gains one delayed-scaling state per FP8 tensor:
+//   step(..., lr, fp8 states...) -> (..., t', fp8 states'...)
+// the states donated like the optimizer's, all zero initially.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ir/graph.h"
+#include "passes/fp8_policy.h"
 
 namespace kiln {
 
@@ -46,6 +53,7 @@ struct TrainingStepOptions {
   int64_t accum_steps = 1;      // micro-batches per update
   int64_t num_batch_inputs = 2;  // the forward's first parameters that are per-step data
   std::string name = "train_step";
+  std::optional<Fp8Options> fp8;  // the FP8 policy, or bf16's GEMMs
 };
 
 // The layout of the step function's parameters and outputs, for the caller that feeds it.
@@ -59,7 +67,11 @@ struct TrainingStepLayout {
   int64_t t_index() const { return 3 * num_params; }
   int64_t first_batch_input() const { return 3 * num_params + 1; }
   int64_t lr_index() const { return first_batch_input() + num_batch_inputs; }
-  // Outputs: 0 is the loss, then params', m', v', t' in the order of the inputs.
+  // The FP8 policy's delayed-scaling states (none without it), f32 [L + 2] each.
+  std::vector<Fp8Tensor> fp8_tensors;
+  int64_t num_fp8_states() const { return static_cast<int64_t>(fp8_tensors.size()); }
+  int64_t first_fp8_state() const { return lr_index() + 1; }
+  // Outputs: 0 is the loss, then params', m', v', t', fp8 states' in the order of the inputs.
 };
 
 // Adds the step function to `module`; `forward` must be a function of `module` whose

@@ -41,7 +41,7 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
   if (args.Has("disable-pass")) {
     options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
-  RETURN_IF_ERROR(LmHeadChunkFromArgs(args, options));
+  RETURN_IF_ERROR(TrainingCompileFlagsFromArgs(args, options));
   return options;
 }
 

@@ -54,6 +54,10 @@ absl::Status RunEval(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(int64_t seq, args.GetInt("seq", config.seq_len));
   ASSIGN_OR_RETURN(int64_t batch, args.GetInt("batch", config.batch));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.Get("precision", "bf16")));
+  if (precision == Precision::kFp8) {
+    return absl::InvalidArgumentError(
+        "--precision fp8 is a training policy (FP8 GEMMs in the training step); inference runs fp32 or bf16");
+  }
   if (seq < 1 || batch < 1) return absl::InvalidArgumentError("--seq and --batch must be >= 1");
   // Shapes first (cheap, and within the limits), then what they cost, then the weights.
   ASSIGN_OR_RETURN(std::unique_ptr<Module> sized,

@@ -167,6 +167,10 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 1.0));
   ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.Get("precision", "bf16")));
+  if (precision == Precision::kFp8) {
+    return absl::InvalidArgumentError(
+        "--precision fp8 is a training policy (FP8 GEMMs in the training step); inference runs fp32 or bf16");
+  }
   GeneratorOptions options{.precision = precision};
 #ifdef KILN_WITH_CUDA
   options.device = backend.device.get();

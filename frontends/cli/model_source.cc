@@ -14,7 +14,8 @@ namespace kiln::cli {
 
 std::vector<FlagSpec> ModelBuildFlags() {
   return {
-      {.name = "precision", .value_name = "P", .help = "fp32 or bf16 (GEMM operands in bf16, f32 accumulation)",
+      {.name = "precision", .value_name = "P", .help = "fp32, bf16 (GEMM operands in bf16, f32 accumulation) or fp8 (bf16, and the training step's "
+               "linear-layer GEMMs in FP8: E4M3 weights and activations, E5M2 gradients, delayed scaling)",
        .default_value = "bf16"},
       {.name = "batch", .value_name = "B", .help = "batch size", .default_value = "the preset's"},
       {.name = "seq", .value_name = "T", .help = "sequence length", .default_value = "the preset's"},
@@ -42,13 +43,34 @@ std::vector<FlagSpec> TrainingStepFlags() {
        .help = "compute the LM head and its loss, forward and backward, R tokens (rows of logits) at a time at "
                "most (the chunk-lm-head pass: less memory, a little more time; 0: all at once)",
        .default_value = "0"},
+      {.name = "fp8-history", .value_name = "L",
+       .help = "with --precision fp8: the amax history each FP8 tensor's scale is the max of, in steps "
+               "(passes/fp8_policy.h says why 16)",
+       .default_value = "16"},
+      {.name = "fp8-margin", .value_name = "M",
+       .help = "with --precision fp8: scales 2^M smaller than the history's amax allows (headroom)",
+       .default_value = "0"},
+      {.name = "fp8-skip", .value_name = "REGEX",
+       .help = "with --precision fp8: GEMMs in scopes this matches stay bf16; the LM head by default, whose "
+               "error feeds the loss directly and which FP8 recipes keep in higher precision",
+       .default_value = "lm_head"},
   };
 }
 
-absl::Status LmHeadChunkFromArgs(const ParsedArgs& args, CompileOptions& options) {
+absl::Status TrainingCompileFlagsFromArgs(const ParsedArgs& args, CompileOptions& options) {
   ASSIGN_OR_RETURN(const int64_t rows, args.GetInt("lm-head-chunk-rows", 0));
   if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("--lm-head-chunk-rows must be >= 0, not ", rows));
   options.lm_head_chunk_rows = rows;
+  for (const char* flag : {"fp8-history", "fp8-margin", "fp8-skip"}) {
+    if (args.Has(flag) && options.precision != Precision::kFp8) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " sets the FP8 policy: it needs --precision fp8"));
+    }
+  }
+  ASSIGN_OR_RETURN(options.fp8.history_length, args.GetInt("fp8-history", options.fp8.history_length));
+  ASSIGN_OR_RETURN(options.fp8.margin, args.GetInt("fp8-margin", options.fp8.margin));
+  options.fp8.skip_regex = args.Get("fp8-skip", options.fp8.skip_regex);
+  absl::Status valid = Fp8Policy::Create(options.fp8).status();
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--fp8-*: ", valid.message()));
   return absl::OkStatus();
 }
 

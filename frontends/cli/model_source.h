@@ -33,8 +33,9 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args);
 // --training` take them too, so that they compile the step `train` runs.
 std::vector<FlagSpec> TrainingStepFlags();
 absl::StatusOr<TrainingStepOptions> TrainingStepOptionsFromArgs(const ParsedArgs& args);
-// --lm-head-chunk-rows, one of those flags, is a compile option (passes/chunk_lm_head.h).
-absl::Status LmHeadChunkFromArgs(const ParsedArgs& args, CompileOptions& options);
+// --lm-head-chunk-rows and --fp8-*, of those flags, are compile options (passes/chunk_lm_head.h,
+// passes/fp8_policy.h).
+absl::Status TrainingCompileFlagsFromArgs(const ParsedArgs& args, CompileOptions& options);
 // For compile and check: a step flag without --training would change nothing, so it is an
 // error rather than silently ignored.
 absl::Status CheckTrainingStepFlagsHaveTraining(const ParsedArgs& args);

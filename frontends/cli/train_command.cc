@@ -204,7 +204,7 @@ absl::StatusOr<RunSettings> ParseRunSettings(const ResolvedSettings& r) {
   }
   s.seed = static_cast<uint64_t>(seed);
   absl::StatusOr<Precision> precision = ParsePrecision(r.values.at("precision"));
-  if (!precision.ok()) return invalid("precision", "fp32 or bf16");
+  if (!precision.ok()) return invalid("precision", "fp32, bf16 or fp8");
   s.precision = *precision;
   return s;
 }
@@ -649,7 +649,7 @@ absl::Status RunTrain(const ParsedArgs& args) {
   if (args.Has("disable-pass")) {
     compile_options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
-  RETURN_IF_ERROR(LmHeadChunkFromArgs(args, compile_options));
+  RETURN_IF_ERROR(TrainingCompileFlagsFromArgs(args, compile_options));
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
   step_options.adamw.weight_decay = s.weight_decay;
@@ -795,7 +795,9 @@ Command TrainCommand() {
                {.name = "min-lr", .value_name = "X", .help = "final learning rate", .default_value = "lr / 10"},
                {.name = "warmup", .value_name = "N", .help = "linear warmup steps", .default_value = "min(10, steps/10+1)"},
                {.name = "lr-decay-steps", .value_name = "N", .help = "cosine horizon", .default_value = "--steps"},
-               {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
+               {.name = "precision", .value_name = "P",
+                .help = "fp32, bf16 or fp8 (bf16, with the linear layers' GEMMs in FP8: passes/fp8_policy.h)",
+                .default_value = "bf16"},
                {.name = "data", .value_name = "FILE", .help = "training data (see above)", .default_value = "built-in corpus"},
                {.name = "seed", .value_name = "S", .help = "initial weights and batches", .default_value = "1337"},
                {.name = "save", .value_name = "CKPT", .help = "write a checkpoint (safetensors) at the end"},

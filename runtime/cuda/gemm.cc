@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/status_macros.h"
+#include "codegen/gemm_rules.h"
 #include "runtime/cuda/cuda_status.h"
 
 namespace kiln {
@@ -22,45 +23,6 @@ absl::StatusOr<cudaDataType_t> CudaDataType(DType t) {
   }
 }
 
-bool IsFp8Gemm(const GemmDescription& g) { return IsFp8(g.a_dtype) || IsFp8(g.b_dtype); }
-
-// "a_layout=mk, b_layout=nk": the gemm's layouts as the IR writes them.
-std::string Layouts(const GemmDescription& g) {
-  return absl::StrCat("a_layout=", g.a_k_inner ? "mk" : "km", ", b_layout=", g.b_k_inner ? "nk" : "kn");
-}
-
-// Why cuBLASLt takes no FP8 GEMM like `g` (gemm.h's table), or "" when it takes it.
-std::string Fp8Unsupported(const GemmDescription& g) {
-  const std::string types = absl::StrCat(DTypeName(g.a_dtype), " x ", DTypeName(g.b_dtype), " -> ", DTypeName(g.d_dtype));
-  if (!IsFp8(g.a_dtype) || !IsFp8(g.b_dtype)) return absl::StrCat(types, ": both operands must be fp8");
-  if (!g.scaled) return absl::StrCat(types, ": fp8 operands take scaled=1 (a_scale, b_scale, d_scale)");
-  if (g.a_dtype == DType::kF8E5M2 && g.b_dtype == DType::kF8E5M2) {
-    return absl::StrCat(types, ": cuBLASLt has no e5m2 x e5m2 GEMM (one operand e4m3: e4m3 x e5m2 or e5m2 x e4m3)");
-  }
-  if (!g.a_k_inner || !g.b_k_inner) {
-    return absl::StrCat(Layouts(g), ": FP8 cuBLASLt on sm_90 takes only K-inner operands (TN: a_layout=mk, ",
-                        "b_layout=nk); write the transposed copy in the producer");
-  }
-  if (g.k % 16 != 0) return absl::StrCat("K ", g.k, ": FP8 cuBLASLt takes K a multiple of 16 (16-byte rows)");
-  const bool fp8_d = IsFp8(g.d_dtype);
-  if (g.d_dtype == DType::kF8E5M2 && g.a_dtype == DType::kF8E4M3 && g.b_dtype == DType::kF8E4M3) {
-    return absl::StrCat(types, ": cuBLASLt writes an e5m2 D from mixed operands only (e4m3 x e4m3 -> e4m3, bf16, ",
-                        "f16 or f32)");
-  }
-  if (!fp8_d && g.d_dtype != DType::kBF16 && g.d_dtype != DType::kF16 && g.d_dtype != DType::kF32) {
-    return absl::StrCat(types, ": FP8 cuBLASLt writes D in bf16, f16, f32 or fp8");
-  }
-  if (fp8_d && g.beta != 0) {
-    return absl::StrCat(types, " with beta=", g.beta, ": cuBLASLt's C for an fp8 D is bf16 or f16, not the D's ",
-                        DTypeName(g.d_dtype), " the gemm's c has");
-  }
-  if (g.bias && (g.d_dtype == DType::kF32 || fp8_d)) {
-    return absl::StrCat(types, " with epilogue=bias: cuBLASLt's FP8 bias for a ", DTypeName(g.d_dtype),
-                        " D is bf16", fp8_d ? " or f16" : "", ", not the D's dtype the gemm's bias has");
-  }
-  return "";
-}
-
 }  // namespace
 
 GemmPlan::~GemmPlan() {
@@ -73,7 +35,7 @@ GemmPlan::~GemmPlan() {
 
 absl::Status GemmPlan::CheckSupported(const GemmDescription& g) {
   if (IsFp8Gemm(g) || g.scaled || g.amax) {
-    if (const std::string why = Fp8Unsupported(g); !why.empty()) {
+    if (const std::string why = Fp8GemmUnsupportedReason(g); !why.empty()) {
       return absl::UnimplementedError(absl::StrCat(g.context, ": no FP8 cuBLASLt GEMM: ", why));
     }
     return absl::OkStatus();
@@ -173,7 +135,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
     return absl::UnimplementedError(absl::StrCat(ctx, ": cuBLASLt has no algorithm for batch ", g.batch, ", M ", g.m,
                                                  ", N ", g.n, ", K ", g.k, " (", DTypeName(g.a_dtype),
                                                  fp8 ? absl::StrCat(" x ", DTypeName(g.b_dtype)) : "", " -> ",
-                                                 DTypeName(g.d_dtype), ", ", Layouts(g), ")"));
+                                                 DTypeName(g.d_dtype), ", ", GemmLayouts(g), ")"));
   }
   for (int i = 0; i < found; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates_.push_back(results[i]);

@@ -1,0 +1,158 @@
+#include "passes/select_fp8_gemm.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "ir/gemm_slots.h"
+#include "ir/node_predicates.h"
+#include "ir/shape_inference.h"
+#include "ir/status_macros.h"
+
+namespace kiln {
+namespace {
+
+// An fp8_dequantize(q, scale_inv) of one fp8_quantize's results 0 and 2.
+struct Fp8Operand {
+  Node* quantize = nullptr;  // the multi-result node
+  Node* q = nullptr;
+  Node* scale_inv = nullptr;
+};
+
+std::optional<Fp8Operand> Fp8OperandOf(Node* v) {
+  if (v->opcode() != Opcode::kFp8Dequantize) return std::nullopt;
+  Node* q = v->operand(0);
+  Node* scale_inv = v->operand(1);
+  if (q->opcode() != Opcode::kGetResult || scale_inv->opcode() != Opcode::kGetResult) return std::nullopt;
+  Node* quantize = q->operand(0);
+  if (quantize->opcode() != Opcode::kFp8Quantize || scale_inv->operand(0) != quantize || q->result_index() != 0 ||
+      scale_inv->result_index() != 2) {
+    return std::nullopt;
+  }
+  return Fp8Operand{quantize, q, scale_inv};
+}
+
+// The get_result nodes of a multi-result node, in result order (they follow it directly).
+std::vector<Node*> ResultsOf(const Node& multi) {
+  std::vector<Node*> results(multi.num_results(), nullptr);
+  for (Node* u : multi.users()) {
+    if (u->opcode() == Opcode::kGetResult) results[u->result_index()] = u;
+  }
+  return results;
+}
+
+// The transposed copy of `quantize`'s tensor (its result 3), rebuilding the node with
+// {transposed=1} when it has none yet. Returns the (possibly new) quantize node's results.
+absl::StatusOr<std::vector<Node*>> WithTransposedCopy(Function& f, Node* quantize) {
+  std::vector<Node*> old = ResultsOf(*quantize);
+  if (old.size() == 4) return old;
+  AttrMap attrs = quantize->attrs();
+  attrs.Set("transposed", int64_t{1});
+  std::vector<TensorType> operand_types;
+  for (const Node* o : quantize->operands()) operand_types.push_back(o->type());
+  ASSIGN_OR_RETURN(std::vector<TensorType> types, InferResultTypes(Opcode::kFp8Quantize, operand_types, attrs, nullptr));
+  std::vector<std::string> names;
+  for (const Node* r : old) names.push_back(f.UniqueName(absl::StrCat(r->name(), ".tmp")));
+  names.push_back(f.UniqueName(absl::StrCat(old[0]->name(), ".t")));
+  std::vector<Node*> results = f.AppendMultiResultNode(Opcode::kFp8Quantize, quantize->operands(), std::move(attrs),
+                                                       std::move(types), names, quantize->scope(), quantize);
+  if (results.size() != 4) return absl::InternalError(absl::StrCat("select-fp8-gemm: cannot rebuild %", old[0]->name()));
+  std::vector<std::string> old_names;
+  const std::string old_node_name = quantize->name();
+  Node* rebuilt = results[0]->operand(0);
+  std::vector<Node*> dead{quantize};
+  for (size_t i = 0; i < old.size(); ++i) {
+    old[i]->ReplaceAllUsesWith(results[i]);
+    old_names.push_back(old[i]->name());
+    dead.push_back(old[i]);
+  }
+  f.RemoveNodes(dead);
+  for (size_t i = 0; i < old_names.size(); ++i) f.RenameNode(results[i], old_names[i]);
+  f.RenameNode(rebuilt, old_node_name);
+  return results;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> SelectFp8GemmPass::RunOnFunction(Function& f) {
+  std::vector<Node*> gemms;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kGemm && !n->has_multiple_results() && !HasFp8Slots(*n) &&
+        Fp8OperandOf(n->operand(0)).has_value() && Fp8OperandOf(n->operand(1)).has_value()) {
+      gemms.push_back(n.get());
+    }
+  }
+  bool changed = false;
+  for (Node* g : gemms) {
+    const std::string label = absl::StrCat("%", g->name(), " in @", f.name());
+    ASSIGN_OR_RETURN(GemmSlots slots, GemmSlotsOf(g->attrs()));
+    ASSIGN_OR_RETURN(int64_t batch, g->attrs().GetInt("batch"));
+    ASSIGN_OR_RETURN(int64_t m, g->attrs().GetInt("m"));
+    ASSIGN_OR_RETURN(int64_t n, g->attrs().GetInt("n"));
+    ASSIGN_OR_RETURN(int64_t k, g->attrs().GetInt("k"));
+    ASSIGN_OR_RETURN(std::string a_layout, g->attrs().GetSymbol("a_layout"));
+    ASSIGN_OR_RETURN(std::string b_layout, g->attrs().GetSymbol("b_layout"));
+    ASSIGN_OR_RETURN(double beta, g->attrs().GetFloat("beta"));
+    Fp8Operand a = *Fp8OperandOf(g->operand(0)), b = *Fp8OperandOf(g->operand(1));
+    const bool a_transposed = a_layout == "km", b_transposed = b_layout == "kn";
+    if (batch != 1) {
+      decisions_.push_back(absl::StrCat(label, ": bf16, a batched gemm (", batch, " matrices)"));
+      continue;
+    }
+    // A K-outer operand reads the quantize's transposed copy, [last dim, rest]: the gemm's
+    // M (a) or N (b) must be that last dim.
+    if (a_transposed && a.q->type().dims.back() != m) {
+      decisions_.push_back(absl::StrCat(label, ": bf16, a (km) has last dim ", a.q->type().dims.back(), ", not m ", m));
+      continue;
+    }
+    if (b_transposed && b.q->type().dims.back() != n) {
+      decisions_.push_back(absl::StrCat(label, ": bf16, b (kn) has last dim ", b.q->type().dims.back(), ", not n ", n));
+      continue;
+    }
+    const Fp8GemmShape shape{.m = m, .n = n, .k = k, .a = a.q->type().dtype, .b = b.q->type().dtype,
+                             .d = g->type().dtype, .beta = static_cast<float>(beta), .bias = slots.bias >= 0};
+    const std::string why = capabilities_ == nullptr ? "no backend capabilities were given"
+                                                     : capabilities_->Fp8GemmUnsupportedReason(shape, target_);
+    if (!why.empty()) {
+      decisions_.push_back(absl::StrCat(label, ": bf16, ", why));
+      continue;
+    }
+    // Rebuilding a quantize with its transposed copy replaces its result nodes, so the
+    // operands are read again afterwards (a and b may be one quantize: x x^T).
+    if (a_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, a.quantize).status());
+    if (b_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, Fp8OperandOf(g->operand(1))->quantize).status());
+    a = *Fp8OperandOf(g->operand(0));
+    b = *Fp8OperandOf(g->operand(1));
+    Node* qa = a_transposed ? ResultsOf(*a.quantize)[3] : a.q;
+    Node* qb = b_transposed ? ResultsOf(*b.quantize)[3] : b.q;
+    Node* one = f.InsertNodeBefore(g, Opcode::kConstant, {}, {{"value", 1.0}}, TensorType{DType::kF32, {}},
+                                   f.UniqueName(absl::StrCat(g->name(), ".d_scale")), g->scope());
+    std::vector<Node*> operands{qa, qb};
+    if (slots.c >= 0) operands.push_back(g->operand(slots.c));
+    if (slots.bias >= 0) operands.push_back(g->operand(slots.bias));
+    operands.insert(operands.end(), {a.scale_inv, b.scale_inv, one});
+    AttrMap attrs = g->attrs();
+    attrs.Set("a_layout", Symbol{"mk"});
+    attrs.Set("b_layout", Symbol{"nk"});
+    attrs.Set("scaled", int64_t{1});
+    Node* fp8 = f.InsertNodeBefore(g, Opcode::kGemm, std::move(operands), std::move(attrs), g->type(),
+                                   f.UniqueName(absl::StrCat(g->name(), ".fp8")), g->scope());
+    if (fp8 == nullptr) return absl::InternalError(absl::StrCat("select-fp8-gemm: cannot rewrite ", label));
+    const std::string name = g->name();
+    g->ReplaceAllUsesWith(fp8);
+    f.RemoveNode(g);
+    f.RenameNode(fp8, name);
+    decisions_.push_back(absl::StrCat(label, ": fp8, ", DTypeName(shape.a), " x ", DTypeName(shape.b), " -> ",
+                                      DTypeName(shape.d), a_transposed ? ", a from its transposed copy" : "",
+                                      b_transposed ? ", b from its transposed copy" : ""));
+    changed = true;
+  }
+  // The dequantized copies the FP8 gemms no longer read.
+  std::vector<Node*> unread;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kFp8Dequantize && n->users().empty() && !IsFunctionOutput(*n)) unread.push_back(n.get());
+  }
+  f.RemoveNodes(unread);
+  return changed;
+}
+
+}  // namespace kiln
