@@ -321,6 +321,35 @@ TEST_F(CliTest, CompileAndCheckBuildTheStepTrainRuns) {
   EXPECT_TRUE(absl::StrContains(train_help.output, "--accum K")) << train_help.output;
 }
 
+// `kiln check --training --precision fp8` proves select-fp8-gemm against the FP8 policy
+// (passes/fp8_policy.h): exact, and every linear GEMM but the LM head's is an FP8 GEMM.
+TEST_F(CliTest, CheckProvesTheFp8PolicyAndItsFlagsAreChecked) {
+  const std::string small = " llama-tiny --training --batch 2 --seq 16 --precision fp8";
+  auto check = RunCommand(Kiln() + " check" + small);
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_TRUE(absl::StrContains(check.output, "meaning preserved")) << check.output;
+  ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --target sm_90a -o " + Path("fp8.kir")).exit_code, 0);
+  const std::string fp8 = Read("fp8.kir");
+  EXPECT_TRUE(absl::StrContains(fp8, "scaled=1")) << fp8;
+  EXPECT_TRUE(absl::StrContains(fp8, "fp8_scale_update")) << fp8;
+  EXPECT_FALSE(absl::StrContains(fp8, "fp8_dequantize")) << fp8;
+  // --fp8-skip '.*': nothing in FP8.
+  ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --fp8-skip '.*' -o " + Path("none.kir")).exit_code, 0);
+  EXPECT_FALSE(absl::StrContains(Read("none.kir"), "fp8_quantize"));
+  auto bf16 = RunCommand(Kiln() + " compile llama-tiny --training --fp8-skip mlp");
+  EXPECT_EQ(bf16.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bf16.output, "--fp8-skip sets the FP8 policy: it needs --precision fp8")) << bf16.output;
+  auto history = RunCommand(Kiln() + " check" + small + " --fp8-history 0");
+  EXPECT_EQ(history.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(history.output, "history length must be >= 1")) << history.output;
+  auto regex = RunCommand(Kiln() + " check" + small + " --fp8-skip 'lm_(head'");
+  EXPECT_EQ(regex.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(regex.output, "does not compile")) << regex.output;
+  auto generate = RunCommand(Kiln() + " generate llama-tiny --precision fp8 --prompt-tokens 1,2");
+  EXPECT_EQ(generate.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(generate.output, "training policy")) << generate.output;
+}
+
 // With --training the forward and the default pipeline dump into one folder: one numbering
 // for the whole compile, in the order the passes ran. The dump flags are checked up front.
 TEST_F(CliTest, TrainingDumpsAreNumberedOnceAndDumpFlagsAreChecked) {
