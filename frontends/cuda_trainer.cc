@@ -73,6 +73,15 @@ absl::StatusOr<TrainingState> CudaTrainer::State() const {
   return state;
 }
 
+absl::StatusOr<std::vector<HostTensor>> CudaTrainer::Fp8States() const {
+  std::vector<HostTensor> states;
+  for (int64_t i = 0; i < layout_.num_fp8_states(); ++i) {
+    ASSIGN_OR_RETURN(HostTensor s, executable_->Input(layout_.first_fp8_state() + i));
+    states.push_back(std::move(s));
+  }
+  return states;
+}
+
 absl::StatusOr<double> CudaTrainer::Step(const std::vector<TokenBatch>& micro_batches, double lr) {
   ASSIGN_OR_RETURN(auto batch, BatchTensors(*step_, layout_, micro_batches));
   std::vector<HostTensor> data;

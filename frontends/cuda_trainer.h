@@ -27,6 +27,7 @@ class CudaTrainer : public Trainer {
   absl::StatusOr<double> StepTensors(std::vector<HostTensor> batch, double lr) override;
   int64_t steps_done() const override { return steps_done_; }
   absl::StatusOr<TrainingState> State() const override;
+  absl::StatusOr<std::vector<HostTensor>> Fp8States() const override;
   absl::Status SetState(TrainingState state) override;
   const CudaExecutable& executable() const { return *executable_; }
   // The next Step runs through CudaExecutable::Profile (same results, launched one by one

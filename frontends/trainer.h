@@ -53,6 +53,9 @@ class Trainer {
   virtual int64_t steps_done() const = 0;
   virtual absl::StatusOr<TrainingState> State() const = 0;
   virtual absl::Status SetState(TrainingState state) = 0;
+  // The FP8 policy's scaling states alone (TrainingState::fp8; none without the policy),
+  // without copying the rest of the state: what the report reads.
+  virtual absl::StatusOr<std::vector<HostTensor>> Fp8States() const = 0;
 };
 
 // The step's batch inputs (tokens and targets, i32[k, B, T]) from k micro-batches; the
@@ -81,6 +84,7 @@ class ReferenceTrainer : public Trainer {
   absl::StatusOr<double> StepTensors(std::vector<HostTensor> batch, double lr) override;
   int64_t steps_done() const override { return state_.step; }
   absl::StatusOr<TrainingState> State() const override { return state_; }
+  absl::StatusOr<std::vector<HostTensor>> Fp8States() const override { return state_.fp8; }
   const TrainingState& state() const { return state_; }
   // Replaces the state (resume); shapes must match the step function's parameters.
   absl::Status SetState(TrainingState state) override;

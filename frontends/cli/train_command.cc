@@ -22,6 +22,7 @@
 #include "frontends/gpt2.h"
 #include "frontends/model_config.h"
 #include "frontends/cuda_trainer.h"
+#include "frontends/fp8_report.h"
 #include "frontends/trainer.h"
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
@@ -29,6 +30,7 @@
 #include "ir/status_macros.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/fusion.h"
+#include "passes/select_fp8_gemm.h"
 #include "passes/training_compile.h"
 #include "passes/training_step.h"
 #include "runtime/memory_estimate.h"
@@ -753,6 +755,13 @@ absl::Status RunTrain(const ParsedArgs& args) {
 #ifdef KILN_WITH_CUDA
   if (cuda_trainer != nullptr) RETURN_IF_ERROR(ReportProfile(args, *cuda_trainer, steps));
 #endif
+  if (report && layout.num_fp8_states() > 0) {
+    const auto* fp8 = dynamic_cast<const SelectFp8GemmPass*>(compile.main_pipeline().FindPass(SelectFp8GemmPass::kName));
+    ASSIGN_OR_RETURN(std::vector<HostTensor> states, trainer->Fp8States());
+    std::fprintf(stderr, "%s",
+                 FormatFp8Report(*step_fn, layout, fp8 ? fp8->last_decisions() : std::vector<std::string>{}, states)
+                     .c_str());
+  }
   if (args.Has("save")) {
     ASSIGN_OR_RETURN(TrainingState state, trainer->State());
     const int64_t saved_step = state.step;
