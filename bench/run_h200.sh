@@ -20,7 +20,8 @@
 # for llama-M), KILN_COMMIT names the commit kiln was built from (default: this tree's),
 # LR=X the peak learning rate of both sides' schedule (default kiln's, 3e-3: llama-M's loss
 # spikes at it, which makes its curves a poor comparison; LR=1e-3 is calmer), KILN_FLAGS
-# extra flags for `kiln train` alone (e.g. "--lm-head-chunk-rows 4096").
+# extra flags for `kiln train` alone (e.g. "--lm-head-chunk-rows 4096"), FP8=1 also trains kiln
+# with --precision fp8 on the same steps and batches (kilnfp8_P.log: summarize.py's FP8 table).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KILN=${KILN:-build/kiln}
@@ -33,7 +34,7 @@ MODES=${MODES:-eager compile}
 TOTAL=$((WARMUP + STEPS))
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT_DIR"
-rm -f "$OUT_DIR"/kiln_*.log "$OUT_DIR"/torch_*.json "$OUT_DIR"/torch_*.log "$OUT_DIR"/export_*.log
+rm -f "$OUT_DIR"/kiln_*.log "$OUT_DIR"/kilnfp8_*.log "$OUT_DIR"/torch_*.json "$OUT_DIR"/torch_*.log "$OUT_DIR"/export_*.log
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
 export PYTHONUNBUFFERED=1
 
@@ -74,6 +75,13 @@ for preset in $PRESETS; do
     echo "run_h200: kiln train $preset failed (see $OUT_DIR/kiln_$preset.log)"
   t2=$(date +%s)
   echo "run_h200: $preset: export $((t1 - t0)) s, kiln train $((t2 - t1)) s"
+  if [ "${FP8:-0}" = 1 ]; then
+    # shellcheck disable=SC2086
+    "$KILN" train "$preset" "${shape[@]}" --backend cuda --steps "$TOTAL" --seed "$SEED" --precision fp8 \
+      ${KILN_FLAGS:-} > "$OUT_DIR/kilnfp8_$preset.log" 2>&1 ||
+      echo "run_h200: kiln train $preset --precision fp8 failed (see $OUT_DIR/kilnfp8_$preset.log)"
+    echo "run_h200: $preset: kiln train --precision fp8 $(($(date +%s) - t2)) s"
+  fi
   for mode in $MODES; do
     flag=""
     [ "$mode" = compile ] && flag="--compile"

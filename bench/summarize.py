@@ -9,6 +9,9 @@ RUN_DIR holds, per preset P:
   torch_eager_P.json    bench/torch_llama.py's (or torch_gpt2.py's, for gpt2-* presets) JSON (its
                         last line), and torch_compile_P.json
   inputs_P/inputs.json  `kiln export-inputs`'s sidecar (FLOPs per token for kiln's MFU)
+  kilnfp8_P.log         optional: `kiln train P --precision fp8` (run_h200.sh's FP8=1), the
+                        same steps and batches; adds a table of kiln fp8 against kiln bf16 and
+                        torch.compile (bf16), with the first losses of fp8 and bf16
 and meta.txt (commit, date, GPU, driver, torch), printed first.
 
 From kiln's log it reads (anywhere on a line, so prefixes like "kiln train: " do not matter):
@@ -103,6 +106,7 @@ def summarize(run, skip):
         with open(meta) as f:
             lines += [l.rstrip("\n") for l in f] + [""]
     presets = sorted({os.path.basename(p)[len("kiln_"):-len(".log")] for p in glob.glob(os.path.join(run, "kiln_*.log"))} |
+                     {os.path.basename(p)[len("kilnfp8_"):-len(".log")] for p in glob.glob(os.path.join(run, "kilnfp8_*.log"))} |
                      {os.path.basename(p).split("_", 2)[2][:-len(".json")] for p in glob.glob(os.path.join(run, "torch_*_*.json"))})
     rows = []
     for preset in presets:
@@ -120,13 +124,15 @@ def summarize(run, skip):
                 flops = json.load(f).get("flops_per_token")
         if flops is None:
             flops = next((d.get("flops_per_token") for d in t.values() if d.get("flops_per_token")), None)
-        rows.append((preset, k, t, flops))
+        fp8_log = os.path.join(run, f"kilnfp8_{preset}.log")
+        k8 = kiln_stats(fp8_log, skip) if os.path.exists(fp8_log) else None
+        rows.append((preset, k, t, flops, k8, os.path.exists(fp8_log)))
 
     lines.append(f"tok/s: median (min-max, n) over the steps after {skip} warm-up steps; ratios are kiln / PyTorch.")
     lines.append("")
     lines.append("| preset | kiln tok/s | torch eager tok/s | torch.compile tok/s | kiln / eager | kiln / compile |")
     lines.append("|---|---|---|---|---|---|")
-    for preset, k, t, _ in rows:
+    for preset, k, t, _, _, _ in rows:
         kt = k.get("tps") if k else None
         cells = [fmt_tps(kt)]
         torch_tps = {}
@@ -159,7 +165,7 @@ def summarize(run, skip):
                  "| last loss kiln / eager / compile |")
     lines.append("|---|---|---|---|---|---|---|---|")
     failures = []
-    for preset, k, t, flops in rows:
+    for preset, k, t, flops, _, _ in rows:
         kt = k.get("tps") if k else None
         mfu = [fmt_opt(kt["median"] * flops / PEAK_FLOPS if (kt and flops) else None, lambda v: f"{100 * v:.1f}%")]
         mem = [fmt_opt(k and k["peak_mem_bytes"], gb)]
@@ -189,6 +195,33 @@ def summarize(run, skip):
                 agree.append(f"{torch_loss:.4f} ({r:.1e}) ok")
         lines.append(f"| {preset} | {' / '.join(mfu)} | {' / '.join(mem)} | {' / '.join(first)} | "
                      f"{fmt_opt(kiln_loss, lambda v: f'{v:.4f}')} | {agree[0]} | {agree[1]} | {' / '.join(last)} |")
+    fp8_rows = [r for r in rows if r[5]]
+    if fp8_rows:
+        lines.append("")
+        lines.append("FP8 (kiln --precision fp8: the linear layers' GEMMs in FP8 with delayed scaling, the LM head "
+                     "bf16): kiln fp8 against kiln bf16 and torch.compile (bf16) in the same run. First loss: fp8 "
+                     "against kiln bf16's, relative.")
+        lines.append("")
+        lines.append("| preset | kiln fp8 tok/s | fp8 / kiln bf16 | fp8 / torch.compile | peak memory fp8 / bf16 "
+                     "| first loss fp8 (vs bf16) | last loss fp8 / bf16 |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for preset, k, t, _, k8, _ in fp8_rows:
+            t8 = k8.get("tps") if k8 else None
+            kt = k.get("tps") if k else None
+            compile_tps = (t.get("torch.compile") or {}).get("tok_per_s_median")
+            vs_bf16 = f"{t8['median'] / kt['median']:.2f}" if t8 and kt else "-"
+            vs_compile = f"{t8['median'] / compile_tps:.2f}" if t8 and compile_tps else "-"
+            mem = f"{fmt_opt(k8 and k8['peak_mem_bytes'], gb)} / {fmt_opt(k and k['peak_mem_bytes'], gb)}"
+            first8 = k8["losses"][0] if k8 else None
+            first16 = k["losses"][0] if k else None
+            first = fmt_opt(first8, lambda v: f"{v:.4f}")
+            if first8 is not None and first16 is not None:
+                first += f" ({rel_diff(first8, first16):.1e})"
+            last = (f"{fmt_opt(k8 and k8['losses'][-1], lambda v: f'{v:.4f}')} / "
+                    f"{fmt_opt(k and k['losses'][-1], lambda v: f'{v:.4f}')}")
+            lines.append(f"| {preset} | {fmt_tps(t8)} | {vs_bf16} | {vs_compile} | {mem} | {first} | {last} |")
+            if not t8:
+                ok = False
     for f in failures:
         lines.append("")
         lines.append(f"FAIL: {f}")

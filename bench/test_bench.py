@@ -91,14 +91,14 @@ class SummarizeTest(Tmp):
         with open(self.path(name), "w") as f:
             f.write(text)
 
-    def kiln_log(self, first_loss, extra=True, steps=25):
+    def kiln_log(self, first_loss, extra=True, steps=25, tps_base=100000):
         lines = ["kiln train: compiled the step in 2.5s: 2360 kernel launches (98 distinct, 98 from the cache), "
                  "435 GEMMs, arena 40.50 GB"]
         if extra:
             lines.append("kiln train: peak device memory: 40500000000 bytes")
         lines.append("kiln train: llama-S (149.84M params), bf16, batch 16 x seq 1024 x accum 1, data: built-in corpus")
         for i in range(1, steps + 1):
-            tps = 1000 if i <= 5 else 100000 + i  # warm-up steps are slow and must be left out
+            tps = 1000 if i <= 5 else tps_base + i  # warm-up steps are slow and must be left out
             lines.append(f"step {i}/{steps}  loss {first_loss - 0.01 * (i - 1):.4f}  tok/s {tps}  elapsed {i * 0.2:.1f}s")
             if i == 1 and extra:
                 lines.append("kiln train: time to first step: 9.87 s")
@@ -135,6 +135,17 @@ class SummarizeTest(Tmp):
         self.assertIn("9.9 s / 55.0 s / 55.0 s", out)
         self.assertIn("| 10.5123 | 10.5100 (2.2e-04) ok | 10.5200 (7.3e-04) ok | 10.2723 / n/a / n/a |", out)
         self.assertNotIn("FAIL", out)
+
+    def test_fp8_table_against_bf16_and_compile(self):
+        self.write("kiln_llama-S.log", self.kiln_log(10.5123))
+        self.write("kilnfp8_llama-S.log", self.kiln_log(10.5200, tps_base=150000))
+        self.write("torch_eager_llama-S.json", self.torch_json("eager", 10.5100, 200000.0))
+        self.write("torch_compile_llama-S.json", self.torch_json("torch.compile", 10.5200, 100000.0))
+        code, out = self.run_summary()
+        self.assertEqual(code, 0, out)
+        # fp8 steps 6..25 -> 150006..150025 against bf16's 100006..100025 and compile's 100000
+        self.assertIn("| llama-S | 150,016 (150,006-150,025, n=20) | 1.50 | 1.50 | 40.5 GB / 40.5 GB "
+                      "| 10.5200 (7.3e-04) |", out)
 
     def test_missing_optional_lines_are_na(self):
         self.write("kiln_llama-S.log", self.kiln_log(10.5, extra=False))
