@@ -21,6 +21,7 @@ import unittest
 import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fp8_convergence  # noqa: E402
 import summarize  # noqa: E402
 
 try:
@@ -183,6 +184,35 @@ class SummarizeTest(Tmp):
 
 
 @unittest.skipIf(torch is None, "needs torch")
+class Fp8ConvergenceTest(Tmp):
+    def log(self, losses):
+        return "".join(f"step {i}/{len(losses)}  loss {v}  tok/s 1000  elapsed 1.0s\n" for i, v in enumerate(losses, 1))
+
+    def run_main(self, bf16, fp8):
+        with open(self.path("bf16.log"), "w") as f:
+            f.write(self.log(bf16))
+        with open(self.path("fp8.log"), "w") as f:
+            f.write(self.log(fp8))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = fp8_convergence.main(["x", self.path("bf16.log"), self.path("fp8.log"), "--every", "2"])
+        return code, out.getvalue()
+
+    def test_close_runs_pass_and_print_the_curve(self):
+        code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, 3.02, 2.0, 1.002])
+        self.assertEqual(code, 0, out)
+        self.assertIn("| 2 | 3.5000 | 3.5100 | +0.29% |", out)
+        self.assertIn("relative difference 0.13%", out)
+
+    def test_drift_nan_and_missing_steps_fail(self):
+        code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.5, 1.5])
+        self.assertEqual(code, 1)
+        self.assertIn("final losses differ by", out)
+        code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, float("nan"), 2.0, 1.0])
+        self.assertIn("non-finite loss at steps [2]", out)
+        self.assertEqual(code, 1)
+
+
 class ReadersTest(Tmp):
     def test_safetensors_roundtrip_and_checks(self):
         bf16 = torch.tensor([1.5, -2.0], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
