@@ -75,8 +75,13 @@ absl::Status Fp8Policy::QuantizeMicroBatch(Function& step, int64_t first_node, c
       Node* value = gemm->operand(i);
       auto it = dequantized.find(value);
       if (it == dequantized.end()) {
-        Node* source = value;  // a bf16 copy of an f32 value: quantize the f32 value (one rounding)
-        if (value->opcode() == Opcode::kConvert && value->operand(0)->type().dtype == DType::kF32) {
+        // A weight's bf16 copy: quantize the f32 master weight itself (one rounding, and no
+        // bf16 copy to write). Activations and gradients are quantized as the GEMM read them:
+        // their producers write bf16 where every use rounds to it (narrow-activations-bf16,
+        // fuse-residual-norm), half the bytes of an f32 source.
+        Node* source = value;
+        if (value->opcode() == Opcode::kConvert && value->operand(0)->opcode() == Opcode::kParameter &&
+            value->operand(0)->type().dtype == DType::kF32) {
           source = value->operand(0);
         }
         const bool is_gradient = gradient.contains(value);

@@ -13,9 +13,10 @@
 // gradients (values that are: range matters more than precision there), one quantize per
 // distinct operand value, shared by the forward GEMM and the backward GEMMs that read it
 // (the weight by the forward and the input gradient's, the activation by the forward and
-// the weight gradient's). An operand that is a bf16 convert of an f32 value (the master
-// weight's autocast copy, a gradient rounded for its GEMM) is quantized from the f32 value:
-// one rounding instead of two, and no bf16 copy to write. Accumulation stays f32; norms,
+// the weight gradient's). A weight, whose GEMMs read its autocast bf16 copy, is quantized
+// from the f32 master weight (one rounding instead of two, and no bf16 copy to write); an
+// activation or a gradient as the GEMM read it (its producer writes bf16 where every use
+// rounds to it: half the bytes of an f32 source). Accumulation stays f32; norms,
 // softmax, attention, the loss and AdamW are bf16's.
 //
 // Delayed scaling: each FP8 tensor has a state, a step parameter `fp8.<value>` f32 [L + 2]
