@@ -57,8 +57,13 @@ TrainingRun TrainModel(const ModelConfig& config, int batch, int seq, Precision 
   // As kiln train: flash attention where it applies.
   EXPECT_TRUE(RunForwardPipeline(*m, {.capabilities = &CodegenCapabilities()}).ok());
   TrainingStepLayout layout;
-  Function* step = *BuildTrainingStep(*m, *m->FindFunction("forward"), {}, &layout);
-  EXPECT_TRUE(RunDefaultPipeline(*m, {.lm_head_chunk_rows = lm_head_chunk_rows}).ok());
+  TrainingStepOptions step_options;
+  if (precision == Precision::kFp8) step_options.fp8 = Fp8Options{};  // as TrainingCompile does
+  Function* step = *BuildTrainingStep(*m, *m->FindFunction("forward"), step_options, &layout);
+  EXPECT_TRUE(RunDefaultPipeline(*m, {.capabilities = &CodegenCapabilities(),
+                                      .precision = precision,
+                                      .lm_head_chunk_rows = lm_head_chunk_rows})
+                  .ok());
   step = m->FindFunction("train_step");
   std::unique_ptr<Trainer> trainer;
   CudaTrainer* cuda = nullptr;
@@ -250,6 +255,32 @@ TEST_F(GpuTrainingTest, OneBf16StepMatchesReference) {
   // compared here: AdamW's first update is lr * g / |g|, so every near-zero gradient whose
   // sign a flip changes moves its weight by 2 lr.
   EXPECT_LT(grads, 2e-3);
+}
+
+// fp8 (passes/fp8_policy.h): the quantize kernels are bit for bit the reference's, but
+// cuBLASLt's FP8 GEMMs accumulate with fewer bits than f32 (tests/gpu_gemm_test.cc), and a
+// result that lands on the other side of an e4m3/e5m2 rounding boundary (1/16 or 1/8
+// relative) moves the next GEMM's operand by a whole FP8 step. One step: the loss and the
+// gradients (first moments) within those bounds; every GEMM of the policy ran in FP8.
+TEST_F(GpuTrainingTest, OneFp8StepMatchesReference) {
+  TrainingRun cpu = TrainTiny(Precision::kFp8, 1, nullptr);
+  TrainingRun gpu = TrainTiny(Precision::kFp8, 1, device_);
+  ASSERT_EQ(gpu.losses.size(), 1u);
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 2e-3 * cpu.losses[0]);
+  const double grads = RelativeNormDifference(cpu.state.m, gpu.state.m);
+  const double states = RelativeNormDifference(cpu.state.fp8, gpu.state.fp8);
+  std::printf("[ fp8 ] one step: loss cpu %.7f gpu %.7f; gradient rel norm diff %.2e; scaling states %.2e\n",
+              cpu.losses[0], gpu.losses[0], grads, states);
+  EXPECT_LT(grads, 5e-2);
+  // The states hold the step's amaxes and the exponents chosen from them.
+  ASSERT_EQ(gpu.state.fp8.size(), cpu.state.fp8.size());
+  EXPECT_LT(states, 1e-2);
+}
+
+// Twenty fp8 steps train as the reference does: the loss falls as bf16's does, within FP8's
+// noise of the reference step by step.
+TEST_F(GpuTrainingTest, TwentyStepsMatchReferenceFp8) {
+  ExpectGpuMatchesReference(Precision::kFp8, 2e-2, 8e-2, /*per_tensor=*/false, device_);
 }
 
 // bf16, twenty steps: those flips compound through AdamW, which turns them into full-size
