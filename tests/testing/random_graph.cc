@@ -68,6 +68,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> AdamWStep();
   absl::StatusOr<Node*> AttentionStep();
   absl::StatusOr<Node*> PagedKvStep();
+  absl::StatusOr<Node*> Fp8Step();
   absl::StatusOr<Node*> IotaStep();
   absl::StatusOr<Node*> DuplicateStep();
   absl::StatusOr<Node*> IdentityArithmeticStep();
@@ -80,6 +81,7 @@ class GraphGenerator {
   Node* labels_ = nullptr;   // i32[rows], class labels for rank-2 logits of `rows` rows
   Node* rope_x_ = nullptr;   // f32[1,T,2,4]
   Node* positions_ = nullptr;  // i32[T]
+  Node* fp8_state_ = nullptr;  // f32[4]: a delayed-scaling state with an amax history of 2
 };
 
 Node* GraphGenerator::Pick(const std::function<bool(const Node*)>& ok) {
@@ -424,6 +426,30 @@ absl::StatusOr<Node*> GraphGenerator::AttentionStep() {
 // The paged-KV ops on the rope-shaped value [1,T,2,4]: its rows written into one block of T
 // slots of a splat pool (K) and of a partner-filled pool (V), then each token attending
 // over the tokens before it through a one-entry block table.
+// The FP8 ops on a pool value: quantized with the state's scale (maybe with the transposed
+// copy), dequantized back, and the state updated with its amax, all summed into one value.
+absl::StatusOr<Node*> GraphGenerator::Fp8Step() {
+  Node* x = Pick();
+  const DType format = Coin() ? DType::kF8E4M3 : DType::kF8E5M2;
+  const bool transposed = Coin();
+  AttrMap attrs{{"out_dtype", Symbol{std::string(DTypeName(format))}}};
+  if (transposed) attrs.Set("transposed", int64_t{1});
+  ASSIGN_OR_RETURN(std::vector<Node*> q, b_.MultiResultOp(Opcode::kFp8Quantize, {x, fp8_state_}, std::move(attrs)));
+  const Symbol f32{std::string(DTypeName(kF32))};
+  ASSIGN_OR_RETURN(Node * dq, b_.Op(Opcode::kFp8Dequantize, {q[0], q[2]}, AttrMap{{"out_dtype", f32}}));
+  ASSIGN_OR_RETURN(Node * next, b_.Op(Opcode::kFp8ScaleUpdate, {fp8_state_, q[1]},
+                                      AttrMap{{"fp8_format", Symbol{std::string(DTypeName(format))}},
+                                              {"margin", static_cast<int64_t>(Uniform(2))}}));
+  ASSIGN_OR_RETURN(Node * total, b_.ReduceSum(next, {0}));
+  if (transposed) {
+    ASSIGN_OR_RETURN(Node * dqt, b_.Op(Opcode::kFp8Dequantize, {q[3], q[2]}, AttrMap{{"out_dtype", f32}}));
+    ASSIGN_OR_RETURN(Node * t, b_.ReduceSum(dqt, {0, 1}));
+    ASSIGN_OR_RETURN(total, b_.Add(total, t));
+  }
+  ASSIGN_OR_RETURN(Node * wide, b_.BroadcastScalar(total, dq->type().dims));
+  return b_.Add(dq, wide);
+}
+
 absl::StatusOr<Node*> GraphGenerator::PagedKvStep() {
   const int64_t t = rope_x_->type().dims[1];
   const std::vector<int64_t> pool_dims = {1, 1, 2, t, 4};
@@ -516,6 +542,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
   ASSIGN_OR_RETURN(labels_, b_.Parameter("labels", {DType::kI32, {a}}));
   ASSIGN_OR_RETURN(rope_x_, b_.Parameter("q", {kF32, {1, t, 2, 4}}));
   ASSIGN_OR_RETURN(positions_, b_.Parameter("positions", {DType::kI32, {t}}));
+  ASSIGN_OR_RETURN(fp8_state_, b_.Parameter("fp8_state", {kF32, {4}}));
   pool_ = {x0, x1, x2, rope_x_};
 
   static constexpr Step kSteps[] = {
@@ -527,6 +554,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
       &GraphGenerator::RopeStep,         &GraphGenerator::IotaStep,         &GraphGenerator::DuplicateStep,
       &GraphGenerator::DuplicateStep,    &GraphGenerator::IdentityArithmeticStep,
       &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,      &GraphGenerator::AttentionStep, &GraphGenerator::PagedKvStep,
+      &GraphGenerator::Fp8Step,
   };
   constexpr int kNumSteps = sizeof(kSteps) / sizeof(kSteps[0]);
   for (int i = 0; i < options.num_steps; ++i) {
