@@ -37,6 +37,12 @@ absl::StatusOr<LoweredNode> LowerAdamWUpdate(const Node& node, const CodegenOpti
 // lower_sum_of_squares.cc: sum_of_squares.
 absl::StatusOr<LoweredNode> LowerSumOfSquares(const Node& node, const CodegenOptions& options);
 
+// lower_fp8.cc: fp8_quantize (zeroing its amax first; with q_t through shared-memory tiles),
+// fp8_dequantize, fp8_scale_update (one block).
+absl::StatusOr<LoweredNode> LowerFp8Quantize(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerFp8Dequantize(const Node& node, const CodegenOptions& options);
+absl::StatusOr<LoweredNode> LowerFp8ScaleUpdate(const Node& node, const CodegenOptions& options);
+
 // lower_embedding.cc: gather and scatter_add.
 absl::StatusOr<LoweredNode> LowerGather(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerScatterAdd(const Node& node, const CodegenOptions& options);

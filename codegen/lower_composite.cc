@@ -57,6 +57,12 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerAdamWUpdate(node, options);
     case Opcode::kSumOfSquares:
       return composite::LowerSumOfSquares(node, options);
+    case Opcode::kFp8Quantize:
+      return composite::LowerFp8Quantize(node, options);
+    case Opcode::kFp8Dequantize:
+      return composite::LowerFp8Dequantize(node, options);
+    case Opcode::kFp8ScaleUpdate:
+      return composite::LowerFp8ScaleUpdate(node, options);
     case Opcode::kGather:
       return composite::LowerGather(node, options);
     case Opcode::kScatterAdd:

@@ -89,6 +89,9 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kRopeTable:
     case Opcode::kAdamWUpdate:
     case Opcode::kSumOfSquares:
+    case Opcode::kFp8Quantize:
+    case Opcode::kFp8Dequantize:
+    case Opcode::kFp8ScaleUpdate:
     case Opcode::kAttention:
     case Opcode::kAttentionDelta:
     case Opcode::kAttentionGrad:

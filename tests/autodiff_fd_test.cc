@@ -290,6 +290,25 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * above, b.Compare(wide, p[2], "gt"));
          return b.Select(above, p[0], p[1]);
        }},
+      {"fp8_scaling_feeding_compare",
+       {{F32(kShape), 0.25, 1}, {F32(kShape), -4, -2}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // The FP8 ops are not differentiable (the FP8 policy adds them after autodiff); like
+         // compare they are covered by a use whose result carries no gradient: x quantized,
+         // dequantized and shifted by the next state's sum (about 10, as the amax of x in
+         // [0.25, 1) gives the exponent 8 or 9), always above p1.
+         ASSIGN_OR_RETURN(Node * state, b.ConstantValues({0.5, 0, 1, 2}, F32({4})));
+         ASSIGN_OR_RETURN(std::vector<Node*> q, b.MultiResultOp(Opcode::kFp8Quantize, {p[0], state},
+                                                                AttrMap{{"out_dtype", Symbol{"f8e4m3"}}}));
+         ASSIGN_OR_RETURN(Node * dq, b.Op(Opcode::kFp8Dequantize, {q[0], q[2]}, AttrMap{{"out_dtype", Symbol{"f32"}}}));
+         ASSIGN_OR_RETURN(Node * next, b.Op(Opcode::kFp8ScaleUpdate, {state, q[1]},
+                                            AttrMap{{"fp8_format", Symbol{"f8e4m3"}}, {"margin", int64_t{0}}}));
+         ASSIGN_OR_RETURN(Node * total, b.ReduceSum(next, {0}));
+         ASSIGN_OR_RETURN(Node * wide, b.BroadcastScalar(total, kShape));
+         ASSIGN_OR_RETURN(Node * shifted, b.Add(dq, wide));
+         ASSIGN_OR_RETURN(Node * above, b.Compare(shifted, p[1], "gt"));
+         return b.Select(above, p[0], p[1]);
+       }},
       {"gemm_feeding_compare",
        {{F32({4, 3})}, {F32({5, 3})}},
        [](Builder& b, P p) -> absl::StatusOr<Node*> {

@@ -497,6 +497,27 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}}});
   }
+  // Delayed scaling (tests/gpu_fp8_test.cc checks each op bit for bit on its edge cases): x
+  // quantized with its transposed copy by a random state (the exponent floor(state[0]) in
+  // [-2, 1], values up to 300 that saturate e4m3 at the larger scales), both copies
+  // dequantized, the state stepped with the amax.
+  cases.push_back({"fp8_scaling", kExact, [](Builder& b) -> absl::Status {
+                     std::vector<Node*> p = Params(b, {{bf16, {67, 130}}, {f32, {6}}});
+                     absl::StatusOr<std::vector<Node*>> q = b.MultiResultOp(
+                         Opcode::kFp8Quantize, p, AttrMap{{"out_dtype", Symbol{"f8e4m3"}}, {"transposed", int64_t{1}}});
+                     if (!q.ok()) return q.status();
+                     absl::StatusOr<Node*> dq =
+                         b.Op(Opcode::kFp8Dequantize, {(*q)[0], (*q)[2]}, AttrMap{{"out_dtype", Symbol{"f32"}}});
+                     if (!dq.ok()) return dq.status();
+                     absl::StatusOr<Node*> dqt =
+                         b.Op(Opcode::kFp8Dequantize, {(*q)[3], (*q)[2]}, AttrMap{{"out_dtype", Symbol{"bf16"}}});
+                     if (!dqt.ok()) return dqt.status();
+                     absl::StatusOr<Node*> next = b.Op(Opcode::kFp8ScaleUpdate, {p[1], (*q)[1]},
+                                                       AttrMap{{"fp8_format", Symbol{"f8e4m3"}}, {"margin", int64_t{1}}});
+                     if (!next.ok()) return next.status();
+                     return b.Return({*dq, *dqt, (*q)[1], *next});
+                   },
+                   {{-300, 300}, {-2, 2}}});
   // The attention family at a GQA shape with head dim 128 (@attention of the all-ops module
   // has 64): forward, statistics, delta and the three backward results.
   cases.push_back({"attention_family_hd128", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {

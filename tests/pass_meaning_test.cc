@@ -126,9 +126,11 @@ TEST(PassMeaning, RandomGraphs) {
 // fuse-residual-norm's weight-gradient merge on the random graphs: some draw both gradients
 // of one norm (tests/testing/random_graph.cc), which the default pipeline merges into one
 // {weight_grad=1} node; PassMeaning.RandomGraphs checks those graphs' values before and after.
+// Over twice the usual seeds: a pair that stays live is rare (seeds 0-49 of the generator with
+// its FP8 step keep none; 50-99 keep three).
 TEST(PassMeaning, RandomGraphsMergeWeightGradients) {
   int64_t before = 0, merged = 0, left = 0;
-  for (int seed = 0; seed < kNumRandomGraphs; ++seed) {
+  for (int seed = 0; seed < 2 * kNumRandomGraphs; ++seed) {
     std::unique_ptr<Module> m = *testing::BuildRandomGraph(seed);
     for (const auto& n : m->functions()[0]->nodes()) before += n->opcode() == Opcode::kRmsNormGradWeight;
     ASSERT_TRUE(RunDefaultPipeline(*m, {}).ok());

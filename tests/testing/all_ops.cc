@@ -212,6 +212,24 @@ std::unique_ptr<Module> BuildAllOpsModule() {
       {TensorType{DType::kBF16, {4, 2}}, TensorType{f32, {}}}, {"d", "amax"}, "layers.0.fp8");
   if (d_and_amax.size() != 2 || !gb.Return(d_and_amax).ok()) std::abort();
 
+  // Delayed scaling's ops, as the FP8 policy uses them (passes/fp8_policy.h): x quantized with
+  // its transposed copy by a state of 4 amaxes of history, the copy dequantized, the state
+  // stepped with the amax.
+  Builder sb(m->AddFunction("fp8_scaling"));
+  Node* sx = Must(sb.Parameter("x", {DType::kBF16, {4, 8}}));
+  Node* fp8_state = Must(sb.Parameter("state", {f32, {6}}));
+  sb.set_scope("layers.0.fp8");
+  const std::vector<Node*> quantized =
+      Must(sb.MultiResultOp(Opcode::kFp8Quantize, {sx, fp8_state},
+                            AttrMap{{"out_dtype", Symbol{"f8e4m3"}}, {"transposed", int64_t{1}}},
+                            {"q", "amax", "scale_inv", "q_t"}));
+  Node* dequantized =
+      Must(sb.Op(Opcode::kFp8Dequantize, {quantized[3], quantized[2]}, AttrMap{{"out_dtype", Symbol{"bf16"}}}));
+  Node* next_state = Must(sb.Op(Opcode::kFp8ScaleUpdate, {fp8_state, quantized[1]},
+                                AttrMap{{"fp8_format", Symbol{"f8e4m3"}}, {"margin", int64_t{0}}}));
+  sb.set_scope("");
+  if (!sb.Return({quantized[0], dequantized, next_state}).ok()) std::abort();
+
   // The paged-KV ops, as the inference functions use them (frontends/llama_inference.h): a
   // pool of 2 layers x 3 blocks x 1 kv head x 4 slots x 8, rows written into layer 1 (slot -1
   // writes nothing), then attention of 2 sequences x 2 queries x 2 heads through block tables
