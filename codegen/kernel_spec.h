@@ -59,7 +59,8 @@ struct LoweredNode {
   // order (the runtime runs one node's kernels back to back on one stream).
   int64_t scratch_bytes = 0;
   // >= 0: the kernels read element i of this operand only to write element i of the node's one
-  // result, before writing it, and read nothing else of it; so the result may take the
+  // result, before writing it, and read nothing else of it (or, one block, read all of it
+  // before their first write: fp8_scale_update's history shift); so the result may take the
   // operand's buffer where the operand dies at this node and has the result's size
   // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
   int in_place_operand = -1;

@@ -115,7 +115,11 @@ absl::StatusOr<LoweredNode> LowerFp8ScaleUpdate(const Node& node, const CodegenO
   wrapper.params = {Param(DType::kF32, "state"), Param(DType::kF32, "amax")};
   wrapper.call = absl::StrCat("Fp8ScaleUpdate<", n, "LL, ", threads, ">(out, state, amax, ",
                               FloatLiteral(Fp8MaxFinite(format)), ", ", margin, ")");
-  return Kernels({Emit(node, codegen::KernelName(node), wrapper, 1, threads)});
+  LoweredNode lowered = Kernels({Emit(node, codegen::KernelName(node), wrapper, 1, threads)});
+  // The one block reads the whole state before its first write (kernels/fp8.cuh), so the
+  // next state may take the donated state's buffer: no copy back at the end of the step.
+  lowered.in_place_operand = 0;
+  return lowered;
 }
 
 }  // namespace kiln::codegen::composite

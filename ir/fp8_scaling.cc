@@ -14,6 +14,9 @@ int Fp8ScaleExponent(double v) {
 }
 
 int Fp8ExponentForAmax(double m, DType format, int margin) {
+  // A history holding +inf (fp8_scale_update never records one; a state given from outside
+  // might): the smallest scale, as kernels/fp8.cuh gives.
+  if (!std::isfinite(m)) return kFp8MinExponent;
   const double max_finite = Fp8MaxFinite(format);
   int m_exp = 0, max_exp = 0;
   std::frexp(m, &m_exp);

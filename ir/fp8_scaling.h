@@ -24,8 +24,9 @@ double Fp8MaxFinite(DType format);
 // [kFp8MinExponent, kFp8MaxExponent] (NaN: 0).
 int Fp8ScaleExponent(double v);
 
-// The exponent fp8_scale_update chooses for a history whose max is m > 0 (finite): the
-// largest integer e with m 2^e <= Fp8MaxFinite(format), minus margin, clamped.
+// The exponent fp8_scale_update chooses for a history whose max is m > 0: the largest
+// integer e with m 2^e <= Fp8MaxFinite(format), minus margin, clamped (m = +inf:
+// kFp8MinExponent).
 int Fp8ExponentForAmax(double m, DType format, int margin);
 
 // fp8_scale_update on one state (n = L + 2 values), in place.

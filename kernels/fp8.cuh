@@ -342,7 +342,7 @@ __device__ __forceinline__ int Fp8ExponentForAmax(float m, float max_finite, int
 //         NaNs and values <= 0 never win); e = Fp8ExponentForAmax(m) when m > 0, else kept.
 // Launch: one block of kThreads. Every thread reads its elements before the reduction's
 // barriers and writes them after, so out may be state's own buffer. A history holding +inf
-// (which this op never writes; the reference's search does not end on it) gives e = -64.
+// (which this op never writes) gives e = -64, as the reference does.
 template <long long kN, int kThreads>
 __device__ __forceinline__ void Fp8ScaleUpdate(float* out, const float* state, const float* amax, float max_finite,
                                                int margin) {

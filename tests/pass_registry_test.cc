@@ -64,7 +64,7 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   EXPECT_EQ(RegisteredPassNames(), "canonicalize, chunk-lm-head, cse, dce, elide-grad-zeroing, expand-rope, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, "
             "group-optimizer-updates, lower-gemm, "
             "merge-sibling-gemms, narrow-activations-bf16, rematerialize, "
-            "select-flash-attention, simplify");
+            "select-flash-attention, select-fp8-gemm, simplify");
 }
 
 TEST(PassRegistry, TheHelpTableListsEveryPassWithItsDescription) {

@@ -423,13 +423,11 @@ absl::StatusOr<Node*> GraphGenerator::AttentionStep() {
   return b_.Transpose(sum, swap);
 }
 
-// The paged-KV ops on the rope-shaped value [1,T,2,4]: its rows written into one block of T
-// slots of a splat pool (K) and of a partner-filled pool (V), then each token attending
-// over the tokens before it through a one-entry block table.
-// The FP8 ops on a pool value: quantized with the state's scale (maybe with the transposed
-// copy), dequantized back, and the state updated with its amax, all summed into one value.
+// The FP8 ops on a pool value of rank >= 1 (fp8_quantize takes no scalar): quantized with the
+// state's scale (maybe with the transposed copy), dequantized back, and the state updated
+// with its amax, all summed into one value.
 absl::StatusOr<Node*> GraphGenerator::Fp8Step() {
-  Node* x = Pick();
+  Node* x = Pick([](const Node* n) { return n->type().rank() >= 1; });
   const DType format = Coin() ? DType::kF8E4M3 : DType::kF8E5M2;
   const bool transposed = Coin();
   AttrMap attrs{{"out_dtype", Symbol{std::string(DTypeName(format))}}};
@@ -450,6 +448,9 @@ absl::StatusOr<Node*> GraphGenerator::Fp8Step() {
   return b_.Add(dq, wide);
 }
 
+// The paged-KV ops on the rope-shaped value [1,T,2,4]: its rows written into one block of T
+// slots of a splat pool (K) and of a partner-filled pool (V), then each token attending
+// over the tokens before it through a one-entry block table.
 absl::StatusOr<Node*> GraphGenerator::PagedKvStep() {
   const int64_t t = rope_x_->type().dims[1];
   const std::vector<int64_t> pool_dims = {1, 1, 2, t, 4};
