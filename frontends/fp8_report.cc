@@ -21,6 +21,7 @@ std::string FormatFp8Report(const Function& step, const TrainingStepLayout& layo
       if (n->num_results() == 4) {
         ++copies;
         copy_bytes += n->result_type(3).num_bytes();
+        fp8_bytes += n->result_type(3).num_bytes();
       }
     }
   }
@@ -32,8 +33,8 @@ std::string FormatFp8Report(const Function& step, const TrainingStepLayout& layo
   for (const Fp8Tensor& t : layout.fp8_tensors) (t.format == DType::kF8E4M3 ? e4m3 : e5m2)++;
   std::string out = absl::StrFormat(
       "kiln train: FP8 (passes/fp8_policy.h): %d gemms run in FP8, %d of the policy's stay bf16%s\n"
-      "  %d scaled tensors: %d e4m3 (weights, activations), %d e5m2 (gradients); quantized copies %.1f MiB, "
-      "of which %d transposed (K-inner) copies %.1f MiB\n",
+      "  %d scaled tensors: %d e4m3 (weights, activations), %d e5m2 (gradients); FP8 copies %.1f MiB written "
+      "per step, of which %d transposed (K-inner) copies %.1f MiB\n",
       fp8_gemms, kept.size(), kept.empty() ? "" : absl::StrCat(" (first: ", kept[0], ")"), layout.fp8_tensors.size(),
       e4m3, e5m2, fp8_bytes / 1048576.0, copies, copy_bytes / 1048576.0);
   if (states.size() != layout.fp8_tensors.size()) return out;

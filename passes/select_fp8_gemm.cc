@@ -82,6 +82,7 @@ absl::StatusOr<bool> SelectFp8GemmPass::RunOnFunction(Function& f) {
     }
   }
   bool changed = false;
+  Node* one = nullptr;
   for (Node* g : gemms) {
     const std::string label = absl::StrCat("%", g->name(), " in @", f.name());
     ASSIGN_OR_RETURN(GemmSlots slots, GemmSlotsOf(g->attrs()));
@@ -124,8 +125,12 @@ absl::StatusOr<bool> SelectFp8GemmPass::RunOnFunction(Function& f) {
     b = *Fp8OperandOf(g->operand(1));
     Node* qa = a_transposed ? ResultsOf(*a.quantize)[3] : a.q;
     Node* qb = b_transposed ? ResultsOf(*b.quantize)[3] : b.q;
-    Node* one = f.InsertNodeBefore(g, Opcode::kConstant, {}, {{"value", 1.0}}, TensorType{DType::kF32, {}},
-                                   f.UniqueName(absl::StrCat(g->name(), ".d_scale")), g->scope());
+    // One d_scale for every FP8 gemm of the function (a constant is a kernel of its own),
+    // defined before the first, which comes first in definition order.
+    if (one == nullptr) {
+      one = f.InsertNodeBefore(g, Opcode::kConstant, {}, {{"value", 1.0}}, TensorType{DType::kF32, {}},
+                               f.UniqueName("fp8.d_scale"), "fp8");
+    }
     std::vector<Node*> operands{qa, qb};
     if (slots.c >= 0) operands.push_back(g->operand(slots.c));
     if (slots.bias >= 0) operands.push_back(g->operand(slots.bias));
