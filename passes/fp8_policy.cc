@@ -40,6 +40,10 @@ absl::StatusOr<std::unique_ptr<Fp8Policy>> Fp8Policy::Create(const Fp8Options& o
   if (options.margin < 0 || options.margin > 16) {
     return absl::InvalidArgumentError(absl::StrCat("fp8 margin must be in [0, 16], got ", options.margin));
   }
+  if (!IsFp8(options.gradient_format)) {
+    return absl::InvalidArgumentError(absl::StrCat("fp8 gradient format must be f8e5m2 or f8e4m3, got ",
+                                                   DTypeName(options.gradient_format)));
+  }
   std::regex skip;
   try {
     skip = std::regex(options.skip_regex, std::regex::ECMAScript);
@@ -85,7 +89,7 @@ absl::Status Fp8Policy::QuantizeMicroBatch(Function& step, int64_t first_node, c
           source = value->operand(0);
         }
         const bool is_gradient = gradient.contains(value);
-        const DType format = is_gradient ? DType::kF8E5M2 : DType::kF8E4M3;
+        const DType format = is_gradient ? options_.gradient_format : DType::kF8E4M3;
         const size_t state = next_state++;
         if (micro_batches_ == 0) {
           Fp8Tensor t{.scope = gemm->scope(), .format = format, .num_elements = value->type().num_elements()};

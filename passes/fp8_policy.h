@@ -10,7 +10,8 @@
 //   %x.fp8.dq = fp8_dequantize(%x.fp8, %x.fp8.scale_inv) {out_dtype=bf16}
 //   %y = dot_general(%x.fp8.dq, %w.fp8.dq) ...
 // E4M3 for weights and activations (values not derived from the loss gradient), E5M2 for
-// gradients (values that are: range matters more than precision there), one quantize per
+// gradients (values that are: range matters more than precision there; `--fp8-grad-format
+// e4m3` trades that range for a mantissa bit), one quantize per
 // distinct operand value, shared by the forward GEMM and the backward GEMMs that read it
 // (the weight by the forward and the input gradient's, the activation by the forward and
 // the weight gradient's). A weight, whose GEMMs read its autocast bf16 copy, is quantized
@@ -55,6 +56,9 @@ struct Fp8Options {
   int64_t margin = 0;           // scale = 2^(e - margin): headroom against growth, in powers of two
   // GEMMs in scopes this matches (std::regex_search, ECMAScript) stay bf16.
   std::string skip_regex = "lm_head";
+  // The gradients' format: e5m2 (the hybrid recipe: range) or e4m3 (one more mantissa bit,
+  // 448 of range above the scale: per-tensor scaling must then cover the gradient's spread).
+  DType gradient_format = DType::kF8E5M2;
 };
 
 // What the policy did to a step: its FP8 tensors, in state order.

@@ -256,6 +256,17 @@ TEST(SelectFp8Gemm, EveryPolicyGemmBecomesAnFp8GemmExactly) {
   EXPECT_TRUE(same.ok()) << same;
 }
 
+// --fp8-grad-format e4m3: every tensor e4m3, and cuBLASLt's e4m3 x e4m3 takes every GEMM.
+TEST(SelectFp8Gemm, E4m3GradientsAreFp8GemmsToo) {
+  CompileOptions options = Options(Precision::kFp8);
+  options.fp8.gradient_format = DType::kF8E4M3;
+  Step s = BuildStep(options, 1, /*optimize=*/true);
+  for (const Fp8Tensor& t : s.layout.fp8_tensors) EXPECT_EQ(t.format, DType::kF8E4M3) << t.name;
+  EXPECT_EQ(Count(*s.step, Opcode::kGemm, [](const Node& n) { return n.attrs().Has("scaled"); }), 42);
+  options.fp8.gradient_format = DType::kBF16;
+  EXPECT_FALSE(TrainingCompile::Create({}, options).ok());
+}
+
 TEST(SelectFp8Gemm, WithoutFp8TensorCoresTheDequantizedGemmsStayAndSayWhy) {
   Step s = BuildStep(Options(Precision::kFp8));
   SelectFp8GemmPass pass(&CodegenCapabilities(), *TargetForArch("sm_80"));

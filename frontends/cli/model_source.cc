@@ -54,6 +54,9 @@ std::vector<FlagSpec> TrainingStepFlags() {
        .help = "with --precision fp8: GEMMs in scopes this matches stay bf16; the LM head by default, whose "
                "error feeds the loss directly and which FP8 recipes keep in higher precision",
        .default_value = "lm_head"},
+      {.name = "fp8-grad-format", .value_name = "F",
+       .help = "with --precision fp8: the gradients' format, e5m2 (range; the hybrid recipe) or e4m3 (precision)",
+       .default_value = "e5m2"},
   };
 }
 
@@ -61,7 +64,7 @@ absl::Status TrainingCompileFlagsFromArgs(const ParsedArgs& args, CompileOptions
   ASSIGN_OR_RETURN(const int64_t rows, args.GetInt("lm-head-chunk-rows", 0));
   if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("--lm-head-chunk-rows must be >= 0, not ", rows));
   options.lm_head_chunk_rows = rows;
-  for (const char* flag : {"fp8-history", "fp8-margin", "fp8-skip"}) {
+  for (const char* flag : {"fp8-history", "fp8-margin", "fp8-skip", "fp8-grad-format"}) {
     if (args.Has(flag) && options.precision != Precision::kFp8) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " sets the FP8 policy: it needs --precision fp8"));
     }
@@ -69,6 +72,11 @@ absl::Status TrainingCompileFlagsFromArgs(const ParsedArgs& args, CompileOptions
   ASSIGN_OR_RETURN(options.fp8.history_length, args.GetInt("fp8-history", options.fp8.history_length));
   ASSIGN_OR_RETURN(options.fp8.margin, args.GetInt("fp8-margin", options.fp8.margin));
   options.fp8.skip_regex = args.Get("fp8-skip", options.fp8.skip_regex);
+  const std::string grad_format = args.Get("fp8-grad-format", "e5m2");
+  if (grad_format != "e5m2" && grad_format != "e4m3") {
+    return absl::InvalidArgumentError(absl::StrCat("--fp8-grad-format must be e5m2 or e4m3, not '", grad_format, "'"));
+  }
+  options.fp8.gradient_format = grad_format == "e4m3" ? DType::kF8E4M3 : DType::kF8E5M2;
   absl::Status valid = Fp8Policy::Create(options.fp8).status();
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--fp8-*: ", valid.message()));
   return absl::OkStatus();
