@@ -117,6 +117,12 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
       cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), ctx);
   KILN_RETURN_IF_CUBLAS_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), ctx);
+  if (fp8) {  // partial sums promoted to f32 (the default, written out: see the header)
+    const int8_t fast_accumulation = 0;
+    KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                               &fast_accumulation, sizeof(fast_accumulation)),
+                                ctx);
+  }
   if (g.bias) {
     ASSIGN_OR_RETURN(const cudaDataType_t bias_type, CudaDataType(g.bias_dtype));
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
