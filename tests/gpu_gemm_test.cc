@@ -260,8 +260,8 @@ std::vector<HostTensor> Fp8Args(const Function& f, const Fp8Case& c, bool intege
 }
 
 // The cases the GPU runs: e4m3 x e4m3 and e4m3 x e5m2 (and e5m2 x e4m3) into bf16, f32 and
-// e4m3, the scales 0.5 and 4 (or 0.25, with d_scale 2 for an fp8 D, which keeps D inside
-// e4m3's 448), odd shapes, a batch, amax.
+// e4m3, the scales 0.5 and 4 (or 0.25, with d_scale 2 or 0.5 for an fp8 D, which keeps D
+// inside e4m3's 448), odd shapes, a batch, amax (of an fp8 D: the only one the plan takes).
 std::vector<Fp8Case> Fp8Cases() {
   const DType e4m3 = DType::kF8E4M3, e5m2 = DType::kF8E5M2;
   return {
@@ -273,6 +273,7 @@ std::vector<Fp8Case> Fp8Cases() {
       {"e4m3xe4m3_f32_batch3", e4m3, e4m3, DType::kF32, 3, 32, 48, 32, 0.5, 4.0, 1.0, false},
       {"e4m3xe4m3_e4m3_amax", e4m3, e4m3, DType::kF8E4M3, 1, 48, 80, 64, 0.5, 0.25, 2.0, true},
       {"e4m3xe5m2_e5m2_amax", e4m3, e5m2, DType::kF8E5M2, 1, 64, 48, 32, 0.5, 0.25, 2.0, true},
+      {"e4m3xe4m3_e4m3_amax_large", e4m3, e4m3, DType::kF8E4M3, 1, 128, 144, 512, 0.5, 0.25, 0.5, true},
   };
 }
 
@@ -428,35 +429,53 @@ TEST(GpuGemm, Fp8IntegerValuedOperandsAreExact) {
   }
 }
 
-// amax of a bf16 and an f32 D (delayed scaling records the amax of every GEMM output, not
-// only of an fp8 one). Its own test: if cuBLASLt computes AMAX_D for an fp8 D only, this one
-// fails (CUBLAS_STATUS_INVALID_VALUE, named in the error) and the others stand.
-std::vector<Fp8Case> Fp8WideAmaxCases() {
-  const DType e4m3 = DType::kF8E4M3;
-  return {{"e4m3xe4m3_bf16_amax", e4m3, e4m3, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, true},
-          {"e4m3xe4m3_f32_amax", e4m3, e4m3, DType::kF32, 1, 48, 80, 64, 0.5, 4.0, 1.0, true}};
-}
-
-TEST(GpuGemm, Fp8AmaxOfAWideResult) {
+// amax=1 of an fp8 D, the only D whose amax cuBLASLt computes: the second result is the
+// reference's (bit for bit for integer-valued operands, else within the accumulator's bound
+// of the largest Σ|ab|), and it is the amax of this call's D before d_scale: max |D| / d_scale
+// within one ulp of D's dtype (d_scale 2 and 0.5 among the cases). A wide D's amax is refused
+// when the executable is planned (Fp8AmaxOfAWideResultIsRefused says so without a GPU).
+TEST(GpuGemm, Fp8AmaxOfAnFp8Result) {
   KILN_REQUIRE_GPU();
-  for (const Fp8Case& c : Fp8WideAmaxCases()) {
+  for (const Fp8Case& c : Fp8Cases()) {
+    if (!c.amax) continue;
     SCOPED_TRACE(c.name);
+    ASSERT_TRUE(IsFp8(c.d));
     std::unique_ptr<Module> m = ParseFp8Gemm(c);
     ASSERT_NE(m, nullptr);
     const Function& f = *m->functions()[0];
     for (bool integers : {true, false}) {
+      SCOPED_TRACE(integers ? "integer-valued" : "random");
       const std::vector<HostTensor> args = Fp8Args(f, c, integers);
       absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
       absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
       ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      ASSERT_EQ(got->size(), 2u);
+      const double amax = (*got)[1][0], want_amax = (*want)[1][0];
       if (integers) {
-        EXPECT_EQ((*got)[0].values(), (*want)[0].values());
-        EXPECT_EQ((*got)[1].values(), (*want)[1].values()) << "amax";
+        EXPECT_EQ(amax, want_amax);
       } else {
-        ExpectFp8Close(c, args, *want, *got);
+        const std::vector<double> sums = Fp8AbsSums(c, args);
+        EXPECT_NEAR(amax, want_amax, Fp8AccumulationBound(c.k) * *std::max_element(sums.begin(), sums.end()));
       }
+      double max_d = 0;
+      for (double v : (*got)[0].values()) max_d = std::max(max_d, std::abs(v));
+      const double ulp = c.d == DType::kF8E4M3 ? 0x1p-3 : 0x1p-2;
+      EXPECT_NEAR(max_d / c.d_scale, amax, ulp * amax) << "max |D| " << max_d << ", d_scale " << c.d_scale;
+      EXPECT_GT(amax, 0);
     }
   }
+  // A bf16 D's amax fails when the executable is made, naming the rule, not in a run.
+  const Fp8Case wide{"e4m3xe4m3_bf16_amax", DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, 1, 48, 80, 64,
+                     0.5, 4.0, 1.0, true};
+  std::unique_ptr<Module> m = ParseFp8Gemm(wide);
+  ASSERT_NE(m, nullptr);
+  const Function& f = *m->functions()[0];
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, Fp8Args(f, wide, /*integers=*/true), *Device());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnimplemented) << got.status();
+  EXPECT_NE(got.status().message().find("with amax=1: cuBLASLt computes AMAX_D for an fp8 D only"),
+            absl::string_view::npos)
+      << got.status();
 }
 
 // A dot_general of fp8 operands runs as every compile runs it: lower-gemm gives it unit scales.
@@ -482,9 +501,7 @@ TEST(GpuGemm, Fp8DotGeneralRunsThroughLowerGemm) {
 TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
   const DType e4m3 = DType::kF8E4M3, e5m2 = DType::kF8E5M2;
   // Every case the GPU tests run is one the plan takes, and compiles (on CI, where they skip).
-  std::vector<Fp8Case> cases = Fp8Cases();
-  for (const Fp8Case& c : Fp8WideAmaxCases()) cases.push_back(c);
-  for (const Fp8Case& c : cases) {
+  for (const Fp8Case& c : Fp8Cases()) {
     SCOPED_TRACE(c.name);
     std::unique_ptr<Module> m = ParseFp8Gemm(c);
     ASSERT_NE(m, nullptr);
@@ -511,7 +528,8 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
     EXPECT_FALSE(g->bias);
     EXPECT_EQ(g->context, "%d.results (gemm)");  // a multi-result node is named after its first result
     EXPECT_EQ(g->max_workspace_bytes, kGemmWorkspaceBytes);
-    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+    // Described, but not planned: the amax of a bf16 D (Fp8AmaxOfAWideResultIsRefused).
+    EXPECT_EQ(GemmPlan::CheckSupported(*g).code(), absl::StatusCode::kUnimplemented);
   }
   {
     std::unique_ptr<Module> m = ParseFp8Gemm({"fp8_d", e4m3, e4m3, e4m3, 1, 16, 32, 48, 0.5, 4.0, 2.0, false});
@@ -583,6 +601,40 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
   bad.scaled = false;
   EXPECT_EQ(refusal(bad), "%g (gemm): no FP8 cuBLASLt GEMM: f8e4m3 x f8e4m3 -> bf16: fp8 operands take scaled=1 "
                           "(a_scale, b_scale, d_scale)");
+}
+
+// No GPU needed: cuBLASLt computes AMAX_D for an fp8 D only (for a bf16 or f32 D its heuristic
+// offers algorithms and none runs), so the plan refuses amax=1 of a bf16, f16 or f32 D,
+// naming the gemm and saying where that amax must come from; an fp8 D's amax it takes.
+TEST(GpuGemm, Fp8AmaxOfAWideResultIsRefused) {
+  const DType e4m3 = DType::kF8E4M3;
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(d));
+    std::unique_ptr<Module> m = ParseFp8Gemm({"wide_amax", e4m3, e4m3, d, 1, 48, 80, 64, 0.5, 4.0, 1.0, true});
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(g->amax);
+    const absl::Status refused = GemmPlan::CheckSupported(*g);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+    EXPECT_EQ(refused.message(),
+              absl::StrCat("%d.results (gemm): no FP8 cuBLASLt GEMM: f8e4m3 x f8e4m3 -> ", DTypeName(d),
+                           " with amax=1: cuBLASLt computes AMAX_D for an fp8 D only (for a ", DTypeName(d),
+                           " D no algorithm runs); the amax of a wide result must come from the kernel that "
+                           "consumes it"));
+    g->amax = false;  // the same gemm without its amax is planned
+    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+  }
+  for (DType d : {DType::kF8E4M3, DType::kF8E5M2}) {
+    SCOPED_TRACE(DTypeName(d));
+    const DType b = d == DType::kF8E5M2 ? DType::kF8E5M2 : e4m3;  // an e5m2 D takes mixed operands
+    std::unique_ptr<Module> m = ParseFp8Gemm({"fp8_amax", e4m3, b, d, 1, 48, 80, 64, 0.5, 0.25, 2.0, true});
+    ASSERT_NE(m, nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(g->amax);
+    EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
+  }
 }
 
 // What the description cannot carry is refused where it is made: a d_scale that may not be 1

@@ -58,6 +58,11 @@ std::string Fp8Unsupported(const GemmDescription& g) {
     return absl::StrCat(types, " with epilogue=bias: cuBLASLt's FP8 bias for a ", DTypeName(g.d_dtype),
                         " D is bf16", fp8_d ? " or f16" : "", ", not the D's dtype the gemm's bias has");
   }
+  if (g.amax && !fp8_d) {
+    return absl::StrCat(types, " with amax=1: cuBLASLt computes AMAX_D for an fp8 D only (for a ",
+                        DTypeName(g.d_dtype), " D no algorithm runs); the amax of a wide result must come from the ",
+                        "kernel that consumes it");
+  }
   return "";
 }
 
@@ -286,11 +291,7 @@ absl::Status GemmPlan::Enqueue(const GemmBuffers& buffers, cudaStream_t stream) 
   KILN_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(handle_, desc_, &g.alpha, buffers.b, a_desc_, buffers.a, b_desc_, &g.beta,
                                              c, c_desc_, buffers.out, d_desc_, &algo_, workspace, workspace_bytes_,
                                              stream),
-                              g.amax && !IsFp8(g.d_dtype)
-                                  ? absl::StrCat(g.context, " (amax=1 with a ", DTypeName(g.d_dtype),
-                                                 " D: cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE for an ",
-                                                 "AMAX_D_POINTER its kernels do not compute)")
-                                  : g.context);
+                              g.context);
   return absl::OkStatus();
 }
 

@@ -45,6 +45,9 @@
 //             the fp8 D's own type that the IR gives c (its C layout is still bf16, unread)
 //   bias      of D's type for a bf16 or f16 D (cuBLASLt's fp8 bias is bf16 for an f32 D and
 //             bf16/f16 for an fp8 D, which the IR's bias of D's type cannot be)
+//   amax      for an fp8 D only: cuBLASLt 13 has no algorithm that computes AMAX_D for a bf16,
+//             f16 or f32 D (on the H200 the heuristic offers some and none of them runs), so
+//             the amax of a wide result must come from the kernel that consumes it
 // d_scale goes to CUBLASLT_MATMUL_DESC_D_SCALE_POINTER for an fp8 D only (for another D the
 // description's d_scale is 1: codegen/program.h). The scale and amax pointers, like the bias
 // pointer, are attributes of the matmul descriptor, set at each enqueue.
