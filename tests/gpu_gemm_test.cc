@@ -239,6 +239,20 @@ std::unique_ptr<Module> ParseFp8Gemm(const Fp8Case& c) {
   return m.ok() ? *std::move(m) : nullptr;
 }
 
+// The description codegen makes of the gemm of `m`'s first function.
+absl::StatusOr<GemmDescription> DescribeTheGemm(const Module& m) {
+  const Node* gemm = GemmOf(*m.functions()[0]);
+  if (gemm == nullptr) return absl::InvalidArgumentError("the module has no gemm node");
+  return GemmDescriptionOf(*gemm);
+}
+
+// The description of `c`'s gemm (a failure of the test if it does not parse).
+absl::StatusOr<GemmDescription> DescribeFp8Gemm(const Fp8Case& c) {
+  std::unique_ptr<Module> m = ParseFp8Gemm(c);
+  if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat(c.name, " does not parse"));
+  return DescribeTheGemm(*m);
+}
+
 // The operands, rounded to their fp8 dtype as the reference and the GPU both read them:
 // uniform in [-2, 2), or with `integers` small integers in [-3, 3], which fp8 holds exactly
 // and whose sums (|.| <= 9 K) every accumulator holds exactly too.
@@ -393,19 +407,31 @@ void ExpectFp8Close(const Fp8Case& c, const std::vector<HostTensor>& args, const
   }
 }
 
+// A case run on the reference and on the GPU (a poisoned arena), over Fp8Args(integers).
+struct Fp8Run {
+  std::vector<HostTensor> args, want, got;
+};
+absl::StatusOr<Fp8Run> RunFp8Case(const Fp8Case& c, bool integers) {
+  std::unique_ptr<Module> m = ParseFp8Gemm(c);
+  if (m == nullptr) return absl::InvalidArgumentError(absl::StrCat(c.name, " does not parse"));
+  const Function& f = *m->functions()[0];
+  Fp8Run run{.args = Fp8Args(f, c, integers)};
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, run.args);
+  if (!want.ok()) return absl::Status(want.status().code(), absl::StrCat("reference: ", want.status().message()));
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, run.args, *Device(), {.poison_arena = true});
+  if (!got.ok()) return absl::Status(got.status().code(), absl::StrCat("gpu: ", got.status().message()));
+  run.want = *std::move(want);
+  run.got = *std::move(got);
+  return run;
+}
+
 TEST(GpuGemm, Fp8MatchesTheReference) {
   KILN_REQUIRE_GPU();
   for (const Fp8Case& c : Fp8Cases()) {
     SCOPED_TRACE(c.name);
-    std::unique_ptr<Module> m = ParseFp8Gemm(c);
-    ASSERT_NE(m, nullptr);
-    const Function& f = *m->functions()[0];
-    const std::vector<HostTensor> args = Fp8Args(f, c, /*integers=*/false);
-    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
-    ASSERT_TRUE(want.ok()) << want.status();
-    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
-    ASSERT_TRUE(got.ok()) << got.status();
-    ExpectFp8Close(c, args, *want, *got);
+    absl::StatusOr<Fp8Run> run = RunFp8Case(c, /*integers=*/false);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ExpectFp8Close(c, run->args, run->want, run->got);
   }
 }
 
@@ -415,17 +441,14 @@ TEST(GpuGemm, Fp8MatchesTheReference) {
 // or not at all, a wrong layout or a missed d_scale shows here as a plain wrong value.
 TEST(GpuGemm, Fp8IntegerValuedOperandsAreExact) {
   KILN_REQUIRE_GPU();
-  for (Fp8Case c : Fp8Cases()) {
+  for (const Fp8Case& c : Fp8Cases()) {
     SCOPED_TRACE(c.name);
-    std::unique_ptr<Module> m = ParseFp8Gemm(c);
-    ASSERT_NE(m, nullptr);
-    const Function& f = *m->functions()[0];
-    const std::vector<HostTensor> args = Fp8Args(f, c, /*integers=*/true);
-    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
-    absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
-    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-    ASSERT_EQ(got->size(), want->size());
-    for (size_t r = 0; r < want->size(); ++r) EXPECT_EQ((*got)[r].values(), (*want)[r].values()) << "result " << r;
+    absl::StatusOr<Fp8Run> run = RunFp8Case(c, /*integers=*/true);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->got.size(), run->want.size());
+    for (size_t r = 0; r < run->want.size(); ++r) {
+      EXPECT_EQ(run->got[r].values(), run->want[r].values()) << "result " << r;
+    }
   }
 }
 
@@ -440,25 +463,20 @@ TEST(GpuGemm, Fp8AmaxOfAnFp8Result) {
     if (!c.amax) continue;
     SCOPED_TRACE(c.name);
     ASSERT_TRUE(IsFp8(c.d));
-    std::unique_ptr<Module> m = ParseFp8Gemm(c);
-    ASSERT_NE(m, nullptr);
-    const Function& f = *m->functions()[0];
     for (bool integers : {true, false}) {
       SCOPED_TRACE(integers ? "integer-valued" : "random");
-      const std::vector<HostTensor> args = Fp8Args(f, c, integers);
-      absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
-      absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, args, *Device(), {.poison_arena = true});
-      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-      ASSERT_EQ(got->size(), 2u);
-      const double amax = (*got)[1][0], want_amax = (*want)[1][0];
+      absl::StatusOr<Fp8Run> run = RunFp8Case(c, integers);
+      ASSERT_TRUE(run.ok()) << run.status();
+      ASSERT_EQ(run->got.size(), 2u);
+      const double amax = run->got[1][0], want_amax = run->want[1][0];
       if (integers) {
         EXPECT_EQ(amax, want_amax);
       } else {
-        const std::vector<double> sums = Fp8AbsSums(c, args);
+        const std::vector<double> sums = Fp8AbsSums(c, run->args);
         EXPECT_NEAR(amax, want_amax, Fp8AccumulationBound(c.k) * *std::max_element(sums.begin(), sums.end()));
       }
       double max_d = 0;
-      for (double v : (*got)[0].values()) max_d = std::max(max_d, std::abs(v));
+      for (double v : run->got[0].values()) max_d = std::max(max_d, std::abs(v));
       const double ulp = c.d == DType::kF8E4M3 ? 0x1p-3 : 0x1p-2;
       EXPECT_NEAR(max_d / c.d_scale, amax, ulp * amax) << "max |D| " << max_d << ", d_scale " << c.d_scale;
       EXPECT_GT(amax, 0);
@@ -467,15 +485,13 @@ TEST(GpuGemm, Fp8AmaxOfAnFp8Result) {
   // A bf16 D's amax fails when the executable is made, naming the rule, not in a run.
   const Fp8Case wide{"e4m3xe4m3_bf16_amax", DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, 1, 48, 80, 64,
                      0.5, 4.0, 1.0, true};
-  std::unique_ptr<Module> m = ParseFp8Gemm(wide);
-  ASSERT_NE(m, nullptr);
-  const Function& f = *m->functions()[0];
-  absl::StatusOr<std::vector<HostTensor>> got = EvaluateOnGpu(f, Fp8Args(f, wide, /*integers=*/true), *Device());
-  ASSERT_FALSE(got.ok());
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnimplemented) << got.status();
-  EXPECT_NE(got.status().message().find("with amax=1: cuBLASLt computes AMAX_D for an fp8 D only"),
+  absl::StatusOr<Fp8Run> refused = RunFp8Case(wide, /*integers=*/true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
+  EXPECT_NE(refused.status().message().find("f8e4m3 x f8e4m3 -> bf16 with amax=1: cuBLASLt computes AMAX_D for an "
+                                            "fp8 D only"),
             absl::string_view::npos)
-      << got.status();
+      << refused.status();
 }
 
 // A dot_general of fp8 operands runs as every compile runs it: lower-gemm gives it unit scales.
@@ -505,7 +521,7 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
     SCOPED_TRACE(c.name);
     std::unique_ptr<Module> m = ParseFp8Gemm(c);
     ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g = DescribeTheGemm(*m);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
     absl::StatusOr<CompiledProgram> program =
@@ -514,9 +530,8 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
     EXPECT_EQ(program->num_gemms, 1);
   }
   {
-    std::unique_ptr<Module> m = ParseFp8Gemm({"amax", e4m3, e5m2, DType::kBF16, 2, 48, 80, 64, 0.5, 4.0, 1.0, true});
-    ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g =
+        DescribeFp8Gemm({"amax", e4m3, e5m2, DType::kBF16, 2, 48, 80, 64, 0.5, 4.0, 1.0, true});
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(std::vector<int64_t>({g->batch, g->m, g->n, g->k}), std::vector<int64_t>({2, 48, 80, 64}));
     EXPECT_TRUE(g->a_k_inner && g->b_k_inner);
@@ -532,9 +547,8 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
     EXPECT_EQ(GemmPlan::CheckSupported(*g).code(), absl::StatusCode::kUnimplemented);
   }
   {
-    std::unique_ptr<Module> m = ParseFp8Gemm({"fp8_d", e4m3, e4m3, e4m3, 1, 16, 32, 48, 0.5, 4.0, 2.0, false});
-    ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g =
+        DescribeFp8Gemm({"fp8_d", e4m3, e4m3, e4m3, 1, 16, 32, 48, 0.5, 4.0, 2.0, false});
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_TRUE(g->scaled && !g->amax);
     EXPECT_EQ(g->d_dtype, e4m3);
@@ -543,9 +557,7 @@ TEST(GpuGemm, Fp8DescriptionsAndTheRulesOfThePlan) {
   // Every layout but TN is refused, naming the layouts and the way out.
   for (auto [a_layout, b_layout] : {std::pair{"km", "nk"}, std::pair{"mk", "kn"}, std::pair{"km", "kn"}}) {
     Fp8Case c{"layout", e4m3, e4m3, DType::kBF16, 1, 48, 80, 64, 0.5, 4.0, 1.0, false, a_layout, b_layout};
-    std::unique_ptr<Module> m = ParseFp8Gemm(c);
-    ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g = DescribeFp8Gemm(c);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(g->a_k_inner, c.a_layout == "mk");
     EXPECT_EQ(g->b_k_inner, c.b_layout == "nk");
@@ -610,9 +622,8 @@ TEST(GpuGemm, Fp8AmaxOfAWideResultIsRefused) {
   const DType e4m3 = DType::kF8E4M3;
   for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
     SCOPED_TRACE(DTypeName(d));
-    std::unique_ptr<Module> m = ParseFp8Gemm({"wide_amax", e4m3, e4m3, d, 1, 48, 80, 64, 0.5, 4.0, 1.0, true});
-    ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g =
+        DescribeFp8Gemm({"wide_amax", e4m3, e4m3, d, 1, 48, 80, 64, 0.5, 4.0, 1.0, true});
     ASSERT_TRUE(g.ok()) << g.status();
     ASSERT_TRUE(g->amax);
     const absl::Status refused = GemmPlan::CheckSupported(*g);
@@ -628,9 +639,7 @@ TEST(GpuGemm, Fp8AmaxOfAWideResultIsRefused) {
   for (DType d : {DType::kF8E4M3, DType::kF8E5M2}) {
     SCOPED_TRACE(DTypeName(d));
     const DType b = d == DType::kF8E5M2 ? DType::kF8E5M2 : e4m3;  // an e5m2 D takes mixed operands
-    std::unique_ptr<Module> m = ParseFp8Gemm({"fp8_amax", e4m3, b, d, 1, 48, 80, 64, 0.5, 0.25, 2.0, true});
-    ASSERT_NE(m, nullptr);
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*m->functions()[0]));
+    absl::StatusOr<GemmDescription> g = DescribeFp8Gemm({"fp8_amax", e4m3, b, d, 1, 48, 80, 64, 0.5, 0.25, 2.0, true});
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_TRUE(g->amax);
     EXPECT_TRUE(GemmPlan::CheckSupported(*g).ok()) << GemmPlan::CheckSupported(*g);
@@ -640,37 +649,27 @@ TEST(GpuGemm, Fp8AmaxOfAWideResultIsRefused) {
 // What the description cannot carry is refused where it is made: a d_scale that may not be 1
 // for a wide D (cuBLASLt applies D_SCALE to an fp8 D only), scales for bf16 operands.
 TEST(GpuGemm, Fp8SlotsTheDescriptionCannotCarryAreRefused) {
-  {
-    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
-func @main {
-  %a = parameter() {index=0} : f8e4m3[16,32]
-  %b = parameter() {index=1} : f8e4m3[48,32]
-  %s = parameter() {index=2} : f32[]
-  %d = gemm(%a, %b, %s, %s, %s) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=48, scaled=1} : bf16[16,48]
-  return %d
-})");
-    ASSERT_TRUE(m.ok()) << m.status();
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*(*m)->functions()[0]));
-    ASSERT_FALSE(g.ok());
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(g.status().message().find("%d (gemm): d_scale %s of a bf16 result must be the constant 1"),
-              absl::string_view::npos)
-        << g.status();
-  }
-  {
-    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
-func @main {
-  %a = parameter() {index=0} : bf16[16,32]
-  %b = parameter() {index=1} : bf16[48,32]
-  %s = constant() {value=1.0} : f32[]
-  %d = gemm(%a, %b, %s, %s, %s) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=32, m=16, n=48, scaled=1} : bf16[16,48]
-  return %d
-})");
-    ASSERT_TRUE(m.ok()) << m.status();
-    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(*(*m)->functions()[0]));
-    ASSERT_FALSE(g.ok());
-    EXPECT_NE(g.status().message().find("scaled=1 with bf16 x bf16 operands"), absl::string_view::npos) << g.status();
-  }
+  // A scaled gemm [16, 32] · [48, 32]ᵀ -> bf16 of `operands`, its three scales one %s.
+  auto describe = [](absl::string_view operands, absl::string_view scale) -> absl::StatusOr<GemmDescription> {
+    const std::string text = absl::StrCat(
+        "module @m\nfunc @main {\n  %a = parameter() {index=0} : ", operands, "[16,32]\n",
+        "  %b = parameter() {index=1} : ", operands, "[48,32]\n  %s = ", scale, " : f32[]\n",
+        "  %d = gemm(%a, %b, %s, %s, %s) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, "
+        "k=32, m=16, n=48, scaled=1} : bf16[16,48]\n  return %d\n}\n");
+    absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(text);
+    EXPECT_TRUE(m.ok()) << m.status() << "\n" << text;
+    if (!m.ok()) return m.status();
+    return DescribeTheGemm(**m);
+  };
+  absl::StatusOr<GemmDescription> g = describe("f8e4m3", "parameter() {index=2}");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(g.status().message().find("%d (gemm): d_scale %s of a bf16 result must be the constant 1"),
+            absl::string_view::npos)
+      << g.status();
+  g = describe("bf16", "constant() {value=1.0}");
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("scaled=1 with bf16 x bf16 operands"), absl::string_view::npos) << g.status();
 }
 
 }  // namespace
