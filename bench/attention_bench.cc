@@ -41,9 +41,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "codegen/lower_node.h"
 #include "codegen/nvrtc_compiler.h"
 #include "ir/builder.h"
@@ -174,53 +174,36 @@ std::vector<double> ReferenceRow(const Shape& s, const Bf16Tensor& q, const Bf16
   return o;
 }
 
-struct Timing {
-  double median = 0, min = 0, max = 0;
-};
-
 // Runs `launches` (in order, as one unit) warmup + iters times; times each unit with events.
-absl::StatusOr<Timing> Time(const std::vector<std::pair<const Loaded*, std::vector<void*>>>& launches,
-                            const CudaDevice& device, int warmup, int iters) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> ms;
-  for (int it = 0; it < warmup + iters; ++it) {
-    cudaEventRecord(start, device.stream());
+absl::StatusOr<bench::Timing> Time(const std::vector<std::pair<const Loaded*, std::vector<void*>>>& launches,
+                                   const CudaDevice& device, int warmup, int iters) {
+  return bench::TimeCalls(device.stream(), warmup, iters, "attention_bench", "a launch", [&]() -> absl::Status {
     for (const auto& [kernel, pointers] : launches) {
       absl::Status st = EnqueueLaunch(kernel->launch, pointers, device.stream(), "attention_bench");
       if (!st.ok()) return st;
     }
-    cudaEventRecord(stop, device.stream());
-    if (cudaEventSynchronize(stop) != cudaSuccess) return absl::InternalError("attention_bench: a launch failed");
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    if (it >= warmup) ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+    return absl::OkStatus();
+  });
 }
 
-struct Options {
+struct Options : bench::RunOptions {
+  Options() : bench::RunOptions{.iters = 20, .warmup = 3, .rows = 64, .max_error = 2e-3} {}
   std::vector<std::string> shapes = {"S", "M", "L"};
-  int iters = 20, warmup = 3, rows = 64;
-  double max_error = 2e-3;
 };
 
-void Report(const Shape& s, const std::string& impl, const Timing& t, double flops, double err_ref,
+void Report(const Shape& s, const std::string& impl, const bench::Timing& t, double flops, double err_ref,
             double err_other, const std::string& other) {
-  const double tflops = flops / (t.median * 1e-3) * 1e-12;
+  const double tflops = flops / (t.median_ms * 1e-3) * 1e-12;
   std::printf(
       "{\"shape\": \"%s\", \"b\": %lld, \"h\": %lld, \"hkv\": %lld, \"t\": %lld, \"d\": %lld, \"impl\": \"%s\", "
       "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"tflops\": %.1f, \"max_err_ref\": %.3g, "
       "\"max_err_vs\": %.3g, \"vs\": \"%s\"}\n",
       s.name.c_str(), static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.hkv),
-      static_cast<long long>(s.t), static_cast<long long>(s.d), impl.c_str(), t.median, t.min, t.max, tflops,
-      err_ref, err_other, other.c_str());
+      static_cast<long long>(s.t), static_cast<long long>(s.d), impl.c_str(), t.median_ms, t.min_ms, t.max_ms,
+      tflops, err_ref, err_other, other.c_str());
   std::fprintf(stderr, "%-2s %-22s %8.3f ms (min %.3f, max %.3f) %6.1f TFLOP/s  err vs ref %.3g, vs %s %.3g\n",
-               s.name.c_str(), impl.c_str(), t.median, t.min, t.max, tflops, err_ref, other.c_str(), err_other);
+               s.name.c_str(), impl.c_str(), t.median_ms, t.min_ms, t.max_ms, tflops, err_ref, other.c_str(),
+               err_other);
 }
 
 absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
@@ -243,15 +226,9 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
 
   const Bf16Tensor q = Random(s.q_elements(), -2, 2, 1), k = Random(s.kv_elements(), -2, 2, 2),
                    v = Random(s.kv_elements(), -1, 1, 3), dout = Random(s.q_elements(), -1, 1, 4);
-  std::vector<DeviceMemory> held;
-  auto upload = [&](const std::vector<uint16_t>* bits, int64_t bytes) -> absl::StatusOr<void*> {
-    absl::StatusOr<void*> p = device.Allocate(bytes, "attention_bench");
-    if (!p.ok()) return p.status();
-    held.emplace_back(*p);
-    if (bits != nullptr && cudaMemcpy(*p, bits->data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-      return absl::InternalError("attention_bench: upload");
-    }
-    return *p;
+  bench::DeviceBuffers buffers(device, "attention_bench");
+  auto upload = [&](const std::vector<uint16_t>* bits, int64_t bytes) {
+    return buffers.Upload(bits != nullptr ? bits->data() : nullptr, bytes);
   };
   const int64_t qb = s.q_elements() * 2, kvb = s.kv_elements() * 2;
   absl::StatusOr<void*> dq_in = upload(&q.bits, qb), dk_in = upload(&k.bits, kvb), dv_in = upload(&v.bits, kvb),
@@ -272,23 +249,23 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   const std::vector<void*> dq_args = {*gq, *gk, *gv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
   const std::vector<void*> mma_args = {*mq, *mk, *mv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
 
-  absl::StatusOr<Timing> t_w = Time({{&*wgmma, fwd_w}}, device, opt.warmup, opt.iters);
-  absl::StatusOr<Timing> t_m = Time({{&*mma, fwd_m}}, device, opt.warmup, opt.iters);
+  absl::StatusOr<bench::Timing> t_w = Time({{&*wgmma, fwd_w}}, device, opt.warmup, opt.iters);
+  absl::StatusOr<bench::Timing> t_m = Time({{&*mma, fwd_m}}, device, opt.warmup, opt.iters);
   if (!t_w.ok()) return t_w.status();
   if (!t_m.ok()) return t_m.status();
   // attention_grad's kernels take (dq, dk, dv, q, k, v, dout, lse, delta); dq's kernel writes
   // dq only, dk/dv's kernel dk and dv (codegen/lower_attention.cc).
-  absl::StatusOr<Timing> t_fb = Time({{&*wgmma, fwd_w},
-                                      {&*delta, delta_args},
-                                      {&*dq, dq_args},
-                                      {&*dkdv, dq_args}},
-                                     device, opt.warmup, opt.iters);
+  absl::StatusOr<bench::Timing> t_fb = Time({{&*wgmma, fwd_w},
+                                             {&*delta, delta_args},
+                                             {&*dq, dq_args},
+                                             {&*dkdv, dq_args}},
+                                            device, opt.warmup, opt.iters);
   if (!t_fb.ok()) return t_fb.status();
-  absl::StatusOr<Timing> t_fb_mma = Time({{&*wgmma, fwd_w},
-                                          {&*delta, delta_args},
-                                          {&*dq_mma, mma_args},
-                                          {&*dkdv_mma, mma_args}},
-                                         device, opt.warmup, opt.iters);
+  absl::StatusOr<bench::Timing> t_fb_mma = Time({{&*wgmma, fwd_w},
+                                                 {&*delta, delta_args},
+                                                 {&*dq_mma, mma_args},
+                                                 {&*dkdv_mma, mma_args}},
+                                                device, opt.warmup, opt.iters);
   if (!t_fb_mma.ok()) return t_fb_mma.status();
   // The two backwards' gradients, from the same O, LSE and Delta.
   double grad_diff = 0, grad_max = 0;
@@ -343,15 +320,11 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
 bool ParseArgs(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--shapes" && has_value) {
+    if (const bench::OptionRead read = bench::ReadRunOption(argc, argv, i, /*min_rows=*/1, opt);
+        read != bench::OptionRead::kOther) {
+      if (read == bench::OptionRead::kInvalid) return false;
+    } else if (a == "--shapes" && i + 1 < argc) {
       opt.shapes = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
-    } else if (a == "--max-error" && has_value) {
-      if (!absl::SimpleAtod(argv[++i], &opt.max_error) || !(opt.max_error >= 0)) return false;
-    } else if ((a == "--iters" || a == "--warmup" || a == "--rows") && has_value) {
-      int value = 0;
-      if (!absl::SimpleAtoi(argv[++i], &value) || value < (a == "--warmup" ? 0 : 1)) return false;
-      (a == "--iters" ? opt.iters : a == "--warmup" ? opt.warmup : opt.rows) = value;
     } else {
       return false;
     }
@@ -371,20 +344,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(stderr, "attention_bench on %s (%s)\n", (*device)->name().c_str(), (*device)->target().ToString().c_str());
-  int failures = 0;
+  bench::FailedRows failed("attention_bench");
   for (const std::string& name : opt.shapes) {
     const auto it = std::find_if(BarShapes().begin(), BarShapes().end(), [&](const Shape& s) { return s.name == name; });
     if (it == BarShapes().end()) {
       std::fprintf(stderr, "attention_bench: unknown shape '%s' (S, M, L)\n", name.c_str());
       return 2;
     }
-    if (absl::Status st = RunShape(*it, **device, opt); !st.ok()) {
-      std::fprintf(stderr, "attention_bench: shape %s: %s\n", name.c_str(), std::string(st.message()).c_str());
-      ++failures;
-    }
+    failed.Check(absl::StrCat("shape ", name), RunShape(*it, **device, opt));
   }
-  if (failures > 0) std::fprintf(stderr, "attention_bench: FAILED (%d shape(s))\n", failures);
-  return failures == 0 ? 0 : 1;
+  return failed.ExitCode("shape(s)");
 }
 
 }  // namespace

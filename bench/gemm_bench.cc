@@ -41,9 +41,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "codegen/compile_program.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
@@ -132,33 +132,16 @@ struct Timing {
 
 absl::StatusOr<Timing> Time(const GemmPlan& plan, const GemmBuffers& buffers, const CudaDevice& device, int warmup,
                             int iters) {
-  cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
-    return absl::InternalError("gemm_bench: cudaEventCreate");
-  }
-  std::vector<double> us;
-  absl::Status status;
-  for (int it = 0; it < warmup + iters && status.ok(); ++it) {
-    cudaEventRecord(start, device.stream());
-    status = plan.Enqueue(buffers, device.stream());
-    cudaEventRecord(stop, device.stream());
-    if (status.ok() && cudaEventSynchronize(stop) != cudaSuccess) status = absl::InternalError("gemm_bench: a call failed");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (it >= warmup) us.push_back(1000.0 * ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!status.ok()) return status;
-  std::sort(us.begin(), us.end());
-  return Timing{us[us.size() / 2], us.front(), us.back()};
+  absl::StatusOr<bench::Timing> t = bench::TimeCalls(device.stream(), warmup, iters, "gemm_bench", "a call",
+                                                     [&] { return plan.Enqueue(buffers, device.stream()); });
+  if (!t.ok()) return t.status();
+  return Timing{1000.0 * t->median_ms, 1000.0 * t->min_ms, 1000.0 * t->max_ms};
 }
 
-struct Options {
+struct Options : bench::RunOptions {
+  Options() : bench::RunOptions{.iters = 50, .warmup = 5, .rows = 256, .max_error = 0.02} {}
   std::vector<std::string> presets = {"llama-S", "llama-M"};
   std::vector<std::string> gemms = {"qkv", "o", "gate_up", "down", "lm_head"};
-  int iters = 50, warmup = 5, rows = 256;
-  double max_error = 0.02;
   bool autotune = true, require_gpu = false;
 };
 
@@ -177,16 +160,8 @@ absl::Status RunShape(const GemmShape& s, CudaDevice& device, const Options& opt
   if (!fp8.ok()) return fp8.status();
 
   const Operand a = Draw(s.m * s.k, 1), b = Draw(s.n * s.k, 2);
-  std::vector<DeviceMemory> held;
-  auto upload = [&](const void* host, int64_t bytes) -> absl::StatusOr<void*> {
-    absl::StatusOr<void*> p = device.Allocate(std::max<int64_t>(bytes, 256), "gemm_bench");
-    if (!p.ok()) return p.status();
-    held.emplace_back(*p);
-    if (host != nullptr && cudaMemcpy(*p, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-      return absl::InternalError("gemm_bench: upload");
-    }
-    return *p;
-  };
+  bench::DeviceBuffers held(device, "gemm_bench", /*min_bytes=*/256);
+  auto upload = [&](const void* host, int64_t bytes) { return held.Upload(host, bytes); };
   const float scales[2] = {kAScale, kBScale};
   const int64_t d_bytes = s.m * s.n * 2;
   absl::StatusOr<void*> a8 = upload(a.fp8.data(), s.m * s.k), b8 = upload(b.fp8.data(), s.n * s.k),
@@ -259,16 +234,13 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--presets" && has_value) {
+    if (const bench::OptionRead read = bench::ReadRunOption(argc, argv, i, /*min_rows=*/2, opt);
+        read != bench::OptionRead::kOther) {
+      if (read == bench::OptionRead::kInvalid) return false;
+    } else if (a == "--presets" && has_value) {
       opt.presets = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
     } else if (a == "--gemms" && has_value) {
       opt.gemms = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
-    } else if (a == "--max-error" && has_value) {
-      if (!absl::SimpleAtod(argv[++i], &opt.max_error) || !(opt.max_error >= 0)) return false;
-    } else if ((a == "--iters" || a == "--warmup" || a == "--rows") && has_value) {
-      int value = 0;
-      if (!absl::SimpleAtoi(argv[++i], &value) || value < (a == "--warmup" ? 0 : a == "--rows" ? 2 : 1)) return false;
-      (a == "--iters" ? opt.iters : a == "--warmup" ? opt.warmup : opt.rows) = value;
     } else if (a == "--no-autotune") {
       opt.autotune = false;
     } else if (a == "--require-gpu") {
@@ -331,15 +303,9 @@ int Main(int argc, char** argv) {
                opt.autotune ? "autotuned" : "the heuristic's first choice", opt.iters, opt.warmup);
   std::fprintf(stderr, "%-8s %-8s %-22s %-28s %-28s %6s  %s\n", "preset", "gemm", "shape", "bf16 TFLOP/s (min-max)",
                "fp8 TFLOP/s (min-max)", "fp8/bf16", "rel err");
-  int failures = 0;
-  for (const GemmShape& s : shapes) {
-    if (absl::Status st = RunShape(s, **device, opt); !st.ok()) {
-      std::fprintf(stderr, "gemm_bench: %s %s: %s\n", s.preset.c_str(), s.name.c_str(), std::string(st.message()).c_str());
-      ++failures;
-    }
-  }
-  if (failures > 0) std::fprintf(stderr, "gemm_bench: FAILED (%d GEMM(s))\n", failures);
-  return failures == 0 ? 0 : 1;
+  bench::FailedRows failed("gemm_bench");
+  for (const GemmShape& s : shapes) failed.Check(absl::StrCat(s.preset, " ", s.name), RunShape(s, **device, opt));
+  return failed.ExitCode("GEMM(s)");
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 # backends), on the shapes S, M and L of DESIGN.md's attention bar; then one table.
 #   ATTENTION_BENCH=.carry/attention_bench bash bench/run_attention_h200.sh
 # The script finds attention_torch.py beside itself, and attention_bench there too when
-# ATTENTION_BENCH is unset and there is one (a folder carried with the three files works).
+# ATTENTION_BENCH is unset and there is one (a folder carried with the three files works);
+# bench/h200_common.sh (what the run_*_h200.sh scripts share) beside itself too, else in the
+# repo's bench/ (for a carried folder at the repo's root).
 # Knobs: SHAPES=S,M,L ITERS=20 WARMUP=3 OUT_DIR=/tmp/kiln-attention PYTHON=python3.
 # Exit 1 (and a last line saying FAILED) when attention_bench's self-check fails (kiln's O
 # against the reference and the two forwards against each other) or either side cannot run.
@@ -13,28 +15,21 @@
 # /usr/local/cuda/lib64 when it is there.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-default_bench=$here/../build/bench/attention_bench
-[[ -x $here/attention_bench ]] && default_bench=$here/attention_bench
-BENCH=${ATTENTION_BENCH:-$default_bench}
+common=$here/h200_common.sh
+[[ -f $common ]] || common=$here/../bench/h200_common.sh
+# shellcheck source=bench/h200_common.sh
+source "$common" || exit 1
+BENCH=${ATTENTION_BENCH:-$(h200_bench attention_bench)}
 SHAPES=${SHAPES:-S,M,L}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-3}
 OUT_DIR=${OUT_DIR:-/tmp/kiln-attention}
 PYTHON=${PYTHON:-python3}
-mkdir -p "$OUT_DIR"
-[[ -d /usr/local/cuda/lib64 ]] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-status=0
-if ! "$BENCH" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" >"$OUT_DIR/kiln.jsonl" 2>"$OUT_DIR/kiln.log"; then
-  echo "attention_bench failed (log: $OUT_DIR/kiln.log):" >&2
-  tail -5 "$OUT_DIR/kiln.log" >&2
-  status=1
-fi
-if ! "$PYTHON" "$here/attention_torch.py" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" \
-    >"$OUT_DIR/torch.jsonl" 2>"$OUT_DIR/torch.log"; then
-  echo "attention_torch.py failed (log: $OUT_DIR/torch.log):" >&2
-  tail -5 "$OUT_DIR/torch.log" >&2
-  status=1
-fi
+h200_setup
+h200_run attention_bench "$OUT_DIR/kiln.jsonl" "$OUT_DIR/kiln.log" \
+  "$BENCH" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP"
+h200_run attention_torch.py "$OUT_DIR/torch.jsonl" "$OUT_DIR/torch.log" \
+  "$PYTHON" "$here/attention_torch.py" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP"
 head -1 "$OUT_DIR/kiln.log" "$OUT_DIR/torch.log" 2>/dev/null | grep -v '^==>' | grep -v '^$'
 "$PYTHON" - "$OUT_DIR/kiln.jsonl" "$OUT_DIR/torch.jsonl" <<'PY'
 import json, sys
@@ -51,5 +46,4 @@ for shape in ("S", "M", "L"):
         print(f"{label:<24} {r['impl']:<36} {r['median_ms']:9.3f} {r['min_ms']:8.3f} {r['max_ms']:8.3f} "
               f"{r['tflops']:8.1f}  {ref:>10}  {vs}")
 PY
-echo "run_attention_h200: $([[ $status == 0 ]] && echo OK || echo FAILED)"
-exit $status
+h200_finish run_attention_h200

@@ -4,7 +4,9 @@
 # CMake on a machine with Abseil and carried: the GPU machine has none), then one table.
 #   GEMM_BENCH=.carry/gemm_bench bash bench/run_gemm_h200.sh
 # The script finds gemm_bench beside itself when GEMM_BENCH is unset and there is one (a folder
-# carried with the two files works), else build/bench/gemm_bench.
+# carried with the two files works), else build/bench/gemm_bench; bench/h200_common.sh (what
+# the run_*_h200.sh scripts share) beside itself too, else in the repo's bench/ (for a carried
+# folder at the repo's root).
 # Knobs: PRESETS=llama-S,llama-M GEMMS=qkv,o,gate_up,down,lm_head ITERS=50 WARMUP=5
 # MAX_ERROR=0.02 OUT_DIR=/tmp/kiln-gemm PYTHON=python3.
 # Exit 1 (and a last line saying FAILED) when gemm_bench fails: no GPU or no FP8 tensor cores
@@ -14,9 +16,11 @@
 # /usr/local/cuda/lib64 when it is there.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-default_bench=$here/../build/bench/gemm_bench
-[[ -x $here/gemm_bench ]] && default_bench=$here/gemm_bench
-BENCH=${GEMM_BENCH:-$default_bench}
+common=$here/h200_common.sh
+[[ -f $common ]] || common=$here/../bench/h200_common.sh
+# shellcheck source=bench/h200_common.sh
+source "$common" || exit 1
+BENCH=${GEMM_BENCH:-$(h200_bench gemm_bench)}
 PRESETS=${PRESETS:-llama-S,llama-M}
 GEMMS=${GEMMS:-qkv,o,gate_up,down,lm_head}
 ITERS=${ITERS:-50}
@@ -24,15 +28,9 @@ WARMUP=${WARMUP:-5}
 MAX_ERROR=${MAX_ERROR:-0.02}
 OUT_DIR=${OUT_DIR:-/tmp/kiln-gemm}
 PYTHON=${PYTHON:-python3}
-mkdir -p "$OUT_DIR"
-[[ -d /usr/local/cuda/lib64 ]] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-status=0
-if ! "$BENCH" --presets "$PRESETS" --gemms "$GEMMS" --iters "$ITERS" --warmup "$WARMUP" --max-error "$MAX_ERROR" \
-    --require-gpu >"$OUT_DIR/gemm.jsonl" 2>"$OUT_DIR/gemm.log"; then
-  echo "gemm_bench failed (log: $OUT_DIR/gemm.log):" >&2
-  tail -5 "$OUT_DIR/gemm.log" >&2
-  status=1
-fi
+h200_setup
+h200_run gemm_bench "$OUT_DIR/gemm.jsonl" "$OUT_DIR/gemm.log" \
+  "$BENCH" --presets "$PRESETS" --gemms "$GEMMS" --iters "$ITERS" --warmup "$WARMUP" --max-error "$MAX_ERROR" --require-gpu
 head -1 "$OUT_DIR/gemm.log"
 "$PYTHON" - "$OUT_DIR/gemm.jsonl" <<'PY'
 import json, sys
@@ -52,5 +50,4 @@ for preset in sorted({r["preset"] for r in rows}):
     print(f"{preset}: these {len(sel)} GEMMs, one of each: bf16 {t16:.0f} us ({flops / t16 * 1e-6:.0f} TFLOP/s), "
           f"fp8 {t8:.0f} us ({flops / t8 * 1e-6:.0f} TFLOP/s), {t16 / t8:.2f}x")
 PY
-echo "run_gemm_h200: $([[ $status == 0 ]] && echo OK || echo FAILED)"
-exit $status
+h200_finish run_gemm_h200

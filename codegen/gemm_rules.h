@@ -47,6 +47,11 @@ inline std::string Fp8GemmUnsupportedReason(const GemmDescription& g) {
     return absl::StrCat(types, " with epilogue=bias: cuBLASLt's FP8 bias for a ", DTypeName(g.d_dtype),
                         " D is bf16", fp8_d ? " or f16" : "", ", not the D's dtype the gemm's bias has");
   }
+  if (g.amax && !fp8_d) {
+    return absl::StrCat(types, " with amax=1: cuBLASLt computes AMAX_D for an fp8 D only (for a ",
+                        DTypeName(g.d_dtype), " D no algorithm runs); the amax of a wide result must come from the ",
+                        "kernel that consumes it");
+  }
   return "";
 }
 

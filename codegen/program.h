@@ -40,7 +40,8 @@ struct GemmDescription {
   // other, so GemmDescriptionOf admits there only a d_scale that is the constant 1.
   bool scaled = false;
   // amax=1: the gemm's second result, an f32 scalar, max |alpha a_scale b_scale A B + beta C|
-  // before d_scale (cuBLASLt's CUBLASLT_MATMUL_DESC_AMAX_D_POINTER).
+  // before d_scale (cuBLASLt's CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), for an fp8 D only: the
+  // plan refuses it for another (GemmPlan::CheckSupported).
   bool amax = false;
   // The most workspace cuBLASLt's algorithm may use; the plan reserves this much scratch.
   int64_t max_workspace_bytes = 0;

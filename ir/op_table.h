@@ -75,7 +75,11 @@
 //                          and D = f32(d_scale D) before the result dtype)
 //                          (cuBLASLt's scale pointers); with {amax=1} the node has a second
 //                          result, f32[]: max |alpha a_scale b_scale A B + beta C|, before
-//                          d_scale (cuBLASLt's AMAX_D), what delayed scaling records.
+//                          d_scale (cuBLASLt's AMAX_D), what delayed scaling records. The IR
+//                          and the reference define it for any D, but the CUDA backend plans
+//                          amax=1 for an fp8 D only (cuBLASLt computes AMAX_D for no other;
+//                          GemmPlan::CheckSupported refuses it): the amax of a bf16/f16/f32
+//                          result must come from the kernel that consumes that result.
 //   fp8_quantize(x, state)  {out_dtype=f8e4m3|f8e5m2, [transposed]}  x cast to FP8 with the
 //                          delayed scale its state holds (fp8_scale_update below), for an FP8
 //                          GEMM (passes/fp8_policy.h): x any float tensor of rank >= 1, state f32

@@ -28,10 +28,15 @@
 // FP8 (gemm {scaled=1}: a, b f8e4m3 or f8e5m2, CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2): cuBLASLt's
 //   D = d_scale (alpha a_scale b_scale A B + beta C),  amax = max |alpha a_scale b_scale A B + beta C|
 // with the scales f32 scalars on the device. As with the operands, cuBLAS's A scale is the
-// IR's b_scale and its B scale the IR's a_scale. Accumulation is cuBLASLt's default for FP8
-// (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: partial sums promoted to f32), not the fast mode,
-// whose accumulator keeps fewer bits. What cuBLASLt 13 takes on sm_89/sm_90 (CheckSupported
-// says which rule a description breaks):
+// IR's b_scale and its B scale the IR's a_scale. Accumulation: CUBLASLT_MATMUL_DESC_FAST_ACCUM
+// is set to 0 (cuBLASLt's default, written out so that the choice is visible): cuBLASLt then
+// promotes the tensor cores' partial sums to f32 at intervals of K. Inside an interval Hopper's
+// FP8 MMA still keeps only about 13 fraction bits (DeepSeek-V3's report: "around 14 bits"),
+// so an FP8 GEMM is not f32-accurate either way (tests/gpu_gemm_test.cc's
+// Fp8AccumulationBound); the fast mode never promotes, and its error grows with K.
+// Transformer Engine turns fast accumulation on for forward GEMMs only, never for gradients;
+// whether kiln's forward may take it is the FP8 policy's call, to be measured, not this plan's.
+// What cuBLASLt 13 takes on sm_89/sm_90 (CheckSupported says which rule a description breaks):
 //   operands  e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3 (never e5m2 x e5m2), both K-inner: a mk
 //             and b nk, cuBLAS's TN (a producer writes the transposed copy; lower-gemm does
 //             not make one), K a multiple of 16
@@ -40,6 +45,9 @@
 //             the fp8 D's own type that the IR gives c (its C layout is still bf16, unread)
 //   bias      of D's type for a bf16 or f16 D (cuBLASLt's fp8 bias is bf16 for an f32 D and
 //             bf16/f16 for an fp8 D, which the IR's bias of D's type cannot be)
+//   amax      for an fp8 D only: cuBLASLt 13 has no algorithm that computes AMAX_D for a bf16,
+//             f16 or f32 D (on the H200 the heuristic offers some and none of them runs), so
+//             the amax of a wide result must come from the kernel that consumes it
 // d_scale goes to CUBLASLT_MATMUL_DESC_D_SCALE_POINTER for an fp8 D only (for another D the
 // description's d_scale is 1: codegen/program.h). The scale and amax pointers, like the bias
 // pointer, are attributes of the matmul descriptor, set at each enqueue.

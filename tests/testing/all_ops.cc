@@ -195,7 +195,8 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   if (!made.ok() || !*made) std::abort();
 
   // The gemm's FP8 slots: E4M3 operands with their scales, the output's scale, and the amax
-  // as a second result (what select-fp8-gemm will make; codegen does not plan it yet).
+  // as a second result (what select-fp8-gemm will make), of an fp8 D: the only D whose amax
+  // the CUDA backend plans (ir/op_table.h).
   Function* fp8 = m->AddFunction("fp8_gemm");
   Builder gb(fp8);
   Node* qa = Must(gb.Parameter("a", {DType::kF8E4M3, {4, 8}}));
@@ -209,7 +210,7 @@ std::unique_ptr<Module> BuildAllOpsModule() {
                           {"scaled", int64_t{1}},    {"amax", int64_t{1}}};
   const std::vector<Node*> d_and_amax = fp8->AppendMultiResultNode(
       Opcode::kGemm, {qa, qb, a_scale, b_scale, d_scale}, fp8_attrs,
-      {TensorType{DType::kBF16, {4, 2}}, TensorType{f32, {}}}, {"d", "amax"}, "layers.0.fp8");
+      {TensorType{DType::kF8E4M3, {4, 2}}, TensorType{f32, {}}}, {"d", "amax"}, "layers.0.fp8");
   if (d_and_amax.size() != 2 || !gb.Return(d_and_amax).ok()) std::abort();
 
   // Delayed scaling's ops, as the FP8 policy uses them (passes/fp8_policy.h): x quantized with
