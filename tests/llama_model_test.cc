@@ -489,8 +489,10 @@ TEST(LlamaModel, RejectsBadConfigsAndOptions) {
 }
 
 TEST(LlamaModel, PrecisionNamesRoundTrip) {
-  for (Precision p : {Precision::kFp32, Precision::kBf16}) EXPECT_EQ(*ParsePrecision(PrecisionName(p)), p);
-  EXPECT_THAT(std::string(ParsePrecision("fp8").status().message()), HasSubstr("expected fp32 or bf16"));
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp8}) {
+    EXPECT_EQ(*ParsePrecision(PrecisionName(p)), p);
+  }
+  EXPECT_THAT(std::string(ParsePrecision("fp16").status().message()), HasSubstr("expected fp32, bf16 or fp8"));
 }
 
 }  // namespace
