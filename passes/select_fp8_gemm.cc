@@ -40,11 +40,11 @@ std::vector<Node*> ResultsOf(const Node& multi) {
   return results;
 }
 
-// The transposed copy of `quantize`'s tensor (its result 3), rebuilding the node with
-// {transposed=1} when it has none yet. Returns the (possibly new) quantize node's results.
-absl::StatusOr<std::vector<Node*>> WithTransposedCopy(Function& f, Node* quantize) {
+// Gives `quantize` its transposed copy (result 3), rebuilding the node with {transposed=1}
+// when it has none yet; its uses move to the new node's results.
+absl::Status WithTransposedCopy(Function& f, Node* quantize) {
   std::vector<Node*> old = ResultsOf(*quantize);
-  if (old.size() == 4) return old;
+  if (old.size() == 4) return absl::OkStatus();
   AttrMap attrs = quantize->attrs();
   attrs.Set("transposed", int64_t{1});
   std::vector<TensorType> operand_types;
@@ -68,7 +68,7 @@ absl::StatusOr<std::vector<Node*>> WithTransposedCopy(Function& f, Node* quantiz
   f.RemoveNodes(dead);
   for (size_t i = 0; i < old_names.size(); ++i) f.RenameNode(results[i], old_names[i]);
   f.RenameNode(rebuilt, old_node_name);
-  return results;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -119,8 +119,8 @@ absl::StatusOr<bool> SelectFp8GemmPass::RunOnFunction(Function& f) {
     }
     // Rebuilding a quantize with its transposed copy replaces its result nodes, so the
     // operands are read again afterwards (a and b may be one quantize: x x^T).
-    if (a_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, a.quantize).status());
-    if (b_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, Fp8OperandOf(g->operand(1))->quantize).status());
+    if (a_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, a.quantize));
+    if (b_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, Fp8OperandOf(g->operand(1))->quantize));
     a = *Fp8OperandOf(g->operand(0));
     b = *Fp8OperandOf(g->operand(1));
     Node* qa = a_transposed ? ResultsOf(*a.quantize)[3] : a.q;
