@@ -203,6 +203,27 @@ class Fp8ConvergenceTest(Tmp):
         self.assertIn("| 2 | 3.5000 | 3.5100 | +0.29% |", out)
         self.assertIn("relative difference 0.07%", out)
 
+    def test_several_seeds_are_checked_by_their_means_and_held_out_losses_are_read(self):
+        pairs = [([4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.04]), ([4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 0.97])]
+        files = []
+        for i, (bf16, fp8) in enumerate(pairs):
+            for name, losses in (("bf16", bf16), ("fp8", fp8)):
+                path = self.path(f"{name}.seed{i}.log")
+                with open(path, "w") as f:
+                    f.write(self.log(losses) + f"eval step 4  held-out loss {losses[-1] + 1:.4f}  (64 windows of x)\n")
+                files.append(path)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = fp8_convergence.main(["x"] + files + ["--every", "1"])
+        out = out.getvalue()
+        # Each seed is 4% and 3% off, their means 0.5%: the bar is on the means.
+        self.assertEqual(code, 0, out)
+        self.assertIn("| 1.0000 | 1.0400 | +4.00% | 2.0000 | 2.0400 | +2.00% |", out)
+        self.assertIn("final loss, mean over 2 seeds: bf16 1.0000, fp8 1.0050, relative difference 0.50%", out)
+        self.assertIn("final held-out loss, mean over 2 seeds: bf16 2.0000, fp8 2.0050", out)
+        with contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(fp8_convergence.main(["x"] + files[:3]), 2)  # an odd number of logs
+
     def test_drift_nan_and_missing_steps_fail(self):
         code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.5, 1.5])
         self.assertEqual(code, 1)

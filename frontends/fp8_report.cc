@@ -17,11 +17,12 @@ std::string FormatFp8Report(const Function& step, const TrainingStepLayout& layo
   for (const auto& n : step.nodes()) {
     if (n->opcode() == Opcode::kGemm && n->attrs().Has("scaled")) ++fp8_gemms;
     if (n->opcode() == Opcode::kFp8Quantize) {
-      fp8_bytes += n->result_type(0).num_bytes();
-      if (n->num_results() == 4) {
+      fp8_bytes += n->result_type(Fp8QuantizeResults::kQ).num_bytes();
+      const absl::StatusOr<Fp8QuantizeResults> results = Fp8QuantizeResultsOf(n->attrs());
+      if (results.ok() && results->transposed()) {
         ++copies;
-        copy_bytes += n->result_type(3).num_bytes();
-        fp8_bytes += n->result_type(3).num_bytes();
+        copy_bytes += n->result_type(results->q_t).num_bytes();
+        fp8_bytes += n->result_type(results->q_t).num_bytes();
       }
     }
   }

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
 namespace kiln {
 
 double Fp8MaxFinite(DType format) { return format == DType::kF8E5M2 ? 57344.0 : 448.0; }
@@ -39,6 +43,29 @@ void Fp8ScaleUpdate(double* state, int64_t n, double amax, DType format, int mar
   double m = 0;
   for (int64_t i = kFp8StateHeader; i < n; ++i) m = std::max(m, state[i]);
   state[0] = m > 0 ? Fp8ExponentForAmax(m, format, margin) : e;
+}
+
+absl::StatusOr<Fp8QuantizeResults> Fp8QuantizeResultsOf(const AttrMap& attrs) {
+  auto flag = [&](absl::string_view name) -> absl::StatusOr<bool> {
+    if (!attrs.Has(name)) return false;
+    ASSIGN_OR_RETURN(int64_t v, attrs.GetInt(name));
+    if (v != 0 && v != 1) return absl::InvalidArgumentError(absl::StrCat("fp8_quantize ", name, " must be 0 or 1, got ", v));
+    return v == 1;
+  };
+  Fp8QuantizeResults r;
+  ASSIGN_OR_RETURN(const bool transposed, flag("transposed"));
+  ASSIGN_OR_RETURN(const bool updates_state, flag("update_state"));
+  if (transposed) r.q_t = r.count++;
+  if (updates_state) {
+    r.next_state = r.count++;
+    ASSIGN_OR_RETURN(r.margin, attrs.GetInt("margin"));
+    if (r.margin < 0 || r.margin > 16) {
+      return absl::InvalidArgumentError(absl::StrCat("fp8_quantize margin ", r.margin, " must be in [0, 16]"));
+    }
+  } else if (attrs.Has("margin")) {
+    return absl::InvalidArgumentError("fp8_quantize margin is fp8_scale_update's: it needs update_state=1");
+  }
+  return r;
 }
 
 }  // namespace kiln

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
+#include "ir/attributes.h"
 #include "ir/types.h"
 
 namespace kiln {
@@ -31,5 +33,21 @@ int Fp8ExponentForAmax(double m, DType format, int margin);
 
 // fp8_scale_update on one state (n = L + 2 values), in place.
 void Fp8ScaleUpdate(double* state, int64_t n, double amax, DType format, int margin);
+
+// Where an fp8_quantize's results sit (ir/op_table.h): q 0, amax 1, scale_inv 2, then q_t
+// with {transposed=1}, then the next state with {update_state=1}.
+struct Fp8QuantizeResults {
+  static constexpr int kQ = 0, kAmax = 1, kScaleInv = 2;
+  int q_t = -1;         // result index, or -1 for none
+  int next_state = -1;  // result index, or -1 for none
+  int64_t margin = 0;   // with next_state: fp8_scale_update's margin
+  int count = 3;
+  bool transposed() const { return q_t >= 0; }
+  bool updates_state() const { return next_state >= 0; }
+};
+
+// From the node's attributes; fails on a transposed or update_state other than 0 or 1, or a
+// margin outside [0, 16] (or one without update_state=1).
+absl::StatusOr<Fp8QuantizeResults> Fp8QuantizeResultsOf(const AttrMap& attrs);
 
 }  // namespace kiln

@@ -94,6 +94,11 @@
 //                          transposed=1 a last result q_t: q of x viewed as [R, C] (C its last
 //                          dim) transposed to [C, R], the K-inner copy a TN FP8 GEMM reads
 //                          (Hopper's cuBLASLt takes FP8 in TN only), written by the same kernel.
+//                          With update_state=1 {margin} a last result next_state: exactly
+//                          fp8_scale_update(state, amax) {fp8_format=out_dtype, margin}, the
+//                          state's next value computed by the quantize's kernel once it has the
+//                          amax (fuse-fp8-scale-update makes it). Results in order: q, amax,
+//                          scale_inv, [q_t], [next_state].
 //                          Not differentiable (the policy adds it after autodiff).
 //   fp8_dequantize(q, scale_inv)  {out_dtype}  q fp8, scale_inv f32[]: out_dtype(q scale_inv),
 //                          the float values an fp8_quantize stands for (exact for its power-of-two
@@ -340,7 +345,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kReduceMax, "reduce_max", 1, kReduction, kInferred, 1, "dims")                                                        \
   X(kDotGeneral, "dot_general", 2, kContraction, kInferred, 1, "lhs_batch,rhs_batch,lhs_contract,rhs_contract,out_dtype") \
   X(kGemm, "gemm", kVariadic, kContraction, kDeclared, kVariableResults, "batch,m,n,k,a_layout,b_layout,alpha,beta,epilogue,scaled,amax")            \
-  X(kFp8Quantize, "fp8_quantize", 2, kComposite, kInferred, kVariableResults, "out_dtype,transposed")                \
+  X(kFp8Quantize, "fp8_quantize", 2, kComposite, kInferred, kVariableResults, "out_dtype,transposed,update_state,margin")                \
   X(kFp8Dequantize, "fp8_dequantize", 2, kComposite, kInferred, 1, "out_dtype")                                         \
   X(kFp8ScaleUpdate, "fp8_scale_update", 2, kComposite, kInferred, 1, "fp8_format,margin")                              \
   X(kGather, "gather", 2, kIndexing, kInferred, 1, "")                                                                    \

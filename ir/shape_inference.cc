@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/fp8_scaling.h"
 #include "ir/gemm_slots.h"
 #include "ir/paged_kv_shapes.h"
 #include "ir/status_macros.h"
@@ -224,17 +225,14 @@ absl::StatusOr<std::vector<TensorType>> InferFp8Quantize(absl::Span<const Tensor
   if (x.rank() < 1) return Invalid("fp8_quantize input must have rank >= 1");
   RETURN_IF_ERROR(RequireFp8State(xs[1], "fp8_quantize"));
   ASSIGN_OR_RETURN(DType format, Fp8FormatAttr(attrs, "out_dtype", "fp8_quantize"));
-  int64_t transposed = 0;
-  if (attrs.Has("transposed")) {
-    ASSIGN_OR_RETURN(transposed, attrs.GetInt("transposed"));
-    if (transposed != 0 && transposed != 1) return Invalid("fp8_quantize transposed must be 0 or 1");
-  }
+  ASSIGN_OR_RETURN(const Fp8QuantizeResults results, Fp8QuantizeResultsOf(attrs));
   const TensorType scalar{DType::kF32, {}};
   std::vector<TensorType> types{TensorType{format, x.dims}, scalar, scalar};
-  if (transposed) {
+  if (results.transposed()) {
     const int64_t cols = x.dims.back();
     types.push_back(TensorType{format, {cols, cols == 0 ? 0 : x.num_elements() / cols}});
   }
+  if (results.updates_state()) types.push_back(xs[1]);  // the next state
   return types;
 }
 

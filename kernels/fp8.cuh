@@ -1,13 +1,15 @@
 // Delayed scaling's three ops (ir/op_table.h), bit for bit as ir/reference/fp8_ops.cc and
 // ir/fp8_scaling.cc define them:
-//   fp8_quantize(x, state) -> (q, amax, scale_inv[, q_t])   two launches:
-//     Fp8QuantizeBegin       one thread: amax = 0 (the next launch's atomics start from it,
-//                            every run) and scale_inv = 2^-e
+//   fp8_quantize(x, state) -> (q, amax, scale_inv[, q_t][, next_state])   one launch:
 //     Fp8Quantize            x read once in chunks of 16 elements (16 bytes of q), a
 //                            grid-stride loop; q and the amax
 //     Fp8QuantizeTransposed  with q_t: x as [R, C] in 128 x 128 tiles, one per block; q
 //                            written from the loads, q_t from a shared-memory tile of the fp8
 //                            bytes, both with coalesced 16-byte rows where R and C allow
+//     both end in Fp8QuantizeFinishBlock: each block's max |x| joins an atomic max in
+//     module-scope memory, and the last block to finish writes amax and scale_inv, and with
+//     update_state the next state (fp8_scale_update's arithmetic, over the state in place:
+//     every other block read its scale before it counted itself finished)
 //   fp8_dequantize(q, scale_inv) -> out                     Fp8Dequantize, a grid-stride loop
 //   fp8_scale_update(state, amax) -> next state             Fp8ScaleUpdate, one block
 //
@@ -92,40 +94,142 @@ __device__ __forceinline__ bool IsFinite(float v) { return (__float_as_uint(v) &
 // |v|'s bits: ordered as the values for every non-negative float, NaNs above +inf.
 __device__ __forceinline__ unsigned int AbsBits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-// The block's largest AbsBits into *amax (a float's bits, zeroed by Fp8QuantizeBegin). All
-// threads of the block must call it.
-template <int kThreads>
-__device__ __forceinline__ void BlockAmax(float* amax, unsigned int bits) {
+// ------------------------------------------------------------------------------- scale update
+
+// ir/fp8_scaling.h's Fp8ExponentForAmax in f32, for a finite m > 0: frexpf's exponents are
+// within one of the answer, and each step's m 2^e lies near max_finite, so ldexpf is exact.
+__device__ __forceinline__ int Fp8ExponentForAmax(float m, float max_finite, int margin) {
+  int m_exp = 0, max_exp = 0;
+  frexpf(m, &m_exp);
+  frexpf(max_finite, &max_exp);
+  int e = max_exp - m_exp;
+  while (ldexpf(m, e) > max_finite) --e;
+  while (ldexpf(m, e + 1) <= max_finite) ++e;
+  return min(max(e - margin, kFp8MinExponent), kFp8MaxExponent);
+}
+
+// fp8_scale_update: the next state (kN = L + 2 floats: e, overflows, the amax history newest
+// first) from `state` and this step's amax, as ir/fp8_scaling.cc's Fp8ScaleUpdate:
+//   amax not finite: history kept, overflows + 1, e - 1 (at least -64)
+//   else: history shifted with amax first; m = its max (the reference's std::max from 0:
+//         NaNs and values <= 0 never win); e = Fp8ExponentForAmax(m) when m > 0, else kept.
+// Launch: one block of kThreads. Every thread reads its elements before the reduction's
+// barriers and writes them after, so out may be state's own buffer. A history holding +inf
+// (which this op never writes) gives e = -64, as the reference does. Fp8ScaleUpdateBlock
+// takes this step's amax as a value `a` (the quantize kernel's last block calls it);
+// Fp8ScaleUpdate, an unfused fp8_scale_update's kernel, reads it from amax.
+template <long long kN, int kThreads>
+__device__ __forceinline__ void Fp8ScaleUpdateBlock(float* out, const float* state, float a, float max_finite,
+                                                    int margin) {
+  static_assert(kN >= 3, "a state is [e, overflows, L >= 1 amaxes]");
+  constexpr int kPer = static_cast<int>(CeilDiv(kN, kThreads));
+  const float overflows = state[1];
+  const int e = Fp8ScaleExponent(state[0]);
+  const bool overflow = !IsFinite(a);
+  float next[kPer];
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const long long i = threadIdx.x + static_cast<long long>(k) * kThreads;
+    next[k] = 0.f;
+    if (i < 2 || i >= kN) continue;
+    if (overflow) {
+      next[k] = state[i];
+    } else {
+      next[k] = i == 2 ? a : state[i - 1];
+      m = m < next[k] ? next[k] : m;
+    }
+  }
+  // The partial maxima are +0 or positive, never NaN: fmaxf is their max.
+  m = BlockReduce<kThreads>(m, MaxOp(), 0.f);
+  int e_next = e;
+  if (overflow) {
+    e_next = max(e - 1, kFp8MinExponent);
+  } else if (m > 0.f) {
+    e_next = IsFinite(m) ? Fp8ExponentForAmax(m, max_finite, margin) : kFp8MinExponent;
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const long long i = threadIdx.x + static_cast<long long>(k) * kThreads;
+    if (i >= kN) continue;
+    out[i] = i == 0   ? static_cast<float>(e_next)
+             : i == 1 ? (overflow ? __fadd_rn(overflows, 1.f) : overflows)
+                      : next[k];
+  }
+}
+
+template <long long kN, int kThreads>
+__device__ __forceinline__ void Fp8ScaleUpdate(float* out, const float* state, const float* amax, float max_finite,
+                                               int margin) {
+  Fp8ScaleUpdateBlock<kN, kThreads>(out, state, amax[0], max_finite, margin);
+}
+
+// ------------------------------------------------------------------------------- quantize
+
+// Where a quantize kernel's blocks put what they found. amax_bits and blocks_done are the
+// kernel's module-scope words: zero at load, and the last block leaves them zero, so every
+// launch (each step's graph replay) starts from zero; a node's kernels run one at a time on
+// one stream. amax, scale_inv and next_state may be null (not needed; no update_state).
+struct Fp8QuantizeFinish {
+  float* amax;
+  float* scale_inv;
+  float* next_state;
+  unsigned int* amax_bits;
+  unsigned int* blocks_done;
+  float max_finite;  // of the quantize's format: the scale update's
+  int margin;
+};
+
+// Called by every thread of every block with its max AbsBits (`bits`) and the scale's
+// exponent e: the block's max joins the atomic max, and the last block to finish (the classic
+// last-block reduction: publish, fence, count; the last block fences again before reading)
+// writes the results. kStateN: the state's length (L + 2).
+template <int kThreads, long long kStateN>
+__device__ __forceinline__ void Fp8QuantizeFinishBlock(const Fp8QuantizeFinish& finish, const float* state,
+                                                       unsigned int bits, int e) {
   static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block of whole warps");
   constexpr int kWarps = kThreads / kWarpSize;
   __shared__ unsigned int warp_max[kWarps];
-  bits = __reduce_max_sync(0xffffffffu, bits);
+  __shared__ bool is_last_block;
+  __shared__ float amax;
   const int lane = threadIdx.x % kWarpSize;
+  bits = __reduce_max_sync(0xffffffffu, bits);
   if (lane == 0) warp_max[threadIdx.x / kWarpSize] = bits;
+  __syncthreads();  // also: every thread of the block has read the state
+  if (threadIdx.x < kWarpSize) {
+    bits = __reduce_max_sync(0xffffffffu, lane < kWarps ? warp_max[lane] : 0u);
+    if (lane == 0) {
+      if (bits != 0) atomicMax(finish.amax_bits, bits);
+      __threadfence();
+      is_last_block = atomicAdd(finish.blocks_done, 1u) == gridDim.x - 1;
+    }
+  }
   __syncthreads();
-  if (threadIdx.x >= kWarpSize) return;
-  bits = __reduce_max_sync(0xffffffffu, lane < kWarps ? warp_max[lane] : 0u);
-  if (lane == 0 && bits != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), bits);
-}
-
-// ------------------------------------------------------------------------------- kernels
-
-// Launch: one thread (any geometry; thread 0 of block 0 does it). Either output may be null.
-__device__ __forceinline__ void Fp8QuantizeBegin(float* amax, float* scale_inv, const float* state) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  if (amax != nullptr) *amax = 0.f;
-  if (scale_inv != nullptr) *scale_inv = Pow2(-Fp8ScaleExponent(state[0]));
+  if (!is_last_block) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    amax = __uint_as_float(atomicOr(finish.amax_bits, 0u));  // every block's max, read at L2
+    if (finish.amax != nullptr) *finish.amax = amax;
+    if (finish.scale_inv != nullptr) *finish.scale_inv = Pow2(-e);
+    *finish.amax_bits = 0u;  // for the next launch
+    *finish.blocks_done = 0u;
+  }
+  __syncthreads();
+  if (finish.next_state != nullptr) {
+    Fp8ScaleUpdateBlock<kStateN, kThreads>(finish.next_state, state, amax, finish.max_finite, finish.margin);
+  }
 }
 
 // q = fp8(x 2^e) over kN elements and the amax. Launch: any grid of kThreads-thread blocks, a
 // grid-stride loop over chunks of 16 elements (one 16-byte store of q, 16 bytes of x per
-// load); the last kN % 16 elements by block 0. q or amax may be null (not needed).
-template <typename TX, typename TQ, long long kN, int kThreads>
-__device__ __forceinline__ void Fp8Quantize(TQ* q, float* amax, const TX* x, const float* state) {
+// load); the last kN % 16 elements by block 0. q may be null (not needed).
+template <typename TX, typename TQ, long long kN, int kThreads, long long kStateN>
+__device__ __forceinline__ void Fp8Quantize(TQ* q, const TX* x, const float* state, Fp8QuantizeFinish finish) {
   constexpr int kChunk = 16;
   constexpr long long kChunks = kN / kChunk;
   constexpr int kTail = static_cast<int>(kN % kChunk);
-  const float scale = Pow2(Fp8ScaleExponent(state[0]));
+  const int e = Fp8ScaleExponent(state[0]);
+  const float scale = Pow2(e);
   unsigned int bits = 0;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   for (long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; c < kChunks; c += stride) {
@@ -143,7 +247,7 @@ __device__ __forceinline__ void Fp8Quantize(TQ* q, float* amax, const TX* x, con
     bits = max(bits, AbsBits(v));
     if (q != nullptr) reinterpret_cast<unsigned char*>(q)[i] = QuantizeOne<TQ>(v, scale);
   }
-  if (amax != nullptr) BlockAmax<kThreads>(amax, bits);
+  Fp8QuantizeFinishBlock<kThreads, kStateN>(finish, state, bits, e);
 }
 
 // The transposing form: x as [kRows, kCols] (kCols its last dim), q as x is and q_t its
@@ -161,7 +265,7 @@ __device__ __forceinline__ void Fp8Quantize(TQ* q, float* amax, const TX* x, con
 //          (eight row groups of four words in a warp) hit 32 distinct banks, and since the
 //          XOR keeps a word's two low bits, a chunk's words (two at most, from an even word)
 //          stay adjacent and aligned for one shared-memory store.
-// q, amax or q_t may be null (not needed).
+// q or q_t may be null (not needed).
 constexpr int kFp8Tile = 128;
 constexpr int kFp8TileThreads = 256;
 
@@ -171,8 +275,9 @@ __device__ __forceinline__ int Fp8TileByte(int r, int c) {
   return r * kFp8Tile + 4 * word + (c & 3);
 }
 
-template <typename TX, typename TQ, long long kRows, long long kCols, int kInVec, int kOutVec>
-__device__ __forceinline__ void Fp8QuantizeTransposed(TQ* q, float* amax, TQ* q_t, const TX* x, const float* state) {
+template <typename TX, typename TQ, long long kRows, long long kCols, int kInVec, int kOutVec, long long kStateN>
+__device__ __forceinline__ void Fp8QuantizeTransposed(TQ* q, TQ* q_t, const TX* x, const float* state,
+                                                      Fp8QuantizeFinish finish) {
   static_assert(kInVec == 1 || kInVec == 2 || kInVec == 4 || (kInVec == 8 && sizeof(TX) <= 2),
                 "loads of 16 bytes at most");
   static_assert(kCols % kInVec == 0 && kRows % kOutVec == 0, "whole chunks in every row");
@@ -183,7 +288,8 @@ __device__ __forceinline__ void Fp8QuantizeTransposed(TQ* q, float* amax, TQ* q_
   __shared__ __align__(16) unsigned char tile[kFp8Tile * kFp8Tile];
   const long long r0 = static_cast<long long>(blockIdx.x / kTileCols) * kFp8Tile;
   const long long c0 = static_cast<long long>(blockIdx.x % kTileCols) * kFp8Tile;
-  const float scale = Pow2(Fp8ScaleExponent(state[0]));
+  const int e = Fp8ScaleExponent(state[0]);
+  const float scale = Pow2(e);
   unsigned char* q_bytes = reinterpret_cast<unsigned char*>(q);
   unsigned int bits = 0;
 
@@ -286,7 +392,7 @@ __device__ __forceinline__ void Fp8QuantizeTransposed(TQ* q, float* amax, TQ* q_
       }
     }
   }
-  if (amax != nullptr) BlockAmax<kThreads>(amax, bits);
+  Fp8QuantizeFinishBlock<kThreads, kStateN>(finish, state, bits, e);
 }
 
 // out = TO(q scale_inv) over kN elements: the product of an fp8 value (4 significant bits)
@@ -339,67 +445,6 @@ __device__ __forceinline__ void Fp8Dequantize(TO* out, const TQ* q, const float*
   if (kTail != 0 && blockIdx.x == 0 && threadIdx.x < kTail) {
     const long long i = kChunks * kChunk + threadIdx.x;
     out[i] = RoundFromDouble<TO>(__dmul_rn(static_cast<double>(ToFloat(q[i])), s));
-  }
-}
-
-// ir/fp8_scaling.h's Fp8ExponentForAmax in f32, for a finite m > 0: frexpf's exponents are
-// within one of the answer, and each step's m 2^e lies near max_finite, so ldexpf is exact.
-__device__ __forceinline__ int Fp8ExponentForAmax(float m, float max_finite, int margin) {
-  int m_exp = 0, max_exp = 0;
-  frexpf(m, &m_exp);
-  frexpf(max_finite, &max_exp);
-  int e = max_exp - m_exp;
-  while (ldexpf(m, e) > max_finite) --e;
-  while (ldexpf(m, e + 1) <= max_finite) ++e;
-  return min(max(e - margin, kFp8MinExponent), kFp8MaxExponent);
-}
-
-// fp8_scale_update: the next state (kN = L + 2 floats: e, overflows, the amax history newest
-// first) from `state` and this step's amax, as ir/fp8_scaling.cc's Fp8ScaleUpdate:
-//   amax not finite: history kept, overflows + 1, e - 1 (at least -64)
-//   else: history shifted with amax first; m = its max (the reference's std::max from 0:
-//         NaNs and values <= 0 never win); e = Fp8ExponentForAmax(m) when m > 0, else kept.
-// Launch: one block of kThreads. Every thread reads its elements before the reduction's
-// barriers and writes them after, so out may be state's own buffer. A history holding +inf
-// (which this op never writes) gives e = -64, as the reference does.
-template <long long kN, int kThreads>
-__device__ __forceinline__ void Fp8ScaleUpdate(float* out, const float* state, const float* amax, float max_finite,
-                                               int margin) {
-  static_assert(kN >= 3, "a state is [e, overflows, L >= 1 amaxes]");
-  constexpr int kPer = static_cast<int>(CeilDiv(kN, kThreads));
-  const float a = amax[0];
-  const float overflows = state[1];
-  const int e = Fp8ScaleExponent(state[0]);
-  const bool overflow = !IsFinite(a);
-  float next[kPer];
-  float m = 0.f;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const long long i = threadIdx.x + static_cast<long long>(k) * kThreads;
-    next[k] = 0.f;
-    if (i < 2 || i >= kN) continue;
-    if (overflow) {
-      next[k] = state[i];
-    } else {
-      next[k] = i == 2 ? a : state[i - 1];
-      m = m < next[k] ? next[k] : m;
-    }
-  }
-  // The partial maxima are +0 or positive, never NaN: fmaxf is their max.
-  m = BlockReduce<kThreads>(m, MaxOp(), 0.f);
-  int e_next = e;
-  if (overflow) {
-    e_next = max(e - 1, kFp8MinExponent);
-  } else if (m > 0.f) {
-    e_next = IsFinite(m) ? Fp8ExponentForAmax(m, max_finite, margin) : kFp8MinExponent;
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const long long i = threadIdx.x + static_cast<long long>(k) * kThreads;
-    if (i >= kN) continue;
-    out[i] = i == 0   ? static_cast<float>(e_next)
-             : i == 1 ? (overflow ? __fadd_rn(overflows, 1.f) : overflows)
-                      : next[k];
   }
 }
 

@@ -11,6 +11,7 @@
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
+#include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
@@ -58,6 +59,9 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // that a gemm whose result is only read as bf16 writes bf16 before it becomes FP8. A step
   // without the policy has no fp8_dequantize for it to find.
   p.Add(std::make_unique<SelectFp8GemmPass>(options.capabilities, options.target.value_or(Target{})));
+  // Each FP8 tensor's scale update in its quantize's kernel (one launch fewer per tensor);
+  // after select-fp8-gemm, which rebuilds the quantizes it gives a transposed copy.
+  p.Add(std::make_unique<FuseFp8ScaleUpdatePass>());
   // A residual add and its norm in one kernel, norms written in the dtype their consumers
   // convert to, the residual gradient's add in the norm's backward kernel. After
   // elide-grad-zeroing, which has made a residual add whose branch is a GEMM that GEMM's C

@@ -6,7 +6,7 @@
 //   default   what `kiln compile` runs, on any module and on the training step:
 //             simplify(canonicalize, cse, dce), dce, lower-gemm, gemm-bias-epilogue,
 //             elide-grad-zeroing, narrow-activations-bf16, select-fp8-gemm,
-//             fuse-residual-norm, merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops,
+//             fuse-fp8-scale-update, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops,
 //             rematerialize, group-optimizer-updates.
 //
 // A training step is compiled by passes/training_compile.h: the forward pipeline, the step,

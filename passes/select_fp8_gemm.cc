@@ -3,10 +3,11 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "ir/fp8_scaling.h"
 #include "ir/gemm_slots.h"
 #include "ir/node_predicates.h"
-#include "ir/shape_inference.h"
 #include "ir/status_macros.h"
+#include "passes/fp8_quantize_rebuild.h"
 
 namespace kiln {
 namespace {
@@ -24,51 +25,21 @@ std::optional<Fp8Operand> Fp8OperandOf(Node* v) {
   Node* scale_inv = v->operand(1);
   if (q->opcode() != Opcode::kGetResult || scale_inv->opcode() != Opcode::kGetResult) return std::nullopt;
   Node* quantize = q->operand(0);
-  if (quantize->opcode() != Opcode::kFp8Quantize || scale_inv->operand(0) != quantize || q->result_index() != 0 ||
-      scale_inv->result_index() != 2) {
+  if (quantize->opcode() != Opcode::kFp8Quantize || scale_inv->operand(0) != quantize ||
+      q->result_index() != Fp8QuantizeResults::kQ || scale_inv->result_index() != Fp8QuantizeResults::kScaleInv) {
     return std::nullopt;
   }
   return Fp8Operand{quantize, q, scale_inv};
 }
 
-// The get_result nodes of a multi-result node, in result order (they follow it directly).
-std::vector<Node*> ResultsOf(const Node& multi) {
-  std::vector<Node*> results(multi.num_results(), nullptr);
-  for (Node* u : multi.users()) {
-    if (u->opcode() == Opcode::kGetResult) results[u->result_index()] = u;
-  }
-  return results;
-}
-
-// Gives `quantize` its transposed copy (result 3), rebuilding the node with {transposed=1}
-// when it has none yet; its uses move to the new node's results.
+// Gives `quantize` its transposed copy ({transposed=1}), rebuilding the node when it has
+// none yet; its uses move to the new node's results.
 absl::Status WithTransposedCopy(Function& f, Node* quantize) {
-  std::vector<Node*> old = ResultsOf(*quantize);
-  if (old.size() == 4) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Fp8QuantizeResults layout, Fp8QuantizeResultsOf(quantize->attrs()));
+  if (layout.transposed()) return absl::OkStatus();
   AttrMap attrs = quantize->attrs();
   attrs.Set("transposed", int64_t{1});
-  std::vector<TensorType> operand_types;
-  for (const Node* o : quantize->operands()) operand_types.push_back(o->type());
-  ASSIGN_OR_RETURN(std::vector<TensorType> types, InferResultTypes(Opcode::kFp8Quantize, operand_types, attrs, nullptr));
-  std::vector<std::string> names;
-  for (const Node* r : old) names.push_back(f.UniqueName(absl::StrCat(r->name(), ".tmp")));
-  names.push_back(f.UniqueName(absl::StrCat(old[0]->name(), ".t")));
-  std::vector<Node*> results = f.AppendMultiResultNode(Opcode::kFp8Quantize, quantize->operands(), std::move(attrs),
-                                                       std::move(types), names, quantize->scope(), quantize);
-  if (results.size() != 4) return absl::InternalError(absl::StrCat("select-fp8-gemm: cannot rebuild %", old[0]->name()));
-  std::vector<std::string> old_names;
-  const std::string old_node_name = quantize->name();
-  Node* rebuilt = results[0]->operand(0);
-  std::vector<Node*> dead{quantize};
-  for (size_t i = 0; i < old.size(); ++i) {
-    old[i]->ReplaceAllUsesWith(results[i]);
-    old_names.push_back(old[i]->name());
-    dead.push_back(old[i]);
-  }
-  f.RemoveNodes(dead);
-  for (size_t i = 0; i < old_names.size(); ++i) f.RenameNode(results[i], old_names[i]);
-  f.RenameNode(rebuilt, old_node_name);
-  return absl::OkStatus();
+  return RebuildFp8Quantize(f, quantize, std::move(attrs)).status();
 }
 
 }  // namespace
@@ -123,8 +94,11 @@ absl::StatusOr<bool> SelectFp8GemmPass::RunOnFunction(Function& f) {
     if (b_transposed) RETURN_IF_ERROR(WithTransposedCopy(f, Fp8OperandOf(g->operand(1))->quantize));
     a = *Fp8OperandOf(g->operand(0));
     b = *Fp8OperandOf(g->operand(1));
-    Node* qa = a_transposed ? ResultsOf(*a.quantize)[3] : a.q;
-    Node* qb = b_transposed ? ResultsOf(*b.quantize)[3] : b.q;
+    ASSIGN_OR_RETURN(const Fp8QuantizeResults a_results, Fp8QuantizeResultsOf(a.quantize->attrs()));
+    ASSIGN_OR_RETURN(const Fp8QuantizeResults b_results, Fp8QuantizeResultsOf(b.quantize->attrs()));
+    Node* qa = a_transposed ? a.quantize->result(a_results.q_t) : a.q;
+    Node* qb = b_transposed ? b.quantize->result(b_results.q_t) : b.q;
+    if (qa == nullptr || qb == nullptr) return absl::InternalError(absl::StrCat(label, ": a transposed copy went missing"));
     // One d_scale for every FP8 gemm of the function (a constant is a kernel of its own),
     // defined before the first, which comes first in definition order.
     if (one == nullptr) {

@@ -386,7 +386,7 @@ TEST_F(CliTest, CompileHelpListsTheRegisteredPasses) {
     EXPECT_TRUE(absl::StrContains(help.output, line)) << line << "\n" << help.output;
   }
   EXPECT_TRUE(absl::StrContains(help.output, "simplify(canonicalize, cse, dce), dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, "
-                                                 "narrow-activations-bf16, select-fp8-gemm, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops")) << help.output;
+                                                 "narrow-activations-bf16, select-fp8-gemm, fuse-fp8-scale-update, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops")) << help.output;
 }
 
 // `kiln check` for the default pipeline and for every pass alone, on llama-tiny's forward

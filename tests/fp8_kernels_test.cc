@@ -47,9 +47,14 @@ OneOp MakeOneOp(Opcode op, const std::vector<TensorType>& operands, AttrMap attr
   return one;
 }
 
-OneOp Quantize(TensorType x, DType format, bool transposed, int64_t history = 16) {
+// margin >= 0: {update_state=1, margin}, the next state a last result.
+OneOp Quantize(TensorType x, DType format, bool transposed, int64_t history = 16, int64_t margin = -1) {
   AttrMap attrs{{"out_dtype", Symbol{std::string(DTypeName(format))}}};
   if (transposed) attrs.Set("transposed", int64_t{1});
+  if (margin >= 0) {
+    attrs.Set("update_state", int64_t{1});
+    attrs.Set("margin", margin);
+  }
   return MakeOneOp(Opcode::kFp8Quantize, {x, {kF32, {history + 2}}}, attrs);
 }
 
@@ -87,9 +92,9 @@ std::vector<KernelSpec> LowerAndCompile(const Node* node, std::string* ptxas_log
 
 bool Contains(const KernelSpec& k, const std::string& s) { return k.source.find(s) != std::string::npos; }
 
-// Two kernels: the amax zeroed (and scale_inv written) first, then the quantize; the plain
-// form a grid-stride loop, capped at 16 blocks per SM.
-TEST(Fp8KernelsTest, QuantizeZeroesTheAmaxThenQuantizes) {
+// One kernel, a grid-stride loop capped at 16 blocks per SM, whose last block writes amax and
+// scale_inv from the module-scope max and count it sets back to zero.
+TEST(Fp8KernelsTest, QuantizeIsOneGridStrideKernel) {
   struct Case {
     TensorType x;
     DType format;
@@ -102,14 +107,49 @@ TEST(Fp8KernelsTest, QuantizeZeroesTheAmaxThenQuantizes) {
     SCOPED_TRACE(absl::StrCat(c.x.ToString(), " -> ", DTypeName(c.format)));
     OneOp one = Quantize(c.x, c.format, /*transposed=*/false);
     const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
-    ASSERT_EQ(kernels.size(), 2u);
-    EXPECT_EQ(kernels[0].name, codegen::KernelName(*one.node) + "_begin");
-    EXPECT_TRUE(Contains(kernels[0], "Fp8QuantizeBegin(amax, scale_inv, state)")) << kernels[0].source;
-    EXPECT_EQ(kernels[0].grid[0], 1u);
-    EXPECT_TRUE(Contains(kernels[1], absl::StrCat("Fp8Quantize<", CudaTypeName(c.x.dtype), ", ", CudaTypeName(c.format),
-                                                  ", ", c.x.num_elements(), "LL, 256>(q, amax, x, state)")))
-        << kernels[1].source;
-    EXPECT_LE(kernels[1].grid[0], 16u * CodegenOptions{}.target.sm_count);
+    ASSERT_EQ(kernels.size(), 1u);
+    EXPECT_TRUE(Contains(kernels[0], absl::StrCat("Fp8Quantize<", CudaTypeName(c.x.dtype), ", ", CudaTypeName(c.format),
+                                                  ", ", c.x.num_elements(), "LL, 256, 18LL>(q, x, state, ")))
+        << kernels[0].source;
+    EXPECT_TRUE(Contains(kernels[0], "Fp8QuantizeFinish{amax, scale_inv, nullptr, &g_amax_bits, &g_blocks_done, "))
+        << kernels[0].source;
+    EXPECT_TRUE(Contains(kernels[0], "static __device__ unsigned int g_blocks_done = 0;")) << kernels[0].source;
+    EXPECT_LE(kernels[0].grid[0], 16u * CodegenOptions{}.target.sm_count);
+  }
+}
+
+// With update_state the kernel takes next_state and passes the format's largest value and
+// the margin to the last block's scale update; the next state may take the state's buffer
+// (result 3, or 4 after q_t), no other result any operand's.
+TEST(Fp8KernelsTest, QuantizeThatUpdatesTheStateWritesItInPlace) {
+  struct Case {
+    TensorType x;
+    DType format;
+    bool transposed;
+    int64_t history, margin;
+    std::string finish;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{kBF16, {257, 130}}, kE5M2, false, 16, 0, "next_state, &g_amax_bits, &g_blocks_done, 0x1.cp+15f, 0}"},
+           {{kBF16, {4096, 2048}}, kE4M3, true, 16, 2, "next_state, &g_amax_bits, &g_blocks_done, 0x1.cp+8f, 2}"},
+           {{kF32, {3, 5, 7}}, kE4M3, true, 1, 0, "next_state, &g_amax_bits, &g_blocks_done, 0x1.cp+8f, 0}"},
+           {{kF32, {64, 1000}}, kE5M2, false, 1024, 1, "next_state, &g_amax_bits, &g_blocks_done, 0x1.cp+15f, 1}"}}) {
+    SCOPED_TRACE(absl::StrCat(c.x.ToString(), " -> ", DTypeName(c.format), c.transposed ? " transposed" : "",
+                              ", L = ", c.history));
+    OneOp one = Quantize(c.x, c.format, c.transposed, c.history, c.margin);
+    ASSERT_EQ(one.node->num_results(), c.transposed ? 5 : 4);
+    EXPECT_EQ(one.node->result_type(one.node->num_results() - 1), (TensorType{kF32, {c.history + 2}}));
+    const std::vector<KernelSpec> kernels = LowerAndCompile(one.node);
+    ASSERT_EQ(kernels.size(), 1u);
+    EXPECT_TRUE(Contains(kernels[0], absl::StrCat(c.history + 2, "LL>(q, "))) << kernels[0].source;
+    EXPECT_TRUE(Contains(kernels[0], c.finish)) << kernels[0].source;
+    EXPECT_TRUE(Contains(kernels[0], "float* next_state, ")) << kernels[0].source;
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*one.node);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    EXPECT_TRUE(lowered->elementwise_in_place);
+    std::vector<int> in_place(one.node->num_results(), -1);
+    in_place.back() = 1;
+    EXPECT_EQ(lowered->in_place_operand_of_results, in_place);
   }
 }
 
@@ -135,24 +175,27 @@ TEST(Fp8KernelsTest, TransposedQuantizeTilesByTheShape) {
     ASSERT_EQ(one.node->num_results(), 4);
     std::string log;
     const std::vector<KernelSpec> kernels = LowerAndCompile(one.node, &log);
-    ASSERT_EQ(kernels.size(), 2u);
-    EXPECT_TRUE(Contains(kernels[1], absl::StrCat("Fp8QuantizeTransposed<", CudaTypeName(c.x.dtype), ", ",
+    ASSERT_EQ(kernels.size(), 1u);
+    EXPECT_TRUE(Contains(kernels[0], absl::StrCat("Fp8QuantizeTransposed<", CudaTypeName(c.x.dtype), ", ",
                                                   CudaTypeName(c.format), ", ", c.rows, "LL, ", c.cols, "LL, ",
-                                                  c.in_vec, ", ", c.out_vec, ">(q, amax, q_t, x, state)")))
-        << kernels[1].source;
-    EXPECT_EQ(kernels[1].grid[0], static_cast<uint32_t>(c.tiles));
-    EXPECT_EQ(kernels[1].block[0], 256u);
+                                                  c.in_vec, ", ", c.out_vec, ", 18LL>(q, q_t, x, state, ")))
+        << kernels[0].source;
+    EXPECT_EQ(kernels[0].grid[0], static_cast<uint32_t>(c.tiles));
+    EXPECT_EQ(kernels[0].block[0], 256u);
     if (c.x.dtype == kBF16 && c.rows == 4096)
       std::printf("fp8_quantize %s transposed: %s\n", c.x.ToString().c_str(), log.c_str());
   }
 }
 
-// An empty x: only the first kernel (amax 0, scale_inv); an empty dequantize: nothing to run.
+// An empty x: the grid-stride form's one block, which writes amax (0), scale_inv and the
+// next state; an empty dequantize: nothing to run.
 TEST(Fp8KernelsTest, EmptyTensors) {
-  OneOp quantize = Quantize({kBF16, {0, 8}}, kE4M3, /*transposed=*/true);
+  OneOp quantize = Quantize({kBF16, {0, 8}}, kE4M3, /*transposed=*/true, 16, /*margin=*/0);
   const std::vector<KernelSpec> kernels = LowerAndCompile(quantize.node);
   ASSERT_EQ(kernels.size(), 1u);
-  EXPECT_TRUE(Contains(kernels[0], "Fp8QuantizeBegin("));
+  EXPECT_EQ(kernels[0].grid[0], 1u);
+  EXPECT_TRUE(Contains(kernels[0], "Fp8Quantize<__nv_bfloat16, __nv_fp8_e4m3, 0LL, 256, 18LL>(q, x, state, "))
+      << kernels[0].source;
   OneOp dequantize = MakeOneOp(Opcode::kFp8Dequantize, {{kE4M3, {0}}, {kF32, {}}}, {{"out_dtype", Symbol{"f32"}}});
   EXPECT_TRUE(LowerAndCompile(dequantize.node).empty());
 }

@@ -10,7 +10,8 @@
 //                   NaN, f32's largest and subnormals; scales from the clamps at ±64 to NaN
 //                   and fractional exponents; zero tensors; an empty one; results left
 //                   unread (their kernels' null outputs); the amax of a second run on the
-//                   same executable (it is zeroed every run).
+//                   same executable (it starts from zero every run); with update_state, the
+//                   next state over the state in place, run after run.
 //   fp8_dequantize  every byte of both formats into f32, bf16 and f16 with power-of-two and
 //                   other scale_invs (the product rounded once), overflow, subnormal, NaN.
 //   fp8_scale_update  a normal amax, inf and NaN amaxes (overflow), zero histories, margins
@@ -244,6 +245,66 @@ TEST(GpuFp8, QuantizeOfAnEmptyTensor) {
   const std::unique_ptr<CudaExecutable> exe = Compile(*f);
   ASSERT_NE(exe, nullptr);
   ExpectRunMatchesReference(*f, *exe, {HostTensor(x), State(-5)});
+}
+
+// ---- fp8_quantize {update_state=1} (fuse-fp8-scale-update's) ---------------------------
+
+// @quantize_update(x, state) -> every result, the next state donated to the state (written
+// over it by the last block).
+std::unique_ptr<Function> QuantizeUpdateFunction(TensorType x, DType format, bool transposed, int64_t history,
+                                                 int64_t margin) {
+  auto f = std::make_unique<Function>("quantize_update");
+  Builder b(f.get());
+  Node* xp = *b.Parameter("x", std::move(x));
+  Node* state = *b.Parameter("state", {kF32, {history + 2}});
+  AttrMap attrs{{"out_dtype", Symbol{std::string(DTypeName(format))}}, {"update_state", int64_t{1}},
+                {"margin", margin}};
+  if (transposed) attrs.Set("transposed", int64_t{1});
+  absl::StatusOr<std::vector<Node*>> r = b.MultiResultOp(Opcode::kFp8Quantize, {xp, state}, attrs);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return f;
+  std::vector<int64_t> aliases(r->size(), -1);
+  aliases.back() = 1;
+  EXPECT_TRUE(b.Return(*r, aliases).ok());
+  return f;
+}
+
+// Run after run on one executable, each run's state the last one's next state: the results
+// and the next state bit for bit the reference's (so the module-scope max and block count
+// start from zero every launch, and the state is overwritten only after every block read
+// it), through growing and shrinking amaxes, NaNs (an overflow) and zeros; the next state
+// takes the state's buffer.
+TEST(GpuFp8, QuantizeThatUpdatesTheStateMatchesTheReferenceRunAfterRun) {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    TensorType x;
+    DType format;
+    bool transposed;
+    int64_t history, margin;
+  };
+  for (const Case& c : {Case{{kBF16, {257, 130}}, kE5M2, false, 16, 0}, Case{{kBF16, {4096, 2048}}, kE4M3, true, 16, 1},
+                        Case{{kF32, {3, 5, 7}}, kE4M3, true, 1, 0}, Case{{kF32, {1024, 768}}, kE4M3, true, 16, 0},
+                        Case{{kF16, {33}}, kE5M2, false, 4, 2}, Case{{kBF16, {0, 8}}, kE4M3, true, 16, 0}}) {
+    SCOPED_TRACE(absl::StrCat(c.x.ToString(), " -> ", DTypeName(c.format), c.transposed ? " transposed" : "",
+                              ", L = ", c.history, ", margin ", c.margin));
+    const std::unique_ptr<Function> f = QuantizeUpdateFunction(c.x, c.format, c.transposed, c.history, c.margin);
+    const std::unique_ptr<CudaExecutable> exe = Compile(*f);
+    ASSERT_NE(exe, nullptr);
+    EXPECT_EQ(exe->buffer_plan().in_place_outputs, 1);
+    HostTensor state(TensorType{kF32, {c.history + 2}});  // zeros: scale 1, no history
+    const std::vector<HostTensor> inputs = {
+        HostTensor::Random(c.x, 1, -1.0, 1.0),           HostTensor::Random(c.x, 2, -300.0, 200.0),
+        QuantizeInput(c.x, 3, 0, Values::kWideWithNaN),  HostTensor::Random(c.x, 4, -1e-3, 1e-3),
+        QuantizeInput(c.x, 5, -4, Values::kZeros),       HostTensor::Random(c.x, 6, -0.5, 0.25),
+        HostTensor::Random(c.x, 7, -40.0, 40.0)};
+    for (size_t run = 0; run < inputs.size(); ++run) {
+      SCOPED_TRACE(absl::StrCat("run ", run));
+      ExpectRunMatchesReference(*f, *exe, {inputs[run], state});
+      absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*f, {inputs[run], state});
+      ASSERT_TRUE(want.ok()) << want.status();
+      state = want->back();
+    }
+  }
 }
 
 // ---- fp8_dequantize ---------------------------------------------------------------------

@@ -140,7 +140,7 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
   std::sort(files.begin(), files.end());
   // simplify runs canonicalize, cse, dce for two rounds (the second changes nothing), then
   // itself finishes, then the final dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing,
-  // narrow-activations-bf16, select-fp8-gemm, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head and expand-rope
+  // narrow-activations-bf16, select-fp8-gemm, fuse-fp8-scale-update, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head and expand-rope
   // (no gemms, norms, losses or ropes here: dumped unchanged), then fusion makes its fusion nodes, and rematerialize (nothing
   // to recompute here: dumped unchanged), then group-optimizer-updates (no optimizer here:
   // dumped unchanged).
@@ -149,9 +149,10 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
       "003-after-dce.kir",      "004-after-canonicalize.kir", "005-after-cse.kir",
       "006-after-dce.kir",      "007-after-simplify.kir",     "008-after-dce.kir",
       "009-after-lower-gemm.kir", "010-after-gemm-bias-epilogue.kir", "011-after-elide-grad-zeroing.kir",
-      "012-after-narrow-activations-bf16.kir", "013-after-select-fp8-gemm.kir", "014-after-fuse-residual-norm.kir",
-      "015-after-merge-sibling-gemms.kir", "016-after-chunk-lm-head.kir", "017-after-expand-rope.kir",
-      "018-after-fuse-loops.kir", "019-after-rematerialize.kir", "020-after-group-optimizer-updates.kir"};
+      "012-after-narrow-activations-bf16.kir", "013-after-select-fp8-gemm.kir", "014-after-fuse-fp8-scale-update.kir",
+      "015-after-fuse-residual-norm.kir", "016-after-merge-sibling-gemms.kir", "017-after-chunk-lm-head.kir",
+      "018-after-expand-rope.kir", "019-after-fuse-loops.kir", "020-after-rematerialize.kir",
+      "021-after-group-optimizer-updates.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -159,8 +160,8 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
     EXPECT_TRUE(ParseModule(*text).ok()) << file;
   }
   EXPECT_EQ(*ReadFileToString(dir + "/000-input.kir"), PrintModule(*Parse(kRedundant)));
-  EXPECT_EQ(*ReadFileToString(dir + "/018-after-fuse-loops.kir"), PrintModule(*m));
-  EXPECT_NE(ReadFileToString(dir + "/018-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
+  EXPECT_EQ(*ReadFileToString(dir + "/019-after-fuse-loops.kir"), PrintModule(*m));
+  EXPECT_NE(ReadFileToString(dir + "/019-after-fuse-loops.kir")->find("= fusion("), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -204,7 +205,7 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
-            "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, select-fp8-gemm, fuse-residual-norm, "
+            "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, select-fp8-gemm, fuse-fp8-scale-update, fuse-residual-norm, "
             "merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops, rematerialize, group-optimizer-updates");
 }
 

@@ -11,6 +11,7 @@
 namespace kiln::reference {
 
 absl::StatusOr<std::vector<HostTensor>> EvalFp8Quantize(const Node& node, Operands xs, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(const Fp8QuantizeResults layout, Fp8QuantizeResultsOf(node.attrs()));
   const HostTensor& x = *xs[0];
   const int e = Fp8ScaleExponent((*xs[1])[0]);
   const double scale = std::ldexp(1.0, e);
@@ -32,12 +33,20 @@ absl::StatusOr<std::vector<HostTensor>> EvalFp8Quantize(const Node& node, Operan
   }
   results[1].mutable_values()[0] = amax;
   results[2].mutable_values()[0] = std::ldexp(1.0, -e);
-  if (node.num_results() == 4) {  // q_t: x as [R, C] transposed to [C, R]
+  if (layout.transposed()) {  // q_t: x as [R, C] transposed to [C, R]
     const int64_t cols = x.type().dims.back(), rows = cols == 0 ? 0 : n / cols;
-    std::vector<double>& qt = results[3].mutable_values();
+    std::vector<double>& qt = results[layout.q_t].mutable_values();
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) qt[c * rows + r] = q[r * cols + c];
     }
+  }
+  if (layout.updates_state()) {  // fp8_scale_update(state, amax) {fp8_format=out_dtype, margin}
+    ASSIGN_OR_RETURN(DType format, node.attrs().GetDType("out_dtype"));
+    HostTensor& next = results[layout.next_state];
+    next = *xs[1];
+    // amax as the f32 result the unfused update reads (|x| of a float input is exact in f32).
+    Fp8ScaleUpdate(next.mutable_values().data(), next.num_elements(), static_cast<float>(amax), format,
+                   static_cast<int>(layout.margin));
   }
   return results;
 }
