@@ -331,7 +331,9 @@ TEST_F(CliTest, CheckProvesTheFp8PolicyAndItsFlagsAreChecked) {
   ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --target sm_90a -o " + Path("fp8.kir")).exit_code, 0);
   const std::string fp8 = Read("fp8.kir");
   EXPECT_TRUE(absl::StrContains(fp8, "scaled=1")) << fp8;
-  EXPECT_TRUE(absl::StrContains(fp8, "fp8_scale_update")) << fp8;
+  // fuse-fp8-scale-update: every state's update is its quantize's last result.
+  EXPECT_TRUE(absl::StrContains(fp8, "update_state=1")) << fp8;
+  EXPECT_FALSE(absl::StrContains(fp8, "fp8_scale_update")) << fp8;
   EXPECT_FALSE(absl::StrContains(fp8, "fp8_dequantize")) << fp8;
   // --fp8-skip '.*': nothing in FP8.
   ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --fp8-skip '.*' -o " + Path("none.kir")).exit_code, 0);

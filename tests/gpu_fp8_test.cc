@@ -483,6 +483,15 @@ TEST(GpuFp8, TheFunctionsCompileWithoutAGpu) {
   }
   const TensorType empty{kBF16, {0, 8}};
   check(*QuantizeFunction(empty, kE4M3, /*transposed=*/true, Returned::kAll), {HostTensor(empty), State(-5)});
+  for (bool transposed : {false, true}) {
+    const TensorType x{kBF16, {257, 130}};
+    const std::unique_ptr<Function> f = QuantizeUpdateFunction(x, kE5M2, transposed, 16, 1);
+    check(*f, {QuantizeInput(x, 2, 0, Values::kWide), State(0, 16)});
+    absl::StatusOr<CompiledProgram> program = CompileProgram(*f, {});
+    ASSERT_TRUE(program.ok()) << program.status();
+    EXPECT_EQ(program->plan.in_place_outputs, 1);  // the next state over the state
+    EXPECT_EQ(program->num_launches, 1);
+  }
   for (DType out : {kF32, kBF16, kF16}) {
     const TensorType q{kE5M2, {257, 130}};
     check(*DequantizeFunction(q, out), {EveryFp8Value(q, 1), HostTensor::FromValues({kF32, {}}, {0.1})});

@@ -228,8 +228,14 @@ std::unique_ptr<Module> BuildAllOpsModule() {
       Must(sb.Op(Opcode::kFp8Dequantize, {quantized[3], quantized[2]}, AttrMap{{"out_dtype", Symbol{"bf16"}}}));
   Node* next_state = Must(sb.Op(Opcode::kFp8ScaleUpdate, {fp8_state, quantized[1]},
                                 AttrMap{{"fp8_format", Symbol{"f8e4m3"}}, {"margin", int64_t{0}}}));
+  // And as fuse-fp8-scale-update leaves them: a quantize that also steps its own state.
+  Node* fused_state = Must(sb.Parameter("fused_state", {f32, {6}}));
+  const std::vector<Node*> self_stepped = Must(
+      sb.MultiResultOp(Opcode::kFp8Quantize, {sx, fused_state},
+                       AttrMap{{"out_dtype", Symbol{"f8e5m2"}}, {"update_state", int64_t{1}}, {"margin", int64_t{1}}},
+                       {"q5", "amax5", "scale_inv5", "next_fused_state"}));
   sb.set_scope("");
-  if (!sb.Return({quantized[0], dequantized, next_state}).ok()) std::abort();
+  if (!sb.Return({quantized[0], dequantized, next_state, self_stepped[0], self_stepped[3]}).ok()) std::abort();
 
   // The paged-KV ops, as the inference functions use them (frontends/llama_inference.h): a
   // pool of 2 layers x 3 blocks x 1 kv head x 4 slots x 8, rows written into layer 1 (slot -1
