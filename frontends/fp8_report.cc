@@ -1,6 +1,7 @@
 #include "frontends/fp8_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -61,6 +62,41 @@ std::string FormatFp8Report(const Function& step, const TrainingStepLayout& layo
   for (size_t i = 0; i < overflowed.size() && i < 5; ++i) {
     absl::StrAppendFormat(&out, "    %s: %d\n", overflowed[i].second, overflowed[i].first);
   }
+  // Saturation, delayed scaling's silent failure: a step whose amax outgrows the scale its
+  // history chose clips its largest values to the format's largest (no inf, so no overflow
+  // is counted). The last step's scale came from the history before it: the state's amaxes
+  // after the newest, less the one that has aged out since (so a tensor whose aged-out amax
+  // was its history's max shows as saturated when it was not).
+  std::map<const Node*, int64_t> margins;  // by state parameter
+  for (const auto& n : step.nodes()) {
+    const bool update = n->opcode() == Opcode::kFp8ScaleUpdate ||
+                        (n->opcode() == Opcode::kFp8Quantize && n->attrs().Has("update_state"));
+    if (update) margins[n->operand(n->opcode() == Opcode::kFp8ScaleUpdate ? 0 : 1)] = *n->attrs().GetInt("margin");
+  }
+  const std::vector<Node*> params = step.parameters();
+  int64_t saturated = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const HostTensor& s = states[i];
+    const int64_t p = layout.first_fp8_state() + static_cast<int64_t>(i);
+    if (s.num_elements() < kFp8StateHeader + 2 || p >= static_cast<int64_t>(params.size())) continue;
+    double before = 0;  // the max of the history the last step's scale came from
+    for (int64_t j = kFp8StateHeader + 1; j < s.num_elements(); ++j) before = std::max(before, s[j]);
+    const double newest = s[kFp8StateHeader];
+    if (!(before > 0) || !std::isfinite(newest) || !std::isfinite(before)) continue;
+    const DType format = layout.fp8_tensors[i].format;
+    const auto margin = margins.find(params[p]);
+    const int e = Fp8ExponentForAmax(before, format, margin == margins.end() ? 0 : static_cast<int>(margin->second));
+    const double over = std::ldexp(newest, e) / Fp8MaxFinite(format);
+    if (over <= 1) continue;
+    ++saturated;
+    if (over > worst) worst = over, worst_name = layout.fp8_tensors[i].name;
+  }
+  absl::StrAppendFormat(&out, "  saturated at the last step (amax past the scale's range, the largest values clipped): %d",
+                        saturated);
+  if (saturated > 0) absl::StrAppendFormat(&out, "; worst %s, amax %.2fx the range", worst_name, worst);
+  absl::StrAppend(&out, "\n");
   return out;
 }
 

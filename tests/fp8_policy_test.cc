@@ -15,6 +15,7 @@
 
 #include "codegen/capabilities.h"
 #include "codegen/compile_program.h"
+#include "frontends/fp8_report.h"
 #include "frontends/llama.h"
 #include "frontends/weight_init.h"
 #include "ir/builder.h"
@@ -292,6 +293,30 @@ TEST(FuseFp8ScaleUpdate, EachQuantizeKernelUpdatesItsStateInPlace) {
   EXPECT_EQ(count(*fp8_program, ProgramStep::Kind::kCopy, Opcode::kParameter),
             count(*bf16_program, ProgramStep::Kind::kCopy, Opcode::kParameter));
   EXPECT_EQ(fp8_program->plan.in_place_outputs, bf16_program->plan.in_place_outputs + 36);
+}
+
+// The report's saturation line: a state whose newest amax is past the range its earlier
+// history's scale gives (its largest values clipped, no overflow counted) is named, with how
+// far past; a state whose newest amax fits, or that has no history yet, is not.
+TEST(Fp8Report, NamesTheTensorsThatSaturatedAtTheLastStep) {
+  Step s = BuildStep(Options(Precision::kFp8), 1, /*optimize=*/true);
+  std::vector<HostTensor> states;
+  for (int64_t i = 0; i < s.layout.num_fp8_states(); ++i) states.emplace_back(TensorType{DType::kF32, {18}});
+  auto history = [](HostTensor& state, double newest, double before) {
+    std::vector<double>& v = state.mutable_values();
+    v[2] = newest;
+    for (size_t j = 3; j < v.size(); ++j) v[j] = before;
+  };
+  ASSERT_EQ(s.layout.fp8_tensors[0].format, DType::kF8E4M3);
+  history(states[0], 3.0, 1.0);  // e4m3: scale 2^8 from amax 1, 3 x 2^8 = 768 > 448: 1.71x
+  history(states[1], 1.5, 1.0);  // 1.5 x 2^8 = 384: fits
+  const std::string report = FormatFp8Report(*s.step, s.layout, {}, states);
+  EXPECT_TRUE(absl::StrContains(report, absl::StrCat("saturated at the last step (amax past the scale's range, the "
+                                                     "largest values clipped): 1; worst ",
+                                                     s.layout.fp8_tensors[0].name, ", amax 1.71x the range")))
+      << report;
+  history(states[0], 1.0, 1.0);
+  EXPECT_TRUE(absl::StrContains(FormatFp8Report(*s.step, s.layout, {}, states), "values clipped): 0\n"));
 }
 
 // Two micro-batches' quantizes share each state, whose update reads the max of their amaxes:
