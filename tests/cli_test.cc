@@ -190,6 +190,31 @@ TEST_F(CliTest, BadCheckpointsAreClearErrorsAndStayUntouched) {
   EXPECT_TRUE(absl::StrContains(no_data.output, "missing.txt")) << no_data.output;
 }
 
+// --eval-every on the GPU: the held-out forwards read the trainer's parameter buffers in
+// place, so each evaluation scores the weights of its step (as the CPU's does, from its own
+// state), and both evaluations agree with the CPU backend's to bf16's rounding.
+TEST_F(CliTest, HeldOutLossOnTheGpuScoresTheCurrentWeights) {
+  if (!GpuUsable()) GTEST_SKIP() << "needs a CUDA GPU (the CPU backend's --eval-every is tested in cli_faults_test)";
+  const std::string run = " train llama-tiny --steps 6 --eval-every 3 --seed 5";
+  auto cpu = RunCommand(Kiln() + run + " --backend cpu");
+  auto gpu = RunCommand(Kiln() + run + " --backend cuda");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  auto held_out = [](const std::string& out, const std::string& step) {
+    const std::string key = "eval step " + step + "  held-out loss ";
+    const size_t at = out.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + key.size()));
+  };
+  for (const std::string step : {"3", "6"}) {
+    SCOPED_TRACE(step);
+    const double c = held_out(cpu.output, step), g = held_out(gpu.output, step);
+    ASSERT_GT(c, 0) << cpu.output;
+    ASSERT_GT(g, 0) << gpu.output;
+    EXPECT_NEAR(g, c, 1e-2 * c) << gpu.output;
+  }
+  EXPECT_LT(held_out(gpu.output, "6"), held_out(gpu.output, "3") - 0.05) << gpu.output;  // it trained in between
+}
+
 // --disable-pass: the ablation of bench/ablation_h200.sh. A pass the pipeline has is skipped
 // and the run trains to the same loss (the passes change no value on the reference backend);
 // an unknown name is an error that names it, before any step.

@@ -711,6 +711,22 @@ absl::Status RunTrain(const ParsedArgs& args) {
   }
   if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
 
+  // --eval-every: the held-out forwards are compiled at the first evaluation and kept; on the
+  // GPU they read the trainer's parameter buffers in place (no copy of the state).
+  std::optional<EvalScorer> held_out_scorer;
+  ForwardWeights held_out_weights;
+  if (length.eval_every > 0) {
+    held_out_scorer.emplace(config, *split.held_out, s.seq, s.batch, s.precision, backend, kHeldOutWindows);
+#ifdef KILN_WITH_CUDA
+    if (cuda_trainer != nullptr) {
+      for (int64_t i = 0; i < layout.num_params; ++i) {
+        ASSIGN_OR_RETURN(void* address, cuda_trainer->executable().InputAddress(layout.first_param() + i));
+        held_out_weights.device.push_back(address);
+      }
+    }
+#endif
+  }
+
   ProgressPrinter progress(steps);
   PeriodicCheckpoints periodic(args.Get("save"), length.save_every, length.keep_last);
   const double tokens_per_step = static_cast<double>(s.batch * s.seq * s.accum);
@@ -740,9 +756,11 @@ absl::Status RunTrain(const ParsedArgs& args) {
     progress.Report(step + 1, loss, tokens_per_step / std::chrono::duration<double>(t1 - t0).count(),
                     std::chrono::duration<double>(t1 - start).count());
     if (length.eval_every > 0 && ((step + 1) % length.eval_every == 0 || step + 1 == steps)) {
-      ASSIGN_OR_RETURN(TrainingState state, trainer->State());
-      ASSIGN_OR_RETURN(auto scored, MeanEvalLoss(config, state.params, *split.held_out, s.seq, s.batch, s.precision,
-                                                 backend, kHeldOutWindows));
+      if (held_out_weights.device.empty()) {
+        ASSIGN_OR_RETURN(TrainingState state, trainer->State());
+        held_out_weights.host = std::move(state.params);
+      }
+      ASSIGN_OR_RETURN(auto scored, held_out_scorer->Score(held_out_weights));
       std::printf("eval step %lld  held-out loss %.4f  (%lld windows of %s)\n", static_cast<long long>(step + 1),
                   scored.first, static_cast<long long>(scored.second), split.held_out->name().c_str());
       std::fflush(stdout);
