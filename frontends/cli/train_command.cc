@@ -692,6 +692,15 @@ absl::Status RunTrain(const ParsedArgs& args) {
                  static_cast<long long>(CountZeroInitialisedAccumulators(*module)));
   }
 
+  // FP8 calibration (a fresh run): the states start with no amax history, so the first
+  // step would quantize everything with scale 1 (gradients of 1e-6 flush to zero in e5m2, and
+  // weights lose bits in e4m3). One step on the first batch measures the amaxes; its update is
+  // thrown away (the initial weights, moments and step count are put back) and the run starts
+  // with those scales.
+  const bool calibrate_fp8 = !resume && layout.num_fp8_states() > 0 && !args.Has("no-fp8-calibration");
+  std::vector<HostTensor> initial_params;
+  if (calibrate_fp8) initial_params = init.params;
+
   std::unique_ptr<Trainer> trainer;
   CudaTrainer* cuda_trainer = nullptr;  // the trainer, when it runs on the GPU
   if (backend.backend == Backend::kCpu) {
@@ -710,6 +719,15 @@ absl::Status RunTrain(const ParsedArgs& args) {
 #endif
   }
   if (resume) RETURN_IF_ERROR(trainer->SetState(std::move(resume->state)));
+  if (calibrate_fp8) {
+    std::vector<TokenBatch> first;
+    for (int64_t i = 0; i < s.accum; ++i) first.push_back(SampleBatch(data, s.seed, i, s.batch, s.seq));
+    RETURN_IF_ERROR(trainer->Step(first, schedule.At(0)).status());
+    TrainingState fresh = InitialTrainingState(std::move(initial_params));
+    ASSIGN_OR_RETURN(fresh.fp8, trainer->Fp8States());
+    RETURN_IF_ERROR(trainer->SetState(std::move(fresh)));
+    std::fprintf(stderr, "kiln train: fp8: scales calibrated on the first batch (one step, its update discarded)\n");
+  }
 
   // --eval-every: the held-out forwards are compiled at the first evaluation and kept; on the
   // GPU they read the trainer's parameter buffers in place (no copy of the state).
@@ -839,6 +857,8 @@ Command TrainCommand() {
                {.name = "report", .help = "print the passes, the time of each phase before the first step, the "
                                           "memory plan, and (GPU) where the last step's time went"},
                {.name = "trace", .value_name = "FILE.json", .help = "write the last step's launches as a Chrome trace (GPU)"},
+               {.name = "no-fp8-calibration",
+                .help = "with --precision fp8: start from scale 1 instead of one discarded step's measured amaxes"},
                {.name = "no-cuda-graph", .help = "launch the step's kernels one by one instead of replaying a CUDA graph"},
                {.name = "no-gemm-autotune",
                 .help = "keep cuBLASLt's heuristic first algorithm for every GEMM instead of timing its candidates at load"},
