@@ -360,6 +360,18 @@ TEST_F(CliTest, CheckProvesTheFp8PolicyAndItsFlagsAreChecked) {
   EXPECT_TRUE(absl::StrContains(fp8, "update_state=1")) << fp8;
   EXPECT_FALSE(absl::StrContains(fp8, "fp8_scale_update")) << fp8;
   EXPECT_FALSE(absl::StrContains(fp8, "fp8_dequantize")) << fp8;
+  // A fresh fp8 run calibrates its scales with one discarded step; a resumed one keeps the
+  // saved states, and --no-fp8-calibration starts from scale 1.
+  const std::string train = Kiln() + " train llama-tiny --backend cpu --batch 2 --seq 16 --precision fp8";
+  auto fresh = RunCommand(train + " --steps 2 --save " + Path("fp8.st"));
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_TRUE(absl::StrContains(fresh.output, "fp8: scales calibrated on the first batch")) << fresh.output;
+  auto resumed = RunCommand(train + " --steps 3 --resume " + Path("fp8.st"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_FALSE(absl::StrContains(resumed.output, "calibrated")) << resumed.output;
+  auto uncalibrated = RunCommand(train + " --steps 1 --no-fp8-calibration");
+  ASSERT_EQ(uncalibrated.exit_code, 0) << uncalibrated.output;
+  EXPECT_FALSE(absl::StrContains(uncalibrated.output, "calibrated")) << uncalibrated.output;
   // --fp8-skip '.*': nothing in FP8.
   ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --fp8-skip '.*' -o " + Path("none.kir")).exit_code, 0);
   EXPECT_FALSE(absl::StrContains(Read("none.kir"), "fp8_quantize"));
