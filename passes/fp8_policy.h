@@ -22,9 +22,9 @@
 //
 // Delayed scaling: each FP8 tensor has a state, a step parameter `fp8.<value>` f32 [L + 2]
 // (ir/op_table.h fp8_scale_update: the scale's exponent, the overflow count, the last L
-// amaxes), donated to the step's output that updates it; all zero initially (scale 1: `kiln
-// train` then calibrates, running the first batch's step once and keeping only the states it
-// measured, since at scale 1 e5m2 flushes gradients of 1e-6 to zero). A
+// amaxes), donated to the step's output that updates it; all zero initially (scale 1, where
+// e5m2 flushes gradients of 1e-6 to zero: `kiln train --fp8-calibrate` runs the first batch's
+// step once and keeps only the states it measured). A
 // step quantizes with the scale the earlier steps chose, each quantize kernel computing its
 // tensor's amax as it reads it, and the step ends with one fp8_scale_update per tensor (the
 // max over micro-batches of that tensor's amax). The scale is a power of two, so quantizing

@@ -360,18 +360,28 @@ TEST_F(CliTest, CheckProvesTheFp8PolicyAndItsFlagsAreChecked) {
   EXPECT_TRUE(absl::StrContains(fp8, "update_state=1")) << fp8;
   EXPECT_FALSE(absl::StrContains(fp8, "fp8_scale_update")) << fp8;
   EXPECT_FALSE(absl::StrContains(fp8, "fp8_dequantize")) << fp8;
-  // A fresh fp8 run calibrates its scales with one discarded step; a resumed one keeps the
-  // saved states, and --no-fp8-calibration starts from scale 1.
+  // --fp8-calibrate: a fresh fp8 run measures its scales with one discarded step, so its first
+  // loss is the initial weights' under other scales (close to scale 1's, not the second step's
+  // lower one); a resumed run keeps the saved states; without the flag, scale 1.
   const std::string train = Kiln() + " train llama-tiny --backend cpu --batch 2 --seq 16 --precision fp8";
-  auto fresh = RunCommand(train + " --steps 2 --save " + Path("fp8.st"));
+  auto fresh = RunCommand(train + " --steps 2 --fp8-calibrate --save " + Path("fp8.st"));
   ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
   EXPECT_TRUE(absl::StrContains(fresh.output, "fp8: scales calibrated on the first batch")) << fresh.output;
-  auto resumed = RunCommand(train + " --steps 3 --resume " + Path("fp8.st"));
+  auto resumed = RunCommand(train + " --steps 3 --fp8-calibrate --resume " + Path("fp8.st"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_FALSE(absl::StrContains(resumed.output, "calibrated")) << resumed.output;
-  auto uncalibrated = RunCommand(train + " --steps 1 --no-fp8-calibration");
+  auto uncalibrated = RunCommand(train + " --steps 2");
   ASSERT_EQ(uncalibrated.exit_code, 0) << uncalibrated.output;
   EXPECT_FALSE(absl::StrContains(uncalibrated.output, "calibrated")) << uncalibrated.output;
+  auto first_loss = [](const std::string& out) {
+    const size_t at = out.find("step 1/2  loss ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 15));
+  };
+  const double calibrated_loss = first_loss(fresh.output), scale_one_loss = first_loss(uncalibrated.output);
+  ASSERT_GT(calibrated_loss, 0) << fresh.output;
+  ASSERT_GT(scale_one_loss, 0) << uncalibrated.output;
+  EXPECT_NE(calibrated_loss, scale_one_loss);
+  EXPECT_NEAR(calibrated_loss, scale_one_loss, 1e-2 * scale_one_loss);
   // --fp8-skip '.*': nothing in FP8.
   ASSERT_EQ(RunCommand(Kiln() + " compile" + small + " --fp8-skip '.*' -o " + Path("none.kir")).exit_code, 0);
   EXPECT_FALSE(absl::StrContains(Read("none.kir"), "fp8_quantize"));
