@@ -50,7 +50,9 @@ struct LoweredNode {
   std::string label;
   // The kernels read each element of their operands only to write the same element of their
   // outputs, before writing it: an output may take an operand's buffer (a donated parameter
-  // updated in place).
+  // updated in place). With in_place_operand_of_results, only for the pairs it names: an
+  // fp8_quantize with update_state=1 reads all of its state before its last block writes the
+  // next state (kernels/fp8.cuh), which is as safe.
   bool elementwise_in_place = false;
   // Bytes the kernels need only while this node runs (a two-stage reduction's partials),
   // planned as the node's scratch (passes/buffer_plan.h: live at its step alone, 256-byte
