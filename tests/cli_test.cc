@@ -31,6 +31,13 @@ bool GpuUsable() {
 #endif
 }
 
+// The number printed right after `key` in a command's output ("step 1/2  loss 5.5729"), or -1
+// when the output has no `key`.
+double NumberAfter(const std::string& out, const std::string& key) {
+  const size_t at = out.find(key);
+  return at == std::string::npos ? -1.0 : std::stod(out.substr(at + key.size()));
+}
+
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -201,9 +208,7 @@ TEST_F(CliTest, HeldOutLossOnTheGpuScoresTheCurrentWeights) {
   ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
   ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
   auto held_out = [](const std::string& out, const std::string& step) {
-    const std::string key = "eval step " + step + "  held-out loss ";
-    const size_t at = out.find(key);
-    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + key.size()));
+    return NumberAfter(out, "eval step " + step + "  held-out loss ");
   };
   for (const std::string step : {"3", "6"}) {
     SCOPED_TRACE(step);
@@ -373,11 +378,8 @@ TEST_F(CliTest, CheckProvesTheFp8PolicyAndItsFlagsAreChecked) {
   auto uncalibrated = RunCommand(train + " --steps 2");
   ASSERT_EQ(uncalibrated.exit_code, 0) << uncalibrated.output;
   EXPECT_FALSE(absl::StrContains(uncalibrated.output, "calibrated")) << uncalibrated.output;
-  auto first_loss = [](const std::string& out) {
-    const size_t at = out.find("step 1/2  loss ");
-    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 15));
-  };
-  const double calibrated_loss = first_loss(fresh.output), scale_one_loss = first_loss(uncalibrated.output);
+  const double calibrated_loss = NumberAfter(fresh.output, "step 1/2  loss "),
+               scale_one_loss = NumberAfter(uncalibrated.output, "step 1/2  loss ");
   ASSERT_GT(calibrated_loss, 0) << fresh.output;
   ASSERT_GT(scale_one_loss, 0) << uncalibrated.output;
   EXPECT_NE(calibrated_loss, scale_one_loss);
