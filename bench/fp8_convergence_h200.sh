@@ -8,7 +8,7 @@
 #   KILN=.carry/bin/kiln OUT_DIR=/tmp/conv PRESET=llama-M STEPS=500 SEEDS="1337 11 12" bash bench/fp8_convergence_h200.sh
 # Knobs: PRESET (llama-M), STEPS (500), SEEDS (1337), LR (1e-3: llama-M's loss spikes at kiln's
 # default 3e-3), EVERY (25), EVAL (100; 0: no held-out split), KILN_FLAGS (extra flags for
-# both runs).
+# both runs), PARALLEL (1: the runs at once).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KILN=${KILN:-build/kiln}
@@ -20,19 +20,34 @@ LR=${LR:-1e-3}
 EVERY=${EVERY:-25}
 EVAL=${EVAL:-100}
 mkdir -p "$OUT_DIR"
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
+# The runs go concurrently (one H200 holds four llama-M runs: 210 s for four 500-step runs
+# against about 4 x 90 s one after another); each has its own kernel cache, so that no two
+# processes write one cache entry. PARALLEL=0 runs them one after another.
+PARALLEL=${PARALLEL:-1}
 logs=()
+pids=()
+run_one() {  # seed precision log
+  local t0
+  t0=$(date +%s)
+  # shellcheck disable=SC2086  # KILN_FLAGS is a list of flags
+  KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache.$2.$1} \
+    "$KILN" train "$PRESET" --backend cuda --steps "$STEPS" --seed "$1" --lr "$LR" --precision "$2" \
+    --eval-every "$EVAL" ${KILN_FLAGS:-} > "$3" 2>&1 ||
+    echo "fp8_convergence: kiln train $PRESET --precision $2 --seed $1 failed (see $3)"
+  echo "fp8_convergence: $PRESET $2 seed $1: $(($(date +%s) - t0)) s"
+}
 for seed in $SEEDS; do
   for precision in bf16 fp8; do
-    t0=$(date +%s)
     log="$OUT_DIR/$precision.seed$seed.log"
-    # shellcheck disable=SC2086  # KILN_FLAGS is a list of flags
-    "$KILN" train "$PRESET" --backend cuda --steps "$STEPS" --seed "$seed" --lr "$LR" --precision "$precision" \
-      --eval-every "$EVAL" ${KILN_FLAGS:-} > "$log" 2>&1 ||
-      echo "fp8_convergence: kiln train $PRESET --precision $precision --seed $seed failed (see $log)"
-    echo "fp8_convergence: $PRESET $precision seed $seed: $(($(date +%s) - t0)) s"
     logs+=("$log")
+    if ((PARALLEL)); then
+      run_one "$seed" "$precision" "$log" &
+      pids+=($!)
+    else
+      run_one "$seed" "$precision" "$log"
+    fi
   done
 done
+for pid in "${pids[@]}"; do wait "$pid"; done
 python3 bench/fp8_convergence.py "${logs[@]}" --every "$EVERY" | tee "$OUT_DIR/summary.md"
 exit "${PIPESTATUS[0]}"

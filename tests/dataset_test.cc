@@ -25,11 +25,52 @@ std::string Uint16Bytes(const std::vector<uint16_t>& tokens) {
   return out;
 }
 
-TEST(Dataset, BuiltInCorpusIsByteTokens) {
+// Whether `bytes` is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF), so that a model trained on it generates text, not stray bytes.
+bool IsUtf8(const std::vector<uint16_t>& bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const uint16_t b = bytes[i];
+    int extra = 0;
+    uint32_t code = 0, least = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if ((b & 0xe0) == 0xc0) {
+      extra = 1, code = b & 0x1f, least = 0x80;
+    } else if ((b & 0xf0) == 0xe0) {
+      extra = 2, code = b & 0x0f, least = 0x800;
+    } else if ((b & 0xf8) == 0xf0) {
+      extra = 3, code = b & 0x07, least = 0x10000;
+    } else {
+      return false;
+    }
+    if (i + extra >= bytes.size()) return false;
+    for (int k = 1; k <= extra; ++k) {
+      if ((bytes[i + k] & 0xc0) != 0x80) return false;
+      code = (code << 6) | (bytes[i + k] & 0x3f);
+    }
+    if (code < least || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+TEST(Dataset, IsUtf8TellsTextFromStrayBytes) {
+  EXPECT_TRUE(IsUtf8({'a', 0xe2, 0x84, 0xa2}));  // "a™"
+  EXPECT_FALSE(IsUtf8({'a', 0xe2, 0x84}));       // cut short
+  EXPECT_FALSE(IsUtf8({0xc0, 0xaf}));            // overlong '/'
+  EXPECT_FALSE(IsUtf8({0xed, 0xa0, 0x80}));      // a surrogate
+  EXPECT_FALSE(IsUtf8({0xff}));
+}
+
+TEST(Dataset, BuiltInCorpusIsByteTokensOfUtf8Text) {
   TokenDataset d = TokenDataset::Default();
-  EXPECT_GT(d.size(), 100000);
-  EXPECT_LT(d.max_token(), 128);  // plain ASCII text
-  EXPECT_TRUE(d.CheckFits(256, 1024).ok());
+  // runtime/data/README.md: large enough that a 500-step llama-M run (8,192 tokens a step)
+  // reads less than one pass over the training part.
+  EXPECT_GT(d.size(), 500 * 8192 * 10 / 9);
+  EXPECT_TRUE(IsUtf8(d.ToVector()));
+  EXPECT_TRUE(d.CheckFits(256, 2048).ok());
 }
 
 TEST(Dataset, TextFilesAreOneTokenPerByte) {
