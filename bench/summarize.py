@@ -33,6 +33,8 @@ import sys
 PEAK_FLOPS = 989e12  # H200 dense bf16, DESIGN.md's MFU denominator
 LOSS_TOLERANCE = 1e-2  # relative, first loss, kiln vs PyTorch (bf16 autocast on both)
 MODES = ("eager", "torch.compile")
+# The file name of each mode's log and JSON: torch_{file mode}_{preset}.log / .json.
+FILE_MODES = {"eager": "eager", "torch.compile": "compile"}
 
 STEP_RE = re.compile(r"step (\d+)/(\d+)\s+loss (\S+)\s+tok/s (\d+(?:\.\d+)?)")
 FIRST_STEP_RE = re.compile(r"time to first step: ([0-9.eE+-]+) s\b")
@@ -113,7 +115,7 @@ def summarize(run, skip):
         k = kiln_stats(os.path.join(run, f"kiln_{preset}.log"), skip) if os.path.exists(
             os.path.join(run, f"kiln_{preset}.log")) else None
         t = {}
-        for mode, file_mode in (("eager", "eager"), ("torch.compile", "compile")):
+        for mode, file_mode in FILE_MODES.items():
             d = torch_run(os.path.join(run, f"torch_{file_mode}_{preset}.json"))
             if d and d.get("mode") == mode:
                 t[mode] = d
@@ -136,6 +138,10 @@ def summarize(run, skip):
         kt = k.get("tps") if k else None
         cells = [fmt_tps(kt)]
         torch_tps = {}
+        # A mode the run left out (bench/run_h200.sh MODES=compile) has neither log nor JSON:
+        # "not run", which fails nothing; one that ran and left no tok/s failed.
+        ran = [mode for mode in MODES if any(os.path.exists(os.path.join(run, f"torch_{FILE_MODES[mode]}_{preset}{ext}"))
+                                             for ext in (".log", ".json"))]
         for mode in MODES:
             d = t.get(mode)
             if d and d.get("tok_per_s_median"):
@@ -143,11 +149,11 @@ def summarize(run, skip):
                 cells.append(fmt_tps({"median": d["tok_per_s_median"], "min": d["tok_per_s_min"],
                                       "max": d["tok_per_s_max"], "n": d["timed_steps"]}))
             else:
-                cells.append("failed")
+                cells.append("failed" if mode in ran else "not run")
         for mode in MODES:
             cells.append(f"{kt['median'] / torch_tps[mode]:.2f}" if kt and mode in torch_tps else "-")
         lines.append(f"| {preset} | " + " | ".join(cells) + " |")
-        if not kt or len(torch_tps) < len(MODES):
+        if not kt or any(mode not in torch_tps for mode in ran):
             ok = False
         if kt and kt["n"] < 20:
             lines.append(f"<!-- {preset}: only {kt['n']} timed kiln steps (want >= 20) -->")

@@ -173,7 +173,21 @@ class SummarizeTest(Tmp):
         self.write("torch_eager_llama-M.json", "")
         code, out = self.run_summary()
         self.assertEqual(code, 1)
-        self.assertIn("| llama-M | failed | failed | failed | - | - |", out)
+        # eager ran and left an empty JSON; torch.compile left nothing: it was not asked for
+        self.assertIn("| llama-M | failed | failed | not run | - | - |", out)
+
+    def test_a_mode_left_out_is_not_a_failure(self):
+        # bench/run_h200.sh MODES=compile: no torch_eager_* files at all
+        self.write("kiln_llama-M.log", self.kiln_log(10.5))
+        self.write("torch_compile_llama-M.json", self.torch_json("torch.compile", 10.5, 4e5))
+        code, out = self.run_summary()
+        self.assertEqual(code, 0, out)
+        self.assertIn("| not run | 400,000 (399,990-400,010, n=30) | - | 0.25 |", out)
+        # ...but an eager run that leaves only its log failed
+        self.write("torch_eager_llama-M.log", "Traceback (most recent call last):\n")
+        code, out = self.run_summary()
+        self.assertEqual(code, 1, out)
+        self.assertIn("| failed | 400,000", out)
 
     def test_progress_bar_log(self):
         bar = "".join(f"\r[####....] step {i}/8  loss 5.0000  tok/s {i * 100}  elapsed 1.0s\x1b[K" for i in range(1, 9))
