@@ -189,11 +189,20 @@ TEST_F(CliFaultsTest, ResumeKeepsTheDataAndSaysWhatChanges) {
   EXPECT_TRUE(absl::StrContains(resumed.output, "--steps 4 (the saved run had 2)")) << resumed.output;
   EXPECT_TRUE(absl::StrContains(resumed.output, "runs past the saved schedule's horizon (--lr-decay-steps 2)"))
       << resumed.output;
+  // The schedule line says each value and where it came from: the first run's defaults
+  // (warmup min(10, 2/10 + 1) = 1), then the checkpoint's saved values and a flag.
+  EXPECT_TRUE(absl::StrContains(first.output, "kiln train: schedule: peak lr 0.003 (the default --lr) after 1 warmup "
+                                              "step (the default --warmup), cosine to 0.0003 at step 2\n"))
+      << first.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, "kiln train: schedule: peak lr 0.003 (" + Path("c.st") +
+                                                    "'s saved 'lr') after 1 warmup step"))
+      << resumed.output;
   auto horizon = RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 4 --lr-decay-steps 4 --resume " +
                             Path("c.st"));
   ASSERT_EQ(horizon.exit_code, 0) << horizon.output;
   EXPECT_TRUE(absl::StrContains(horizon.output, "resume changes the run: --lr-decay-steps 4 (the saved run had 2)"))
       << horizon.output;
+  EXPECT_TRUE(absl::StrContains(horizon.output, "cosine to 0.0003 at step 4\n")) << horizon.output;
   auto other_batch = RunCommand(Kiln() + " train llama-tiny --backend cpu --steps 4 --batch 3 --resume " + Path("c.st"));
   EXPECT_EQ(other_batch.exit_code, 1) << other_batch.output;
   EXPECT_TRUE(absl::StrContains(other_batch.output, "--batch 3 differs")) << other_batch.output;

@@ -670,6 +670,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
                config.name.c_str(), ParameterCount(config) / 1e6, std::string(PrecisionName(s.precision)).c_str(),
                static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.accum),
                data.name().c_str(), init.source.c_str(), backend.backend == Backend::kCpu ? "cpu" : "cuda");
+  std::fprintf(stderr, "kiln train: schedule: peak lr %g (%s) after %lld warmup step%s (%s), cosine to %g at step %lld\n",
+               s.lr, settings.origins.at("lr").c_str(), static_cast<long long>(s.warmup), s.warmup == 1 ? "" : "s",
+               settings.origins.at("warmup").c_str(), s.min_lr, static_cast<long long>(s.lr_decay_steps));
   if (!training_data.note.empty()) std::fprintf(stderr, "kiln train: %s\n", training_data.note.c_str());
   for (const std::string& change : settings.changes) {
     std::fprintf(stderr, "kiln train: resume changes the run: %s\n", change.c_str());
@@ -836,7 +839,10 @@ Command TrainCommand() {
                {.name = "steps", .value_name = "N", .help = "total optimizer steps", .default_value = "150"},
                {.name = "batch", .value_name = "B", .help = "sequences per micro-batch", .default_value = "the preset's"},
                {.name = "seq", .value_name = "T", .help = "tokens per sequence", .default_value = "the preset's"},
-               {.name = "lr", .value_name = "X", .help = "peak learning rate", .default_value = "3e-3"},
+               {.name = "lr", .value_name = "X",
+                .help = "peak learning rate (llama-M's loss spikes at 3e-3: bench/RESULTS.md trains it at 5e-4 "
+                        "with --warmup 100)",
+                .default_value = "3e-3"},
                {.name = "min-lr", .value_name = "X", .help = "final learning rate", .default_value = "lr / 10"},
                {.name = "warmup", .value_name = "N", .help = "linear warmup steps", .default_value = "min(10, steps/10+1)"},
                {.name = "lr-decay-steps", .value_name = "N", .help = "cosine horizon", .default_value = "--steps"},
