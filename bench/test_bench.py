@@ -22,6 +22,7 @@ import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8_convergence  # noqa: E402
+import serve_workload  # noqa: E402
 import summarize  # noqa: E402
 
 try:
@@ -245,6 +246,66 @@ class Fp8ConvergenceTest(Tmp):
         code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, float("nan"), 2.0, 1.0])
         self.assertIn("non-finite loss at steps [2]", out)
         self.assertEqual(code, 1)
+
+
+class ServeWorkloadTest(Tmp):
+    def test_mixed_workload_is_seeded_and_within_its_ranges(self):
+        rows = serve_workload.mixed(50, (64, 1024), (32, 512), 32000, 7)
+        self.assertEqual(rows, serve_workload.mixed(50, (64, 1024), (32, 512), 32000, 7))
+        self.assertNotEqual(rows, serve_workload.mixed(50, (64, 1024), (32, 512), 32000, 8))
+        self.assertEqual(len(rows), 50)
+        for r in rows:
+            self.assertTrue(64 <= len(r["tokens"]) <= 1024)
+            self.assertTrue(32 <= r["max_new_tokens"] <= 512)
+            self.assertTrue(all(0 <= t < 32000 for t in r["tokens"]))
+        self.assertGreater(len({len(r["tokens"]) for r in rows}), 10)  # lengths vary
+        with self.assertRaises(ValueError):
+            serve_workload.parse_range("9:3")
+
+    def test_shared_workload_shares_exactly_its_prefix(self):
+        rows = serve_workload.shared(4, 20, 5, 6, 256, 1)
+        self.assertTrue(all(r["tokens"][:20] == rows[0]["tokens"][:20] for r in rows))
+        self.assertTrue(all(len(r["tokens"]) == 25 and r["max_new_tokens"] == 6 for r in rows))
+        self.assertEqual(len({tuple(r["tokens"][20:]) for r in rows}), 4)
+
+    def write(self, name, text):
+        with open(self.path(name), "w") as f:
+            f.write(text)
+
+    @staticmethod
+    def figures(prefill, prefill_s, cached, decode, generated, seconds, requests=4):
+        prompt = prefill + cached
+        return (f"kiln generate: prefill {prefill} tokens in {prefill_s:.3f} s (1000 tok/s, {cached} from the prefix "
+                f"cache), decode {decode} tokens in 0.100 s (10 tok/s; 5 decode steps, 1.000 ms each), 6 steps\n"
+                f"kiln generate: {requests} requests, {prompt} prompt tokens ({cached} from the prefix cache: "
+                f"{100 * cached / prompt:.1f}%), {generated} new tokens in {seconds:.3f} s: 100 tok/s new\n")
+
+    def test_summary_tables_and_the_time_the_cache_saves(self):
+        self.write("prefill_512.log", self.figures(512, 0.008, 0, 0, 1, 0.01, requests=1))
+        self.write("mixed.log", self.figures(3000, 0.5, 0, 2000, 2256, 4.0, requests=8))
+        self.write("shared.log", self.figures(1000, 0.2, 1000, 200, 256, 1.5))
+        self.write("shared_nocache.log", self.figures(2000, 0.4, 0, 200, 256, 2.0))
+        lines, ok = serve_workload.summarize(self.dir)
+        out = "\n".join(lines)
+        self.assertTrue(ok, out)
+        self.assertIn("| 512 | 0.0080 | 64,000 |", out)
+        self.assertIn("| mixed workload | 8 | 3,000 (0.0% cached) | 2,256 | 4.000 | 564 |", out)
+        self.assertIn("| shared prefix, prefix cache on | 4 | 2,000 (50.0% cached) | 256 | 1.500 | 171 |", out)
+        self.assertIn("prefix cache: 50.0% of the prompt tokens served from it; prefill 0.400 s -> 0.200 s, "
+                      "wall 2.000 s -> 1.500 s (+0.500 s saved, 25.0%)", out)
+
+    def test_missing_figures_and_unequal_outputs_fail(self):
+        self.write("mixed.log", "kiln generate: out of memory\n")
+        self.write("shared.log", self.figures(1000, 0.2, 1000, 200, 256, 1.5))
+        self.write("shared_nocache.log", self.figures(2000, 0.4, 0, 200, 250, 2.0))
+        lines, ok = serve_workload.summarize(self.dir)
+        out = "\n".join(lines)
+        self.assertFalse(ok)
+        self.assertIn("| mixed workload | failed |", out)
+        self.assertIn("FAIL: the shared-prefix runs generated 256 and 250 tokens", out)
+        empty = os.path.join(self.dir, "empty")
+        os.makedirs(empty)
+        self.assertEqual(serve_workload.summarize(empty), ([f"FAIL: no kiln generate logs in {empty}"], False))
 
 
 @unittest.skipIf(torch is None, "needs torch")

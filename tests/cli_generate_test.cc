@@ -107,6 +107,53 @@ TEST_F(CliGenerateTest, PromptsFileRunsTogetherAndABadLineHarmsNoOther) {
   EXPECT_TRUE(absl::StartsWith(lines[1], "[2] the cat")) << lines[1];
 }
 
+// A .jsonl --prompts file: text or token ids a line, each with its own output budget; the
+// summary line counts the workload, and --no-prefix-cache prefills the shared prefix again
+// without changing a token.
+TEST_F(CliGenerateTest, JsonlPromptsCarryTheirOwnBudgetsAndTheSummaryCountsThePrefixCache) {
+  ASSERT_TRUE(WriteFileAtomically(Path("w.jsonl"), "{\"prompt\": \"the cat sat\", \"max_new_tokens\": 3}\n\n"
+                                                   "{\"tokens\": [116, 104, 101, 32, 99, 97, 116, 32, 114, 97, 110], "
+                                                   "\"max_new_tokens\": 7}\n")
+                  .ok());
+  const std::string common =
+      absl::StrCat("llama-tiny --prompts ", Path("w.jsonl"), " --temperature 0 --block-size 4 --max-running 1");
+  CommandResult r = Generate(common);
+  ASSERT_EQ(r.exit_code, 0) << r.output << Stderr();
+  std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  // Each line is its prompt and then what it generated (3 and 7 tokens: the summary counts them).
+  EXPECT_TRUE(absl::StartsWith(lines[0], "[0] the cat sat")) << lines[0];
+  EXPECT_TRUE(absl::StartsWith(lines[1], "[1] the cat ran")) << lines[1];
+  const std::string err = Stderr();
+  // Blocks of 4: "the cat " is two full blocks that the second request (run after the first:
+  // --max-running 1) finds cached; 11 + 11 prompt tokens, 3 + 7 new.
+  EXPECT_NE(err.find("kiln generate: 2 requests, 22 prompt tokens (8 from the prefix cache: 36.4%), 10 new tokens in "),
+            std::string::npos)
+      << err;
+  CommandResult uncached = Generate(common + " --no-prefix-cache");
+  ASSERT_EQ(uncached.exit_code, 0) << uncached.output << Stderr();
+  EXPECT_EQ(uncached.output, r.output);
+  EXPECT_NE(Stderr().find("22 prompt tokens (0 from the prefix cache: 0.0%), 10 new tokens in "), std::string::npos)
+      << Stderr();
+  EXPECT_NE(Stderr().find("(--no-prefix-cache)"), std::string::npos) << Stderr();
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{\"prompt\": 3}", "\"prompt\" must be a string"},
+      {"{\"tokens\": [1, 2], \"max_new\": 3}", "unknown field \"max_new\""},
+      {"[1, 2]", "not a JSON object"},
+      {"{\"tokens\": [1, 2.5]}", "\"tokens\" holds 2.5, not a token id"},
+      {"{\"tokens\": [1], \"max_new_tokens\": 0}", "\"max_new_tokens\" must be an integer >= 1, got 0"},
+      {"{\"prompt\": \"a\", \"tokens\": [1]}", "give exactly one of \"prompt\" (text) or \"tokens\" (ids)"},
+  };
+  for (const auto& [line, message] : bad) {
+    ASSERT_TRUE(WriteFileAtomically(Path("bad.jsonl"), "\n" + line + "\n").ok());
+    CommandResult e = Generate(absl::StrCat("llama-tiny --prompts ", Path("bad.jsonl")));
+    EXPECT_EQ(e.exit_code, 1) << line;
+    EXPECT_NE(Stderr().find(absl::StrCat(Path("bad.jsonl"), " line 2: ")), std::string::npos) << line << Stderr();
+    EXPECT_NE(Stderr().find(message), std::string::npos) << line << "\n" << Stderr();
+  }
+}
+
 TEST_F(CliGenerateTest, BadInputsAreClearErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"llama-tiny --prompt ''", "request 0: the prompt is empty"},

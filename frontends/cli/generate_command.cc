@@ -2,12 +2,17 @@
 // (frontends/generator.h), on the CPU reference backend or a GPU.
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,38 +104,102 @@ std::vector<TokenId> Bytes(absl::string_view text) {
   return tokens;
 }
 
+// One request of the command line: its prompt, and its own output budget when a .jsonl
+// --prompts line gives one (else --max-new-tokens).
+struct PromptRequest {
+  std::vector<TokenId> tokens;
+  std::optional<int64_t> max_new_tokens;
+};
+
+// A .jsonl --prompts line: {"prompt": "text"} (byte-level presets) or {"tokens": [1, 2, 3]},
+// and optionally "max_new_tokens": N. `where` names the line in errors.
+absl::StatusOr<PromptRequest> ParseJsonPrompt(const std::string& line, const ModelConfig& config,
+                                              const std::string& where) {
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object (expected e.g. {\"tokens\": [1, 2], ",
+                                                   "\"max_new_tokens\": 16})"));
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key != "prompt" && key != "tokens" && key != "max_new_tokens") {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field \"", key,
+                                                     "\" (fields: prompt, tokens, max_new_tokens)"));
+    }
+  }
+  PromptRequest r;
+  if (j.contains("prompt") == j.contains("tokens")) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": give exactly one of \"prompt\" (text) or \"tokens\" (ids)"));
+  }
+  if (j.contains("prompt")) {
+    if (!j["prompt"].is_string()) return absl::InvalidArgumentError(absl::StrCat(where, ": \"prompt\" must be a string"));
+    if (!IsByteLevel(config)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"prompt\" text is for the byte-level presets; model '",
+                                                     config.name, "' takes \"tokens\" (kiln has no tokenizer)"));
+    }
+    r.tokens = Bytes(j["prompt"].get<std::string>());
+  } else {
+    if (!j["tokens"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"tokens\" must be an array of token ids"));
+    }
+    for (const nlohmann::json& t : j["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < std::numeric_limits<TokenId>::min() ||
+          t.get<int64_t>() > std::numeric_limits<TokenId>::max()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": \"tokens\" holds ", t.dump(), ", not a token id"));
+      }
+      r.tokens.push_back(static_cast<TokenId>(t.get<int64_t>()));
+    }
+  }
+  if (j.contains("max_new_tokens")) {
+    if (!j["max_new_tokens"].is_number_integer() || j["max_new_tokens"].get<int64_t>() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"max_new_tokens\" must be an integer >= 1, got ", j["max_new_tokens"].dump()));
+    }
+    r.max_new_tokens = j["max_new_tokens"].get<int64_t>();
+  }
+  return r;
+}
+
 // One prompt per request: --prompt TEXT, --prompt-tokens IDS, or the lines of --prompts FILE
-// (text for the byte-level presets, comma-separated ids otherwise). Empty prompts are kept:
-// the scheduler rejects them with the request's id.
-absl::StatusOr<std::vector<std::vector<TokenId>>> ReadPrompts(const ParsedArgs& args, const ModelConfig& config) {
+// (text for the byte-level presets, comma-separated ids otherwise; a FILE ending in .jsonl
+// holds one JSON object a line, ParseJsonPrompt's). Empty prompts are kept: the scheduler
+// rejects them with the request's id.
+absl::StatusOr<std::vector<PromptRequest>> ReadPrompts(const ParsedArgs& args, const ModelConfig& config) {
   const int given = args.Has("prompt") + args.Has("prompt-tokens") + args.Has("prompts");
   if (given != 1) {
     return absl::InvalidArgumentError("give exactly one of --prompt TEXT, --prompt-tokens IDS or --prompts FILE");
   }
   if (args.Has("prompt-tokens")) {
     ASSIGN_OR_RETURN(std::vector<TokenId> tokens, ParseTokenList(args.Get("prompt-tokens"), "--prompt-tokens"));
-    return std::vector<std::vector<TokenId>>{tokens};
+    return std::vector<PromptRequest>{{tokens, std::nullopt}};
   }
   if (!IsByteLevel(config) && args.Has("prompt")) {
     return absl::InvalidArgumentError(absl::StrCat("--prompt takes text only for the byte-level presets (vocabulary of "
                                                    "256); model '", config.name, "' has ", config.vocab_size,
                                                    " tokens and kiln has no tokenizer: give --prompt-tokens 1,2,3"));
   }
-  if (args.Has("prompt")) return std::vector<std::vector<TokenId>>{Bytes(args.Get("prompt"))};
-  std::ifstream in(args.Get("prompts"), std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--prompts: cannot read ", args.Get("prompts")));
-  std::vector<std::vector<TokenId>> prompts;
+  if (args.Has("prompt")) return std::vector<PromptRequest>{{Bytes(args.Get("prompt")), std::nullopt}};
+  const std::string& path = args.Get("prompts");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompts: cannot read ", path));
+  const bool jsonl = absl::EndsWith(path, ".jsonl");
+  std::vector<PromptRequest> prompts;
   std::string line;
+  int64_t line_number = 0;
   while (std::getline(in, line)) {
+    ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (IsByteLevel(config)) {
-      prompts.push_back(Bytes(line));
+    if (jsonl) {
+      if (absl::StripAsciiWhitespace(line).empty()) continue;  // JSON Lines allows blank lines
+      ASSIGN_OR_RETURN(PromptRequest r, ParseJsonPrompt(line, config, absl::StrCat(path, " line ", line_number)));
+      prompts.push_back(std::move(r));
+    } else if (IsByteLevel(config)) {
+      prompts.push_back({Bytes(line), std::nullopt});
     } else if (line.empty()) {
       prompts.emplace_back();
     } else {
       ASSIGN_OR_RETURN(std::vector<TokenId> tokens,
                        ParseTokenList(line, absl::StrCat("--prompts line ", prompts.size() + 1)));
-      prompts.push_back(std::move(tokens));
+      prompts.push_back({std::move(tokens), std::nullopt});
     }
   }
   if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat("--prompts: ", args.Get("prompts"), " is empty"));
@@ -180,6 +249,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(options.max_running, args.GetInt("max-running", 8));
   ASSIGN_OR_RETURN(options.max_context, args.GetInt("context", 0));
   const bool report = args.Has("report");
+  options.enable_prefix_caching = !args.Has("no-prefix-cache");
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
   if (report) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
@@ -190,7 +260,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   RETURN_IF_ERROR(inference::ValidateSamplingParams(sampling));
 
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(args.positionals()[0]));
-  ASSIGN_OR_RETURN(std::vector<std::vector<TokenId>> prompts, ReadPrompts(args, config));
+  ASSIGN_OR_RETURN(std::vector<PromptRequest> prompts, ReadPrompts(args, config));
   const bool bytes = IsByteLevel(config);
   // A single request's problems are the command's; with --prompts a bad line is reported
   // and the others still run.
@@ -220,8 +290,9 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                                                        : config.seq_len;
     const int64_t per_sequence = (context + options.block_size - 1) / options.block_size;
     int64_t needed = 0;
-    for (const auto& p : prompts) {
-      const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(p.size()) + max_new - 1, context);
+    for (const PromptRequest& p : prompts) {
+      const int64_t tokens =
+          std::min<int64_t>(static_cast<int64_t>(p.tokens.size()) + p.max_new_tokens.value_or(max_new) - 1, context);
       needed += std::max<int64_t>(1, (tokens + options.block_size - 1) / options.block_size);
     }
     options.num_blocks = std::min(needed, std::max<int64_t>(1, options.max_running) * per_sequence);
@@ -247,27 +318,30 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                static_cast<long long>(generator->layout().block_size));
   int64_t rejected = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    absl::Status st = generator->Submit({.id = static_cast<int64_t>(i), .prompt = prompts[i],
-                                         .max_new_tokens = max_new, .sampling = sampling});
+    absl::Status st = generator->Submit({.id = static_cast<int64_t>(i), .prompt = prompts[i].tokens,
+                                         .max_new_tokens = prompts[i].max_new_tokens.value_or(max_new),
+                                         .sampling = sampling});
     if (st.ok()) continue;
     if (single) return st;
     std::fprintf(stderr, "kiln generate: %s (line %zu skipped)\n", std::string(st.message()).c_str(), i + 1);
     ++rejected;
   }
-  if (single) std::printf("%s", ShowAll(prompts[0], bytes).c_str());
+  if (single) std::printf("%s", ShowAll(prompts[0].tokens, bytes).c_str());
   std::fflush(stdout);
+  const auto run_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<inference::FinishedRequest> finished,
                    generator->Run([&](inference::RequestId, TokenId token) {
                      if (!single) return;
                      std::printf("%s", Show(token, bytes).c_str());
                      std::fflush(stdout);
                    }));
+  const double run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   if (single) {
     std::printf("\n");
   } else {
     std::sort(finished.begin(), finished.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     for (const inference::FinishedRequest& f : finished) {
-      std::printf("[%lld] %s%s\n", static_cast<long long>(f.id), ShowAll(prompts[f.id], bytes, false).c_str(),
+      std::printf("[%lld] %s%s\n", static_cast<long long>(f.id), ShowAll(prompts[f.id].tokens, bytes, false).c_str(),
                   ShowAll(f.output, bytes, false).c_str());
     }
   }
@@ -283,6 +357,21 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                s.decode_steps > 0 ? 1e3 * s.decode_seconds / static_cast<double>(s.decode_steps) : 0.0,
                static_cast<long long>(s.steps), s.sample_seconds,
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
+  // The workload as a whole: every token out over the run's wall time (the scheduler, the
+  // uploads and the host's work included, the compiles not), and how much of the prompts the
+  // prefix cache served.
+  int64_t generated = 0;
+  for (const inference::FinishedRequest& f : finished) generated += static_cast<int64_t>(f.output.size());
+  const int64_t prompt_tokens = s.prefill_tokens + s.cached_tokens;
+  const double serving_seconds = std::max(0.0, run_seconds - s.compile_seconds);
+  std::fprintf(stderr,
+               "kiln generate: %zu request%s, %lld prompt tokens (%lld from the prefix cache: %.1f%%), %lld new "
+               "tokens in %.3f s: %s new%s\n",
+               finished.size(), finished.size() == 1 ? "" : "s", static_cast<long long>(prompt_tokens),
+               static_cast<long long>(s.cached_tokens),
+               prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(prompt_tokens) : 0.0,
+               static_cast<long long>(generated), serving_seconds, Rate(generated, serving_seconds).c_str(),
+               options.enable_prefix_caching ? "" : " (--no-prefix-cache)");
   if (report) {
     const std::vector<StepTiming>& timings = generator->decode_profile();
     if (timings.empty()) {
@@ -321,8 +410,12 @@ Command GenerateCommand() {
                "TEXT) or an HF config/folder (token ids: --prompt-tokens 1,2,3). Weights: --weights CKPT\n"
                "(from kiln train --save), an HF folder's model.safetensors, or a seeded random init.\n"
                "--prompts FILE runs one request per line together (text lines for the presets, comma-separated\n"
-               "ids otherwise); a bad line is reported and skipped. On --backend cuda every function size is one\n"
-               "executable (a CUDA graph) binding one copy of the weights and of the KV pool.",
+               "ids otherwise); a bad line is reported and skipped. A FILE ending in .jsonl holds one JSON object\n"
+               "a line, {\"prompt\": \"text\"} or {\"tokens\": [1, 2, 3]}, with an optional \"max_new_tokens\": N\n"
+               "of its own (bench/serve_h200.sh writes such workloads). A line on stderr then sums up the\n"
+               "workload: requests, prompt tokens and the prefix cache's share, new tokens per second of wall\n"
+               "time (compiles excluded). On --backend cuda every function size is one executable (a CUDA\n"
+               "graph) binding one copy of the weights and of the KV pool.",
            .min_positionals = 1,
            .max_positionals = 1,
            .flags = {
@@ -349,6 +442,7 @@ Command GenerateCommand() {
                 .default_value = "the model's"},
                {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "cpu"},
                {.name = "report", .help = "where one decode call's GPU time goes, by kernel group (cuda)"},
+               {.name = "no-prefix-cache", .help = "prefill every prompt in full (to measure what the cache saves)"},
            }},
           RunGenerate};
 }
