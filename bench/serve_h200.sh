@@ -2,7 +2,8 @@
 # Issue 15's serving measurements on the GPU machine, all from `kiln generate --prompts
 # FILE.jsonl` (random weights, greedy, workloads of random token ids written by
 # bench/serve_workload.py, the same files for the same SEED):
-#   1. prefill tok/s of one prompt of each of PREFILLS tokens (one new token);
+#   1. prefill tok/s at each prompt length of PREFILLS: PREFILL_REQUESTS prompts of that length,
+#      one at a time, one new token each;
 #   2. a mixed workload with continuous batching: REQUESTS requests, prompt lengths uniform
 #      over PROMPT (LO:HI) and output budgets over OUTPUT, MAX_RUNNING decoded at once;
 #   3. a shared-prefix workload, SHARED requests of one PREFIX-token prefix and SUFFIX tokens of
@@ -10,7 +11,7 @@
 #      --no-prefix-cache: the cache's hit rate and the time it saves.
 # Then serve_workload.py summarize prints the tables (summary.md in OUT_DIR).
 #   KILN=.carry/bin/kiln OUT_DIR=/tmp/serve bash bench/serve_h200.sh
-# Knobs: PRESET=llama-M, BACKEND=cuda, PREFILLS="512 2048", REQUESTS=256, PROMPT=64:1024,
+# Knobs: PRESET=llama-M, BACKEND=cuda, PREFILLS="512 2048", PREFILL_REQUESTS=4, REQUESTS=256, PROMPT=64:1024,
 # OUTPUT=32:512, MAX_RUNNING=64, SHARED=64, PREFIX=512, SUFFIX=64, SHARED_OUTPUT=64, SEED=1,
 # BLOCK=16. tests/CMakeLists.txt runs it on the CPU with llama-tiny and small knobs.
 set -uo pipefail
@@ -20,6 +21,7 @@ OUT_DIR=${OUT_DIR:-/tmp/kiln-serve}
 PRESET=${PRESET:-llama-M}
 BACKEND=${BACKEND:-cuda}
 PREFILLS=${PREFILLS:-512 2048}
+PREFILL_REQUESTS=${PREFILL_REQUESTS:-4}
 REQUESTS=${REQUESTS:-256}
 PROMPT=${PROMPT:-64:1024}
 OUTPUT=${OUTPUT:-32:512}
@@ -54,7 +56,7 @@ run() {
 workload() { "$PYTHON" bench/serve_workload.py "$@" --vocab "$vocab" --seed "$SEED" || status=1; }
 
 for length in $PREFILLS; do
-  workload single "$OUT_DIR/prefill_$length.jsonl" --prompt "$length" --output 1
+  workload single "$OUT_DIR/prefill_$length.jsonl" --requests "$PREFILL_REQUESTS" --prompt "$length" --output 1
   run "prefill_$length" "$OUT_DIR/prefill_$length.jsonl" $((length + BLOCK)) --max-running 1
 done
 workload mixed "$OUT_DIR/mixed.jsonl" --requests "$REQUESTS" --prompt "$PROMPT" --output "$OUTPUT"
@@ -67,7 +69,7 @@ run shared_nocache "$OUT_DIR/shared.jsonl" $((PREFIX + SUFFIX + SHARED_OUTPUT)) 
 {
   echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
-  echo "$PRESET, backend $BACKEND, seed $SEED, block $BLOCK; mixed: $REQUESTS requests, prompts $PROMPT, outputs" \
+  echo "$PRESET, backend $BACKEND, seed $SEED, block $BLOCK; prefill: $PREFILL_REQUESTS requests a length; mixed: $REQUESTS requests, prompts $PROMPT, outputs" \
     "$OUTPUT, max running $MAX_RUNNING; shared: $SHARED requests, prefix $PREFIX + $SUFFIX own, $SHARED_OUTPUT new"
   echo
 } > "$OUT_DIR/summary.md"

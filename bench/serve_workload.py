@@ -7,8 +7,9 @@ summary of the runs bench/serve_h200.sh makes of them.
         tokens uniform over [0, vocab); the same arguments write the same file
     serve_workload.py shared OUT --requests 64 --prefix 512 --suffix 64 --output 64 --vocab 32000 --seed 1
         every request the same PREFIX tokens, then SUFFIX tokens of its own
-    serve_workload.py single OUT --prompt 2048 --output 1 --vocab 32000 --seed 1
-        one request (the prefill measurement)
+    serve_workload.py single OUT --requests 4 --prompt 2048 --output 1 --vocab 32000 --seed 1
+        requests of one prompt length (the prefill measurement: run one at a time, so that each
+        prefill is one call of its own and the first call's warm-up is averaged over several)
     serve_workload.py summarize DIR
         the markdown tables of DIR's logs (prefill_P.log, mixed.log, shared.log,
         shared_nocache.log); exits 1 when a log lacks kiln generate's figures
@@ -80,15 +81,15 @@ def summarize(run):
     prefills = sorted((int(m.group(1)), os.path.join(run, name)) for name in os.listdir(run)
                       for m in [re.fullmatch(r"prefill_(\d+)\.log", name)] if m)
     if prefills:
-        lines += ["| prompt tokens | prefill s | prefill tok/s |", "|---|---|---|"]
+        lines += ["| prompt length | requests | prefill s (all of them) | prefill tok/s |", "|---|---|---|---|"]
         for length, path in prefills:
-            p, _ = read_figures(path)
-            if not p:
-                lines.append(f"| {length} | failed | - |")
+            p, s = read_figures(path)
+            if not p or not s:
+                lines.append(f"| {length} | failed | | |")
                 ok = False
                 continue
-            lines.append(f"| {length} | {p['prefill_s']:.4f} | {p['prefill_tokens'] / p['prefill_s']:,.0f} |"
-                         if p["prefill_s"] > 0 else f"| {length} | {p['prefill_s']:.4f} | - |")
+            rate = f"{p['prefill_tokens'] / p['prefill_s']:,.0f}" if p["prefill_s"] > 0 else "-"
+            lines.append(f"| {length} | {s['requests']} | {p['prefill_s']:.4f} | {rate} |")
         lines.append("")
     rows = [("mixed", "mixed workload"), ("shared", "shared prefix, prefix cache on"),
             ("shared_nocache", "shared prefix, --no-prefix-cache")]
@@ -150,7 +151,7 @@ def main(argv):
     elif mode == "shared":
         rows = shared(requests, int(opts["--prefix"]), int(opts["--suffix"]), int(opts["--output"]), vocab, seed)
     else:
-        rows = mixed(1, parse_range(opts["--prompt"]), parse_range(opts["--output"]), vocab, seed)
+        rows = mixed(requests, parse_range(opts["--prompt"]), parse_range(opts["--output"]), vocab, seed)
     write_jsonl(target, rows)
     return 0
 

@@ -288,7 +288,7 @@ class ServeWorkloadTest(Tmp):
         lines, ok = serve_workload.summarize(self.dir)
         out = "\n".join(lines)
         self.assertTrue(ok, out)
-        self.assertIn("| 512 | 0.0080 | 64,000 |", out)
+        self.assertIn("| 512 | 1 | 0.0080 | 64,000 |", out)
         self.assertIn("| mixed workload | 8 | 3,000 (0.0% cached) | 2,256 | 4.000 | 564 |", out)
         self.assertIn("| shared prefix, prefix cache on | 4 | 2,000 (50.0% cached) | 256 | 1.500 | 171 |", out)
         self.assertIn("prefix cache: 50.0% of the prompt tokens served from it; prefill 0.400 s -> 0.200 s, "
