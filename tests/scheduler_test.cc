@@ -354,6 +354,31 @@ TEST(Scheduler, APromptSharingAComputedPrefixIsPrefilledFromWhereTheCacheEnds) {
   h.RunToCompletion();
 }
 
+// Prompts sharing a start, submitted together: the first prefill of the step computes the
+// shared blocks and the later ones of the same step reuse them (the harness runs a step's
+// prefills in order and checks every cached block holds its positions).
+TEST(Scheduler, PrefillsOfOneStepShareAPrefixTheFirstOfThemComputes) {
+  Harness h(MakeScheduler(32, 16));
+  const std::vector<TokenId> prefix = Prompt(32, 3);
+  for (RequestId id = 1; id <= 3; ++id) {
+    std::vector<TokenId> prompt = prefix;
+    for (TokenId t : Prompt(5, static_cast<TokenId>(40 * id))) prompt.push_back(t);
+    ASSERT_TRUE(h.Submit(Request(id, prompt, 4)).ok());
+  }
+  ASSERT_TRUE(h.Step());
+  const std::vector<PrefillWork>& prefills = h.steps().back().prefills;
+  ASSERT_EQ(Ids(prefills), (std::vector<RequestId>{1, 2, 3}));
+  EXPECT_EQ(prefills[0].num_cached_tokens, 0);
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(prefills[i].num_cached_tokens, 32) << "request " << prefills[i].request;  // its own 5 tokens only
+    EXPECT_EQ(prefills[i].block_table[0], prefills[0].block_table[0]);
+    EXPECT_EQ(prefills[i].block_table[1], prefills[0].block_table[1]);
+    EXPECT_NE(prefills[i].block_table[2], prefills[0].block_table[2]);
+  }
+  EXPECT_EQ(h.cached_tokens(), 64);
+  h.RunToCompletion();
+}
+
 TEST(Scheduler, AForkSharesBlocksAndItsFirstDecodeCopiesTheSharedPartialBlock) {
   Harness h(MakeScheduler(16, 4));
   ASSERT_TRUE(h.Submit(Request(1, Prompt(6), 5)).ok());
@@ -425,7 +450,8 @@ TEST(Scheduler, StepsMustAlternateAndCompletionsMustMatchTheStep) {
 TEST(Scheduler, AbortDropsWaitingAndRunningRequests) {
   Scheduler s = MakeScheduler(4, 4);
   ASSERT_TRUE(s.Submit(Request(1, Prompt(12), 3)).ok());
-  ASSERT_TRUE(s.Submit(Request(2, Prompt(8), 3)).ok());
+  // A prompt of its own (sharing no block with request 1's): 2 blocks, and 1 is left, so it waits.
+  ASSERT_TRUE(s.Submit(Request(2, Prompt(8, 50), 3)).ok());
   ASSERT_TRUE(s.Schedule().ok());
   ASSERT_TRUE(s.CompleteStep({{1, 7}}).ok());
   FinishedRequest waiting = s.Abort(2).value();

@@ -17,9 +17,12 @@
 // ones least recently freed first (LRU), and a sequence's tail before its prefix (a prefix
 // is worth more: later blocks are only findable through it).
 //
-// Blocks enter the prefix cache when their K/V has been computed (MarkComputed), not when
-// their tokens are known: a request admitted in the same step must not skip prefilling
-// K/V that another request's prefill is still writing.
+// Blocks enter the prefix cache when their K/V is computed, or is sure to be before anyone
+// else reads it (MarkComputed), not when their tokens are known: a sequence must not skip
+// prefilling K/V that nobody will have written by the time it reads it. The scheduler marks
+// a prefill's prompt at admission, because a step's prefills run one after another in order
+// (ScheduledStep::prefills), so a later admission of the same step reads it after it is
+// written; a decode's new token is marked when its step completes.
 //
 // Every operation checks its arguments and the pool first and changes nothing when it
 // fails: out of blocks is ResourceExhausted (with what was needed and what is free), an

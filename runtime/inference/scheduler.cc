@@ -132,6 +132,9 @@ absl::Status Scheduler::AdmitWaiting(ScheduledStep& step) {
     // ones behind it wait too (skipping it could starve it).
     if (!pool_.CanAllocate(context)) break;
     ASSIGN_OR_RETURN(const int64_t cached, pool_.AllocateSequence(id, context));
+    // Its prefill runs before any later prefill of this step (ScheduledStep::prefills), so
+    // its blocks will hold their K/V by the time a later admission could read them.
+    RETURN_IF_ERROR(pool_.MarkComputed(id, static_cast<int64_t>(context.size())));
     ASSIGN_OR_RETURN(absl::Span<const BlockId> table, pool_.BlockTable(id));
     prefill_tokens += static_cast<int64_t>(context.size()) - cached;
     step.prefills.push_back(PrefillWork{id, context, cached, std::vector<BlockId>(table.begin(), table.end()),

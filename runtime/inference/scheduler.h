@@ -91,6 +91,9 @@ struct DecodeWork {
 
 struct ScheduledStep {
   std::vector<BlockCopy> block_copies;  // to run before any prefill or decode of the step
+  // To run one after another in this order: a prefill may reuse, as its cached prefix, full
+  // blocks of an earlier prefill of the same step (a burst of requests sharing a prompt's
+  // start computes it once), so each must have written its K/V before the next one reads.
   std::vector<PrefillWork> prefills;
   std::vector<DecodeWork> decodes;      // oldest admitted first
   int64_t decode_bucket = 0;            // decodes.size() rounded up to its batch bucket; 0 for none
