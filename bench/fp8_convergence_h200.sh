@@ -21,8 +21,9 @@ EVERY=${EVERY:-25}
 EVAL=${EVAL:-100}
 mkdir -p "$OUT_DIR"
 # The runs go concurrently (one H200 holds four llama-M runs: 210 s for four 500-step runs
-# against about 4 x 90 s one after another); each has its own kernel cache, so that no two
-# processes write one cache entry. PARALLEL=0 runs them one after another.
+# against about 4 x 90 s one after another); each has its own kernel cache unless
+# KILN_CACHE_DIR names one (the cache writes each entry atomically, so sharing one is safe,
+# only less parallel). PARALLEL=0 runs them one after another.
 PARALLEL=${PARALLEL:-1}
 logs=()
 pids=()
