@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/lower_composite.h"
 #include "codegen/lower_fusion.h"
+#include "codegen/lower_gemv.h"
 #include "codegen/lowerings.h"
 
 namespace kiln {
@@ -115,6 +116,7 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
     case Lowering::kAlias:
       return LoweredNode{LoweringKind::kAlias, {}};
     case Lowering::kGemm:
+      if (codegen::SmallMGemmRefusal(node, options).empty()) return codegen::LowerSmallMGemm(node, options);
       return LoweredNode{LoweringKind::kGemm, {}};
     case Lowering::kResult:
       return LoweredNode{LoweringKind::kResult, {}};

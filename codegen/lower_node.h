@@ -14,6 +14,9 @@ struct CodegenOptions {
   int threads_per_block = 256;
   // The GPU the kernels are for: grids are sized by its SM count.
   Target target;
+  // A gemm of at most 8 rows of A runs kiln's SmallMGemm kernel instead of cuBLASLt where it
+  // qualifies (codegen/lower_gemv.h): the decode step's projections.
+  bool small_m_gemv = true;
 };
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});

@@ -1,0 +1,99 @@
+// A gemm of few rows, the decode step's: D[m, n] = alpha sum_k A[m, k] B[n, k] (+ beta C[m, n])
+// for M <= 8, A [M, K] and B [N, K] both K-inner (a_layout=mk, b_layout=nk: the activations,
+// one row per sequence, against a linear layer's weight; C the residual stream a projection
+// adds into), as ir/op_table.h's gemm defines it without an epilogue (codegen/lower_gemv.cc
+// says when a gemm takes this kernel instead of cuBLASLt).
+//
+// Why: at M <= 8 a GEMM reads its weight once and does next to no arithmetic, so its time is
+// the weight's bytes over the bandwidth it reaches; cuBLASLt's kernels reach about 1.8 TB/s
+// of the H200's 4.8 there (bench/RESULTS.md, session 15: 13 us for llama-M's 23 MB MLP
+// weights). This kernel streams B once with 16-byte loads that bypass L1 (evict-first: a
+// weight is not read again this step), many in flight per warp, and keeps A, which every warp
+// reads, in L1.
+//
+// Geometry: a warp computes kRows consecutive rows of B (columns of D) for all M rows of A;
+// lane l takes the 16-byte chunks l, l + 32, l + 64, ... of each row, kUnroll of them loaded
+// before any is used; the lanes' partial sums meet in a butterfly reduction (a fixed order:
+// the same bits every run). Each A chunk loaded serves kRows rows of B. kWarps warps a block.
+// Accumulation is f32 with fmaf, one rounding to D's dtype at the store, alpha applied to the
+// f32 sum and then beta C, each rounded to f32 as the reference does. K must be a multiple
+// of the 16-byte vector (the lowering checks). C may not be D's buffer (the plan gives it none).
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace kiln::kernels {
+
+template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kUnroll, int kWarps,
+          bool kHasC = false>
+struct SmallMGemm {
+  static constexpr int kVec = Packed128<T>::kSize;
+  static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
+  static_assert(kM >= 1 && kRows >= 1 && kUnroll >= 1, "at least one row, one B row and one chunk in flight");
+  static constexpr long long kChunks = kK / kVec;
+  static constexpr long long kRowsPerBlock = static_cast<long long>(kRows) * kWarps;
+  static constexpr long long kBlocks = CeilDiv(kN, kRowsPerBlock);
+
+  // c: null unless kHasC.
+  static __device__ __forceinline__ void Run(TD* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
+                                             const TD* __restrict__ c, float alpha, float beta) {
+    const int lane = threadIdx.x % kWarpSize;
+    const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock +
+                            static_cast<long long>(threadIdx.x / kWarpSize) * kRows;
+    if (first >= kN) return;  // the whole warp: `first` is the same in every lane
+    float acc[kM][kRows];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
+    }
+    // A B row past N (the last warp's, when kRows does not divide N) reads row N - 1 again
+    // and is not stored: every lane stays in the loop and in the shuffles.
+    const T* rows[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rows[r] = b + (first + r < kN ? first + r : kN - 1) * kK;
+    for (long long base = 0; base < kChunks; base += static_cast<long long>(kUnroll) * kWarpSize) {
+      Packed128<T> bv[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const long long c = base + u * kWarpSize + lane;
+        if (c < kChunks) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            *reinterpret_cast<int4*>(&bv[u][r]) = __ldcs(reinterpret_cast<const int4*>(rows[r] + c * kVec));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const long long c = base + u * kWarpSize + lane;
+        if (c >= kChunks) continue;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          const Packed128<T> av = Load128(a + m * kK + c * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float x = ToFloat(av[j]);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(x, ToFloat(bv[u][r][j]), acc[m][r]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float sum = WarpReduce(acc[m][r], SumOp{});
+        if (lane == 0 && first + r < kN) {
+          const long long at = m * kN + first + r;
+          float t = __fmul_rn(alpha, sum);
+          if constexpr (kHasC) t = __fadd_rn(t, __fmul_rn(beta, ToFloat(c[at])));
+          out[at] = FromFloat<TD>(t);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace kiln::kernels
