@@ -119,7 +119,9 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
-                                          options.compile_threads, CodegenOptions{.target = options.target}));
+                                          options.compile_threads, CodegenOptions{.target = options.target,
+                                                         .programmatic_dependent_launch =
+                                                             options.programmatic_dependent_launch}));
   if (static_cast<int64_t>(report.nodes.size()) != f.num_nodes()) {
     return absl::InternalError(absl::StrCat("codegen lowered ", report.nodes.size(), " of the ", f.num_nodes(),
                                             " nodes of @", f.name()));

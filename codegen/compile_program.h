@@ -24,6 +24,8 @@ struct ProgramOptions {
   Target target;               // the GPU: its arch for NVRTC, its SM count for grids
   std::string cache_dir;       // kernel cache (codegen/kernel_cache.h); empty: its default
   int compile_threads = 0;     // NVRTC threads; 0: one per core
+  // Kernels open with griddepcontrol and launch programmatically (CodegenOptions).
+  bool programmatic_dependent_launch = true;
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

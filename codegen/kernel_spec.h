@@ -16,12 +16,26 @@
 
 namespace kiln {
 
+// The instructions that open every kernel when CodegenOptions::programmatic_dependent_launch
+// (codegen/lower_node.h) holds: let the next kernel of the stream launch now, then wait for
+// the kernels before this one to finish and flush their writes; nothing in global memory is
+// read or written before.
+inline constexpr char kGridDependencyPrologue[] =
+    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
+
 struct KernelSpec {
   std::string name;    // the extern "C" symbol, unique within the source
   std::string source;  // CUDA C++; may #include kernel templates by their kernels/ path
   std::array<uint32_t, 3> grid{1, 1, 1};
   std::array<uint32_t, 3> block{1, 1, 1};
   uint32_t shared_bytes = 0;
+  // The kernel executes griddepcontrol.wait before it reads or writes global memory (L2
+  // prefetches aside, which cannot change what a load returns): kGridDependencyPrologue, or
+  // a template's own wait (kernels/gemv.cuh). The runtime then launches it with programmatic
+  // dependent launch (runtime/cuda/kernel_launch.h): it may start while the kernel ahead of
+  // it in the stream still runs.
+  bool waits_for_grid_dependency = false;
 };
 
 // A kernel compiled by NVRTC (codegen/nvrtc_compiler.h): what the runtime loads.

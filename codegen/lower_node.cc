@@ -5,6 +5,7 @@
 #include "codegen/lower_fusion.h"
 #include "codegen/lower_gemv.h"
 #include "codegen/lowerings.h"
+#include "ir/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -107,9 +108,7 @@ Lowering LoweringOf(Opcode op) {
   return Lowering::kNone;
 }
 
-}  // namespace
-
-absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options) {
+absl::StatusOr<LoweredNode> LowerNodeKernels(const Node& node, const CodegenOptions& options) {
   switch (LoweringOf(node.opcode())) {
     case Lowering::kInput:
       return LoweredNode{LoweringKind::kInput, {}};
@@ -145,6 +144,37 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
   }
   return absl::UnimplementedError(absl::StrCat("codegen has no lowering for op ", node.op_name(), " (node %",
                                                node.name(), ")"));
+}
+
+// Puts kGridDependencyPrologue first in the body of the source's one kernel. The kernel
+// sources come from a dozen emitters (elementwise, fusion, reductions, the composite
+// wrappers); doing it here keeps one place that decides what a kernel waits for.
+absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
+  static constexpr char kEntry[] = "extern \"C\" __global__";
+  const size_t entry = spec.source.find(kEntry);
+  const size_t body = entry == std::string::npos ? entry : spec.source.find('{', entry);
+  if (body == std::string::npos || spec.source.find(kEntry, entry + 1) != std::string::npos) {
+    return absl::InternalError(absl::StrCat("kernel ", spec.name, " of %", node.name(),
+                                            " does not hold exactly one extern \"C\" __global__ function"));
+  }
+  spec.source.insert(body + 1, absl::StrCat("\n", kGridDependencyPrologue));
+  spec.waits_for_grid_dependency = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options) {
+  ASSIGN_OR_RETURN(LoweredNode lowered, LowerNodeKernels(node, options));
+  // griddepcontrol is PTX for sm_90 and later.
+  if (options.programmatic_dependent_launch && options.target.compute_capability >= 90) {
+    for (KernelSpec& spec : lowered.kernels) {
+      // A kernel that waits of its own accord (SmallMGemm, after prefetching its weight)
+      // placed the wait where it is safe.
+      if (!spec.waits_for_grid_dependency) RETURN_IF_ERROR(OpenWithGridDependencyWait(spec, node));
+    }
+  }
+  return lowered;
 }
 
 bool CodegenSupports(Opcode op) { return LoweringOf(op) != Lowering::kNone; }

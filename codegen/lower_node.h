@@ -17,6 +17,11 @@ struct CodegenOptions {
   // A gemm of at most 8 rows of A runs kiln's SmallMGemm kernel instead of cuBLASLt where it
   // qualifies (codegen/lower_gemv.h): the decode step's projections.
   bool small_m_gemv = true;
+  // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
+  // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its
+  // grid is set up while the kernel before it is still running, and the ~1-2 us between two
+  // dependent launches of a CUDA graph mostly disappears (codegen/kernel_spec.h).
+  bool programmatic_dependent_launch = true;
 };
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});

@@ -2,11 +2,19 @@
 
 #ifdef KILN_WITH_CUDA
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "codegen/kernel_cache.h"
 #include "ir/status_macros.h"
 
 namespace kiln {
+
+bool ProgrammaticDependentLaunchByDefault() {
+  const char* env = std::getenv("KILN_PDL");
+  return env == nullptr || std::string(env) != "0";
+}
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
                                                               const CudaExecutableOptions& run,
@@ -14,7 +22,9 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
   ASSIGN_OR_RETURN(CompiledProgram program,
                    CompileProgram(f, ProgramOptions{.target = device.target(),
                                                     .cache_dir = compile.cache_dir,
-                                                    .compile_threads = compile.compile_threads}));
+                                                    .compile_threads = compile.compile_threads,
+                                                    .programmatic_dependent_launch =
+                                                        compile.programmatic_dependent_launch}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

@@ -19,9 +19,14 @@
 
 namespace kiln {
 
+// Whether kernels launch with programmatic dependent launch (codegen/kernel_spec.h): yes,
+// unless $KILN_PDL is "0", the switch that measures what it saves (bench/generate_h200.sh).
+bool ProgrammaticDependentLaunchByDefault();
+
 struct GpuCompileOptions {
   std::string cache_dir;    // kernel cache; empty: its default
   int compile_threads = 0;  // NVRTC threads; 0: one per core
+  bool programmatic_dependent_launch = ProgrammaticDependentLaunchByDefault();
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

@@ -78,6 +78,15 @@ void ExpectCompiles(const KernelSpec& k) {
   EXPECT_FALSE(compiled->from_cache);
 }
 
+// Whether the body of the source's kernel starts with kGridDependencyPrologue, before any
+// statement that could touch global memory.
+bool OpensWithGridDependencyWait(const std::string& source) {
+  const size_t entry = source.find("extern \"C\" __global__");
+  const size_t body = entry == std::string::npos ? entry : source.find('{', entry);
+  const std::string prologue = absl::StrCat("\n", kGridDependencyPrologue);
+  return body != std::string::npos && source.compare(body + 1, prologue.size(), prologue) == 0;
+}
+
 TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
   std::unique_ptr<Module> module = testing::BuildAllOpsModule();
   // As every compile does before codegen: dot_general becomes gemm.
@@ -96,6 +105,12 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
       continue;
     }
     for (const KernelSpec& k : lowered->kernels) {
+      // Every kernel may be launched programmatically (codegen/kernel_spec.h): it waits for
+      // the kernels before it first thing.
+      // SmallMGemm (gemv_lowering_test) places its own wait, after prefetching its weight rows.
+      if (!k.waits_for_grid_dependency || (!OpensWithGridDependencyWait(k.source) && lowered->label != "gemv")) {
+        failures.try_emplace(op, absl::StrCat("kernel ", k.name, " does not open with griddepcontrol.wait"));
+      }
       absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
       if (!compiled.ok()) {
         failures.try_emplace(op, absl::StrCat("NVRTC: ", compiled.status().message()));
@@ -115,6 +130,32 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
   // Every op but dot_general (lowered away) and the four without kernels (parameter,
   // reshape, gemm, get_result) made some.
   EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 5));
+}
+
+// Without programmatic dependent launch, or for a GPU before sm_90 (griddepcontrol is PTX for
+// sm_90 on), no kernel holds the wait, so the runtime launches none programmatically.
+TEST(Codegen, GridDependencyWaitFollowsTheOptionAndTheTarget) {
+  std::unique_ptr<Module> module = testing::BuildAllOpsModule();
+  ASSERT_TRUE(LowerGemmPass().Run(*module).ok());
+  CodegenOptions off;
+  off.programmatic_dependent_launch = false;
+  CodegenOptions ampere;
+  ampere.target = TargetForArch("sm_80").value();
+  int kernels = 0;
+  for (const auto& f : module->functions()) {
+    for (const auto& n : f->nodes()) {
+      for (const CodegenOptions& options : {off, ampere}) {
+        absl::StatusOr<LoweredNode> lowered = LowerNode(*n, options);
+        ASSERT_TRUE(lowered.ok()) << n->op_name() << ": " << lowered.status();
+        for (const KernelSpec& k : lowered->kernels) {
+          ++kernels;
+          EXPECT_FALSE(k.waits_for_grid_dependency) << k.name << " on " << options.target.arch;
+          EXPECT_FALSE(absl::StrContains(k.source, "griddepcontrol")) << k.name << " on " << options.target.arch;
+        }
+      }
+    }
+  }
+  EXPECT_GT(kernels, 100);
 }
 
 // attention's forward is the Target's: wgmma on sm_90a when T is a multiple of 128 (the

@@ -28,6 +28,7 @@ absl::StatusOr<KernelLaunch> PrepareLaunch(const KernelLibrary& library, const K
   launch.block = dim3(spec.block[0], spec.block[1], spec.block[2]);
   launch.shared_bytes = spec.shared_bytes;
   launch.name = spec.name;
+  launch.programmatic = spec.waits_for_grid_dependency;
   constexpr uint32_t kDefaultSharedLimit = 48 * 1024;
   if (spec.shared_bytes > kDefaultSharedLimit) {
     KILN_RETURN_IF_CUDA_ERROR(
@@ -49,6 +50,23 @@ absl::Status EnqueueLaunch(const KernelLaunch& launch, absl::Span<void* const> p
     arg_addresses = many.data();
   }
   for (size_t i = 0; i < pointers.size(); ++i) arg_addresses[i] = const_cast<void**>(&pointers[i]);
+  if (launch.programmatic) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = launch.grid;
+    config.blockDim = launch.block;
+    config.dynamicSmemBytes = launch.shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    const cudaError_t error = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(launch.kernel), arg_addresses);
+    if (error != cudaSuccess) {
+      return CudaStatus(error, "cudaLaunchKernelExC", absl::StrCat("kernel ", launch.name, " of ", context));
+    }
+    return absl::OkStatus();
+  }
   const cudaError_t error = cudaLaunchKernel(reinterpret_cast<const void*>(launch.kernel), launch.grid, launch.block,
                                              arg_addresses, launch.shared_bytes, stream);
   if (error != cudaSuccess) {

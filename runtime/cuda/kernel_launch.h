@@ -38,10 +38,15 @@ struct KernelLaunch {
   cudaKernel_t kernel = nullptr;
   dim3 grid, block;
   uint32_t shared_bytes = 0;
+  // Launched with programmatic stream serialization (programmatic dependent launch): the
+  // kernel may start before the one ahead of it in the stream has finished, which is safe
+  // because it waits for the grid dependency first (KernelSpec::waits_for_grid_dependency).
+  // Under stream capture the graph gets a programmatic edge.
+  bool programmatic = false;
   std::string name;  // for errors
 };
 
-// Geometry from `spec`; raises the kernel's dynamic shared memory limit when it asks for
+// Geometry from `spec`, programmatic where it waits for the grid dependency; raises the kernel's dynamic shared memory limit when it asks for
 // more than the default 48 KiB.
 absl::StatusOr<KernelLaunch> PrepareLaunch(const KernelLibrary& library, const KernelSpec& spec, int device_ordinal);
 
