@@ -53,8 +53,8 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 }
 
 // PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
-// split over the keys until the launch has about two blocks per SM (each split at least 32
-// keys) and each split's scores fit in shared memory, then PagedAttentionCombine when there
+// split over the keys until the launch has about four blocks per SM (each split at least
+// one round of the block's loads, kMinChunk keys), then PagedAttentionCombine when there
 // are several splits; otherwise a warp per (query row, head), one key at a time
 // (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
@@ -84,35 +84,31 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
     return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
   }
   constexpr int kWarps = 8;
-  constexpr int64_t kMinChunk = 32;
+  constexpr int kUnroll = 4;  // K and V rows a thread has in flight
+  // One round of the block's loads: every thread's kUnroll rows.
+  const int64_t min_chunk = (kWarpSize / lanes_per_row) * kWarps * kUnroll;
   const int64_t max_keys = max_blocks * block_size;
   const int64_t items = rows * kv_heads;
-  const int64_t wanted_blocks = 2 * int64_t{std::max(1, options.target.sm_count)};
-  // The block table row, the chunk's scores, the warps' partial outputs and maxima/sums.
-  auto shared_bytes_for = [&](int64_t chunk) {
-    return CeilDiv(max_blocks, 4) * 16 + (group * chunk + kWarps * group * (head_dim + 1)) * int64_t{4};
-  };
-  int64_t splits = items >= wanted_blocks ? 1
-                                          : std::min(CeilDiv(wanted_blocks, items), CeilDiv(max_keys, kMinChunk));
-  int64_t chunk = CeilDiv(max_keys, std::max<int64_t>(1, splits));
-  // A chunk's scores must fit in shared memory (long contexts split for that alone).
-  const int64_t fixed = shared_bytes_for(0);
-  const int64_t max_chunk = (options.target.shared_memory_per_block - fixed) / (4 * group);
-  if (max_chunk < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", fixed,
-                                                   " bytes of shared memory before any key, beyond the target's ",
+  const int64_t wanted_blocks = 4 * int64_t{std::max(1, options.target.sm_count)};
+  // The block table row, the warps' partial outputs and their (max, sum) pairs.
+  const int64_t shared_bytes = CeilDiv(max_blocks, 4) * 16 + kWarps * group * (head_dim + 2) * int64_t{4};
+  if (shared_bytes > options.target.shared_memory_per_block) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
+                                                   " bytes of shared memory, beyond the target's ",
                                                    options.target.shared_memory_per_block));
   }
-  chunk = std::min(chunk, max_chunk);
+  int64_t splits = items >= wanted_blocks ? 1
+                                          : std::min(CeilDiv(wanted_blocks, items), CeilDiv(max_keys, min_chunk));
+  splits = std::max<int64_t>(1, splits);
+  const int64_t chunk = CeilDiv(max_keys, splits);
   splits = CeilDiv(max_keys, chunk);
-  const int64_t shared_bytes = shared_bytes_for(chunk);
   RETURN_IF_ERROR(CheckGrid(node, items * splits));
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
   w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
                            " x ", splits, " splits of ", chunk, " keys, the group's ", group,
-                           " heads sharing each K and V row");
+                           " heads sharing each K and V row; one pass, ", kUnroll, " K and V rows in flight a thread");
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", args, ", ", kWarps, ", ", splits, ", ",
-                        chunk, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
+                        chunk, ", ", kUnroll, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
   KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, kWarps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   if (splits == 1) return Kernels({std::move(split_kernel)});

@@ -114,18 +114,28 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
   }
 }
 
+// exp(m - m_new), the factor that moves a running sum from max m to max m_new >= m; 0 for a
+// sum that has seen no key yet (m = -inf), where the difference would be NaN.
+__device__ __forceinline__ float RescaleFactor(float m, float m_new) {
+  return m == -CUDART_INF_F ? 0.0f : expf(m - m_new);
+}
+
 // Attention as PagedAttention computes it, split over the keys (flash-decoding): a block of
 // kWarps warps per (b, t, kv head, split of kChunk keys), the group's kGroup query heads
-// sharing every K and V row the block loads. The block's softmax is exact over its keys (its
-// max, then exp(S - max), their sum, and the sum of exp(S - max) V); with kSplits == 1 it
-// writes O, otherwise (max, sum, unnormalized sum of V) per head to `partials`, which
-// PagedAttentionCombine merges in split order. A K or V row is kD / kVec lanes of one
-// 16-byte load each; a warp takes 32 / that rows at a time, the warps interleave, and each
-// thread keeps kUnroll rows' loads in flight.
+// sharing every K and V row the block loads. One pass over the block's keys with an online
+// softmax: each thread loads the K and the V rows of kUnroll keys at once (both in flight
+// together: the kernel is a stream of K/V bytes, and the old two-pass form waited for all of
+// K before the first V load), scores them, moves its running max, sum and sum of
+// exp(S - max) V to the new max, and adds them in. Threads of the same dims then merge their
+// running sums (a shuffle within the warp, shared memory across warps), in a fixed order.
+// With kSplits == 1 the block writes O; otherwise (max, sum, unnormalized sum of V) per head
+// to `partials`, which PagedAttentionCombine merges in split order. A K or V row is
+// kD / kVec lanes of one 16-byte load each; a warp takes 32 / that rows at a time and the
+// warps interleave.
 // Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared
-// memory of kMaxBlocks ints and (kGroup * kChunk + kWarps * kGroup * (kD + 1)) floats.
+// memory of kMaxBlocks ints (rounded up to 16 bytes) and kWarps * kGroup * (kD + 2) floats.
 template <typename TP, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
-          int kMaxBlocks, int kWarps, int kSplits, int kChunk>
+          int kMaxBlocks, int kWarps, int kSplits, int kChunk, int kUnroll>
 __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials) {
@@ -135,15 +145,13 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
   constexpr int kLanesPerRow = kD / kVec;
   constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
   constexpr int kRowsPerPass = kRowsPerWarp * kWarps;
-  constexpr int kUnroll = 4;
   static_assert(kD % kVec == 0 && kLanesPerRow <= kWarpSize && kWarpSize % kLanesPerRow == 0,
                 "a row is a power of two of lanes, each one 16-byte access");
   static_assert(kSplits * kChunk >= kMaxKeys, "the splits cover every key");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  int* table = reinterpret_cast<int*>(shared_bytes);                             // [kMaxBlocks]
-  float* scores = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kGroup][kChunk]: S, then exp
-  float* partial = scores + kGroup * kChunk;                                     // [kWarps][kGroup][kD]
-  float* reduce = partial + kWarps * kGroup * kD;                                // [kWarps][kGroup]
+  int* table = reinterpret_cast<int*>(shared_bytes);                              // [kMaxBlocks]
+  float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
+  float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
 
   const int split = static_cast<int>(blockIdx.x % kSplits);
   const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
@@ -170,27 +178,39 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
            sub * kVec;
   };
 
-  // Scores of the block's keys into shared memory; each thread keeps the max of its own.
   float qv[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
     LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
   }
-  float row_max[kGroup];
+  // This thread's running softmax over its keys, per head of the group: max, sum of
+  // exp(S - max), and the sum of exp(S - max) V over its kVec dims.
+  float m[kGroup], l[kGroup], acc[kGroup][kVec];
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) row_max[g] = -CUDART_INF_F;
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -CUDART_INF_F;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
+  }
   for (int base = 0; base < count; base += kRowsPerPass * kUnroll) {
-    Packed128<TP> k[kUnroll];
+    Packed128<TP> k[kUnroll], v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j < count) k[u] = Load128(k_pool + row_of(first + j));
+      if (j < count) {
+        const long long row = row_of(first + j);
+        k[u] = Load128(k_pool + row);
+        v[u] = Load128(v_pool + row);
+      }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+    for (int g = 0; g < kGroup; ++g) {
+      float s[kUnroll];
+      float m_new = m[g];
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
         float dot = 0.0f;
         if (j < count) {
 #pragma unroll
@@ -198,97 +218,64 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
         }
 #pragma unroll
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (j < count) {
-          const float s = dot * scale;
-          row_max[g] = fmaxf(row_max[g], s);
-          if (sub == 0) scores[g * kChunk + j] = s;
-        }
+        s[u] = j < count ? dot * scale : -CUDART_INF_F;
+        m_new = fmaxf(m_new, s[u]);
       }
-    }
-  }
+      if (m_new == -CUDART_INF_F) continue;  // none of these keys is this thread's
+      const float c = RescaleFactor(m[g], m_new);
+      l[g] *= c;
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    const float m = WarpReduce(row_max[g], MaxOp{});
-    if (lane == 0) reduce[warp * kGroup + g] = m;
-  }
-  __syncthreads();
-  float m[kGroup], sum[kGroup];
+      for (int i = 0; i < kVec; ++i) acc[g][i] *= c;
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    m[g] = reduce[g];
-    for (int w = 1; w < kWarps; ++w) m[g] = fmaxf(m[g], reduce[w * kGroup + g]);
-    sum[g] = 0.0f;
-  }
-  __syncthreads();  // every thread has read the maxima before the sums take their place
-  // exp(S - max) over the block's keys, and their sum.
-  for (int j = threadIdx.x; j < count; j += blockDim.x) {
+      for (int u = 0; u < kUnroll; ++u) {
+        if (s[u] == -CUDART_INF_F) continue;
+        const float p = expf(s[u] - m_new);
+        l[g] += p;
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      float& e = scores[g * kChunk + j];
-      e = expf(e - m[g]);
-      sum[g] += e;
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    const float l = WarpReduce(sum[g], SumOp{});
-    if (lane == 0) reduce[warp * kGroup + g] = l;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    float l = 0.0f;
-    for (int w = 0; w < kWarps; ++w) l += reduce[w * kGroup + g];
-    sum[g] = l;
-  }
-
-  // The sum of exp(S - max) V over the block's keys, the lanes of a row over its dims.
-  float acc[kGroup][kVec];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
-  }
-  for (int base = 0; base < count; base += kRowsPerPass * kUnroll) {
-    Packed128<TP> v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j < count) v[u] = Load128(v_pool + row_of(first + j));
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j >= count) continue;
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const float e = scores[g * kChunk + j];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[g][i] += e * ToFloat(v[u][i]);
+        for (int i = 0; i < kVec; ++i) acc[g][i] += p * ToFloat(v[u][i]);
       }
+      m[g] = m_new;
     }
   }
+  // Merge the running sums of the warp's rows that hold the same dims (lanes sub, sub +
+  // kLanesPerRow, ...), then write the warp's to shared memory.
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
+    for (int offset = kWarpSize / 2; offset >= kLanesPerRow; offset /= 2) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m[g], offset);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l[g], offset);
+      const float m_new = fmaxf(m[g], m_other);
+      const float c = RescaleFactor(m[g], m_new), c_other = RescaleFactor(m_other, m_new);
+      l[g] = l[g] * c + l_other * c_other;
 #pragma unroll
-      for (int offset = kWarpSize / 2; offset >= kLanesPerRow; offset /= 2) {
-        acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+      for (int i = 0; i < kVec; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+        acc[g][i] = acc[g][i] * c + other * c_other;
       }
+      m[g] = m_new;
     }
     if (row_in_warp == 0) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) partial[(warp * kGroup + g) * kD + sub * kVec + i] = acc[g][i];
+      if (sub == 0) warp_stats[2 * (warp * kGroup + g)] = m[g], warp_stats[2 * (warp * kGroup + g) + 1] = l[g];
     }
   }
   __syncthreads();
+  // The warps' sums moved to the block's max and added in warp order.
   for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += partial[w * kGroup * kD + i];
-    result[i] = kSplits == 1 ? total / sum[i / kD] : total;
+    const int g = i / kD;
+    float block_max = -CUDART_INF_F;
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_stats[2 * (w * kGroup + g)]);
+    float total = 0.0f, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = RescaleFactor(warp_stats[2 * (w * kGroup + g)], block_max);
+      total += c * partial[w * kGroup * kD + i];
+      sum += c * warp_stats[2 * (w * kGroup + g) + 1];
+    }
+    result[i] = kSplits == 1 ? total / sum : total;
+    if (kSplits > 1 && i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
   }
-  if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = m[threadIdx.x], stats[2 * threadIdx.x + 1] = sum[threadIdx.x];
 }
 
 // out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
+#include "absl/strings/match.h"
 #include "ir/builder.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
@@ -173,23 +175,55 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_NE(write->kernels[0].source.find("PoolCopy<__nv_bfloat16"), std::string::npos) << write->kernels[0].source;
   auto attention = LowerNode(*o);
   ASSERT_TRUE(attention.ok()) << attention.status();
-  // 8 sequences x 8 kv heads = 64 blocks would leave half of 132 SMs idle: the keys split
-  // in 5 (at most 2 blocks per SM, so ceil(264 / 64)), 52 keys each of the 16 x 16 = 256, and
-  // a combine kernel adds the splits' partials (scratch: 64 x 5 x 4 heads x (128 + 2) floats).
+  // 8 sequences x 8 kv heads = 64 blocks would leave most of 132 SMs idle: the keys split
+  // towards 4 blocks per SM (ceil(528 / 64) = 9), but no split is shorter than one round of
+  // the block's loads (8 warps x 2 rows x 4 in flight = 64 keys), so 4 splits of the 16 x 16
+  // = 256 keys; a combine kernel adds the splits' partials (scratch: 64 x 4 x 4 heads x
+  // (128 + 2) floats).
   ASSERT_EQ(attention->kernels.size(), 2u);
-  EXPECT_EQ(attention->kernels[0].grid[0], 64u * 5u);
+  EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
   EXPECT_EQ(attention->kernels[0].block[0], 256u);
   EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, 8LL, 1LL, 32, 128, 3, 64LL, 8, 16, "
-                                              "16, 8, 5, 52>"),
+                                              "16, 8, 4, 64, 4>"),
             std::string::npos)
       << attention->kernels[0].source;
-  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<8LL, 32, 128, 8, 5>"), std::string::npos);
-  EXPECT_EQ(attention->scratch_bytes, 64 * 5 * 4 * (128 + 2) * 4);
+  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<8LL, 32, 128, 8, 4>"), std::string::npos);
+  EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
   for (const LoweredNode* lowered : {&*write, &*attention}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
       EXPECT_FALSE(compiled->cubin.empty());
+    }
+  }
+}
+
+// The split kernel keeps each head of the group's running output in registers (kVec floats a
+// head a thread): every GQA ratio kiln's presets and HF checkpoints use compiles without
+// spilling, at head dims 64 and 128.
+TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int64_t group : {1, 2, 3, 4, 8}) {
+      Module m("m");
+      Builder b(m.AddFunction("decode"));
+      const DType bf16 = DType::kBF16;
+      const int64_t kv_heads = 4;
+      Node* pool = *b.Parameter("pool", {bf16, {2, 64, kv_heads, 16, head_dim}});
+      Node* q = *b.Parameter("q", {bf16, {32, 1, kv_heads * group, head_dim}});
+      Node* tables = *b.Parameter("tables", {i32, {32, 48}});
+      Node* positions = *b.Parameter("positions", {i32, {32, 1}});
+      Node* o = *b.Op(Opcode::kPagedAttention, {q, pool, pool, tables, positions},
+                      AttrMap{{"layer", int64_t{1}}, {"scale", 0.125}});
+      ASSERT_TRUE(b.Return({o}).ok());
+      auto attention = LowerNode(*o);
+      ASSERT_TRUE(attention.ok()) << attention.status();
+      auto compiled = CompileKernel(attention->kernels.at(0), NvrtcOptions{.ptxas_info = true});
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
+      EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores"))
+          << "group " << group << ", head dim " << head_dim << ": " << compiled->log;
+      const size_t used = compiled->log.find("Used");
+      std::printf("[ group %lld head dim %lld ] %s\n", static_cast<long long>(group), static_cast<long long>(head_dim),
+                  compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
     }
   }
 }
