@@ -59,7 +59,7 @@ TEST_F(CliGenerateTest, PresetGeneratesBytesAndReportsSpeeds) {
 TEST_F(CliGenerateTest, KvMemorySizesThePool) {
   CommandResult r = Generate("llama-tiny --prompt hello --max-new-tokens 4 --kv-memory 1M");
   ASSERT_EQ(r.exit_code, 0) << r.output << Stderr();
-  EXPECT_NE(Stderr().find("KV pool of 128 blocks of 16 tokens"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find("KV pool of 128 blocks of 16 tokens (1.0 MiB)"), std::string::npos) << Stderr();
 }
 
 TEST_F(CliGenerateTest, TrainedCheckpointsAndHuggingFaceFoldersLoad) {
@@ -169,6 +169,9 @@ TEST_F(CliGenerateTest, BadInputsAreClearErrors) {
       {"llama-tiny --prompt hi --kv-memory 100", "--kv-memory 100 holds no KV block: one block of 16 tokens takes 8192 bytes"},
       {"llama-tiny --prompt hi --kv-memory 12Q", "--kv-memory '12Q': expected a positive byte count"},
       {"llama-tiny --prompt hi --kv-memory 1M --kv-blocks 4", "give --kv-memory or --kv-blocks, not both"},
+      {"llama-tiny --prompt hi --kv-memory 0%", "--kv-memory 0%: a share of the free GPU memory is a percentage in (0, 100]"},
+      {"llama-tiny --prompt hi --kv-memory 120%", "--kv-memory 120%: a share of the free GPU memory is a percentage"},
+      {"llama-tiny --prompt hi --kv-memory 90%", "--kv-memory 90% sizes the pool from the free GPU memory"},
   };
   for (const auto& [args, message] : cases) {
     CommandResult r = Generate(args);

@@ -301,6 +301,36 @@ TEST_F(CliTest, CompileDumpsVerifiableIrAndReportsEveryPass) {
   EXPECT_TRUE(absl::StrContains(unknown.output, "nope")) << unknown.output;
 }
 
+// --inference: the function kiln generate runs, through its pipeline (merge-sibling-gemms off,
+// so the decode step keeps one gemm per projection), written out as text that verifies; its
+// kernels generate and compile for a named target without a GPU.
+TEST_F(CliTest, CompileInferenceBuildsTheDecodeAndPrefillFunctions) {
+  auto decode = RunCommand(Kiln() + " compile llama-tiny --inference decode --size 4 --context 64 --target sm_90a -o " +
+                           Path("decode.kir"));
+  ASSERT_EQ(decode.exit_code, 0) << decode.output;
+  EXPECT_TRUE(absl::StrContains(decode.output, "compiled llama-tiny (@decode)")) << decode.output;
+  EXPECT_TRUE(absl::StrContains(decode.output, "kernels for sm_90a:")) << decode.output;
+  auto verified = RunCommand(Kiln() + " verify " + Path("decode.kir"));
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  std::ifstream in(Path("decode.kir"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(text, "paged_attention(")) << text;
+  EXPECT_TRUE(absl::StrContains(text, ": bf16[2,16,2,16,32]")) << "4 sequences x 64 tokens = 16 blocks of 16";
+  EXPECT_FALSE(absl::StrContains(text, ".concat = concatenate(")) << "merge-sibling-gemms is off for inference";
+  auto prefill = RunCommand(Kiln() + " compile llama-tiny --inference prefill --size 48 --report");
+  ASSERT_EQ(prefill.exit_code, 0) << prefill.output;
+  EXPECT_TRUE(absl::StrContains(prefill.output, "compiled llama-tiny (@prefill)")) << prefill.output;
+  for (const auto& [flags, error] : std::vector<std::pair<std::string, std::string>>{
+           {"--inference sample", "--inference sample: expected decode or prefill"},
+           {"--size 4", "--size needs --inference"},
+           {"--inference decode --training", "give --inference or --training, not both"},
+           {"--inference decode --size 0", "--size (0), --context (64) and --block-size (16) must be >= 1"}}) {
+    auto r = RunCommand(Kiln() + " compile llama-tiny " + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_TRUE(absl::StrContains(r.output, error)) << flags << ": " << r.output;
+  }
+}
+
 // Issue 10, tried as a new user would: with --training a compile runs two pipelines (forward,
 // then default), and a disabled name reaches whichever has it.
 TEST_F(CliTest, CompileTrainingDisablesAPassOfEitherPipeline) {

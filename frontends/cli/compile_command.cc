@@ -13,6 +13,8 @@
 #include "passes/fusion.h"
 #include "passes/pass_registry.h"
 #include "passes/training_compile.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
 #ifdef KILN_WITH_CUDA
 #include "codegen/capabilities.h"
 #include "codegen/compile_function.h"
@@ -84,10 +86,47 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
 #endif
 }
 
+// --inference PHASE: the @prefill or @decode function `kiln generate` runs (frontends/
+// llama_inference.h), for a pool of whole contexts of every sequence, built from a preset or
+// an HF config.
+absl::StatusOr<LoadedModule> LoadInferenceModule(const ParsedArgs& args, Precision precision) {
+  const std::string phase_name = args.Get("inference");
+  if (phase_name != "decode" && phase_name != "prefill") {
+    return absl::InvalidArgumentError(absl::StrCat("--inference ", phase_name, ": expected decode or prefill"));
+  }
+  if (precision == Precision::kFp8) {
+    return absl::InvalidArgumentError("--inference: inference runs fp32 or bf16 (fp8 is a training policy)");
+  }
+  if (args.Has("training")) return absl::InvalidArgumentError("give --inference or --training, not both");
+  const InferencePhase phase = phase_name == "decode" ? InferencePhase::kDecode : InferencePhase::kPrefill;
+  LoadedModule loaded;
+  ASSIGN_OR_RETURN(loaded.config, ResolveModelConfig(args.positionals()[0]));
+  const ModelConfig& config = *loaded.config;
+  ASSIGN_OR_RETURN(const int64_t size, args.GetInt("size", phase == InferencePhase::kDecode ? 1 : 512));
+  const int64_t default_context = config.max_positions > 0 ? config.max_positions : config.seq_len;
+  ASSIGN_OR_RETURN(const int64_t context, args.GetInt("context", default_context));
+  ASSIGN_OR_RETURN(const int64_t block_size, args.GetInt("block-size", 16));
+  if (size < 1 || context < 1 || block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--size (", size, "), --context (", context, ") and --block-size (",
+                                                   block_size, ") must be >= 1"));
+  }
+  const int64_t per_sequence = (context + block_size - 1) / block_size;
+  const int64_t sequences = phase == InferencePhase::kDecode ? size : 1;
+  const PagedKvLayout layout{.num_blocks = sequences * per_sequence, .block_size = block_size,
+                             .max_blocks_per_sequence = per_sequence};
+  ASSIGN_OR_RETURN(loaded.module, BuildLlamaInferenceModule(config, layout, precision, phase, size));
+  return loaded;
+}
+
 absl::Status RunCompile(const ParsedArgs& args) {
   if (args.Has("output")) RETURN_IF_ERROR(CheckOutputPath(args.Get("output"), "-o"));
-  ASSIGN_OR_RETURN(LoadedModule loaded, LoadModuleForCompile(args.positionals()[0], args));
   ASSIGN_OR_RETURN(CompileOptions options, CompileOptionsFromArgs(args));
+  const bool inference = args.Has("inference");
+  for (const char* flag : {"size", "context", "block-size"}) {
+    if (args.Has(flag) && !inference) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --inference"));
+  }
+  ASSIGN_OR_RETURN(LoadedModule loaded, inference ? LoadInferenceModule(args, options.precision)
+                                                  : LoadModuleForCompile(args.positionals()[0], args));
   RETURN_IF_ERROR(CheckTrainingStepFlagsHaveTraining(args));
   int64_t nodes_before = 0;
   std::vector<PipelineReport> reports;
@@ -105,6 +144,10 @@ absl::Status RunCompile(const ParsedArgs& args) {
     RETURN_IF_ERROR(compile.RunMainPipeline(*loaded.module));
     reports = {compile.forward_report(), compile.main_report()};
     keep_decisions(compile.main_pipeline());
+  } else if (inference) {
+    nodes_before = CountNodes(*loaded.module);
+    ASSIGN_OR_RETURN(PipelineReport report, CompileInferenceModule(*loaded.module, options));
+    reports = {std::move(report)};
   } else {
     nodes_before = CountNodes(*loaded.module);
     const Pipeline pipeline = BuildDefaultPipeline(options);
@@ -149,7 +192,10 @@ Command CompileCommand() {
           "on @forward. With --training, as kiln train does: the forward pipeline (",
           BuildForwardPipeline(defaults).Describe(), ")\n",
           "on @forward, then the training step is built from it (--accum, --weight-decay, --clip), then\n"
-          "the default pipeline runs on both. The verifier runs after every pass that changed something;\n"
+          "the default pipeline runs on both. With --inference decode (or prefill), the function kiln\n"
+          "generate runs instead: --size sequences of one token (or one prompt of --size tokens) over a\n"
+          "paged KV pool of whole --context contexts, through the inference pipeline (merge-sibling-gemms\n"
+          "off). The verifier runs after every pass that changed something;\n"
           "dumps are numbered in the order the passes ran. Then every kernel is generated and compiled\n"
           "with NVRTC for --target (no GPU needed), or for the GPU's architecture.\n\n"
           "passes (names for --disable-pass and --dump-after):\n",
@@ -166,6 +212,15 @@ Command CompileCommand() {
                          "(nominal SM count and shared memory of the family's data-centre part)",
                  .default_value = "the GPU's, if any"},
                 {.name = "report", .help = "print per pass: time, changed or not, nodes before/after"},
+                {.name = "inference", .value_name = "PHASE",
+                 .help = "compile kiln generate's decode or prefill function instead of @forward"},
+                {.name = "size", .value_name = "N",
+                 .help = "with --inference: sequences a decode call takes, or tokens of the prefill",
+                 .default_value = "1 for decode, 512 for prefill"},
+                {.name = "context", .value_name = "N", .help = "with --inference: tokens per sequence at most",
+                 .default_value = "the model's"},
+                {.name = "block-size", .value_name = "N", .help = "with --inference: tokens per KV block",
+                 .default_value = "16"},
                 {.name = "output", .value_name = "FILE", .help = "write the compiled IR (text)", .short_name = 'o'}},
   };
   for (FlagSpec f : ModelBuildFlags()) spec.flags.push_back(std::move(f));

@@ -265,22 +265,56 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   // A single request's problems are the command's; with --prompts a bad line is reported
   // and the others still run.
   const bool single = prompts.size() == 1;
+  std::string pool_from;  // with --kv-memory: the pool's bytes and where they came from
   if (args.Has("kv-memory")) {
     if (args.Has("kv-blocks")) return absl::InvalidArgumentError("give --kv-memory or --kv-blocks, not both");
-    ASSIGN_OR_RETURN(const int64_t budget, ParseByteCount(args.Get("kv-memory"), "--kv-memory"));
     if (options.block_size < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--block-size ", options.block_size, " must be >= 1"));
+    }
+    const std::string text = args.Get("kv-memory");
+    int64_t budget = 0;
+    std::string from;  // how the budget was arrived at, for the pool line
+    if (absl::EndsWith(text, "%")) {
+      // A share of the GPU's free memory, as it is before the weights go up, less the
+      // weights; the rest of the share left over is for the executables' arenas.
+      double percent = 0;
+      if (!absl::SimpleAtod(absl::string_view(text).substr(0, text.size() - 1), &percent) || !(percent > 0) ||
+          percent > 100) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kv-memory ", text, ": a share of the free GPU memory is a percentage in (0, 100], e.g. 90%"));
+      }
+#ifdef KILN_WITH_CUDA
+      if (backend.device == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kv-memory ", text, " sizes the pool from the free GPU memory: it needs --backend cuda"));
+      }
+      const int64_t free = backend.device->free_bytes();
+      int64_t weight_bytes = 0;
+      for (const WeightSpec& w : LlamaWeights(config)) weight_bytes += InferenceWeightType(w, precision).num_bytes();
+      budget = static_cast<int64_t>(static_cast<double>(free) * percent / 100.0) - weight_bytes;
+      from = absl::StrCat(": ", text, " of ", FormatBytes(free), " free, less ", FormatBytes(weight_bytes), " of weights");
+      if (budget <= 0) {
+        return absl::ResourceExhaustedError(absl::StrCat("--kv-memory ", text, from.substr(1),
+                                                         ", leaves nothing for the KV pool"));
+      }
+#else
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-memory ", text, " sizes the pool from the free GPU memory: this kiln was built without CUDA"));
+#endif
+    } else {
+      ASSIGN_OR_RETURN(budget, ParseByteCount(text, "--kv-memory"));
     }
     // K and V of every layer: 2 x L x KV x BS x Dh elements of the pool's dtype a block.
     const PagedKvLayout one_block{.num_blocks = 1, .block_size = options.block_size, .max_blocks_per_sequence = 1};
     const int64_t block_bytes = 2 * KvPoolType(config, one_block, precision).num_bytes();
     options.num_blocks = budget / block_bytes;
     if (options.num_blocks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--kv-memory ", args.Get("kv-memory"), " holds no KV block: one block of ",
+      return absl::InvalidArgumentError(absl::StrCat("--kv-memory ", text, from, " holds no KV block: one block of ",
                                                      options.block_size, " tokens takes ", block_bytes, " bytes for ",
                                                      args.positionals()[0], " (K and V of ", config.n_layers,
                                                      " layers)"));
     }
+    pool_from = absl::StrCat(" (", FormatBytes(options.num_blocks * block_bytes), from, ")");
   }
   if (options.num_blocks == 0 && options.block_size >= 1) {
     // Default: blocks for every request at once (they are known up front), no more than
@@ -311,11 +345,11 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                    Generator::Create(loaded.config, std::move(loaded.weights), options));
   const int64_t num_blocks = generator->layout().num_blocks;
-  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend %s, KV pool of %lld block%s of %lld tokens\n",
+  std::fprintf(stderr, "kiln generate: %s, %s, weights: %s, backend %s, KV pool of %lld block%s of %lld tokens%s\n",
                loaded.config.name.c_str(), std::string(PrecisionName(precision)).c_str(), loaded.source.c_str(),
                backend.backend == Backend::kCpu ? "cpu (reference)" : "cuda",
                static_cast<long long>(num_blocks), num_blocks == 1 ? "" : "s",
-               static_cast<long long>(generator->layout().block_size));
+               static_cast<long long>(generator->layout().block_size), pool_from.c_str());
   int64_t rejected = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     absl::Status st = generator->Submit({.id = static_cast<int64_t>(i), .prompt = prompts[i].tokens,
@@ -432,8 +466,9 @@ Command GenerateCommand() {
                 .default_value = "1337"},
                {.name = "precision", .value_name = "P", .help = "fp32 or bf16", .default_value = "bf16"},
                {.name = "block-size", .value_name = "N", .help = "tokens per KV block", .default_value = "16"},
-               {.name = "kv-memory", .value_name = "BYTES",
-                .help = "size the KV pool (K and V) to at most this many bytes: 1048576, 512K, 64M, 2G"},
+               {.name = "kv-memory", .value_name = "BYTES|P%",
+                .help = "size the KV pool (K and V) to at most this many bytes (1048576, 512K, 64M, 2G), or to a "
+                        "share of the free GPU memory less the weights (90%: the rest is the executables')"},
                {.name = "kv-blocks", .value_name = "N", .help = "KV blocks in the pool",
                 .default_value = "what the requests need, at most max-running full contexts"},
                {.name = "max-running", .value_name = "N", .help = "requests decoded together at most",
