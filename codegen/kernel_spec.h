@@ -30,11 +30,10 @@ struct KernelSpec {
   std::array<uint32_t, 3> grid{1, 1, 1};
   std::array<uint32_t, 3> block{1, 1, 1};
   uint32_t shared_bytes = 0;
-  // The kernel executes griddepcontrol.wait before it reads or writes global memory (L2
-  // prefetches aside, which cannot change what a load returns): kGridDependencyPrologue, or
-  // a template's own wait (kernels/gemv.cuh). The runtime then launches it with programmatic
-  // dependent launch (runtime/cuda/kernel_launch.h): it may start while the kernel ahead of
-  // it in the stream still runs.
+  // The kernel opens with kGridDependencyPrologue (LowerNode puts it there): it executes
+  // griddepcontrol.wait before it reads or writes global memory. The runtime then launches it
+  // with programmatic dependent launch (runtime/cuda/kernel_launch.h): it may start while the
+  // kernel ahead of it in the stream still runs.
   bool waits_for_grid_dependency = false;
 };
 

@@ -2,7 +2,6 @@
 // of cuBLASLt: see that header for why and how.
 #include "codegen/lower_gemv.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -79,10 +78,6 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
   const Geometry g = GeometryFor(m);
-  // The kernel opens the grid dependency itself, after prefetching its weight rows (gemv.cuh);
-  // LowerNode adds the usual prologue to every other kernel.
-  const bool prefetch_before_wait = options.programmatic_dependent_launch && options.target.compute_capability >= 90 &&
-                                    std::getenv("KILN_GEMV_PREFETCH_TEMP") == nullptr;  // TEMP: device A/B
   const int64_t rows_per_block = static_cast<int64_t>(g.rows) * kWarpsPerBlock;
   const int64_t blocks = CeilDiv(n, rows_per_block);
   RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
@@ -90,20 +85,16 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   w.header = "gemv";
   w.comment = absl::StrCat(m, " x ", n, " x ", k, ": a warp per ", Count(g.rows, "row"), " of B, ", g.unroll,
                            " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"), " of ",
-                           kWarpsPerBlock, " warps",
-                           prefetch_before_wait ? "; its B rows are prefetched into L2 before the grid dependency wait" : "");
+                           kWarpsPerBlock, " warps");
   w.params = {Param(t, "a"), Param(t, "b")};
   if (has_c) {
     w.params.push_back(Param(d, "c"));
     w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
   w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
-                        g.rows, ", ", g.unroll, ", ", kWarpsPerBlock, ", ", has_c ? "true" : "false", ", ",
-                        prefetch_before_wait ? "true" : "false", ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
+                        g.rows, ", ", g.unroll, ", ", kWarpsPerBlock, ", ", has_c ? "true" : "false", ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
                         FloatLiteral(has_c ? beta : 0.0), ")");
-  KernelSpec spec = Emit(node, KernelName(node), w, blocks, kWarpsPerBlock * composite::kWarpSize);
-  spec.waits_for_grid_dependency = prefetch_before_wait;
-  LoweredNode lowered = Kernels({std::move(spec)});
+  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, kWarpsPerBlock * composite::kWarpSize)});
   lowered.label = "gemv";
   return lowered;
 }

@@ -168,11 +168,7 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
   ASSIGN_OR_RETURN(LoweredNode lowered, LowerNodeKernels(node, options));
   // griddepcontrol is PTX for sm_90 and later.
   if (options.programmatic_dependent_launch && options.target.compute_capability >= 90) {
-    for (KernelSpec& spec : lowered.kernels) {
-      // A kernel that waits of its own accord (SmallMGemm, after prefetching its weight)
-      // placed the wait where it is safe.
-      if (!spec.waits_for_grid_dependency) RETURN_IF_ERROR(OpenWithGridDependencyWait(spec, node));
-    }
+    for (KernelSpec& spec : lowered.kernels) RETURN_IF_ERROR(OpenWithGridDependencyWait(spec, node));
   }
   return lowered;
 }

@@ -18,14 +18,7 @@
 // Accumulation is f32 with fmaf, one rounding to D's dtype at the store, alpha applied to the
 // f32 sum and then beta C, each rounded to f32 as the reference does. K must be a multiple
 // of the 16-byte vector (the lowering checks). C may not be D's buffer (the plan gives it none).
-//
-// kPrefetchBeforeWait (programmatic dependent launch, codegen/kernel_spec.h): the kernel
-// opens the grid dependency itself. Before griddepcontrol.wait, lane 0 of each warp asks the
-// copy engine to bring the warp's B rows into L2 (cp.async.bulk.prefetch.L2), then the warp
-// waits for the kernels before it. In a decode step B is a weight, which nothing in the step
-// writes, so its bytes stream in while the attention or norm ahead of this kernel still runs.
-// A prefetch only warms L2, which is coherent: were B written before the wait ends, the
-// loads after it would still read the new bytes, so this is safe for any B.
+
 #pragma once
 
 #include "kernels/common.cuh"
@@ -33,7 +26,7 @@
 namespace kiln::kernels {
 
 template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kUnroll, int kWarps,
-          bool kHasC = false, bool kPrefetchBeforeWait = false>
+          bool kHasC = false>
 struct SmallMGemm {
   static constexpr int kVec = Packed128<T>::kSize;
   static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
@@ -48,21 +41,6 @@ struct SmallMGemm {
     const int lane = threadIdx.x % kWarpSize;
     const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock +
                             static_cast<long long>(threadIdx.x / kWarpSize) * kRows;
-    if constexpr (kPrefetchBeforeWait) {
-      if (lane == 0 && first < kN) {
-        // One bulk prefetch per row: its bytes are a multiple of 16 (K is whole chunks).
-        constexpr unsigned kRowBytes = static_cast<unsigned>(kK * sizeof(T));
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (first + r < kN) {
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b + (first + r) * kK), "r"(kRowBytes)
-                         : "memory");
-          }
-        }
-      }
-      asm volatile("griddepcontrol.launch_dependents;");
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-    }
     if (first >= kN) return;  // the whole warp: `first` is the same in every lane
     float acc[kM][kRows];
 #pragma unroll

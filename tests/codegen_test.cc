@@ -107,8 +107,7 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
     for (const KernelSpec& k : lowered->kernels) {
       // Every kernel may be launched programmatically (codegen/kernel_spec.h): it waits for
       // the kernels before it first thing.
-      // SmallMGemm (gemv_lowering_test) places its own wait, after prefetching its weight rows.
-      if (!k.waits_for_grid_dependency || (!OpensWithGridDependencyWait(k.source) && lowered->label != "gemv")) {
+      if (!k.waits_for_grid_dependency || !OpensWithGridDependencyWait(k.source)) {
         failures.try_emplace(op, absl::StrCat("kernel ", k.name, " does not open with griddepcontrol.wait"));
       }
       absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});

@@ -125,29 +125,6 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
 // Every geometry the lowering picks (m 1, 2-4, 5-8), each operand dtype, an f32 D, a
 // non-unit alpha and an N that leaves the last warp's rows partly past the end: the kernels
 // compile for sm_90a and keep their sums and chunks in registers.
-// Under programmatic dependent launch the kernel opens the grid dependency itself: it
-// prefetches its weight rows into L2, then waits, once; LowerNode adds no second prologue.
-// Without it, or on a target before sm_90, neither appears.
-TEST(SmallMGemm, PrefetchesItsWeightRowsBeforeTheGridDependencyWait) {
-  GemmNode g({.m = 1, .n = 2048, .k = 2048});
-  absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-  ASSERT_TRUE(lowered.ok()) << lowered.status();
-  const std::string& source = lowered->kernels.at(0).source;
-  EXPECT_TRUE(absl::StrContains(source, ", true>::Run(")) << source;  // kPrefetchBeforeWait
-  EXPECT_TRUE(lowered->kernels.at(0).waits_for_grid_dependency);
-  EXPECT_FALSE(absl::StrContains(source, "griddepcontrol"))
-      << "the wait is the template's (kernels/gemv.cuh), not a prologue of the wrapper:\n" << source;
-  for (const bool pdl : {false, true}) {
-    CodegenOptions options;
-    options.programmatic_dependent_launch = pdl;
-    if (pdl) options.target = TargetForArch("sm_80").value();
-    absl::StatusOr<LoweredNode> plain = LowerNode(g.node(), options);
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    EXPECT_TRUE(absl::StrContains(plain->kernels.at(0).source, ", false>::Run(")) << plain->kernels.at(0).source;
-    EXPECT_FALSE(plain->kernels.at(0).waits_for_grid_dependency);
-  }
-}
-
 TEST(SmallMGemm, KernelsCompileWithoutSpills) {
   const std::vector<GemmCase> cases = {
       {.m = 1, .n = 2048, .k = 5632},
