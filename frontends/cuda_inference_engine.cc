@@ -173,14 +173,19 @@ class CudaInferenceEngine : public InferenceEngine {
       KILN_RETURN_IF_CUDA_ERROR(
           cudaMemsetAsync(run_.bound_parameters.at(p), 0, pool_type_.num_bytes(), device_->stream()), what);
     }
-    const std::vector<WeightSpec> specs = LlamaWeights(config_);
+    const std::vector<InferenceWeight> specs = LlamaInferenceWeights(config_);
     if (weights.size() != specs.size()) {
       return absl::InvalidArgumentError(absl::StrCat("model '", config_.name, "' takes ", specs.size(),
-                                                     " weights, got ", weights.size()));
+                                                     " inference weights, got ", weights.size()));
     }
     for (size_t i = 0; i < weights.size(); ++i) {
       const int64_t index = kInferenceFirstWeightParameter + static_cast<int64_t>(i);
-      const std::string what = absl::StrCat("weight ", specs[i].name, " ", weights[i].type().ToString());
+      const TensorType want = InferenceWeightType(specs[i].spec, precision);
+      if (weights[i].type() != want) {
+        return absl::InvalidArgumentError(absl::StrCat("weight ", specs[i].spec.name, " must be ", want.ToString(),
+                                                       ", got ", weights[i].type().ToString()));
+      }
+      const std::string what = absl::StrCat("weight ", specs[i].spec.name, " ", weights[i].type().ToString());
       RETURN_IF_ERROR(AllocateBound(index, weights[i].type(), what));
       RETURN_IF_ERROR(Upload(index, weights[i], what));
       weights[i] = HostTensor();  // the host copy is not needed again

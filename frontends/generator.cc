@@ -92,11 +92,9 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& 
                                                 std::move(blocks)));
   g->scheduler_.emplace(std::move(scheduler));
 
-  // The GEMM operands in the GEMM dtype, as the inference functions take them.
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorType type = InferenceWeightType(specs[i], options.precision);
-    if (type.dtype != weights[i].type().dtype) weights[i] = HostTensor::FromValues(type, weights[i].values());
-  }
+  // As the inference functions take them: q/k/v and gate/up joined, the GEMM operands in the
+  // GEMM dtype. Done once here, so no call copies a weight.
+  ASSIGN_OR_RETURN(weights, InferenceWeightsFromModel(config, std::move(weights), options.precision));
   if (options.device == nullptr) {
     ASSIGN_OR_RETURN(g->engine_,
                      CreateReferenceInferenceEngine(config, g->layout_, options.precision, std::move(weights)));

@@ -50,7 +50,8 @@ class InferenceEngine {
   virtual absl::Status CopyBlocks(absl::Span<const inference::BlockCopy> copies) = 0;
 };
 
-// `weights` in LlamaWeights order, each of InferenceWeightType(spec, precision).
+// `weights` as InferenceWeightsFromModel gives them: LlamaInferenceWeights order, each of
+// InferenceWeightType(spec, precision).
 absl::StatusOr<std::unique_ptr<InferenceEngine>> CreateReferenceInferenceEngine(const ModelConfig& config,
                                                                                 const PagedKvLayout& layout,
                                                                                 Precision precision,

@@ -19,8 +19,8 @@ struct LayerWeights {
   MlpWeights mlp;
 };
 
-// Hands out the weights of DeclareLlamaWeights in their order: the same list drives the
-// names, the shapes and the parameter indices.
+// Hands out the weights of DeclareLlamaWeights (or LlamaInferenceWeights) in their order: the
+// same list drives the names, the shapes and the parameter indices.
 class WeightCursor {
  public:
   explicit WeightCursor(absl::Span<const Tensor> weights) : weights_(weights) {}
@@ -54,17 +54,14 @@ std::vector<WeightSpec> LlamaWeights(const ModelConfig& c) {
   return weights;
 }
 
-std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config, DType gemm_operand_dtype) {
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config) {
   std::vector<Tensor> params;
-  for (const WeightSpec& spec : LlamaWeights(config)) {
-    const DType dtype = spec.gemm_operand ? gemm_operand_dtype : DType::kF32;
-    params.push_back(graph.Parameter(spec.name, TensorType{dtype, spec.shape}));
-  }
+  for (const WeightSpec& spec : LlamaWeights(config)) params.push_back(graph.Parameter(spec.name, {DType::kF32, spec.shape}));
   return params;
 }
 
 Tensor LlamaLogits(Graph& g, const ModelConfig& config, absl::Span<const Tensor> weight_params, Tensor tokens,
-                   DType gemm_dtype, const LlamaAttention& attention) {
+                   DType gemm_dtype, const LlamaAttention& attention, ProjectionLayout layout) {
   WeightCursor weights(weight_params);
   Tensor embed_table = weights.Next();
   Tensor h = InScope(g, "embed", [&] { return Embedding(embed_table, tokens); });
@@ -72,10 +69,21 @@ Tensor LlamaLogits(Graph& g, const ModelConfig& config, absl::Span<const Tensor>
     ScopeGuard layer(g, absl::StrCat("layers.", i));
     LayerWeights w;
     w.input_norm = weights.Next();
-    // Braced lists evaluate left to right: q, k, v, o and gate, up, down, as declared.
-    w.attention = {weights.Next(), weights.Next(), weights.Next(), weights.Next()};
+    // In the order declared: q, k, v, o and gate, up, down, or qkv, o and gate_up, down.
+    if (layout == ProjectionLayout::kJoined) {
+      w.attention.qkv_proj = weights.Next();
+      w.attention.o_proj = weights.Next();
+    } else {
+      // Braced lists evaluate left to right.
+      w.attention = {weights.Next(), weights.Next(), weights.Next(), weights.Next()};
+    }
     w.post_attention_norm = weights.Next();
-    w.mlp = {weights.Next(), weights.Next(), weights.Next()};
+    if (layout == ProjectionLayout::kJoined) {
+      w.mlp.gate_up_proj = weights.Next();
+      w.mlp.down_proj = weights.Next();
+    } else {
+      w.mlp = {weights.Next(), weights.Next(), weights.Next()};
+    }
     // Residual adds sit in the layer's own scope, between the branches they join.
     Tensor x = InScope(g, "attn_norm", [&] { return RMSNorm(h, w.input_norm, config.rms_eps); });
     h = h + InScope(g, "attn", [&] { return attention(i, x, w.attention); });

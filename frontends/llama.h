@@ -44,21 +44,24 @@ struct WeightSpec {
 // Every weight of the model, in the order @forward takes them (after tokens, targets).
 std::vector<WeightSpec> LlamaWeights(const ModelConfig& config);
 
-// The pieces @forward is built from, shared with the inference functions
-// (frontends/llama_inference.h) so that all of them take the same weights in the same order
-// and compute the same layers.
+// The pieces @forward is built from; LlamaLogits is shared with the inference functions
+// (frontends/llama_inference.h), so that all of them compute the same layers from the same
+// weights (theirs with q/k/v and gate/up joined: LlamaInferenceWeights).
 //
-// Every weight as a parameter of `graph`, in LlamaWeights order: f32, except that the GEMM
-// operands are `gemm_operand_dtype` (the inference functions pass bf16 under the bf16 policy,
-// so that a decode step reads half the bytes and converts nothing).
-std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config,
-                                        DType gemm_operand_dtype = DType::kF32);
+// Every weight as an f32 parameter of `graph`, in LlamaWeights order.
+std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config);
 // One layer's self-attention: `x` is the normed input [B,T,D]; returns f32 [B,T,D].
 using LlamaAttention = std::function<Tensor(int64_t layer, Tensor x, const AttentionWeights& weights)>;
+// How a layer's projections come in `weights`: as LlamaWeights lists them (q, k, v, o; gate,
+// up, down), or with q, k and v's rows joined into one weight and gate and up's into another
+// (qkv, o; gate_up, down: the inference functions, frontends/llama_inference.h).
+enum class ProjectionLayout { kSeparate, kJoined };
+
 // Logits f32 [B,T,V] of `tokens` [B,T]: embedding, the decoder layers (attention built by
 // `attention`, inside scope layers.N.attn), the final norm and the LM head.
 Tensor LlamaLogits(Graph& graph, const ModelConfig& config, absl::Span<const Tensor> weights, Tensor tokens,
-                   DType gemm_dtype, const LlamaAttention& attention);
+                   DType gemm_dtype, const LlamaAttention& attention,
+                   ProjectionLayout layout = ProjectionLayout::kSeparate);
 
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config,
                                                          const LlamaBuildOptions& options = {});

@@ -1,5 +1,6 @@
 #include "frontends/llama_inference.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "frontends/llama.h"
 #include "frontends/nn.h"
@@ -51,6 +52,69 @@ TensorType InferenceWeightType(const WeightSpec& spec, Precision precision) {
   return TensorType{spec.gemm_operand ? GemmDType(precision) : DType::kF32, spec.shape};
 }
 
+std::vector<InferenceWeight> LlamaInferenceWeights(const ModelConfig& config) {
+  const std::vector<WeightSpec> model = LlamaWeights(config);
+  std::vector<InferenceWeight> weights;
+  // The joint weight of model[first..first+count): their rows one after another.
+  auto join = [&](int first, int count, const std::string& name) {
+    InferenceWeight w{model[first], {}};
+    w.spec.name = name;
+    w.spec.shape[0] = 0;
+    for (int i = first; i < first + count; ++i) {
+      w.spec.shape[0] += model[i].shape[0];
+      w.sources.push_back(i);
+    }
+    weights.push_back(std::move(w));
+  };
+  for (int i = 0; i < static_cast<int>(model.size());) {
+    const std::string& name = model[i].name;
+    if (absl::EndsWith(name, ".self_attn.q_proj.weight")) {
+      join(i, 3, absl::StrCat(name.substr(0, name.size() - std::string("q_proj.weight").size()), "qkv_proj.weight"));
+      i += 3;
+    } else if (absl::EndsWith(name, ".mlp.gate_proj.weight")) {
+      join(i, 2, absl::StrCat(name.substr(0, name.size() - std::string("gate_proj.weight").size()), "gate_up_proj.weight"));
+      i += 2;
+    } else {
+      weights.push_back({model[i], {i}});
+      ++i;
+    }
+  }
+  return weights;
+}
+
+absl::StatusOr<std::vector<HostTensor>> InferenceWeightsFromModel(const ModelConfig& config,
+                                                                  std::vector<HostTensor> model_weights,
+                                                                  Precision precision) {
+  const std::vector<WeightSpec> model = LlamaWeights(config);
+  if (model_weights.size() != model.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", config.name, "' takes ", model.size(), " weights, got ",
+                                                   model_weights.size()));
+  }
+  std::vector<HostTensor> weights;
+  for (const InferenceWeight& w : LlamaInferenceWeights(config)) {
+    const TensorType type = InferenceWeightType(w.spec, precision);
+    if (w.sources.size() == 1 && model_weights[w.sources[0]].type() == type) {
+      weights.push_back(std::move(model_weights[w.sources[0]]));
+      continue;
+    }
+    std::vector<double> values;
+    values.reserve(static_cast<size_t>(type.num_elements()));
+    for (int source : w.sources) {
+      const HostTensor& piece = model_weights[source];
+      if (piece.type().dims != model[source].shape) {
+        return absl::InvalidArgumentError(absl::StrCat("weight ", model[source].name, " must be of shape ",
+                                                       TensorType{DType::kF32, model[source].shape}.ToString(),
+                                                       ", got ", piece.type().ToString()));
+      }
+      const std::vector<double>& v = piece.values();
+      values.insert(values.end(), v.begin(), v.end());
+      model_weights[source] = HostTensor();  // each model weight is read once
+    }
+    weights.push_back(HostTensor::FromValues(type, std::move(values)));
+  }
+  return weights;
+}
+
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
                                                                   const PagedKvLayout& layout, Precision precision,
                                                                   InferencePhase phase, int64_t size) {
@@ -72,11 +136,16 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
   const TensorType pool = KvPoolType(config, layout, precision);
   kv.k_pool = g.Parameter("k_pool", pool);
   kv.v_pool = g.Parameter("v_pool", pool);
-  const std::vector<Tensor> weights = DeclareLlamaWeights(g, config, gemm_dtype);
-  Tensor logits = LlamaLogits(g, config, weights, tokens, gemm_dtype,
-                              [&](int64_t layer, Tensor x, const AttentionWeights& w) {
-                                return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
-                              });
+  std::vector<Tensor> weights;
+  for (const InferenceWeight& w : LlamaInferenceWeights(config)) {
+    weights.push_back(g.Parameter(w.spec.name, InferenceWeightType(w.spec, precision)));
+  }
+  Tensor logits = LlamaLogits(
+      g, config, weights, tokens, gemm_dtype,
+      [&](int64_t layer, Tensor x, const AttentionWeights& w) {
+        return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
+      },
+      ProjectionLayout::kJoined);
   Tensor greedy = InScope(g, "greedy", [&] { return GreedyTokens(g, logits); });
   RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool, greedy},
                            {-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));

@@ -9,10 +9,15 @@
 //
 //   parameters  tokens i32[B,T], positions i32[B,T], slots i32[B,T], block_tables i32[B,M],
 //               k_pool, v_pool [L, NB, KV, BS, Dh] (f32, or bf16 under the bf16 policy),
-//               then every weight in LlamaWeights order, as @forward takes them after its
-//               tokens and targets, but with the GEMM operands in the GEMM dtype (bf16
-//               under the bf16 policy: @forward rounds them there before every use, so
-//               the values are the same, and a decode step reads half the bytes)
+//               then the weights of LlamaInferenceWeights: @forward's (LlamaWeights), in
+//               its order, but with each layer's q, k and v joined into one [(H+2KV)*Dh, D]
+//               weight and gate and up into one [2F, D] (a decode step's projections are
+//               weight streams, and one GEMM over the joint rows costs one launch and one
+//               ramp where three cost three; joined once when the weights are bound,
+//               InferenceWeightsFromModel, never per call), and with the GEMM operands in
+//               the GEMM dtype (bf16 under the bf16 policy: @forward rounds them there
+//               before every use, so the values are the same, and a decode step reads half
+//               the bytes)
 //   outputs     logits [B,T,V] (f32; bf16 under the bf16 policy, as @forward's LM head writes
 //               them), k_pool', v_pool' (donated: output_aliases {-1, 4, 5, -1}), and the
 //               greedy token of every row, i32 [B,T] (the first of the largest logits), so
@@ -29,21 +34,25 @@
 // pattern whose masking is by iota. A rewrite would have to re-infer every shape at (B, 1)
 // and re-derive from the mask what a position is, i.e. re-trace the model. Re-tracing the
 // same code is what kiln does instead: BuildLlamaModule and these functions share
-// DeclareLlamaWeights and LlamaLogits (frontends/llama.h) — the embedding, the layers, the
-// norms, the MLP and the LM head are the same statements — and differ only in the layer's
-// attention, PagedSelfAttention (frontends/nn.h) instead of CausalSelfAttention. The
-// weights' parameter layout is the same list (tests/llama_inference_test.cc checks it), so
-// one set of weights, a training checkpoint or a Hugging Face folder, binds to all three.
+// LlamaLogits (frontends/llama.h) — the embedding, the layers, the norms, the MLP and the LM
+// head are the same statements — and differ only in the layer's attention,
+// PagedSelfAttention (frontends/nn.h) instead of CausalSelfAttention, and in the joint
+// projections (ProjectionLayout::kJoined). The
+// weights' parameter layout is the same list, with the joint projections the one difference
+// (tests/llama_inference_test.cc checks it), so one set of weights, a training checkpoint
+// or a Hugging Face folder, binds to all three.
 // The functions then run through the normal pass pipelines (CompileInferenceModule).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "frontends/llama.h"
 #include "frontends/model_config.h"
 #include "ir/graph.h"
+#include "ir/host_tensor.h"
 #include "passes/compile_options.h"
 #include "passes/pipeline.h"
 
@@ -60,6 +69,24 @@ TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Pr
 
 // The type an inference function takes weight `spec` in (see above).
 TensorType InferenceWeightType(const WeightSpec& spec, Precision precision);
+
+// A weight of the inference functions: one of LlamaWeights, or several of them with their
+// rows joined (dim 0), in `sources` order.
+struct InferenceWeight {
+  WeightSpec spec;           // the joint weight's name ("...self_attn.qkv_proj.weight"), shape
+  std::vector<int> sources;  // indices into LlamaWeights(config)
+};
+
+// The weights the inference functions take, in order: every LlamaWeights entry exactly once,
+// in its order, q/k/v and gate/up of each layer joined.
+std::vector<InferenceWeight> LlamaInferenceWeights(const ModelConfig& config);
+
+// `model_weights` (LlamaWeights order, f32 as a checkpoint or the init gives them) as the
+// inference functions take them: joined as LlamaInferenceWeights says, each of
+// InferenceWeightType (the GEMM operands rounded to bf16 under the bf16 policy).
+absl::StatusOr<std::vector<HostTensor>> InferenceWeightsFromModel(const ModelConfig& config,
+                                                                  std::vector<HostTensor> model_weights,
+                                                                  Precision precision);
 
 // The parameter index of the first weight, and of the pools, in both functions.
 inline constexpr int kInferenceKPoolParameter = 4;

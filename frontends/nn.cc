@@ -122,9 +122,20 @@ Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const Atten
   const int64_t b = x.dim(0), t = x.dim(1);
   const int64_t h = shape.n_heads, n_kv = shape.n_kv_heads, d = shape.head_dim;
   x = Convert(x, gemm_dtype, loc);  // once for q, k and v
-  Tensor q = Reshape(Linear(x, weights.q_proj, gemm_dtype, loc), {b, t, h, d}, loc);
-  Tensor k = Reshape(Linear(x, weights.k_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
-  Tensor v = Reshape(Linear(x, weights.v_proj, gemm_dtype, loc), {b, t, n_kv, d}, loc);
+  Tensor q, k, v;
+  if (weights.qkv_proj.ok()) {
+    Tensor qkv = Linear(x, weights.qkv_proj, gemm_dtype, loc);  // f32 [b, t, (h + 2 kv) d]
+    q = Slice(qkv, {0, 0, 0}, {b, t, h * d}, loc);
+    k = Slice(qkv, {0, 0, h * d}, {b, t, (h + n_kv) * d}, loc);
+    v = Slice(qkv, {0, 0, (h + n_kv) * d}, {b, t, (h + 2 * n_kv) * d}, loc);
+  } else {
+    q = Linear(x, weights.q_proj, gemm_dtype, loc);
+    k = Linear(x, weights.k_proj, gemm_dtype, loc);
+    v = Linear(x, weights.v_proj, gemm_dtype, loc);
+  }
+  q = Reshape(q, {b, t, h, d}, loc);
+  k = Reshape(k, {b, t, n_kv, d}, loc);
+  v = Reshape(v, {b, t, n_kv, d}, loc);
   // RoPE takes one position per row of dim 1: every token of the batch as one row of B*T.
   Tensor flat_positions = Reshape(kv.positions, {b * t}, loc);
   auto rope = [&](Tensor y, int64_t heads) {
@@ -150,9 +161,22 @@ Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc) {
   x = Convert(x, gemm_dtype, loc);  // once for gate and up
   // gate, up and their product are activations, stored in gemm_dtype (autocast); the down
   // projection joins the f32 residual stream and stays f32.
-  Tensor gate = Silu(Linear(x, weights.gate_proj, gemm_dtype, gemm_dtype, loc), loc);
-  Tensor up = Linear(x, weights.up_proj, gemm_dtype, gemm_dtype, loc);
-  return Linear(Mul(gate, up, loc), weights.down_proj, gemm_dtype, loc);
+  Tensor gate, up;
+  if (weights.gate_up_proj.ok()) {
+    Tensor gate_up = Linear(x, weights.gate_up_proj, gemm_dtype, gemm_dtype, loc);  // [..., 2F]
+    if (!gate_up.ok()) return gate_up;
+    std::vector<int64_t> start(gate_up.type().dims.size(), 0), limit = gate_up.type().dims;
+    const int64_t f = limit.back() / 2;
+    limit.back() = f;
+    gate = Slice(gate_up, start, limit, loc);
+    start.back() = f;
+    limit.back() = 2 * f;
+    up = Slice(gate_up, start, limit, loc);
+  } else {
+    gate = Linear(x, weights.gate_proj, gemm_dtype, gemm_dtype, loc);
+    up = Linear(x, weights.up_proj, gemm_dtype, gemm_dtype, loc);
+  }
+  return Linear(Mul(Silu(gate, loc), up, loc), weights.down_proj, gemm_dtype, loc);
 }
 
 // The logits are rounded to gemm_dtype as autocast's are; cross_entropy reads them in f32.

@@ -82,6 +82,9 @@ struct AttentionWeights {
   Tensor k_proj;  // [KV*Dh, D]
   Tensor v_proj;  // [KV*Dh, D]
   Tensor o_proj;  // [D, H*Dh]
+  // Or, instead of q, k and v (PagedSelfAttention only): their rows joined, [(H+2KV)*Dh, D],
+  // one GEMM whose result is sliced into q, k and v.
+  Tensor qkv_proj;
 };
 
 struct AttentionShape {
@@ -130,9 +133,12 @@ struct MlpWeights {
   Tensor gate_proj;  // [F, D]
   Tensor up_proj;    // [F, D]
   Tensor down_proj;  // [D, F]
+  // Or, instead of gate and up: their rows joined, [2F, D], one GEMM sliced in two.
+  Tensor gate_up_proj;
 };
 
-// down(silu(gate(x)) * up(x)) for x [..., D] -> f32 [..., D].
+// down(silu(gate(x)) * up(x)) for x [..., D] -> f32 [..., D]. Each element of a sliced joint
+// projection is the same sum as the separate projection's, so both forms compute the same.
 Tensor SwiGLU(Tensor x, const MlpWeights& weights, DType gemm_dtype, Loc loc = Loc::current());
 
 // Logits [B,T,V] in gemm_dtype (bf16 under the bf16 policy, as autocast's) from hidden

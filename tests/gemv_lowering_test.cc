@@ -117,7 +117,7 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
       EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.gemv)
           << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
     }
-    EXPECT_EQ(gemms, 7 * config.n_layers + 1) << "q, k, v, o, gate, up, down a layer, and the LM head";
+    EXPECT_EQ(gemms, 4 * config.n_layers + 1) << "qkv, o, gate_up, down a layer (joined weights), and the LM head";
   }
 }
 

@@ -95,11 +95,36 @@ void ExpectLogitsMatchForward(const LogitsLog& log, RequestId request, const std
   EXPECT_EQ(checked, static_cast<int64_t>(output.size())) << "one logged step per output token";
 }
 
+// @forward's weights, in its order, with each layer's q/k/v and gate/up joined by rows: every
+// forward weight is in exactly one inference weight, and a joint one's shape is its pieces'.
 TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
   const ModelConfig config = Tiny();
   auto forward = BuildLlamaModule(config, {.batch = 1, .seq_len = 8});
   ASSERT_TRUE(forward.ok());
   const std::vector<Node*> fp = (*forward)->FindFunction("forward")->parameters();
+  const std::vector<InferenceWeight> joined = LlamaInferenceWeights(config);
+  ASSERT_EQ(joined.size(), fp.size() - 2 - 3 * static_cast<size_t>(config.n_layers)) << "3 fewer weights a layer";
+  int next_source = 0;
+  for (const InferenceWeight& w : joined) {
+    int64_t rows = 0;
+    for (int source : w.sources) {
+      EXPECT_EQ(source, next_source++) << w.spec.name;
+      const Node* piece = fp[2 + source];
+      EXPECT_EQ(std::vector<int64_t>(piece->type().dims.begin() + 1, piece->type().dims.end()),
+                std::vector<int64_t>(w.spec.shape.begin() + 1, w.spec.shape.end()))
+          << w.spec.name << " joins " << piece->name() << " by rows";
+      rows += piece->type().dims[0];
+    }
+    EXPECT_EQ(rows, w.spec.shape[0]) << w.spec.name;
+    if (w.sources.size() == 1) EXPECT_EQ(w.spec.name, fp[2 + w.sources[0]]->name());
+  }
+  EXPECT_EQ(next_source, static_cast<int>(fp.size()) - 2);
+  EXPECT_EQ(joined[2].spec.name, "model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_EQ(joined[2].spec.shape, (std::vector<int64_t>{(config.n_heads + 2 * config.n_kv_heads) * config.head_dim,
+                                                        config.d_model}));
+  EXPECT_EQ(joined[5].spec.name, "model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(joined[5].spec.shape, (std::vector<int64_t>{2 * config.d_ff, config.d_model}));
+
   const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
   for (auto [phase, name] : {std::pair{InferencePhase::kPrefill, "prefill"}, std::pair{InferencePhase::kDecode, "decode"}}) {
     auto module = BuildLlamaInferenceModule(config, layout, Precision::kBf16, phase, 4);
@@ -107,18 +132,17 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     const Function* f = (*module)->FindFunction(name);
     ASSERT_NE(f, nullptr);
     const std::vector<Node*> p = f->parameters();
-    ASSERT_EQ(p.size() - kInferenceFirstWeightParameter, fp.size() - 2);
-    const std::vector<WeightSpec> specs = LlamaWeights(config);
+    ASSERT_EQ(p.size() - kInferenceFirstWeightParameter, joined.size());
     int gemm_operands = 0;
-    for (size_t i = 2; i < fp.size(); ++i) {
-      const Node* w = p[i - 2 + kInferenceFirstWeightParameter];
-      EXPECT_EQ(w->name(), fp[i]->name());
-      // Same shape; the GEMM operands in bf16, which @forward rounds them to before each use.
-      EXPECT_EQ(w->type().dims, fp[i]->type().dims);
-      EXPECT_EQ(w->type().dtype, specs[i - 2].gemm_operand ? DType::kBF16 : DType::kF32) << w->name();
-      gemm_operands += specs[i - 2].gemm_operand;
+    for (size_t i = 0; i < joined.size(); ++i) {
+      const Node* w = p[i + kInferenceFirstWeightParameter];
+      EXPECT_EQ(w->name(), joined[i].spec.name);
+      EXPECT_EQ(w->type().dims, joined[i].spec.shape);
+      // The GEMM operands in bf16, which @forward rounds them to before each use.
+      EXPECT_EQ(w->type().dtype, joined[i].spec.gemm_operand ? DType::kBF16 : DType::kF32) << w->name();
+      gemm_operands += joined[i].spec.gemm_operand;
     }
-    EXPECT_EQ(gemm_operands, 7 * config.n_layers + (config.tie_embeddings ? 0 : 1));
+    EXPECT_EQ(gemm_operands, 4 * config.n_layers + (config.tie_embeddings ? 0 : 1));
     EXPECT_EQ(p[kInferenceKPoolParameter]->type().ToString(), "bf16[2,8,2,4,32]");
     EXPECT_EQ(f->output_aliases(),
               (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
@@ -132,9 +156,9 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     std::map<Opcode, int> ops;
     for (const auto& n : f->nodes()) ++ops[n->opcode()];
     EXPECT_EQ(ops[Opcode::kDotGeneral], 0) << "lower-gemm ran";
-    // q, k, v, o, gate, up, down; the head (merge-sibling-gemms is off: it would copy the
-    // bf16 weight parameters into one every call)
-    EXPECT_EQ(ops[Opcode::kGemm], 7 * config.n_layers + 1);
+    // qkv, o, gate_up, down; the head (merge-sibling-gemms is off: it would copy the bf16
+    // weight parameters into one every call; the joint weights are joined once, at bind)
+    EXPECT_EQ(ops[Opcode::kGemm], 4 * config.n_layers + 1);
     EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     EXPECT_EQ(ops[Opcode::kKvCacheWrite], 2 * config.n_layers);
@@ -144,6 +168,33 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_EQ(f->outputs()[kInferenceGreedyOutput]->type().ToString(),
               phase == InferencePhase::kPrefill ? "i32[1,4]" : "i32[4,1]");
   }
+}
+
+// Binding joins the pieces' rows in order (each value as it was, rounded once to the GEMM
+// dtype), passes the others through, and refuses a list of the wrong length.
+TEST(LlamaInference, InferenceWeightsFromModelJoinsRowsOnce) {
+  const ModelConfig config = Tiny();
+  const std::vector<HostTensor> model = InitLlamaWeights(config, 3);
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    absl::StatusOr<std::vector<HostTensor>> bound = InferenceWeightsFromModel(config, model, precision);
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    const std::vector<InferenceWeight> specs = LlamaInferenceWeights(config);
+    ASSERT_EQ(bound->size(), specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ((*bound)[i].type(), InferenceWeightType(specs[i].spec, precision)) << specs[i].spec.name;
+      std::vector<double> want;
+      for (int source : specs[i].sources) {
+        const std::vector<double>& v = model[source].values();
+        want.insert(want.end(), v.begin(), v.end());
+      }
+      want = HostTensor::FromValues((*bound)[i].type(), want).values();
+      EXPECT_EQ((*bound)[i].values(), want) << specs[i].spec.name;
+    }
+  }
+  std::vector<HostTensor> short_list(model.begin(), model.end() - 1);
+  absl::StatusOr<std::vector<HostTensor>> refused = InferenceWeightsFromModel(config, short_list, Precision::kBf16);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("weights, got"), std::string::npos) << refused.status();
 }
 
 // Block size 4, a 10-token prompt (blocks 0-2, the last partly filled) and 12 new tokens:
