@@ -67,6 +67,8 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const int64_t heads = q.dims[2], head_dim = q.dims[3], kv_heads = pool.dims[2], block_size = pool.dims[3];
   const int64_t group = heads / std::max<int64_t>(1, kv_heads);
   const int64_t rows = q.dims[0] * q.dims[1];
+  // O's type: f32, or the op's out_dtype (the f32 value rounded once, on store).
+  const std::string out_type = CudaTypeName(node.type().dtype);
   Wrapper w;
   w.header = "paged_kv";
   w.params = {Param(q.dtype, "q"), Param(pool.dtype, "k_pool"), Param(pool.dtype, "v_pool"),
@@ -80,7 +82,7 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
     const int64_t items = q.num_elements() / std::max<int64_t>(1, head_dim);
     RETURN_IF_ERROR(CheckGrid(node, items));
     w.comment = absl::StrCat("a warp per (query, head): ", Count(items, "warp"), ", two passes over the keys");
-    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", args, ">", call_args, ")");
+    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ">", call_args, ")");
     return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
   }
   // Measured on the H200 (bench/RESULTS.md, session 16): 8 warps and 4 blocks per SM beat 4
@@ -109,15 +111,16 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
                            " x ", splits, " splits of ", chunk, " keys, the group's ", group,
                            " heads sharing each K and V row; one pass, ", kUnroll, " K and V rows in flight a thread");
-  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", args, ", ", kWarps, ", ", splits, ", ",
+  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", kWarps, ", ",
+                        splits, ", ",
                         chunk, ", ", kUnroll, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
   KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, kWarps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   if (splits == 1) return Kernels({std::move(split_kernel)});
   Wrapper combine = w;
   combine.comment = absl::StrCat("adds the ", splits, " splits' partial outputs, a thread per element");
-  combine.call = absl::StrCat("PagedAttentionCombine<", rows, "LL, ", heads, ", ", head_dim, ", ", kv_heads, ", ", splits,
-                              ">(out, partials)");
+  combine.call = absl::StrCat("PagedAttentionCombine<", out_type, ", ", rows, "LL, ", heads, ", ", head_dim, ", ",
+                              kv_heads, ", ", splits, ">(out, partials)");
   const int threads = options.threads_per_block;
   LoweredNode lowered =
       Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,

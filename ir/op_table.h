@@ -269,12 +269,13 @@
 //                          error (the reference reports them; a kernel skips the first and races
 //                          on the second). The result is meant to be donated back to the pool's
 //                          parameter (Function::output_aliases). Not differentiable.
-//   paged_attention(q, k_pool, v_pool, block_tables, positions)  {layer, scale}  causal
+//   paged_attention(q, k_pool, v_pool, block_tables, positions)  {layer, scale, out_dtype?}  causal
 //                          attention of each query over keys 0..its position, the keys and
 //                          values read from the pool through the block table: q float [B, T, H,
 //                          D], pools of one float type [L, NB, Hkv, BS, D] (H a multiple of Hkv;
 //                          query head h reads kv head h / (H/Hkv)), block_tables i32 [B, M],
-//                          positions i32 [B, T]; f32 [B, T, H, D]. For query (b, t) at p =
+//                          positions i32 [B, T]; f32 [B, T, H, D], or with {out_dtype} (a float
+//                          type) that f32 result rounded once to it. For query (b, t) at p =
 //                          positions[b, t] >= 0, key j <= p is at pool[layer, block_tables[b, j /
 //                          BS], g, j % BS, :]:
 //                            S_j = f32(f32(q . k_j) f32(scale)); P = softmax(S) (f32, not rounded);
@@ -371,7 +372,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
   X(kKvCacheWrite, "kv_cache_write", 3, kIndexing, kInferred, 1, "layer")                                                 \
-  X(kPagedAttention, "paged_attention", 5, kComposite, kInferred, 1, "layer,scale")                                     \
+  X(kPagedAttention, "paged_attention", 5, kComposite, kInferred, 1, "layer,scale,out_dtype")                                \
   X(kGetResult, "get_result", 1, kResult, kInferred, 1, "index")                                                          \
   X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kVariableResults, "kind")
 

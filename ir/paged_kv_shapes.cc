@@ -73,7 +73,12 @@ absl::StatusOr<TensorType> InferPagedAttention(absl::Span<const TensorType> xs, 
     return Invalid(kOp, absl::StrCat("positions ", positions.ToString(), " must be i32[", q.dims[0], ",", q.dims[1],
                                      "], one per query"));
   }
-  return TensorType{DType::kF32, q.dims};
+  DType out = DType::kF32;
+  if (attrs.Has("out_dtype")) {
+    ASSIGN_OR_RETURN(out, attrs.GetDType("out_dtype"));
+    if (!IsFloat(out)) return Invalid(kOp, absl::StrCat("out_dtype ", DTypeName(out), " must be a float type"));
+  }
+  return TensorType{out, q.dims};
 }
 
 }  // namespace kiln

@@ -50,12 +50,13 @@ __device__ __forceinline__ void KvCacheWrite(TP* out, const TX* x, const int* sl
 }
 
 // Attention of each query q[b, t, h, :] over keys 0..positions[b, t] read through
-// block_tables[b, :]; out f32 [B, T, H, D]; a negative position writes zeros. Launch: one
+// block_tables[b, :]; out [B, T, H, D] of TO (the f32 result rounded once: f32, or the
+// op's out_dtype); a negative position writes zeros. Launch: one
 // warp per (b, t, h): grid = kB * kT * kH blocks of 32 threads. Lane l holds dims l, l + 32,
 // ... of the query and of the output accumulator.
-template <typename TP, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
-          int kMaxBlocks>
-__device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP* k_pool, const TP* v_pool,
+template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
+          int kBs, int kMaxBlocks>
+__device__ __forceinline__ void PagedAttention(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                const int* block_tables, const int* positions, float scale) {
   constexpr int kPerLane = (kD + kWarpSize - 1) / kWarpSize;
   constexpr int kGroup = kH / kHkv;
@@ -66,11 +67,11 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
   const long long bt = item / kH;
   const long long b = bt / kT;
   const int position = positions[bt];
-  float* o = out + item * kD;
+  TO* o = out + item * kD;
   if (position < 0) {
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane + i * kWarpSize;
-      if (d < kD) o[d] = 0.0f;
+      if (d < kD) o[d] = FromFloat<TO>(0.0f);
     }
     return;
   }
@@ -110,7 +111,7 @@ __device__ __forceinline__ void PagedAttention(float* out, const TP* q, const TP
   }
   for (int i = 0; i < kPerLane; ++i) {
     const int d = lane + i * kWarpSize;
-    if (d < kD) o[d] = acc[i];
+    if (d < kD) o[d] = FromFloat<TO>(acc[i]);
   }
 }
 
@@ -128,15 +129,16 @@ __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
 // K before the first V load), scores them, moves its running max, sum and sum of
 // exp(S - max) V to the new max, and adds them in. Threads of the same dims then merge their
 // running sums (a shuffle within the warp, shared memory across warps), in a fixed order.
-// With kSplits == 1 the block writes O; otherwise (max, sum, unnormalized sum of V) per head
-// to `partials`, which PagedAttentionCombine merges in split order. A K or V row is
+// With kSplits == 1 the block writes O (as TO, the f32 value rounded once); otherwise (max,
+// sum, unnormalized sum of V) per head, f32, to `partials`, which PagedAttentionCombine
+// merges in split order. A K or V row is
 // kD / kVec lanes of one 16-byte load each; a warp takes 32 / that rows at a time and the
 // warps interleave.
 // Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared
 // memory of kMaxBlocks ints (rounded up to 16 bytes) and kWarps * kGroup * (kD + 2) floats.
-template <typename TP, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
-          int kMaxBlocks, int kWarps, int kSplits, int kChunk, int kUnroll>
-__device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, const TP* k_pool, const TP* v_pool,
+template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
+          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kChunk, int kUnroll>
+__device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials) {
   constexpr int kGroup = kH / kHkv;
@@ -165,9 +167,17 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
   const int first = split * kChunk, count = min(keys, first + kChunk) - first;  // this block's keys
   // Partials: [item][split] of kGroup (max, sum) pairs, then kGroup x kD sums.
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
-  float* result = kSplits == 1 ? out + (bt * kH + static_cast<long long>(head) * kGroup) * kD : stats + 2 * kGroup;
+  // Where the block's kGroup x kD values go: O itself, or the partial sums after the stats.
+  TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
+  auto store = [&](int i, float value) {
+    if constexpr (kSplits == 1) {
+      o[i] = FromFloat<TO>(value);
+    } else {
+      stats[2 * kGroup + i] = value;
+    }
+  };
   if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
-    for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) result[i] = 0.0f;
+    for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) store(i, 0.0f);
     if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     return;
   }
@@ -273,16 +283,16 @@ __device__ __forceinline__ void PagedAttentionSplit(float* out, const TP* q, con
       total += c * partial[w * kGroup * kD + i];
       sum += c * warp_stats[2 * (w * kGroup + g) + 1];
     }
-    result[i] = kSplits == 1 ? total / sum : total;
+    store(i, kSplits == 1 ? total / sum : total);
     if (kSplits > 1 && i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
   }
 }
 
 // out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the
-// row's max and added in split order, over the rescaled sum of exp. Launch: one thread per
-// output element.
-template <long long kRows, int kH, int kD, int kHkv, int kSplits>
-__device__ __forceinline__ void PagedAttentionCombine(float* out, const float* partials) {
+// row's max and added in split order, over the rescaled sum of exp, rounded once to TO.
+// Launch: one thread per output element.
+template <typename TO, long long kRows, int kH, int kD, int kHkv, int kSplits>
+__device__ __forceinline__ void PagedAttentionCombine(TO* out, const float* partials) {
   constexpr int kGroup = kH / kHkv;
   const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= kRows * kH * kD) return;
@@ -293,7 +303,7 @@ __device__ __forceinline__ void PagedAttentionCombine(float* out, const float* p
   float m = -CUDART_INF_F;
   for (int split = 0; split < kSplits; ++split) m = fmaxf(m, p[split * kGroup * (kD + 2) + 2 * g]);
   if (m == -CUDART_INF_F) {  // a padding row: no split saw a key
-    out[e] = 0.0f;
+    out[e] = FromFloat<TO>(0.0f);
     return;
   }
   float total = 0.0f, sum = 0.0f;
@@ -303,7 +313,7 @@ __device__ __forceinline__ void PagedAttentionCombine(float* out, const float* p
     sum += scale * s[2 * g + 1];
     total += scale * s[2 * kGroup + g * kD + d];
   }
-  out[e] = total / sum;
+  out[e] = FromFloat<TO>(total / sum);
 }
 
 }  // namespace kiln::kernels

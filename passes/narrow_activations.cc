@@ -71,6 +71,18 @@ m::Pattern NarrowableCrossEntropyGrad() {
       });
 }
 
+// A paged_attention that may round its f32 O to bf16 on store ({out_dtype=bf16}): the decode
+// step's attention output, read only as the o projection's bf16 operand.
+m::Pattern NarrowablePagedAttention() {
+  return m::Op(Opcode::kPagedAttention)
+      .WithDType(DType::kF32)
+      .Where("without out_dtype", [](const Node& n) { return !n.attrs().Has("out_dtype"); })
+      .Where("read only by converts to bf16 (through reshapes and transposes)", [](const Node& n) {
+        std::vector<Node*> movers, converts;
+        return EveryUseRoundsToBf16(n, movers, converts);
+      });
+}
+
 void Retype(Node* n, DType dtype) {
   TensorType t = n->type();
   t.dtype = dtype;
@@ -82,15 +94,19 @@ void Retype(Node* n, DType dtype) {
 absl::StatusOr<bool> NarrowActivationsPass::RunOnFunction(Function& f) {
   const m::Pattern gemm = NarrowableGemm();
   const m::Pattern cross_entropy_grad = NarrowableCrossEntropyGrad();
+  const m::Pattern paged_attention = NarrowablePagedAttention();
   std::vector<Node*> producers;
   for (const auto& n : f.nodes()) {
-    if (m::Match(n.get(), gemm) || m::Match(n.get(), cross_entropy_grad)) producers.push_back(n.get());
+    if (m::Match(n.get(), gemm) || m::Match(n.get(), cross_entropy_grad) || m::Match(n.get(), paged_attention)) {
+      producers.push_back(n.get());
+    }
   }
   for (Node* producer : producers) {
     std::vector<Node*> movers, converts;
     EveryUseRoundsToBf16(*producer, movers, converts);
-    // A gemm's result dtype is declared; cross_entropy_grad's is inferred, from out_dtype.
-    if (producer->opcode() == Opcode::kCrossEntropyGrad) {
+    // A gemm's result dtype is declared; cross_entropy_grad's and paged_attention's are
+    // inferred, from out_dtype.
+    if (producer->opcode() == Opcode::kCrossEntropyGrad || producer->opcode() == Opcode::kPagedAttention) {
       producer->mutable_attrs().Set("out_dtype", Symbol{std::string(DTypeName(DType::kBF16))});
     } else if (Node* bias = Bf16SourceOfBias(*producer)) {
       Node* widened = producer->operand(2);

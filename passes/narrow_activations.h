@@ -1,7 +1,8 @@
 // narrow-activations-bf16: a value whose every consumer rounds it to bf16 is stored bf16 by
-// its producer. Two producers can: the GEMM (cuBLASLt accumulates in f32 and can write the
-// result as bf16 itself) and cross_entropy_grad (its kernel computes in f32 and rounds on
-// store). So a gemm whose f32 result is read only by converts to bf16 (an activation about to
+// its producer. Three producers can: the GEMM (cuBLASLt accumulates in f32 and can write the
+// result as bf16 itself), cross_entropy_grad and paged_attention (their kernels compute in f32
+// and round on store; the decode step's attention output feeds only the o projection, as bf16,
+// so its f32 copy and the convert kernel of every layer go). So a gemm whose f32 result is read only by converts to bf16 (an activation about to
 // be a GEMM operand, or saved for the backward) writes bf16, a cross_entropy_grad whose f32
 // dlogits only feed the LM head's backward GEMMs (as bf16 operands) gets {out_dtype=bf16},
 // and the converts go: no f32 copy is written, read back and kept, no convert kernel runs
@@ -28,7 +29,8 @@
 // there is no double rounding the pass would add or remove. (Had the reference rounded its
 // exact sum straight to bf16, the pass would change values in rare halfway cases, which
 // `kiln check` would catch; the definition follows the hardware instead.) Likewise
-// cross_entropy_grad {out_dtype} is defined as its f32 gradient rounded once (ir/op_table.h).
+// cross_entropy_grad {out_dtype} is defined as its f32 gradient rounded once, and
+// paged_attention {out_dtype} as its f32 O rounded once (ir/op_table.h).
 //
 // A gemm with a bias epilogue narrows too when its bias is a bf16 vector widened to f32 (a
 // narrow D takes a bias of its own dtype only, and the widening is exact): GPT-2's qkv and
@@ -40,7 +42,8 @@
 //
 // Taken: a gemm of bf16 operands, f32 result, beta 0 (C would have to be bf16 too), no FP8
 // slots, no bias or a widened bf16 one; a cross_entropy_grad of f32 logits and f32 result,
-// without out_dtype (bf16 logits already give a bf16 gradient). Either not a function output,
+// without out_dtype (bf16 logits already give a bf16 gradient); a paged_attention of f32 O
+// without out_dtype. Either not a function output,
 // every use a convert to bf16 or a reshape or transpose whose every use is (they only move
 // values, so they commute with the rounding and are retyped bf16 too: the V projection's
 // [B, T, H, D] -> [B, H, T, D] before attention, the dlogits' [B*T, V] -> [B, T, V]). Runs after lower-gemm and

@@ -204,6 +204,30 @@ TEST(NarrowActivations, CrossEntropyGradOnlyWhenEveryUseRoundsToBf16) {
   }
 }
 
+// The decode step's attention output, read only as the o projection's bf16 operand (through
+// the reshape that joins its heads), is written bf16 by paged_attention {out_dtype=bf16}; an
+// f32 reader keeps it f32.
+TEST(NarrowActivations, PagedAttentionWritesBf16) {
+  constexpr absl::string_view kParams = R"(
+  %q = parameter() {index=0} : bf16[2,1,4,8]
+  %pool = parameter() {index=1} : bf16[1,4,2,2,8]
+  %tables = parameter() {index=2} : i32[2,2]
+  %positions = parameter() {index=3} : i32[2,1]
+  %o = paged_attention(%q, %pool, %pool, %tables, %positions) {layer=0, scale=0.35} : f32[2,1,4,8]
+  %flat = reshape(%o) : f32[2,1,32]
+)";
+  std::string out = Narrow(absl::StrCat(kParams, "  %ob = convert(%flat) : bf16[2,1,32]\n  return %ob\n"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %o = paged_attention(%q, %pool, %pool, %tables, %positions) {layer=0, out_dtype=bf16, scale=0.35} : bf16[2,1,4,8]
+    CHECK-NEXT: %flat = reshape(%o) : bf16[2,1,32]
+    CHECK-NEXT: return %flat
+  )");
+  std::string kept = Narrow(absl::StrCat(kParams, "  %ob = convert(%flat) : bf16[2,1,32]\n",
+                                         "  %n = neg(%flat) : f32[2,1,32]\n  return %ob, %n\n"),
+                            /*expect_change=*/false);
+  EXPECT_EQ(kept.find("out_dtype"), std::string::npos) << kept;
+}
+
 // The rule that makes the pass exact (ir/op_table.h): a bf16 gemm result is the f32
 // accumulator rounded to bf16, not the exact sum rounded once. A = [1, 2^-8, 2^-33],
 // B = [1, 1, 1]: the sum 1 + 2^-8 + 2^-33 is just above the halfway point between bf16's 1

@@ -115,6 +115,44 @@ TEST(PagedKvOps, PagedAttentionIsCausalAttentionThroughTheBlockTable) {
   EXPECT_GT(std::fabs((*out)[0][0]), 0.0);
 }
 
+// {out_dtype=bf16}: the f32 O rounded once, bit for bit convert(paged_attention) of the same
+// inputs (what narrow-activations-bf16 relies on); a non-float out_dtype is an error.
+TEST(PagedKvOps, OutDtypeIsTheF32ResultRoundedOnce) {
+  const int64_t t = 5, h = 4, hkv = 2, d = 8, bs = 2, nb = 4;
+  Module m("m");
+  Builder b(m.AddFunction("f"));
+  const DType bf16 = DType::kBF16;
+  Node* q = *b.Parameter("q", {bf16, {1, t, h, d}});
+  Node* pool = *b.Parameter("pool", {bf16, {1, nb, hkv, bs, d}});
+  Node* table = *b.ConstantValues({2, 0, 3, 1}, {i32, {1, 4}});
+  Node* positions = *b.ConstantValues({0, 1, 2, 3, 4}, {i32, {1, t}});
+  const AttrMap attrs{{"layer", int64_t{0}}, {"scale", 0.35}};
+  Node* wide = *b.Op(Opcode::kPagedAttention, {q, pool, pool, table, positions}, attrs);
+  AttrMap narrow_attrs = attrs;
+  narrow_attrs.Set("out_dtype", Symbol{"bf16"});
+  Node* narrow = *b.Op(Opcode::kPagedAttention, {q, pool, pool, table, positions}, narrow_attrs);
+  EXPECT_EQ(narrow->type().ToString(), "bf16[1,5,4,8]");
+  ASSERT_TRUE(b.Return({*b.Convert(wide, bf16), narrow}).ok());
+  ASSERT_TRUE(VerifyModule(m).ok()) << VerifyModule(m);
+  auto out = EvaluateFunction(*m.functions()[0], {HostTensor::Random({bf16, {1, t, h, d}}, 4),
+                                                  HostTensor::Random({bf16, {1, nb, hkv, bs, d}}, 5)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].values(), (*out)[1].values());
+  EXPECT_NE((*out)[1].values()[0], 0.0);
+
+  Builder bad(m.AddFunction("g"));
+  Node* q2 = *bad.Parameter("q", {bf16, {1, t, h, d}});
+  Node* pool2 = *bad.Parameter("pool", {bf16, {1, nb, hkv, bs, d}});
+  Node* table2 = *bad.Parameter("table", {i32, {1, 4}});
+  Node* positions2 = *bad.Parameter("positions", {i32, {1, t}});
+  AttrMap int_attrs = attrs;
+  int_attrs.Set("out_dtype", Symbol{"i32"});
+  absl::StatusOr<Node*> refused = bad.Op(Opcode::kPagedAttention, {q2, pool2, pool2, table2, positions2}, int_attrs);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("out_dtype i32 must be a float type"), std::string::npos)
+      << refused.status();
+}
+
 TEST(PagedKvOps, PaddingRowsAreZeroAndBadTablesAreErrors) {
   auto text = R"(module @m
 
@@ -183,11 +221,11 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   ASSERT_EQ(attention->kernels.size(), 2u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
   EXPECT_EQ(attention->kernels[0].block[0], 256u);
-  EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, 8LL, 1LL, 32, 128, 3, 64LL, 8, 16, "
-                                              "16, 8, 4, 64, 4>"),
+  EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
+                                              "16, 16, 8, 4, 64, 4>"),
             std::string::npos)
       << attention->kernels[0].source;
-  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<8LL, 32, 128, 8, 4>"), std::string::npos);
+  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
   EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
   for (const LoweredNode* lowered : {&*write, &*attention}) {
     for (const KernelSpec& k : lowered->kernels) {

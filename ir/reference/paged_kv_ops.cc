@@ -124,6 +124,9 @@ absl::StatusOr<HostTensor> EvalPagedAttention(const Node& node, Operands xs, con
         const double prob = F32(std::exp(scores[j] - max) / sum);
         for (int64_t x = 0; x < d; ++x) oi[x] += prob * v[rows[j] + x];
       }
+      // O is f32; with {out_dtype} the evaluator then rounds it once more, to that dtype, so
+      // a narrow result is exactly convert(paged_attention) of the same inputs.
+      for (int64_t x = 0; x < d; ++x) oi[x] = F32(oi[x]);
     }
   });
   return out;
