@@ -117,11 +117,11 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   // compiles every time; a directory the caller named must work.
   absl::StatusOr<KernelCache> cache = KernelCache::Open(options.cache_dir);
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
+  const CodegenOptions codegen{.target = options.target,
+                               .programmatic_dependent_launch = options.programmatic_dependent_launch};
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
-                                          options.compile_threads, CodegenOptions{.target = options.target,
-                                                         .programmatic_dependent_launch =
-                                                             options.programmatic_dependent_launch}));
+                                          options.compile_threads, codegen));
   if (static_cast<int64_t>(report.nodes.size()) != f.num_nodes()) {
     return absl::InternalError(absl::StrCat("codegen lowered ", report.nodes.size(), " of the ", f.num_nodes(),
                                             " nodes of @", f.name()));

@@ -92,7 +92,8 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
     w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
   w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
-                        g.rows, ", ", g.unroll, ", ", kWarpsPerBlock, ", ", has_c ? "true" : "false", ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
+                        g.rows, ", ", g.unroll, ", ", kWarpsPerBlock, ", ", has_c ? "true" : "false",
+                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
                         FloatLiteral(has_c ? beta : 0.0), ")");
   LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, kWarpsPerBlock * composite::kWarpSize)});
   lowered.label = "gemv";

@@ -18,7 +18,6 @@
 // Accumulation is f32 with fmaf, one rounding to D's dtype at the store, alpha applied to the
 // f32 sum and then beta C, each rounded to f32 as the reference does. K must be a multiple
 // of the 16-byte vector (the lowering checks). C may not be D's buffer (the plan gives it none).
-
 #pragma once
 
 #include "kernels/common.cuh"

@@ -276,7 +276,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
     std::string from;  // how the budget was arrived at, for the pool line
     if (absl::EndsWith(text, "%")) {
       // A share of the GPU's free memory, as it is before the weights go up, less the
-      // weights; the rest of the share left over is for the executables' arenas.
+      // weights; what the share leaves free is for the executables' arenas.
       double percent = 0;
       if (!absl::SimpleAtod(absl::string_view(text).substr(0, text.size() - 1), &percent) || !(percent > 0) ||
           percent > 100) {
@@ -294,8 +294,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
       budget = static_cast<int64_t>(static_cast<double>(free) * percent / 100.0) - weight_bytes;
       from = absl::StrCat(": ", text, " of ", FormatBytes(free), " free, less ", FormatBytes(weight_bytes), " of weights");
       if (budget <= 0) {
-        return absl::ResourceExhaustedError(absl::StrCat("--kv-memory ", text, from.substr(1),
-                                                         ", leaves nothing for the KV pool"));
+        return absl::ResourceExhaustedError(absl::StrCat("--kv-memory ", text, from, ", leaves nothing for the KV pool"));
       }
 #else
       return absl::InvalidArgumentError(absl::StrCat(
