@@ -2,6 +2,7 @@
 // of cuBLASLt: see that header for why and how.
 #include "codegen/lower_gemv.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -21,21 +22,26 @@ using composite::Kernels;
 using composite::Param;
 using composite::Wrapper;
 
-constexpr int kWarpsPerBlock = 4;
-
-// B rows a warp computes, and the chunks of each it loads before using any, by rows of A:
-// one A chunk serves kRows B chunks, so more A rows want more B rows a warp to keep A's L1
-// reads below the B stream's; registers bound the product (kRows x kUnroll 16-byte B chunks
-// and M x kRows f32 sums).
+// B rows a group of warps computes, the warps splitting K, the chunks of each row a lane loads
+// before using any, and the groups a block. More A rows want more B rows a group (one A chunk
+// serves kRows B chunks: A's L1 reads stay below the B stream's); registers bound rows x
+// unroll (16-byte B chunks a lane holds) and M x rows (f32 sums). K is split over the fewest
+// warps (a power of two, at most 8) whose one round of loads covers the row: every load of a
+// long row is then in flight at once (llama-M's down projection, 11 KB rows, took a warp
+// three rounds before). Blocks are 4 warps where the split leaves room, at least one group.
 struct Geometry {
-  int rows = 1;
-  int unroll = 8;
+  int rows = 1, split = 1, unroll = 8, groups = 4;
 };
 
-Geometry GeometryFor(int64_t m) {
-  if (m == 1) return {1, 8};
-  if (m <= 4) return {2, 4};
-  return {4, 2};
+Geometry GeometryFor(int64_t m, int64_t chunks) {
+  Geometry g;
+  const int cap = m == 1 ? 8 : m <= 4 ? 4 : 2;  // chunks a lane holds of each row
+  g.rows = m == 1 ? 1 : m <= 4 ? 2 : 4;
+  while (g.split < 8 && static_cast<int64_t>(g.split) * composite::kWarpSize * cap < chunks) g.split *= 2;
+  g.unroll = static_cast<int>(
+      std::min<int64_t>(cap, CeilDiv(chunks, static_cast<int64_t>(g.split) * composite::kWarpSize)));
+  g.groups = std::max(1, 4 / g.split);
+  return g;
 }
 
 bool IsGemvDType(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
@@ -77,25 +83,26 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
   const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
-  const Geometry g = GeometryFor(m);
-  const int64_t rows_per_block = static_cast<int64_t>(g.rows) * kWarpsPerBlock;
-  const int64_t blocks = CeilDiv(n, rows_per_block);
+  const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
+  const Geometry g = GeometryFor(m, k / vec);
+  const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
+  const int threads = g.groups * g.split * composite::kWarpSize;
   RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
   Wrapper w;
   w.header = "gemv";
-  w.comment = absl::StrCat(m, " x ", n, " x ", k, ": a warp per ", Count(g.rows, "row"), " of B, ", g.unroll,
-                           " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"), " of ",
-                           kWarpsPerBlock, " warps");
+  w.comment = absl::StrCat(m, " x ", n, " x ", k, ": ", Count(g.split, "warp"), " per ", Count(g.rows, "row"),
+                           " of B, ", g.unroll, " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"),
+                           " of ", Count(g.groups * g.split, "warp"));
   w.params = {Param(t, "a"), Param(t, "b")};
   if (has_c) {
     w.params.push_back(Param(d, "c"));
     w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
   w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
-                        g.rows, ", ", g.unroll, ", ", kWarpsPerBlock, ", ", has_c ? "true" : "false",
+                        g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false",
                         ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
                         FloatLiteral(has_c ? beta : 0.0), ")");
-  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, kWarpsPerBlock * composite::kWarpSize)});
+  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
   lowered.label = "gemv";
   return lowered;
 }

@@ -11,66 +11,73 @@
 // weight is not read again this step), many in flight per warp, and keeps A, which every warp
 // reads, in L1.
 //
-// Geometry: a warp computes kRows consecutive rows of B (columns of D) for all M rows of A;
-// lane l takes the 16-byte chunks l, l + 32, l + 64, ... of each row, kUnroll of them loaded
-// before any is used; the lanes' partial sums meet in a butterfly reduction (a fixed order:
-// the same bits every run). Each A chunk loaded serves kRows rows of B. kWarps warps a block.
-// Accumulation is f32 with fmaf, one rounding to D's dtype at the store, alpha applied to the
-// f32 sum and then beta C, each rounded to f32 as the reference does. K must be a multiple
-// of the 16-byte vector (the lowering checks). C may not be D's buffer (the plan gives it none).
+// Geometry: a block is kGroups groups of kSplit warps; a group computes kRows consecutive rows
+// of B (columns of D) for all M rows of A, its warps splitting K: warp p of the group takes the
+// 16-byte chunks p * 32 + lane, (kSplit + p) * 32 + lane, ... of each row, kUnroll of them
+// loaded before any is used (a long row is split so that one round of loads covers it). Each
+// warp's partial sums meet in a butterfly reduction, the group's warps' in shared memory, in
+// warp order (a fixed order: the same bits every run). Each A chunk loaded serves kRows rows of
+// B. Accumulation is f32 with fmaf, one rounding to D's dtype at the store, alpha applied to
+// the f32 sum and then beta C, each rounded to f32 as the reference does. K must be a
+// multiple of the 16-byte vector (the lowering checks). C may not be D's buffer (the plan
+// gives it none).
 #pragma once
 
 #include "kernels/common.cuh"
 
 namespace kiln::kernels {
 
-template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kUnroll, int kWarps,
+template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kSplit, int kUnroll, int kGroups,
           bool kHasC = false>
 struct SmallMGemm {
   static constexpr int kVec = Packed128<T>::kSize;
   static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
-  static_assert(kM >= 1 && kRows >= 1 && kUnroll >= 1, "at least one row, one B row and one chunk in flight");
+  static_assert(kM >= 1 && kRows >= 1 && kUnroll >= 1 && kSplit >= 1 && kGroups >= 1,
+                "at least one row, one B row, one chunk in flight and one warp");
   static constexpr long long kChunks = kK / kVec;
-  static constexpr long long kRowsPerBlock = static_cast<long long>(kRows) * kWarps;
+  static constexpr long long kRowsPerBlock = static_cast<long long>(kRows) * kGroups;
   static constexpr long long kBlocks = CeilDiv(kN, kRowsPerBlock);
+  static constexpr long long kRound = static_cast<long long>(kUnroll) * kSplit * kWarpSize;  // chunks a round
 
   // c: null unless kHasC.
   static __device__ __forceinline__ void Run(TD* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
                                              const TD* __restrict__ c, float alpha, float beta) {
-    const int lane = threadIdx.x % kWarpSize;
-    const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock +
-                            static_cast<long long>(threadIdx.x / kWarpSize) * kRows;
-    if (first >= kN) return;  // the whole warp: `first` is the same in every lane
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int group = warp / kSplit, part = warp % kSplit;
+    const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock + static_cast<long long>(group) * kRows;
     float acc[kM][kRows];
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
     }
-    // A B row past N (the last warp's, when kRows does not divide N) reads row N - 1 again
-    // and is not stored: every lane stays in the loop and in the shuffles.
+    // A B row past N (the last block's, when its rows do not divide N) reads row N - 1 again
+    // and is not stored: every warp stays in the loop, the shuffles and the barrier.
     const T* rows[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) rows[r] = b + (first + r < kN ? first + r : kN - 1) * kK;
-    for (long long base = 0; base < kChunks; base += static_cast<long long>(kUnroll) * kWarpSize) {
-      Packed128<T> bv[kUnroll][kRows];
+    Packed128<T> bv[kUnroll][kRows];
+    auto load_round = [&](long long base) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const long long c = base + u * kWarpSize + lane;
-        if (c < kChunks) {
+        const long long chunk = base + (u * kSplit + part) * kWarpSize + lane;
+        if (chunk < kChunks) {
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            *reinterpret_cast<int4*>(&bv[u][r]) = __ldcs(reinterpret_cast<const int4*>(rows[r] + c * kVec));
+            *reinterpret_cast<int4*>(&bv[u][r]) = __ldcs(reinterpret_cast<const int4*>(rows[r] + chunk * kVec));
           }
         }
       }
+    };
+    load_round(0);
+    for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const long long c = base + u * kWarpSize + lane;
-        if (c >= kChunks) continue;
+        const long long chunk = base + (u * kSplit + part) * kWarpSize + lane;
+        if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const Packed128<T> av = Load128(a + m * kK + c * kVec);
+          const Packed128<T> av = Load128(a + m * kK + chunk * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float x = ToFloat(av[j]);
@@ -79,17 +86,47 @@ struct SmallMGemm {
           }
         }
       }
+      base += kRound;
+      if (base >= kChunks) break;
+      load_round(base);
     }
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float sum = WarpReduce(acc[m][r], SumOp{});
-        if (lane == 0 && first + r < kN) {
-          const long long at = m * kN + first + r;
-          float t = __fmul_rn(alpha, sum);
-          if constexpr (kHasC) t = __fadd_rn(t, __fmul_rn(beta, ToFloat(c[at])));
-          out[at] = FromFloat<TD>(t);
+      for (int r = 0; r < kRows; ++r) acc[m][r] = WarpReduce(acc[m][r], SumOp{});
+    }
+    auto store = [&](int m, int r, float sum) {
+      if (first + r >= kN) return;
+      const long long at = m * kN + first + r;
+      float t = __fmul_rn(alpha, sum);
+      if constexpr (kHasC) t = __fadd_rn(t, __fmul_rn(beta, ToFloat(c[at])));
+      out[at] = FromFloat<TD>(t);
+    };
+    if constexpr (kSplit == 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) store(m, r, acc[m][r]);
+        }
+      }
+    } else {
+      // The group's warps' sums, added in warp order by the group's first warp.
+      __shared__ float sums[kGroups][kSplit][kM * kRows];
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) sums[group][part][m * kRows + r] = acc[m][r];
+        }
+      }
+      __syncthreads();
+      if (part == 0) {
+        for (int i = lane; i < kM * kRows; i += kWarpSize) {
+          float sum = sums[group][0][i];
+#pragma unroll
+          for (int p = 1; p < kSplit; ++p) sum += sums[group][p][i];
+          store(i / kRows, i % kRows, sum);
         }
       }
     }

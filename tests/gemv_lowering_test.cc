@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "codegen/lower_gemv.h"
 #include "codegen/lower_node.h"
 #include "frontends/llama_inference.h"
@@ -118,6 +119,39 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
           << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
     }
     EXPECT_EQ(gemms, 4 * config.n_layers + 1) << "qkv, o, gate_up, down a layer (joined weights), and the LM head";
+  }
+}
+
+// A row longer than one round of a warp's loads is split over the fewest warps (a power of
+// two) whose one round covers it, and their sums meet in shared memory: llama-M's down
+// projection (704 chunks of 16 bytes a row) over 4 warps of 6 chunks a lane, a block a row;
+// its q/k/v projection (256 chunks) stays a warp a row, 4 rows a block.
+TEST(SmallMGemm, SplitsALongRowOverWarps) {
+  struct Want {
+    GemmCase c;
+    std::string call;
+    uint32_t grid, block;
+  };
+  const std::vector<Want> wants = {
+      {{.m = 1, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 5632LL, 1, 4, 6, 1, false>",
+       2048, 128},
+      {{.m = 1, .n = 4096, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 1, 1, 8, 4, false>",
+       1024, 128},
+      // 8 rows of A: 2 chunks a lane of 4 B rows; 256 chunks take 4 warps.
+      {{.m = 8, .n = 1030, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 1030LL, 2048LL, 4, 4, 2, 1, false>",
+       258, 128},
+      // Past 8 warps the row takes more rounds: 704 chunks over 8 warps of 2 chunks, 2 rounds.
+      {{.m = 8, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 2048LL, 5632LL, 4, 8, 2, 1, false>",
+       512, 256},
+  };
+  for (const Want& want : wants) {
+    GemmNode g(want.c);
+    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    const KernelSpec& k = lowered->kernels.at(0);
+    EXPECT_TRUE(absl::StrContains(k.source, want.call)) << k.source;
+    EXPECT_EQ(k.grid[0], want.grid) << want.call;
+    EXPECT_EQ(k.block[0], want.block) << want.call;
   }
 }
 
