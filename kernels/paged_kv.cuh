@@ -176,23 +176,25 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
       stats[2 * kGroup + i] = value;
     }
   };
+  // q's rows and the block table load beside the position (one wait on memory for the three,
+  // not three in a row; a padding row's are valid memory, loaded and left unused).
+  float qv[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
+  }
+  for (int i = threadIdx.x; i < kMaxBlocks; i += blockDim.x) table[i] = block_tables[b * kMaxBlocks + i];
   if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
     for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) store(i, 0.0f);
     if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     return;
   }
-  for (int i = threadIdx.x; i < kMaxBlocks; i += blockDim.x) table[i] = block_tables[b * kMaxBlocks + i];
   __syncthreads();
   auto row_of = [&](int j) -> long long {
     return (((static_cast<long long>(kLayer) * kBlocks + table[j / kBs]) * kHkv + head) * kBs + j % kBs) * kD +
            sub * kVec;
   };
 
-  float qv[kGroup][kVec];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
-  }
   // This thread's running softmax over its keys, per head of the group: max, sum of
   // exp(S - max), and the sum of exp(S - max) V over its kVec dims.
   float m[kGroup], l[kGroup], acc[kGroup][kVec];
