@@ -22,6 +22,7 @@ import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8_convergence  # noqa: E402
+import ncu_summary  # noqa: E402
 import serve_workload  # noqa: E402
 import summarize  # noqa: E402
 
@@ -246,6 +247,53 @@ class Fp8ConvergenceTest(Tmp):
         code, out = self.run_main([4.0, 3.0, 2.0, 1.0], [4.0, float("nan"), 2.0, 1.0])
         self.assertIn("non-finite loss at steps [2]", out)
         self.assertEqual(code, 1)
+
+
+class NcuSummaryTest(Tmp):
+    HEADER = '"ID","Process ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"\n'
+
+    def csv(self, kernels):
+        """kernels: (name, grid, ns, bytes read) in launch order; ncu's thousands commas kept."""
+        lines = ["==PROF== Connected to process 1\n", self.HEADER]
+        for i, (name, grid, ns, rd) in enumerate(kernels):
+            for metric, value in (("gpu__time_duration.sum", ns), ("dram__bytes_read.sum", rd),
+                                  ("dram__bytes_write.sum", 0)):
+                lines.append(f'"{i}","1","{name}","{grid}","{metric}","ns","{value:,}"\n')
+        path = self.path("ncu.csv")
+        with open(path, "w") as f:
+            f.writelines(lines)
+        return path
+
+    def test_sums_the_last_call_by_op_and_grid(self):
+        path = self.csv([
+            ("k_105_gather", "(32, 1, 1)", 9000, 1000),           # prefill: not summed
+            ("k_146_gemm", "(64, 1, 1)", 50000, 10**6),
+            ("k_205_gather", "(2, 1, 1)", 2000, 4096),            # the last call opens here
+            ("k_246_gemm", "(1024, 1, 1)", 7000, 16_000_000),
+            ("k_262_kv_cache_write", "(4, 1, 1)", 2500, 100),
+            ("k_280_gemm", "(1024, 1, 1)", 7000, 16_000_000),
+            ("k_299_gemm", "(512, 1, 1)", 4000, 8_000_000),
+        ])
+        with open(path) as f:
+            kernels = ncu_summary.read_kernels(f)
+        self.assertEqual(len(kernels), 7)
+        rows = ncu_summary.summarize(ncu_summary.last_call(kernels, "gather"))
+        self.assertEqual([(r[0], r[1], r[2]) for r in rows],
+                         [("gemm", "(1024, 1, 1)", 2), ("gemm", "(512, 1, 1)", 1),
+                          ("kv_cache_write", "(4, 1, 1)", 1), ("gather", "(2, 1, 1)", 1)])
+        self.assertEqual(rows[0][3], 14000)
+        self.assertEqual(rows[0][4], 32_000_000)
+        table = ncu_summary.format_table(rows)
+        self.assertIn("5 kernels, 22.5 us", table)
+        self.assertRegex(table, r"gemm +\(1024, 1, 1\) +2 +14\.0 +7\.00 +16\.00 +0\.00 +2286")
+
+    def test_a_file_without_kernels_is_an_error(self):
+        path = self.path("empty.csv")
+        with open(path, "w") as f:
+            f.write("==ERROR== the application returned an error\n")
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(ncu_summary.main([path]), 1)
+        self.assertIn("no kernels", err.getvalue())
 
 
 class ServeWorkloadTest(Tmp):
