@@ -3,13 +3,14 @@
 # llama-M (random weights, bf16) at batch 1 and 32, prompts of 512 distinct random tokens,
 # 256 new tokens, greedy. kiln: `kiln generate --backend cuda --prompts FILE` (its stderr
 # gives decode ms per step: decode wall time over @decode calls, sampling and the logits'
-# download included; compiles excluded). HF: bench/hf_generate.py (static cache). The floor:
+# download included; compiles excluded; and the calls' median, min and max). HF:
+# bench/hf_generate.py (static cache). The floor:
 # the bytes one decode step must read (the bf16 weights but the embedding table, plus K and V
 # of the average context, 512 + 128 tokens) over 4.26 TB/s (H200.md's measured copy rate).
 #   KILN=.carry/bin/kiln OUT_DIR=/tmp/gen bash bench/generate_h200.sh
 # Knobs: PRESET=llama-M, BATCHES="1 32", PROMPT=512, NEW=256, HF=1 (0 skips transformers).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 KILN=${KILN:-build/kiln}
 OUT_DIR=${OUT_DIR:-/tmp/kiln-generate}
 PRESET=${PRESET:-llama-M}
@@ -36,16 +37,20 @@ PY
   "$KILN" generate "$PRESET" --prompts "$prompts" --max-new-tokens "$NEW" --temperature 0 --backend cuda \
     --max-running "$batch" --context $((PROMPT + NEW)) > "$log.out" 2> "$log" || { echo "kiln b$batch failed"; tail -5 "$log"; status=1; }
   kiln_ms=$(grep -o '[0-9.]* ms each' "$log" | head -1 | cut -d' ' -f1)
+  # The decode calls' median, min and max ("decode calls: median X ms, min Y, max Z").
+  kiln_calls=$(grep -o 'decode calls: median [0-9.]* ms, min [0-9.]*, max [0-9.]*' "$log" | head -1 | tr -d ',' |
+    awk '{print $4, $7, $9}')
   prefill=$(grep -o 'prefill [0-9]* tokens in [0-9.]* s ([0-9]* tok/s' "$log" | grep -o '[0-9]* tok/s' | head -1)
   hf_json="{}"
   if [ "$HF" = 1 ]; then
     hf_json=$(cd bench && "$PYTHON" hf_generate.py --preset "$PRESET" --batch "$batch" --prompt "$PROMPT" --new "$NEW" 2> "$OUT_DIR/hf_b$batch.log" | tail -1)
   fi
-  "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" <<'PY'
+  "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" "${kiln_calls:-nan nan nan}" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
 from torch_llama import PRESETS
 preset, batch, prompt, new, kiln_ms, prefill, hf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6], json.loads(sys.argv[7] or "{}")
+call_median, call_min, call_max = (float(x) for x in sys.argv[8].split())
 p = PRESETS[preset]
 q, kv = p["heads"] * p["hd"], p["kv"] * p["hd"]
 params = p["layers"] * (p["d"] * (2 * q + 2 * kv) + 3 * p["d"] * p["ff"]) + p["vocab"] * p["d"]  # projections, MLP, head
@@ -53,7 +58,8 @@ weight_bytes = 2 * params
 kv_bytes = batch * (prompt + new / 2) * p["layers"] * 2 * kv * 2
 floor_ms = 1e3 * (weight_bytes + kv_bytes) / 4.26e12
 hf_ms = hf.get("decode_ms_per_step_median", float("nan"))
-print(f"{preset} batch {batch}, prompt {prompt}, {new} new: kiln {kiln_ms:.3f} ms/step, HF {hf_ms:.3f} ms/step "
+print(f"{preset} batch {batch}, prompt {prompt}, {new} new: kiln {kiln_ms:.3f} ms/step (calls: median {call_median:.3f}, "
+      f"min {call_min:.3f}, max {call_max:.3f}), HF {hf_ms:.3f} ms/step "
       f"(min {hf.get('decode_ms_per_step_min', float('nan')):.3f}, max {hf.get('decode_ms_per_step_max', float('nan')):.3f}), "
       f"floor {floor_ms:.3f} ms ({weight_bytes / 1e9:.2f} GB weights + {kv_bytes / 1e9:.2f} GB KV); "
       f"kiln/floor {kiln_ms / floor_ms:.2f}x, HF/kiln {hf_ms / kiln_ms:.2f}x; prefill kiln {prefill}, "

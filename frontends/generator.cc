@@ -1,5 +1,6 @@
 #include "frontends/generator.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -221,8 +222,21 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   }
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());
   ++stats_.decode_steps;
-  stats_.decode_seconds += Seconds(start);
+  const double seconds = Seconds(start);
+  stats_.decode_seconds += seconds;
+  stats_.decode_call_seconds.push_back(seconds);
   return sampled;
+}
+
+DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats) {
+  std::vector<double> ms;
+  ms.reserve(stats.decode_call_seconds.size());
+  for (double s : stats.decode_call_seconds) ms.push_back(1e3 * s);
+  if (ms.empty()) return {};
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  const double median = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  return {.median_ms = median, .min_ms = ms.front(), .max_ms = ms.back()};
 }
 
 absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Step(const TokenCallback& on_token) {

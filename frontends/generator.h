@@ -69,11 +69,19 @@ struct GenerationStats {
   int64_t decode_steps = 0;    // calls of @decode
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  std::vector<double> decode_call_seconds;  // each @decode call's share of decode_seconds, in order
   double sample_seconds = 0;   // of prefill and decode seconds: picking the tokens on the host
   double compile_seconds = 0;
   int64_t steps = 0;
   int64_t functions_compiled = 0;
 };
+
+// The spread of the decode calls' times, in milliseconds (all 0 without a call): what a
+// benchmark reports beside the mean (decode_seconds over decode_steps).
+struct DecodeCallTimes {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+};
+DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats);
 
 using TokenCallback = std::function<void(inference::RequestId, inference::TokenId)>;
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <regex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,8 @@ TEST_F(CliGenerateTest, PresetGeneratesBytesAndReportsSpeeds) {
   EXPECT_NE(err.find("llama-tiny, bf16, weights: random init (seed 1337"), std::string::npos) << err;
   EXPECT_NE(err.find("prefill 5 tokens in"), std::string::npos) << err;
   EXPECT_NE(err.find("decode 7 tokens in"), std::string::npos) << err;
+  EXPECT_TRUE(std::regex_search(err, std::regex(R"(decode calls: median [0-9.]+ ms, min [0-9.]+, max [0-9.]+ \(7 calls\))")))
+      << err;
   // The same seed, the same bytes; greedy too.
   EXPECT_EQ(Generate("llama-tiny --prompt hello --max-new-tokens 8 --seed 3").output, r.output);
   CommandResult greedy = Generate("llama-tiny --prompt hello --max-new-tokens 8 --temperature 0");

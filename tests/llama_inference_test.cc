@@ -287,6 +287,29 @@ TEST(LlamaInference, GreedyGenerationIsTheArgmaxOfRepeatedFullForwards) {
     context.push_back(expected.back());
   }
   EXPECT_EQ((*done)[0].output, expected);
+  // Every decode call's time is kept, summing to the total the mean is taken from.
+  const GenerationStats& stats = (*gen)->stats();
+  ASSERT_EQ(stats.decode_call_seconds.size(), static_cast<size_t>(stats.decode_steps));
+  double sum = 0;
+  for (double s : stats.decode_call_seconds) sum += s;
+  EXPECT_NEAR(sum, stats.decode_seconds, 1e-9 * stats.decode_steps);
+  const DecodeCallTimes calls = SummarizeDecodeCalls(stats);
+  EXPECT_LE(calls.min_ms, calls.median_ms);
+  EXPECT_LE(calls.median_ms, calls.max_ms);
+  EXPECT_GT(calls.min_ms, 0.0);
+}
+
+// The median of an even count is the mean of the middle two; no calls, all zero.
+TEST(LlamaInference, DecodeCallTimesSummarizeTheCalls) {
+  GenerationStats stats;
+  EXPECT_EQ(SummarizeDecodeCalls(stats).max_ms, 0.0);
+  stats.decode_call_seconds = {0.004, 0.001, 0.003, 0.010};
+  const DecodeCallTimes calls = SummarizeDecodeCalls(stats);
+  EXPECT_DOUBLE_EQ(calls.median_ms, 3.5);
+  EXPECT_DOUBLE_EQ(calls.min_ms, 1.0);
+  EXPECT_DOUBLE_EQ(calls.max_ms, 10.0);
+  stats.decode_call_seconds.push_back(0.002);
+  EXPECT_DOUBLE_EQ(SummarizeDecodeCalls(stats).median_ms, 3.0);
 }
 
 // A greedy request takes the function's greedy output (no logits leave the engine); with

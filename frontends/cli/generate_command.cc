@@ -390,6 +390,11 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                s.decode_steps > 0 ? 1e3 * s.decode_seconds / static_cast<double>(s.decode_steps) : 0.0,
                static_cast<long long>(s.steps), s.sample_seconds,
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
+  if (s.decode_steps > 0) {
+    const DecodeCallTimes calls = SummarizeDecodeCalls(s);
+    std::fprintf(stderr, "kiln generate: decode calls: median %.3f ms, min %.3f, max %.3f (%lld calls)\n",
+                 calls.median_ms, calls.min_ms, calls.max_ms, static_cast<long long>(s.decode_steps));
+  }
   // The workload as a whole: every token out over the run's wall time (the scheduler, the
   // uploads and the host's work included, the compiles not), and how much of the prompts the
   // prefix cache served.
