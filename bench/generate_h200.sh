@@ -26,13 +26,7 @@ echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>
 status=0
 for batch in $BATCHES; do
   prompts="$OUT_DIR/prompts_b$batch.txt"
-  "$PYTHON" - "$batch" "$PROMPT" > "$prompts" <<'PY'
-import random, sys
-batch, length = int(sys.argv[1]), int(sys.argv[2])
-rng = random.Random(batch)
-for _ in range(batch):
-    print(",".join(str(rng.randrange(32000)) for _ in range(length)))
-PY
+  "$PYTHON" bench/random_prompts.py "$batch" "$PROMPT" > "$prompts"
   log="$OUT_DIR/kiln_${PRESET}_b$batch.log"
   "$KILN" generate "$PRESET" --prompts "$prompts" --max-new-tokens "$NEW" --temperature 0 --backend cuda \
     --max-running "$batch" --context $((PROMPT + NEW)) > "$log.out" 2> "$log" || { echo "kiln b$batch failed"; tail -5 "$log"; status=1; }

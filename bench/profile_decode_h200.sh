@@ -18,13 +18,7 @@ mkdir -p "$OUT_DIR"
 [[ -d /usr/local/cuda/lib64 ]] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
 prompts="$OUT_DIR/prompts_b$BATCH.txt"
-"$PYTHON" - "$BATCH" "$PROMPT" > "$prompts" <<'PY'
-import random, sys
-batch, length = int(sys.argv[1]), int(sys.argv[2])
-rng = random.Random(batch)
-for _ in range(batch):
-    print(",".join(str(rng.randrange(32000)) for _ in range(length)))
-PY
+"$PYTHON" bench/random_prompts.py "$BATCH" "$PROMPT" > "$prompts"
 csv="$OUT_DIR/ncu_${PRESET}_b$BATCH.csv"
 if ! "$NCU" --clock-control none --csv --print-units base \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \

@@ -23,6 +23,7 @@ import unittest.mock
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8_convergence  # noqa: E402
 import ncu_summary  # noqa: E402
+import random_prompts  # noqa: E402
 import serve_workload  # noqa: E402
 import summarize  # noqa: E402
 
@@ -294,6 +295,19 @@ class NcuSummaryTest(Tmp):
         with contextlib.redirect_stderr(io.StringIO()) as err:
             self.assertEqual(ncu_summary.main([path]), 1)
         self.assertIn("no kernels", err.getvalue())
+
+
+class RandomPromptsTest(unittest.TestCase):
+    def test_prompts_are_seeded_by_the_batch_and_inside_the_vocabulary(self):
+        a = random_prompts.prompts(4, 16, vocab=50)
+        self.assertEqual(a, random_prompts.prompts(4, 16, vocab=50))
+        self.assertEqual([len(p) for p in a], [16] * 4)
+        self.assertTrue(all(0 <= t < 50 for p in a for t in p))
+        self.assertNotEqual(a[0], random_prompts.prompts(5, 16, vocab=50)[0])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(random_prompts.main(["2", "3", "--vocab", "7"]), 0)
+        self.assertEqual(out.getvalue().splitlines(), [",".join(map(str, p)) for p in random_prompts.prompts(2, 3, 7)])
 
 
 class ServeWorkloadTest(Tmp):
