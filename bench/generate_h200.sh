@@ -42,7 +42,7 @@ for batch in $BATCHES; do
   "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" "${kiln_calls:-nan nan nan}" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
-from torch_llama import PRESETS
+from llama_presets import PRESETS
 preset, batch, prompt, new, kiln_ms, prefill, hf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6], json.loads(sys.argv[7] or "{}")
 call_median, call_min, call_max = (float(x) for x in sys.argv[8].split())
 p = PRESETS[preset]

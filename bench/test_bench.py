@@ -310,6 +310,46 @@ class RandomPromptsTest(unittest.TestCase):
         self.assertEqual(out.getvalue().splitlines(), [",".join(map(str, p)) for p in random_prompts.prompts(2, 3, 7)])
 
 
+class DecodeScriptsTest(Tmp):
+    """bench/generate_h200.sh and bench/decode_ab_h200.sh against a fake kiln that prints what
+    `kiln generate` prints on stderr (HF=0: no transformers, no GPU)."""
+    ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def fake_kiln(self):
+        path = self.path("kiln")
+        with open(path, "w") as f:
+            f.write("#!/bin/bash\n"
+                    "ms=${FAKE_MS:-0.9}\n"
+                    "echo \"kiln generate: prefill 512 tokens in 0.010 s (51200 tok/s, 0 from the prefix cache), "
+                    "decode 255 tokens in 0.23 s (1100 tok/s; 255 decode steps, $ms ms each), 256 steps\" >&2\n"
+                    "echo \"kiln generate: decode calls: median $ms ms, min 0.800, max 1.500 (255 calls)\" >&2\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def run_script(self, args, env):
+        return subprocess.run(["bash"] + args, cwd=self.ROOT, env=dict(os.environ, **env), capture_output=True,
+                              text=True, timeout=120)
+
+    def test_generate_reports_the_mean_the_calls_and_the_floor(self):
+        r = self.run_script(["bench/generate_h200.sh"], {"KILN": self.fake_kiln(), "HF": "0", "BATCHES": "1",
+                                                           "OUT_DIR": self.path("gen")})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("llama-M batch 1, prompt 512, 256 new: kiln 0.900 ms/step (calls: median 0.900, min 0.800, "
+                      "max 1.500)", r.stdout)
+        self.assertIn("floor 0.395 ms (1.64 GB weights + 0.04 GB KV); kiln/floor 2.28x", r.stdout)
+
+    def test_ab_takes_the_median_of_the_repeats_per_configuration(self):
+        kiln = self.fake_kiln()
+        r = self.run_script(["bench/decode_ab_h200.sh", f"slow=KILN={kiln} FAKE_MS=0.9", f"fast=KILN={kiln} FAKE_MS=0.8"],
+                            {"REPEATS": "2", "BATCHES": "1 32", "OUT_DIR": self.path("ab")})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"slow +0\.900 \(0\.900-0\.900\) x2 +0\.900 \(0\.900-0\.900\) x2")
+        self.assertRegex(r.stdout, r"fast +0\.800 \(0\.800-0\.800\) x2 +0\.800 \(0\.800-0\.800\) x2")
+        bad = self.run_script(["bench/decode_ab_h200.sh", "no-environment"], {"OUT_DIR": self.path("bad")})
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("is not NAME=ENV", bad.stderr)
+
+
 class ServeWorkloadTest(Tmp):
     def test_mixed_workload_is_seeded_and_within_its_ranges(self):
         rows = serve_workload.mixed(50, (64, 1024), (32, 512), 32000, 7)

@@ -33,12 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # Mirrors frontends/model_config.cc's presets.
-PRESETS = {
-    "llama-tiny": dict(vocab=256, d=128, layers=2, heads=4, kv=2, hd=32, ff=384, seq=64, batch=8),
-    "llama-S": dict(vocab=32000, d=768, layers=16, heads=12, kv=4, hd=64, ff=2048, seq=1024, batch=16),
-    "llama-M": dict(vocab=32000, d=2048, layers=16, heads=16, kv=8, hd=128, ff=5632, seq=2048, batch=4),
-}
-RMS_EPS, ROPE_THETA = 1e-5, 10000.0  # every preset's (ModelConfig's defaults)
+from llama_presets import PRESETS, RMS_EPS, ROPE_THETA  # noqa: F401 (re-exported; torch-free for the shell scripts)
 PEAK_FLOPS = 989e12  # H200 dense bf16, DESIGN.md's MFU denominator
 
 
