@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "frontends/generator.h"
 #include "frontends/llama.h"
 #include "frontends/llama_inference.h"
@@ -97,6 +98,33 @@ void ExpectLogitsMatchForward(const LogitsLog& log, RequestId request, const std
 
 // @forward's weights, in its order, with each layer's q/k/v and gate/up joined by rows: every
 // forward weight is in exactly one inference weight, and a joint one's shape is its pieces'.
+// The inference compile is one compile of the forward and default pipelines: a pass of
+// either may be disabled (`kiln compile --inference decode --disable-pass fuse-loops`), and
+// an unknown one is an error naming both.
+TEST(LlamaInference, CompileDisablesAPassOfEitherPipeline) {
+  const ModelConfig config = *PresetConfig("llama-tiny");
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+  for (const std::string& pass : {"fuse-loops", "select-flash-attention"}) {
+    std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, InferencePhase::kDecode, 2);
+    CompileOptions options;
+    options.disabled_passes = {pass};
+    absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
+    ASSERT_TRUE(report.ok()) << pass << ": " << report.status();
+    int fusions = 0;
+    for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
+    EXPECT_EQ(fusions == 0, pass == "fuse-loops") << pass;
+  }
+  std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, InferencePhase::kDecode, 2);
+  CompileOptions options;
+  options.disabled_passes = {"bogus"};
+  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_TRUE(absl::StrContains(report.status().message(),
+                                "cannot disable unknown pass 'bogus'; pipeline forward has: select-flash-attention, dce; "
+                                "pipeline default has: simplify"))
+      << report.status();
+}
+
 TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
   const ModelConfig config = Tiny();
   auto forward = BuildLlamaModule(config, {.batch = 1, .seq_len = 8});
