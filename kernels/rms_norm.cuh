@@ -36,18 +36,6 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
   float xs[Layout::kChunks][kVec];
   LoadRowWithResidual<Layout>(x + row * kD, branch == nullptr ? nullptr : branch + row * kD,
                               sum == nullptr ? nullptr : sum + row * kD, xs);
-  // A row of few chunks a thread (a block-wide row: the decode step's one token) loads its
-  // weights with x, before the row reduction, so that the kernel waits on memory once; a
-  // warp-wide row of many chunks (training's) loads them after, keeping registers for
-  // occupancy. The values are the same either way.
-  constexpr bool kWeightsFirst = Layout::kChunks <= 2;
-  float early_ws[kWeightsFirst ? Layout::kChunks : 1][kVec];
-  if constexpr (kWeightsFirst) {
-#pragma unroll
-    for (int k = 0; k < Layout::kChunks; ++k) {
-      if (Layout::ChunkStart(k) < kD) LoadFloats(w + Layout::ChunkStart(k), early_ws[k]);
-    }
-  }
   float sum_squares = 0.f;
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {
@@ -62,12 +50,7 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
     const int i = Layout::ChunkStart(k);
     if (i >= kD) continue;
     float ws[kVec], ys[kVec];
-    if constexpr (kWeightsFirst) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) ws[j] = early_ws[k][j];
-    } else {
-      LoadFloats(w + i, ws);
-    }
+    LoadFloats(w + i, ws);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ys[j] = xs[k][j] * r * ws[j];
     if (y != nullptr) StoreFloats(y + row * kD + i, ys);  // null: add_rms_norm's y unread
