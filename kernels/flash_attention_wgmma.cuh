@@ -62,7 +62,10 @@ constexpr int kBlockN = 128;
 constexpr unsigned kBlockThreads = 128 * (1 + kConsumers);
 // Shared memory: the q tile, kStages (k, v) tile pairs, the mbarriers, and 1024 bytes of
 // slack to align the tiles (dynamic shared memory is only 16-byte aligned).
-KILN_FLASH_ATTENTION_HD constexpr int Stages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
+// Three (k, v) stages at either head dim: the forward's consumers keep one while they wait
+// for the next (FlashAttentionWgmmaForward), and at D 128 the q tile and three stages take
+// 224 KiB of the 227 an H200 block may have.
+KILN_FLASH_ATTENTION_HD constexpr int Stages(long long /*head_dim*/) { return 3; }
 constexpr unsigned kBarrierBytes = 128;
 constexpr unsigned kAlignSlack = 1024;
 // The backward (FlashAttentionWgmmaBackwardDq, FlashAttentionWgmmaBackwardDkDv): dq blocks
@@ -225,6 +228,12 @@ __device__ __forceinline__ unsigned long long NMajor(unsigned tile, int kk) {
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of this warpgroup's committed groups are still running (they
+// complete in commit order).
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
 template <int kN>
@@ -505,13 +514,12 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running row max of S * scale_log2, rounded up to an integer
   float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(S * scale_log2 - max2))
 
-  pipe.WaitFirst();
-  for (int j = 0; j < key_tiles; ++j) {
-    const int s = j % kStages;
-    pipe.WaitFull(j);
-    const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
+  float acc_s[kN / 8][4];    // a key tile's scores, then their exp2
+  unsigned pa[kN / 16][4];  // P rounded to bf16: wgmma's register A operand for P v
 
-    float acc_s[kN / 8][4];
+  // S of key tile j into acc_s: issued (one group), not waited for.
+  auto issue_scores = [&](int j) {
+    const unsigned k_tile = k_tiles + (j % kStages) * kTileBytes;
     fw::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -519,9 +527,17 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
                       kk > 0);
     }
     fw::WgmmaCommit();
-    fw::WgmmaWaitAll();
-    fw::Pin(acc_s);
-
+  };
+  // O += P v of key tile j, P in pa: issued (one group), not waited for.
+  auto issue_values = [&](int j) {
+    const unsigned v_tile = v_tiles + (j % kStages) * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_o, pa[kk], fw::NMajor<kN>(v_tile, kk));
+    fw::WgmmaCommit();
+  };
+  // The online softmax of key tile j's scores in acc_s, in place (acc_s becomes exp2(S - max));
+  // rescale[r] is what O's row r must be multiplied by before tile j's P v is added.
+  auto softmax = [&](int j, float (&rescale)[2]) {
     const bool diagonal = j == key_tiles - 1;
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
@@ -541,14 +557,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       // Every row has a key in every tile it walks (key j * 128 <= its query), so the max is
       // finite after the first tile.
       const float new_max2 = fmaxf(max2[r], ceilf(tile_max));
-      const float rescale = fa::Pow2(max2[r] - new_max2);
+      rescale[r] = fa::Pow2(max2[r] - new_max2);
       max2[r] = new_max2;
-      float row_sum = sum[r] * rescale;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        acc_o[n][2 * r] *= rescale;
-        acc_o[n][2 * r + 1] *= rescale;
-      }
+      float row_sum = sum[r] * rescale[r];
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
         acc_s[n][2 * r] = exp2f(acc_s[n][2 * r] - new_max2);
@@ -557,18 +568,56 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       }
       sum[r] = row_sum;
     }
-    unsigned pa[kN / 16][4];
-    fa::AccumulatorToA<kN>(pa, acc_s);
-
-    fw::WgmmaFence();
+  };
+  auto rescale_o = [&](const float (&rescale)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_o, pa[kk], fw::NMajor<kN>(v_tile, kk));
-    fw::WgmmaCommit();
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        acc_o[n][2 * r] *= rescale[r];
+        acc_o[n][2 * r + 1] *= rescale[r];
+      }
+    }
+  };
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0) pipe.Release(j % kStages);
+  };
+
+  // Software pipelined as in FlashAttention-3: while the tensor cores compute tile j - 1's
+  // P v, this warpgroup runs tile j's softmax. Per tile j >= 1: issue S_j = q k_jᵀ, issue
+  // O += P_{j-1} v_{j-1}, wait for S_j alone, softmax it in place, wait for P v, free stage
+  // j - 1, rescale O, round P_j into pa. The arithmetic is the unpipelined loop's, in the same
+  // order: O is rescaled by tile j's factor after tile j - 1's P v is in it and before tile j's.
+  // The consumer holds stage j - 1 while it waits for stage j, which Pipeline::Produce allows
+  // with three stages or more (its comment says why two deadlock).
+  static_assert(kStages >= 3, "the pipelined consumer keeps one stage while it waits for the next");
+  float rescale[2];
+  pipe.WaitFirst();
+  pipe.WaitFull(0);
+  issue_scores(0);
+  fw::WgmmaWaitAll();
+  fw::Pin(acc_s);
+  softmax(0, rescale);  // O is still zero: nothing to rescale
+  fa::AccumulatorToA<kN>(pa, acc_s);
+  for (int j = 1; j < key_tiles; ++j) {
+    pipe.WaitFull(j);
+    issue_scores(j);
+    issue_values(j - 1);
+    fw::WgmmaWait<1>();
+    fw::Pin(acc_s);
+    softmax(j, rescale);
     fw::WgmmaWaitAll();
     fw::Pin(acc_o);
-    __syncwarp();
-    if (lane == 0) pipe.Release(s);
+    release(j - 1);
+    rescale_o(rescale);
+    fa::AccumulatorToA<kN>(pa, acc_s);
   }
+  fw::WgmmaFence();
+  issue_values(key_tiles - 1);
+  fw::WgmmaWaitAll();
+  fw::Pin(acc_o);
+  release(key_tiles - 1);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
