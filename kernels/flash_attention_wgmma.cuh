@@ -19,6 +19,12 @@
 //     accumulator layout of m64nNk16 is its A layout), O += P v with v read N-major
 //     (transposed by the descriptor, never in memory). Each consumer frees a stage with one
 //     arrive per warp.
+//   - the forward's consumers overlap softmax with the tensor cores twice over, as
+//     FlashAttention-3 does: each software-pipelines its loop (tile j's softmax while tile
+//     j - 1's P v runs), and the two take turns to issue their products (named barriers),
+//     so one's softmax runs under the other's matrix products. On the H200 the two together
+//     took llama-M's forward (B4 H16 KV8 T2048 D128) from 0.229 to 0.199 ms, the pipelining
+//     alone to 0.224 (bench/RESULTS.md, session 18).
 // Tiles are stored in shared memory in wgmma's 128-byte swizzle: a tile of R rows and D
 // columns is D / 64 column blocks of R x 64 elements, row r of a block 128 bytes at r * 128,
 // its 16-byte chunk c at chunk c ^ (r % 8); every block starts 1024-byte aligned.
@@ -35,8 +41,7 @@
 // warpgroup issues 16-byte cp.async (each of its 128 threads a share of every tile), waits
 // for its own copies, fences them into the async proxy that wgmma reads shared memory
 // through, and arrives on the stage's mbarrier. A stage's barrier completes one tile behind
-// its issue, so one tile is always in flight while the consumers compute another. On the
-// H200 the loads look like the limit (bench/RESULTS.md): TMA is the next step.
+// its issue, so one tile is always in flight while the consumers compute another.
 //
 // Causal: a block walks only the key tiles at or before its last query; the diagonal tile is
 // masked element by element. Blocks are ordered heaviest first, as in the mma.sync kernels.
@@ -233,6 +238,15 @@ __device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: Sync waits for them,
+// Arrive counts this thread and goes on.
+__device__ __forceinline__ void NamedBarrierSync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
@@ -583,6 +597,16 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     __syncwarp();
     if (lane == 0) pipe.Release(j % kStages);
   };
+  // The two consumers take turns to issue their products (named barriers 1 and 2, one per
+  // consumer, 256 threads: its own 128 waiting, the other's 128 arriving), so that one's
+  // softmax runs while the other's products use the tensor cores, FlashAttention-3's
+  // "ping-pong". Consumer 0 has the first turn; both walk the same key tiles, so each has
+  // key_tiles + 1 turns, and consumer 1 does not pass its last (nobody would wait for it).
+  auto wait_turn = [&] { fw::NamedBarrierSync(1 + c, 2 * 128); };
+  auto pass_turn = [&](bool last) {
+    if (!(last && c == 1)) fw::NamedBarrierArrive(2 - c, 2 * 128);
+  };
+  if (c == 1) pass_turn(false);
 
   // Software pipelined as in FlashAttention-3: while the tensor cores compute tile j - 1's
   // P v, this warpgroup runs tile j's softmax. Per tile j >= 1: issue S_j = q k_jᵀ, issue
@@ -595,15 +619,19 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   float rescale[2];
   pipe.WaitFirst();
   pipe.WaitFull(0);
+  wait_turn();
   issue_scores(0);
+  pass_turn(false);
   fw::WgmmaWaitAll();
   fw::Pin(acc_s);
   softmax(0, rescale);  // O is still zero: nothing to rescale
   fa::AccumulatorToA<kN>(pa, acc_s);
   for (int j = 1; j < key_tiles; ++j) {
     pipe.WaitFull(j);
+    wait_turn();
     issue_scores(j);
     issue_values(j - 1);
+    pass_turn(false);
     fw::WgmmaWait<1>();
     fw::Pin(acc_s);
     softmax(j, rescale);
@@ -613,8 +641,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     rescale_o(rescale);
     fa::AccumulatorToA<kN>(pa, acc_s);
   }
+  wait_turn();
   fw::WgmmaFence();
   issue_values(key_tiles - 1);
+  pass_turn(true);
   fw::WgmmaWaitAll();
   fw::Pin(acc_o);
   release(key_tiles - 1);
