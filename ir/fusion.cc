@@ -8,7 +8,7 @@
 namespace kiln {
 namespace {
 
-constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction};
+constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -21,6 +21,7 @@ absl::string_view FusionKindName(FusionKind kind) {
   switch (kind) {
     case FusionKind::kLoop: return "loop";
     case FusionKind::kReduction: return "reduction";
+    case FusionKind::kCacheWrite: return "cache_write";
   }
   return "?";
 }
@@ -30,7 +31,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -121,6 +122,23 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       }
       for (const Node* user : reduction->users()) {
         return BodyError(kind, *user, "uses the reduction: a reduction fusion ends at it");
+      }
+      return absl::OkStatus();
+    }
+    case FusionKind::kCacheWrite: {
+      if (body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kKvCacheWrite) {
+        return absl::InvalidArgumentError("a cache_write fusion's body returns one kv_cache_write");
+      }
+      const Node* write = body->outputs()[0];
+      if (write->operand(0)->opcode() != Opcode::kParameter || write->operand(2)->opcode() != Opcode::kParameter) {
+        return BodyError(kind, *write, "writes a pool or reads slots that are not the body's parameters");
+      }
+      for (const auto& n : body->nodes()) {
+        if (n.get() == write || n->opcode() == Opcode::kParameter) continue;
+        if (!IsLoopOp(*n)) return BodyError(kind, *n, "cannot be computed element by element for the cache write");
+      }
+      for (const Node* user : write->users()) {
+        return BodyError(kind, *user, "uses the cache write: a cache_write fusion ends at it");
       }
       return absl::OkStatus();
     }

@@ -35,9 +35,12 @@
 
 namespace kiln {
 
-enum class FusionKind { kLoop, kReduction };
+// kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
+// are body parameters): the kernel that computes a layer's new K (or V) rows stores them
+// straight into their paged-pool slots instead of writing them for a second kernel to copy.
+enum class FusionKind { kLoop, kReduction, kCacheWrite };
 
-absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction"
+absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write"
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
 // The `kind` attribute of a fusion node.

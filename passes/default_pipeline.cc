@@ -11,6 +11,7 @@
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
+#include "passes/fuse_cache_write.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -86,6 +87,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // Fusion nodes for the elementwise chains; after lower-gemm, whose transposes it may fuse.
   // A pass added after it sees each fusion as one node.
   p.Add(std::make_unique<FusionPass>());
+  // A kv_cache_write and the loop fusion computing its rows become one kernel that stores the
+  // rows into their pool slots (inference: a layer's K and V); after fusion, whose fusions
+  // it extends.
+  p.Add(std::make_unique<FuseCacheWritePass>());
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

@@ -12,6 +12,7 @@
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
+#include "passes/fuse_cache_write.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -58,6 +59,8 @@ constexpr PassInfo kPasses[] = {
      Make<ElideGradZeroingPass>},
     {ExpandRopePass::kName, "rope -> the f32 ops it is (one rope_table per positions), for fuse-loops",
      Make<ExpandRopePass>},
+    {FuseCacheWritePass::kName, "kv_cache_write of a loop fusion's rows -> one kernel storing them into their slots",
+     Make<FuseCacheWritePass>},
     {FuseFp8ScaleUpdatePass::kName, "fp8_scale_update of a quantize's amax -> computed by that quantize's kernel",
      Make<FuseFp8ScaleUpdatePass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",

@@ -1,0 +1,144 @@
+// fuse-cache-write (passes/fuse_cache_write.h): a layer's K and V rows are stored into the
+// paged pools by the loop kernel that computes them. The pass changes no value (the reference
+// backend gives the decode function's every output the same bits with it and without it),
+// the cache_write fusion kind is checked by the verifier and round-trips as text, and
+// codegen lowers it to the pool's in-place update.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "codegen/lower_node.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+#include "ir/fusion.h"
+#include "ir/reference_backend.h"
+#include "ir/text_format.h"
+#include "ir/verifier.h"
+
+#ifdef KILN_WITH_CUDA
+#include "codegen/nvrtc_compiler.h"
+#endif
+
+namespace kiln {
+namespace {
+
+const PagedKvLayout kLayout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+
+std::unique_ptr<Module> Decode(const std::vector<std::string>& disabled) {
+  std::unique_ptr<Module> m =
+      *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), kLayout, Precision::kBf16, InferencePhase::kDecode, 4);
+  CompileOptions options;
+  options.disabled_passes = disabled;
+  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  return m;
+}
+
+std::vector<const Node*> CacheWrites(const Function& f) {
+  std::vector<const Node*> writes;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kCacheWrite) writes.push_back(n.get());
+  }
+  return writes;
+}
+
+// Four sequences, one of them padding (position and slot -1), one whose slot is in the
+// second block of its table.
+std::vector<HostTensor> DecodeArgs(const Function& f) {
+  const std::vector<Node*> params = f.parameters();
+  std::vector<HostTensor> args;
+  args.push_back(HostTensor::FromValues(params[0]->type(), {3, 17, 0, 200}));  // tokens
+  args.push_back(HostTensor::FromValues(params[1]->type(), {2, 5, -1, 0}));    // positions
+  args.push_back(HostTensor::FromValues(params[2]->type(), {2, 13, -1, 20}));  // slots
+  args.push_back(HostTensor::FromValues(params[3]->type(), {0, 1, 2, 3, 4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0}));
+  for (size_t i = 4; i < params.size(); ++i) args.push_back(HostTensor::Random(params[i]->type(), 100 + i));
+  return args;
+}
+
+TEST(FuseCacheWrite, DecodeWritesKAndVFromTheKernelsThatComputeThemWithTheSameBits) {
+  std::unique_ptr<Module> fused = Decode({});
+  std::unique_ptr<Module> plain = Decode({"fuse-cache-write"});
+  const Function& f = *fused->functions()[0];
+  const int layers = PresetConfig("llama-tiny")->n_layers;
+  EXPECT_EQ(CacheWrites(f).size(), static_cast<size_t>(2 * layers));
+  EXPECT_TRUE(CacheWrites(*plain->functions()[0]).empty());
+  for (const auto& n : f.nodes()) EXPECT_NE(n->opcode(), Opcode::kKvCacheWrite) << n->name();
+
+  const std::vector<HostTensor> args = DecodeArgs(f);
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(f, args);
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*plain->functions()[0], args);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t o = 0; o < got->size(); ++o) {
+    ASSERT_EQ((*got)[o].type(), (*want)[o].type());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < (*got)[o].type().num_elements(); ++i) differ += (*got)[o][i] != (*want)[o][i];
+    EXPECT_EQ(differ, 0) << "output " << o;
+  }
+  // The pools took the new rows (output 1 is the K pool): the write is not a no-op.
+  int64_t changed = 0;
+  for (int64_t i = 0; i < (*got)[1].type().num_elements(); ++i) changed += (*got)[1][i] != args[kInferenceKPoolParameter][i];
+  // 3 rows (one is padding) x layers x kv heads x head dim, less the odd element whose new
+  // value the random pool held already.
+  const int64_t written = int64_t{3} * layers * 2 * 32;
+  EXPECT_LE(changed, written);
+  EXPECT_GE(changed, written - 8);
+
+  // The text round-trips, and the verifier holds the kind to its rule.
+  const std::string text = PrintModule(*fused);
+  absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(PrintModule(**parsed), text);
+  EXPECT_NE(text.find("{kind=cache_write}"), std::string::npos);
+}
+
+TEST(FuseCacheWrite, TheVerifierWantsThePoolAndSlotsAsBodyParameters) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(R"(module @m
+func @main {
+  %pool = parameter() {index=0} : f32[1,2,1,2,4]
+  %x = parameter() {index=1} : f32[1,1,4]
+  %slots = parameter() {index=2} : i32[1]
+  %y = fusion(%pool, %x, %slots) {kind=cache_write} : f32[1,2,1,2,4] {
+    %pool = parameter() {index=0} : f32[1,2,1,2,4]
+    %x = parameter() {index=1} : f32[1,1,4]
+    %slots = parameter() {index=2} : i32[1]
+    %p = neg(%pool) : f32[1,2,1,2,4]
+    %w = kv_cache_write(%p, %x, %slots) {layer=0} : f32[1,2,1,2,4]
+    return %w
+  }
+  return %y
+}
+)");
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "writes a pool or reads slots that are not the body's parameters"))
+      << m.status();
+}
+
+#ifdef KILN_WITH_CUDA
+// A cache_write fusion is two kernels, the pool copy (left out when the plan updates the pool
+// in place, its in-place operand) and the rows' kernel; both compile for sm_90a.
+TEST(FuseCacheWrite, LowersToThePoolsInPlaceUpdate) {
+  std::unique_ptr<Module> m = Decode({});
+  for (const Node* n : CacheWrites(*m->functions()[0])) {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    ASSERT_EQ(lowered->kernels.size(), 2u);
+    EXPECT_TRUE(lowered->first_kernel_copies_in_place_operand);
+    EXPECT_EQ(lowered->in_place_operand, *n->body()->outputs()[0]->operand(0)->attrs().GetInt("index"));
+    EXPECT_TRUE(absl::EndsWith(lowered->kernels[0].name, "_copy"));
+    for (const KernelSpec& k : lowered->kernels) {
+      absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+      ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
+    }
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace kiln
