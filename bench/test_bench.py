@@ -350,6 +350,47 @@ class DecodeScriptsTest(Tmp):
         self.assertIn("is not NAME=ENV", bad.stderr)
 
 
+class AttentionAbTest(Tmp):
+    """bench/attention_ab_h200.sh against a fake attention_bench printing its JSON lines."""
+    ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def fake_bench(self, name, ms, fail=False):
+        path = self.path(name)
+        with open(path, "w") as f:
+            f.write("#!/bin/bash\n")
+            for impl, scale in (("kiln fwd wgmma", 1), ("kiln fwd+bwd", 3)):
+                f.write(f"echo '{{\"shape\": \"M\", \"b\": 4, \"h\": 16, \"hkv\": 8, \"t\": 2048, "
+                        f"\"d\": 128, \"impl\": \"{impl}\", \"median_ms\": {ms * scale}, \"min_ms\": 0.1, "
+                        f"\"max_ms\": 9, \"tflops\": 300.0, \"max_err_ref\": 1.5e-05, \"max_err_vs\": 0, "
+                        f"\"vs\": \"mma.sync\"}}'\n")
+            if fail:
+                f.write("echo 'O beyond --max-error' >&2; exit 1\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def run_script(self, args, env):
+        return subprocess.run(["bash", "bench/attention_ab_h200.sh"] + args, cwd=self.ROOT,
+                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+
+    def test_takes_the_median_of_the_repeats_per_configuration(self):
+        r = self.run_script([f"old={self.fake_bench('old', 0.25)}", f"new={self.fake_bench('new', 0.2)}"],
+                            {"REPEATS": "3", "OUT_DIR": self.path("ab")})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"M +kiln fwd wgmma +old +0\.250 +0\.250-0\.250 +3 +1\.5e-05")
+        self.assertRegex(r.stdout, r"M +kiln fwd wgmma +new +0\.200 +0\.200-0\.200 +3")
+        self.assertRegex(r.stdout, r"M +kiln fwd\+bwd +new +0\.600 ")
+        self.assertIn("attention_ab_h200: OK", r.stdout)
+
+    def test_a_failing_run_fails_the_script(self):
+        r = self.run_script([f"bad={self.fake_bench('bad', 0.2, fail=True)}"], {"REPEATS": "1", "OUT_DIR": self.path("f")})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("bad (repeat 1) failed", r.stdout)
+        self.assertIn("attention_ab_h200: FAILED", r.stdout)
+        usage = self.run_script(["no-binary"], {"OUT_DIR": self.path("u")})
+        self.assertEqual(usage.returncode, 2)
+        self.assertIn("is not NAME=ATTENTION_BENCH", usage.stderr)
+
+
 class ServeWorkloadTest(Tmp):
     def test_mixed_workload_is_seeded_and_within_its_ranges(self):
         rows = serve_workload.mixed(50, (64, 1024), (32, 512), 32000, 7)
