@@ -8,7 +8,9 @@
 # the same table's scale.
 #   bash bench/attention_ab_h200.sh main=.carry/attention_bench_main new=.carry/attention_bench
 # Knobs: REPEATS=3 SHAPES=S,M,L ITERS=20 WARMUP=3 TORCH=0 OUT_DIR=/tmp/kiln-attention-ab
-# PYTHON=python3. Exit 1 when a run fails (its self-check included), 2 on bad arguments.
+# PYTHON=python3 RUN_TIMEOUT=300 (seconds a run may take: a kernel that deadlocks costs that
+# run, not the whole device call). Exit 1 when a run fails (its self-check included) or times
+# out, 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 REPEATS=${REPEATS:-3}
@@ -18,6 +20,7 @@ WARMUP=${WARMUP:-3}
 TORCH=${TORCH:-0}
 OUT_DIR=${OUT_DIR:-/tmp/kiln-attention-ab}
 PYTHON=${PYTHON:-python3}
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 if [[ $# -lt 1 ]]; then
   echo "usage: bench/attention_ab_h200.sh NAME=ATTENTION_BENCH... [NAME=ATTENTION_BENCH...]" >&2
   exit 2
@@ -37,7 +40,12 @@ for ((r = 1; r <= REPEATS; ++r)); do
   for config in "$@"; do
     name=${config%%=*}
     out="$OUT_DIR/${name}_$r.jsonl"
-    if ! "${config#*=}" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" > "$out" 2> "$OUT_DIR/${name}_$r.log"; then
+    timeout "$RUN_TIMEOUT" "${config#*=}" --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" > "$out" \
+      2> "$OUT_DIR/${name}_$r.log"
+    rc=$?
+    if [[ $rc == 124 ]]; then
+      echo "$name (repeat $r) ran past $RUN_TIMEOUT s (a hang?)"; status=1
+    elif [[ $rc != 0 ]]; then
       echo "$name (repeat $r) failed:"; tail -3 "$OUT_DIR/${name}_$r.log"; status=1
     fi
     runs+=("$name=$out")

@@ -386,6 +386,13 @@ class AttentionAbTest(Tmp):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("bad (repeat 1) failed", r.stdout)
         self.assertIn("attention_ab_h200: FAILED", r.stdout)
+        hang = self.path("hang")
+        with open(hang, "w") as f:
+            f.write("#!/bin/bash\nsleep 30\n")
+        os.chmod(hang, 0o755)
+        r = self.run_script([f"hang={hang}"], {"REPEATS": "1", "RUN_TIMEOUT": "1", "OUT_DIR": self.path("h")})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("hang (repeat 1) ran past 1 s (a hang?)", r.stdout)
         usage = self.run_script(["no-binary"], {"OUT_DIR": self.path("u")})
         self.assertEqual(usage.returncode, 2)
         self.assertIn("is not NAME=ATTENTION_BENCH", usage.stderr)
