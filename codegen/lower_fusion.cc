@@ -32,6 +32,16 @@ struct KernelGroup {
   std::vector<const Node*> inputs;
 };
 
+// A fusion kernel's source opening: a comment naming its members, then SourceOpening's
+// includes. The member list is the first line: kernels of groups that differ only in their
+// nodes' names share one compiled body (compile_function.h).
+std::string FusionSourceOpening(absl::string_view what, const KernelGroup& group, const Node& node,
+                                const std::vector<DType>& dtypes) {
+  std::string members;
+  for (const Node* m : group.members) absl::StrAppend(&members, " %", m->name());
+  return absl::StrCat("// ", what, " of", members, "\n", SourceOpening(node, dtypes));
+}
+
 absl::StatusOr<KernelGroup> GroupOf(const Node& fusion, FusionKind kind) {
   const Function* body = fusion.body();
   if (body == nullptr || body->outputs().empty()) {
@@ -403,9 +413,7 @@ absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const
     absl::StrAppend(&names, "in", i, ", ");
   }
   for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
-  std::string members_comment;
-  for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
-  fused.opening = absl::StrCat("// fusion of", members_comment, "\n", SourceOpening(root, dtypes));
+  fused.opening = FusionSourceOpening("fusion", group, root, dtypes);
   fused.definition = absl::StrCat(
       "// The reduced operand, computed element by element from the group's inputs.\n"
       "struct GroupInput {\n"
@@ -484,9 +492,7 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   const int threads = options.threads_per_block;
   const std::array<uint32_t, 3> grid = GridFor(std::max<int64_t>(count, 1), threads, options.target);
   const std::string name = absl::StrCat(KernelName(fusion), "_fusion");
-  std::string members_comment;
-  for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
-  std::string source = absl::StrCat("// cache_write fusion of", members_comment, "\n", SourceOpening(write, dtypes));
+  std::string source = FusionSourceOpening("cache_write fusion", group, write, dtypes);
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
@@ -606,11 +612,7 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
   const std::array<uint32_t, 3> grid = GridFor(std::max<int64_t>(vectors, 1), threads, options.target);
   const int64_t stride = int64_t{threads} * grid[0];
   const std::string name = absl::StrCat(KernelName(root), "_fusion");
-  std::string members_comment;
-  for (const Node* m : group.members) absl::StrAppend(&members_comment, " %", m->name());
-  // The member list is an opening comment line: kernels of groups that differ only in
-  // their nodes' names share one compiled body (compile_function.h).
-  std::string source = absl::StrCat("// fusion of", members_comment, "\n", SourceOpening(root, dtypes));
+  std::string source = FusionSourceOpening("fusion", group, root, dtypes);
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
