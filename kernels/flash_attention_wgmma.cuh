@@ -429,17 +429,19 @@ struct Pipeline {
 
 // The backward's two score-shaped products of a consumer, both operands in shared memory:
 // s = a1 b1ᵀ and p = a2 b2ᵀ (64 x kN each, over kD / 16 reduction steps), A the 64 rows from
-// a_row0 of K-major tiles of kARows rows, B K-major tiles of kN rows; issued as one group and
-// waited for (S and dP in dq, Sᵀ and dPᵀ in dk/dv).
-template <int kN, int kD, int kARows>
+// a_row0 of K-major tiles of kARows rows, B K-major tiles of kN rows; issued as one group,
+// after_issue() called, and waited for (S and dP in dq, Sᵀ and dPᵀ in dk/dv).
+template <int kN, int kD, int kARows, typename AfterIssue>
 __device__ __forceinline__ void ScoresAndScoreGradients(float (&s)[kN / 8][4], float (&p)[kN / 8][4], unsigned a1,
-                                                        unsigned b1, unsigned a2, unsigned b2, int a_row0) {
+                                                        unsigned b1, unsigned a2, unsigned b2, int a_row0,
+                                                        AfterIssue after_issue) {
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) WgmmaSS<kN>(s, KMajor<kARows>(a1, a_row0, kk), KMajor<kN>(b1, 0, kk), kk > 0);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) WgmmaSS<kN>(p, KMajor<kARows>(a2, a_row0, kk), KMajor<kN>(b2, 0, kk), kk > 0);
   WgmmaCommit();
+  after_issue();  // e.g. pass the issuing turn (Turns) while the products run
   WgmmaWaitAll();
   Pin(s);
   Pin(p);
@@ -464,6 +466,23 @@ struct QueryBlock {
     row_base = static_cast<long long>(bh) * kSeqLen;
     k_head = k + static_cast<long long>(kv_head) * kSeqLen * kHeadDim;
     v_head = v + static_cast<long long>(kv_head) * kSeqLen * kHeadDim;
+  }
+};
+
+// The two consumers' turns to issue products (FlashAttention-3's "ping-pong"): named barriers 1
+// and 2, one per consumer, of 256 threads (its own 128 waiting, the other's 128 arriving).
+// Consumer 0 has the first turn; each turn of one follows the other's, so one consumer's
+// elementwise work runs while the other's products use the tensor cores. Both must take the
+// same number of turns (a consumer with nothing to issue in a turn still takes it): consumer 1
+// passes once at the start and not after its last.
+struct Turns {
+  int c;  // this consumer: 0 or 1
+  __device__ __forceinline__ explicit Turns(int consumer) : c(consumer) {
+    if (c == 1) NamedBarrierArrive(2 - c, 2 * 128);
+  }
+  __device__ __forceinline__ void Wait() const { NamedBarrierSync(1 + c, 2 * 128); }
+  __device__ __forceinline__ void Pass(bool last) const {
+    if (!(last && c == 1)) NamedBarrierArrive(2 - c, 2 * 128);
   }
 };
 
@@ -597,16 +616,12 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     __syncwarp();
     if (lane == 0) pipe.Release(j % kStages);
   };
-  // The two consumers take turns to issue their products (named barriers 1 and 2, one per
-  // consumer, 256 threads: its own 128 waiting, the other's 128 arriving), so that one's
-  // softmax runs while the other's products use the tensor cores, FlashAttention-3's
-  // "ping-pong". Consumer 0 has the first turn; both walk the same key tiles, so each has
-  // key_tiles + 1 turns, and consumer 1 does not pass its last (nobody would wait for it).
-  auto wait_turn = [&] { fw::NamedBarrierSync(1 + c, 2 * 128); };
-  auto pass_turn = [&](bool last) {
-    if (!(last && c == 1)) fw::NamedBarrierArrive(2 - c, 2 * 128);
-  };
-  if (c == 1) pass_turn(false);
+  // The two consumers take turns to issue their products (fw::Turns), so that one's softmax
+  // runs while the other's products use the tensor cores; both walk the same key tiles, so
+  // each has key_tiles + 1 turns.
+  const fw::Turns turns(c);
+  auto wait_turn = [&] { turns.Wait(); };
+  auto pass_turn = [&](bool last) { turns.Pass(last); };
 
   // Software pipelined as in FlashAttention-3: while the tensor cores compute tile j - 1's
   // P v, this warpgroup runs tile j's softmax. Per tile j >= 1: issue S_j = q k_jᵀ, issue
@@ -734,15 +749,24 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   float acc_dq[kD / 8][4];
   fa::Zero(acc_dq);
 
+  // Two turns a key tile (fw::Turns): one for S and dP, one for dq's product; consumer 0 takes
+  // the block's last tile's turns without issuing.
+  const fw::Turns turns(c);
   pipe.WaitFirst();
   for (int j = 0; j < key_tiles; ++j) {
     const int s = j % kStages;
     pipe.WaitFull(j);
-    if (j < my_tiles) {
+    const bool computes = j < my_tiles;
+    turns.Wait();
+    if (!computes) {
+      turns.Pass(false);
+      turns.Wait();
+      turns.Pass(j == key_tiles - 1);
+    } else {
       const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
       float acc_s[kN / 8][4], acc_dp[kN / 8][4];  // S = q kᵀ, dP = dO vᵀ
       fw::ScoresAndScoreGradients<kN, kD, kM>(acc_s, acc_dp, q_tile, k_tile, do_tile, v_tile,
-                                              c * fw::kRowsPerConsumer);
+                                              c * fw::kRowsPerConsumer, [&] { turns.Pass(false); });
       const bool diagonal = j == my_tiles - 1;
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -756,10 +780,12 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
       }
       unsigned dsa[kN / 16][4];
       fa::AccumulatorToA<kN>(dsa, acc_s);
+      turns.Wait();
       fw::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_dq, dsa[kk], fw::NMajor<kN>(k_tile, kk));
       fw::WgmmaCommit();
+      turns.Pass(j == key_tiles - 1);
       fw::WgmmaWaitAll();
       fw::Pin(acc_dq);
     }
@@ -857,16 +883,26 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   fa::Zero(acc_dk);
   fa::Zero(acc_dv);
 
+  // Two turns a query tile (fw::Turns): one for Sᵀ and dPᵀ, one for dv's and dk's products;
+  // consumer 1 takes the turns of each head's first tile (all of its queries before its keys)
+  // without issuing.
+  const fw::Turns turns(c);
   pipe.WaitFirst();
   for (int stage = 0; stage < stages; ++stage) {
     const int s = stage % kStages;
     pipe.WaitFull(stage);
     const int q0 = (first_tile + stage % tiles_per_head) * kM;
-    if (q0 + kM - 1 >= key_c0) {  // some query of the tile at or after some key of this consumer
+    const bool last = stage == stages - 1;
+    turns.Wait();
+    if (q0 + kM - 1 < key_c0) {  // every query of the tile before every key of this consumer
+      turns.Pass(false);
+      turns.Wait();
+      turns.Pass(last);
+    } else {
       const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
       float acc_s[kM / 8][4], acc_dp[kM / 8][4];  // Sᵀ = k qᵀ, dPᵀ = v dOᵀ
       fw::ScoresAndScoreGradients<kM, kD, kN>(acc_s, acc_dp, k_tile, q_tile, v_tile, do_tile,
-                                              c * fw::kRowsPerConsumer);
+                                              c * fw::kRowsPerConsumer, [&] { turns.Pass(false); });
       const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
       const float* lse_row = lse_shared + s * kM;
       const float* delta_row = delta_shared + s * kM;
@@ -886,12 +922,14 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
       unsigned pa[kM / 16][4], dsa[kM / 16][4];
       fa::AccumulatorToA<kM>(pa, acc_s);
       fa::AccumulatorToA<kM>(dsa, acc_dp);
+      turns.Wait();
       fw::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dv, pa[kk], fw::NMajor<kM>(do_tile, kk));
 #pragma unroll
       for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dk, dsa[kk], fw::NMajor<kM>(q_tile, kk));
       fw::WgmmaCommit();
+      turns.Pass(last);
       fw::WgmmaWaitAll();
       fw::Pin(acc_dv);
       fw::Pin(acc_dk);
