@@ -460,12 +460,23 @@ __device__ __forceinline__ __nv_bfloat16* SharedTiles() {
   return reinterpret_cast<__nv_bfloat16*>(flash_attention_shared);
 }
 
+// 2^x as one MUFU.EX2 (ex2.approx.ftz: exp2f's 2 ulp, with results below 2^-126 flushed to
+// 0). exp2f itself is ex2.approx without .ftz, which ptxas expands into three more
+// instructions per call to keep subnormal results: in the attention kernels, whose softmax
+// is a large share of their non-tensor-core work, a P under 2^-126 (next to a row max of 1)
+// is far below any tolerance its bf16 rounding leaves.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // P of an S accumulator whose rows are `rows` (per thread: rows r and r + 8 of the warp's
 // 16) and columns `cols` : P = exp2(S * scale_log2 - lse2[row]), 0 where key > query.
 // Every kernel computes P with this one expression, so forward and backward agree bit for
 // bit. `lse2` is LSE * log2(e) of the element's query.
 __device__ __forceinline__ float Probability(float s, float scale_log2, float lse2) {
-  return exp2f(fmaf(s, scale_log2, -lse2));
+  return Exp2(fmaf(s, scale_log2, -lse2));
 }
 
 // 2^e for an integer-valued e <= 0 (or -inf), exactly: the factor that moves a forward's
@@ -572,8 +583,8 @@ __device__ __forceinline__ void FlashAttentionForward(TO* __restrict__ o, float*
       }
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j) {
-        acc_s[j][2 * r] = exp2f(acc_s[j][2 * r] - new_max2);
-        acc_s[j][2 * r + 1] = exp2f(acc_s[j][2 * r + 1] - new_max2);
+        acc_s[j][2 * r] = fa::Exp2(acc_s[j][2 * r] - new_max2);
+        acc_s[j][2 * r + 1] = fa::Exp2(acc_s[j][2 * r + 1] - new_max2);
         row_sum += acc_s[j][2 * r] + acc_s[j][2 * r + 1];
       }
       sum[r] = row_sum;

@@ -569,15 +569,18 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     fw::WgmmaCommit();
   };
   // The online softmax of key tile j's scores in acc_s, in place (acc_s becomes exp2(S - max));
-  // rescale[r] is what O's row r must be multiplied by before tile j's P v is added.
+  // rescale[r] is what O's row r must be multiplied by before tile j's P v is added. The max is
+  // taken of the unscaled scores (scale_log2 > 0, and rounding is monotone, so
+  // round(max S * scale_log2) is the max of the rounded products: the same whole-power-of-two
+  // max), and each element's exponent is then one FFMA, S * scale_log2 - max2, rounded once.
   auto softmax = [&](int j, float (&rescale)[2]) {
-    const bool diagonal = j == key_tiles - 1;
+    if (j == key_tiles - 1) {  // the diagonal tile
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
+      for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc_s[n][e] *= scale_log2;
-        if (diagonal && j * kN + n * 8 + col + (e & 1) > row + (e >> 1) * 8) acc_s[n][e] = -CUDART_INF_F;
+        for (int e = 0; e < 4; ++e) {
+          if (j * kN + n * 8 + col + (e & 1) > row + (e >> 1) * 8) acc_s[n][e] = -CUDART_INF_F;
+        }
       }
     }
 #pragma unroll
@@ -589,14 +592,14 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       // Every row has a key in every tile it walks (key j * 128 <= its query), so the max is
       // finite after the first tile.
-      const float new_max2 = fmaxf(max2[r], ceilf(tile_max));
+      const float new_max2 = fmaxf(max2[r], ceilf(tile_max * scale_log2));
       rescale[r] = fa::Pow2(max2[r] - new_max2);
       max2[r] = new_max2;
       float row_sum = sum[r] * rescale[r];
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
-        acc_s[n][2 * r] = exp2f(acc_s[n][2 * r] - new_max2);
-        acc_s[n][2 * r + 1] = exp2f(acc_s[n][2 * r + 1] - new_max2);
+        acc_s[n][2 * r] = fa::Exp2(fmaf(acc_s[n][2 * r], scale_log2, -new_max2));
+        acc_s[n][2 * r + 1] = fa::Exp2(fmaf(acc_s[n][2 * r + 1], scale_log2, -new_max2));
         row_sum += acc_s[n][2 * r] + acc_s[n][2 * r + 1];
       }
       sum[r] = row_sum;
