@@ -77,7 +77,7 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOption
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
   const bool wgmma = UsesWgmma(a, options.target);
   const FlashAttentionLaunch launch =
-      wgmma ? FlashAttentionWgmmaForwardLaunch(a.b, a.h, a.t, a.d) : FlashAttentionForwardLaunch(a.b, a.h, a.t, a.d);
+      wgmma ? FlashAttentionWgmmaForwardLaunch(a.b, a.h, a.t, a.d, options.target.sm_count) : FlashAttentionForwardLaunch(a.b, a.h, a.t, a.d);
   Wrapper w;
   w.header = wgmma ? "flash_attention_wgmma" : "flash_attention";
   w.comment = absl::StrCat(wgmma ? "causal flash attention on wgmma (a producer and two consumer warpgroups)"

@@ -80,6 +80,18 @@ constexpr int kDqKeyTile = 64;
 constexpr int kDkDvQueryTile = 64;
 KILN_FLASH_ATTENTION_HD constexpr int DqStages(long long head_dim) { return head_dim <= 64 ? 4 : 3; }
 KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
+// The persistent forward's schedule: a block of a grid of `blocks` takes the query blocks
+// (tiles, heaviest first as QueryBlock numbers them) `block`, 2 * blocks - 1 - block,
+// 2 * blocks + block, 4 * blocks - 1 - block, ...: a zigzag, so that each block's pair of
+// tiles of a round of 2 * blocks weighs about the same (a causal tile's work falls linearly
+// with its number), and the blocks finish together. Round robin (block + n * blocks) would
+// give block 0 the heaviest tile of every round: at llama-M's shape its busiest block walks
+// 9% more key tiles than the average, the zigzag's 3% (at llama-S's 7% and 1%, at B2 T4096's
+// 12% and 0%). Returns the tile of the block's n-th turn, or -1 when it has no more.
+KILN_FLASH_ATTENTION_HD constexpr int ZigzagTile(int n, int block, int blocks, int tiles) {
+  const int tile = (n / 2) * 2 * blocks + (n % 2 == 0 ? block : 2 * blocks - 1 - block);
+  return tile < tiles ? tile : -1;
+}
 }  // namespace flash_attention_wgmma
 
 // Why the wgmma kernel cannot take this shape, or nullptr (the mma.sync kernel may still).
@@ -92,16 +104,21 @@ KILN_FLASH_ATTENTION_HD constexpr const char* FlashAttentionWgmmaUnsupportedReas
   return nullptr;
 }
 
+// The forward is persistent: one block an SM (its shared memory allows no more) of the
+// `sm_count` the target has, or one a query block where there are fewer. On a GPU with fewer
+// SMs than sm_count the extra blocks wait for a free SM: correct, only unbalanced.
 KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwardLaunch(long long batch,
                                                                                        long long heads,
                                                                                        long long seq_len,
-                                                                                       long long head_dim) {
+                                                                                       long long head_dim,
+                                                                                       long long sm_count) {
   namespace fw = flash_attention_wgmma;
   FlashAttentionLaunch l;
   l.block_m = fw::kBlockM;
   l.block_n = fw::kBlockN;
   l.block_threads = fw::kBlockThreads;
-  l.grid_x = static_cast<unsigned>(seq_len / l.block_m * batch * heads);
+  const long long tiles = seq_len / l.block_m * batch * heads;
+  l.grid_x = static_cast<unsigned>(tiles < sm_count ? tiles : (sm_count > 0 ? sm_count : 1));
   l.shared_bytes = static_cast<unsigned>((l.block_m + 2 * fw::Stages(head_dim) * l.block_n) * head_dim *
                                              flash_attention::kBf16Bytes +
                                          fw::kBarrierBytes + fw::kAlignSlack);
@@ -373,19 +390,25 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&
 // ------------------------------------------------------------------ the pipeline
 
 // A producer/consumer pipeline's mbarriers, 8 bytes each from `base`: `first` completes when
-// the producer's first copies (the tiles a block keeps) land, full[s] when stage s is filled,
-// empty[s] when the consumers' arrivals have freed it.
+// the producer's first copies (the tiles a block keeps: the forward's q tile) land, full[s]
+// when stage s is filled, empty[s] when the consumers' arrivals have freed it, and
+// `kept_empty` when they are done with the kept tiles (the persistent forward reloads them
+// for its next query block). Stages are numbered over the block's whole life: stage n is in
+// buffer n % kStages, and its barriers' phase is n / kStages; the kept tiles' phase is the
+// query block's ordinal in the block.
 template <int kStages>
 struct Pipeline {
-  static_assert(8 * (1 + 2 * kStages) <= kBarrierBytes, "barriers fit their space");
-  unsigned first, full, empty;
+  static_assert(8 * (2 + 2 * kStages) <= kBarrierBytes, "barriers fit their space");
+  unsigned first, full, empty, kept_empty;
   __device__ __forceinline__ explicit Pipeline(unsigned base)
-      : first(base), full(base + 8), empty(base + 8 + 8 * kStages) {}
+      : first(base), full(base + 8), empty(base + 8 + 8 * kStages), kept_empty(base + 8 + 16 * kStages) {}
 
-  // Every thread of the block calls this; `empty_arrivals` arrivals free a stage.
+  // Every thread of the block calls this; `empty_arrivals` arrivals free a stage (and the
+  // kept tiles).
   __device__ __forceinline__ void Init(unsigned empty_arrivals) const {
     if (threadIdx.x == 0) {
       BarrierInit(first, 128);
+      BarrierInit(kept_empty, empty_arrivals);
       for (int s = 0; s < kStages; ++s) {
         BarrierInit(full + 8 * s, 128);
         BarrierInit(empty + 8 * s, empty_arrivals);
@@ -395,36 +418,45 @@ struct Pipeline {
   }
 
   // The producer warpgroup's loop, after it issued and committed the copies of the tiles the
-  // block keeps: for each of `count` stages, waits until its buffer s = stage % kStages is free,
-  // calls load(stage, s) to issue that stage's copies, commits them, and publishes the group
-  // before (the kept tiles, then stage - 1) once it has landed. A stage is published only once
-  // the next is issued, which waits for a free buffer: so the consumers must free stage j - 1
-  // before they wait for stage j, or, with two stages, neither side moves (a consumer that keeps
-  // v of tile j - 1 while it computes tile j's scores, as FlashAttention-3's software
-  // pipelining does, deadlocks here).
+  // block keeps: for stages begin .. end - 1, waits until the stage's buffer s = stage % kStages
+  // is free, calls load(stage - begin, s) to issue its copies, commits them, and publishes the
+  // group before (the kept tiles, then stage - 1) once it has landed; at the end it waits for
+  // all and publishes stage end - 1. A stage is published only once the next is issued, which
+  // waits for a free buffer: so the consumers must free stage j - 1 before they wait for stage
+  // j, or, with two stages, neither side moves (a consumer that keeps v of tile j - 1 while it
+  // computes tile j's scores, as FlashAttention-3's software pipelining does, deadlocks here).
   template <typename Load>
-  __device__ __forceinline__ void Produce(int count, Load load) const {
-    for (int stage = 0; stage < count; ++stage) {
+  __device__ __forceinline__ void Produce(int begin, int end, Load load) const {
+    for (int stage = begin; stage < end; ++stage) {
       const int s = stage % kStages;
       if (stage >= kStages) BarrierWait(empty + 8 * s, (stage / kStages - 1) & 1);
-      load(stage, s);
+      load(stage - begin, s);
       flash_attention::CpAsyncCommit();
       CpAsyncWait<1>();
       FenceProxyAsync();
-      BarrierArrive(stage == 0 ? first : full + 8 * ((stage - 1) % kStages));
+      BarrierArrive(stage == begin ? first : full + 8 * ((stage - 1) % kStages));
     }
     CpAsyncWait<0>();
     FenceProxyAsync();
-    BarrierArrive(full + 8 * ((count - 1) % kStages));
+    BarrierArrive(full + 8 * ((end - 1) % kStages));
   }
+  template <typename Load>
+  __device__ __forceinline__ void Produce(int count, Load load) const {
+    Produce(0, count, load);
+  }
+  // The producer, before it overwrites the kept tiles for the `ordinal`-th time (1, 2, ...):
+  // waits until the consumers released them the time before.
+  __device__ __forceinline__ void WaitKeptFree(int ordinal) const { BarrierWait(kept_empty, (ordinal - 1) & 1); }
 
-  // The consumers' side: the kept tiles, stage `stage`'s tiles (in buffer stage % kStages), and
-  // freeing buffer s (one arrival of the Init count).
-  __device__ __forceinline__ void WaitFirst() const { BarrierWait(first, 0); }
+  // The consumers' side: the kept tiles (of the block's `ordinal`-th query block), stage
+  // `stage`'s tiles (in buffer stage % kStages), and freeing buffer s or the kept tiles (one
+  // arrival of the Init count each).
+  __device__ __forceinline__ void WaitFirst(int ordinal = 0) const { BarrierWait(first, ordinal & 1); }
   __device__ __forceinline__ void WaitFull(int stage) const {
     BarrierWait(full + 8 * (stage % kStages), (stage / kStages) & 1);
   }
   __device__ __forceinline__ void Release(int s) const { BarrierArrive(empty + 8 * s); }
+  __device__ __forceinline__ void ReleaseKept() const { BarrierArrive(kept_empty); }
 };
 
 // The backward's two score-shaped products of a consumer, both operands in shared memory:
@@ -447,8 +479,9 @@ __device__ __forceinline__ void ScoresAndScoreGradients(float (&s)[kN / 8][4], f
   Pin(p);
 }
 
-// Where a forward or dq block works: 128 queries of one (batch, head), heaviest first (the last
-// query block first), and the k and v rows of its kv head.
+// Where a forward or dq block works on query block `tile` of the grid's kSeqLen / 128 * kBatch
+// * kHeads: 128 queries of one (batch, head), heaviest first (tile 0 is the last query block of
+// the sequence), and the k and v rows of its kv head.
 template <int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 struct QueryBlock {
   int query_block;      // which 128 queries of the sequence
@@ -456,10 +489,10 @@ struct QueryBlock {
   long long row_base;   // of its (batch, head) in q, o, dO, dq, lse, delta
   const __nv_bfloat16* k_head;
   const __nv_bfloat16* v_head;
-  __device__ __forceinline__ QueryBlock(const __nv_bfloat16* k, const __nv_bfloat16* v) {
+  __device__ __forceinline__ QueryBlock(const __nv_bfloat16* k, const __nv_bfloat16* v, int tile) {
     constexpr int kBH = kBatch * kHeads;
-    const int bh = blockIdx.x % kBH;
-    query_block = kSeqLen / kBlockM - 1 - static_cast<int>(blockIdx.x / kBH);
+    const int bh = tile % kBH;
+    query_block = kSeqLen / kBlockM - 1 - tile / kBH;
     const int kv_head = (bh / kHeads) * kKvHeads +
                         (bh % kHeads) / flash_attention::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>::kGroup;
     q0 = query_block * kBlockM;
@@ -491,6 +524,11 @@ struct Turns {
 // ------------------------------------------------------------------------------- kernel
 
 // o = attention(q, k, v) and lse (fp32 [B, H, T], natural log) on wgmma, for `scale`.
+// Persistent: each block walks the query blocks ZigzagTile gives it (gridDim.x blocks, at
+// most one an SM), so that the producer loads the next query block's q, k and v while the
+// consumers finish the last one's products and store its O, and one consumer's epilogue runs
+// while the other's products use the tensor cores: a block of its own per query block would
+// leave the SM's tensor cores idle through every prologue and epilogue.
 // Launch: FlashAttentionWgmmaForwardLaunch; the wrapper declares __launch_bounds__(384).
 template <typename TO, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, float* __restrict__ lse,
@@ -503,19 +541,18 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   constexpr int kM = fw::kBlockM, kN = fw::kBlockN, kD = kHeadDim;
   constexpr int kStages = fw::Stages(kD);
   constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
+  constexpr int kTiles = kSeqLen / kM * kBatch * kHeads;
   static_assert(kM == kN, "the last key tile of a block is its diagonal tile");
-
-  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v);
-  const int q0 = block.q0;
-  const int key_tiles = block.query_block + 1;
-  const long long row_base = block.row_base;
+  using Block = fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
+  const int grid = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
 
   // Shared memory (addresses in the shared window): q tile, k stages, v stages, barriers.
   const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
   const unsigned k_tiles = q_tile + kM * kD * fa::kBf16Bytes;
   const unsigned v_tiles = k_tiles + kStages * kTileBytes;
-  // first: the q tile landed; full[s]: stage s's k and v landed; empty[s]: every consumer warp
-  // is done with them.
+  // first: the q tile landed; kept_empty: both consumers are done with it; full[s]: stage s's
+  // k and v landed; empty[s]: every consumer warp is done with them. Stages count on across
+  // query blocks, so the producer runs ahead into the next one.
   const fw::Pipeline<kStages> pipe(v_tiles + kStages * kTileBytes);
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
@@ -524,35 +561,40 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   if (warpgroup == 0) {
     // Producer: addresses and loop counters only.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
-    fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
-    fa::CpAsyncCommit();
-    pipe.Produce(key_tiles, [&](int j, int s) {
-      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
-      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
-    });
+    int stage = 0;
+    for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+      const Block block(k, v, tile);
+      const int key_tiles = block.query_block + 1;
+      if (visit > 0) pipe.WaitKeptFree(visit);
+      fw::LoadTile<kM, kD>(q_tile, q + (block.row_base + block.q0) * kD, t);
+      fa::CpAsyncCommit();
+      pipe.Produce(stage, stage + key_tiles, [&](int j, int s) {
+        fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
+        fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
+      });
+      stage += key_tiles;
+    }
     return;
   }
 
-  // Consumer c: query rows q0 + 64c .. + 63; this thread's rows `row` and `row + 8`, and
-  // columns col, col + 1 of each 8-wide slice of a tile.
+  // Consumer c: query rows q0 + 64c .. + 63 of each query block; this thread's rows `row` and
+  // `row + 8`, and columns col, col + 1 of each 8-wide slice of a tile.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
   const int c = warpgroup - 1;
   const int warp = t / kWarpSize, lane = t % kWarpSize;
-  const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);
   const int col = (lane & 3) * 2;
   const float scale_log2 = scale * fa::kLog2e;
 
   float acc_o[kD / 8][4];
-  fa::Zero(acc_o);
-  float max2[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running row max of S * scale_log2, rounded up to an integer
-  float sum[2] = {0.f, 0.f};                      // this thread's part of sum(exp2(S * scale_log2 - max2))
+  float max2[2];  // running row max of S * scale_log2, rounded up to an integer
+  float sum[2];   // this thread's part of sum(exp2(S * scale_log2 - max2))
 
   float acc_s[kN / 8][4];    // a key tile's scores, then their exp2
   unsigned pa[kN / 16][4];  // P rounded to bf16: wgmma's register A operand for P v
 
-  // S of key tile j into acc_s: issued (one group), not waited for.
-  auto issue_scores = [&](int j) {
-    const unsigned k_tile = k_tiles + (j % kStages) * kTileBytes;
+  // S of the key tile in stage `stage` into acc_s: issued (one group), not waited for.
+  auto issue_scores = [&](int stage) {
+    const unsigned k_tile = k_tiles + (stage % kStages) * kTileBytes;
     fw::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -561,9 +603,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     }
     fw::WgmmaCommit();
   };
-  // O += P v of key tile j, P in pa: issued (one group), not waited for.
-  auto issue_values = [&](int j) {
-    const unsigned v_tile = v_tiles + (j % kStages) * kTileBytes;
+  // O += P v of the key tile in stage `stage`, P in pa: issued (one group), not waited for.
+  auto issue_values = [&](int stage) {
+    const unsigned v_tile = v_tiles + (stage % kStages) * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_o, pa[kk], fw::NMajor<kN>(v_tile, kk));
     fw::WgmmaCommit();
@@ -573,7 +615,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   // taken of the unscaled scores (scale_log2 > 0, and rounding is monotone, so
   // round(max S * scale_log2) is the max of the rounded products: the same whole-power-of-two
   // max), and each element's exponent is then one FFMA, S * scale_log2 - max2, rounded once.
-  auto softmax = [&](int j, float (&rescale)[2]) {
+  auto softmax = [&](int j, int key_tiles, int row, float (&rescale)[2]) {
     if (j == key_tiles - 1) {  // the diagonal tile
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -615,13 +657,20 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       }
     }
   };
-  auto release = [&](int j) {
+  auto release = [&](int stage) {
     __syncwarp();
-    if (lane == 0) pipe.Release(j % kStages);
+    if (lane == 0) pipe.Release(stage % kStages);
+  };
+  // The q tile, once this warp's last S of a query block is done (the P v still in flight
+  // reads v and registers only).
+  auto release_q = [&] {
+    __syncwarp();
+    if (lane == 0) pipe.ReleaseKept();
   };
   // The two consumers take turns to issue their products (fw::Turns), so that one's softmax
   // runs while the other's products use the tensor cores; both walk the same key tiles, so
-  // each has key_tiles + 1 turns.
+  // each has key_tiles + 1 turns a query block, and the last of the last query block is
+  // passed with `last`.
   const fw::Turns turns(c);
   auto wait_turn = [&] { turns.Wait(); };
   auto pass_turn = [&](bool last) { turns.Pass(last); };
@@ -634,53 +683,68 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   // The consumer holds stage j - 1 while it waits for stage j, which Pipeline::Produce allows
   // with three stages or more (its comment says why two deadlock).
   static_assert(kStages >= 3, "the pipelined consumer keeps one stage while it waits for the next");
-  float rescale[2];
-  pipe.WaitFirst();
-  pipe.WaitFull(0);
-  wait_turn();
-  issue_scores(0);
-  pass_turn(false);
-  fw::WgmmaWaitAll();
-  fw::Pin(acc_s);
-  softmax(0, rescale);  // O is still zero: nothing to rescale
-  fa::AccumulatorToA<kN>(pa, acc_s);
-  for (int j = 1; j < key_tiles; ++j) {
-    pipe.WaitFull(j);
+  int stage = 0;  // of the query block's key tile 0
+  for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+    const Block block(k, v, tile);
+    const int key_tiles = block.query_block + 1;
+    const long long row_base = block.row_base;
+    const int row = block.q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);
+    const bool last_tile = fw::ZigzagTile(visit + 1, me, grid, kTiles) < 0;
+    fa::Zero(acc_o);
+    max2[0] = max2[1] = -CUDART_INF_F;
+    sum[0] = sum[1] = 0.f;
+
+    float rescale[2];
+    pipe.WaitFirst(visit);
+    pipe.WaitFull(stage);
     wait_turn();
-    issue_scores(j);
-    issue_values(j - 1);
+    issue_scores(stage);
     pass_turn(false);
-    fw::WgmmaWait<1>();
+    fw::WgmmaWaitAll();
     fw::Pin(acc_s);
-    softmax(j, rescale);
+    if (key_tiles == 1) release_q();
+    softmax(0, key_tiles, row, rescale);  // O is still zero: nothing to rescale
+    fa::AccumulatorToA<kN>(pa, acc_s);
+    for (int j = 1; j < key_tiles; ++j) {
+      pipe.WaitFull(stage + j);
+      wait_turn();
+      issue_scores(stage + j);
+      issue_values(stage + j - 1);
+      pass_turn(false);
+      fw::WgmmaWait<1>();
+      fw::Pin(acc_s);
+      if (j == key_tiles - 1) release_q();
+      softmax(j, key_tiles, row, rescale);
+      fw::WgmmaWaitAll();
+      fw::Pin(acc_o);
+      release(stage + j - 1);
+      rescale_o(rescale);
+      fa::AccumulatorToA<kN>(pa, acc_s);
+    }
+    wait_turn();
+    fw::WgmmaFence();
+    issue_values(stage + key_tiles - 1);
+    pass_turn(last_tile);
     fw::WgmmaWaitAll();
     fw::Pin(acc_o);
-    release(j - 1);
-    rescale_o(rescale);
-    fa::AccumulatorToA<kN>(pa, acc_s);
-  }
-  wait_turn();
-  fw::WgmmaFence();
-  issue_values(key_tiles - 1);
-  pass_turn(true);
-  fw::WgmmaWaitAll();
-  fw::Pin(acc_o);
-  release(key_tiles - 1);
+    release(stage + key_tiles - 1);
+    stage += key_tiles;
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float total = sum[r];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
+    for (int r = 0; r < 2; ++r) {
+      float total = sum[r];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
 #pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      acc_o[n][2 * r] /= total;
-      acc_o[n][2 * r + 1] /= total;
+      for (int n = 0; n < kD / 8; ++n) {
+        acc_o[n][2 * r] /= total;
+        acc_o[n][2 * r + 1] /= total;
+      }
     }
-  }
-  if (o != nullptr) {
-    fa::StoreAccumulator<kD>(o + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_o);
+    if (o != nullptr) {
+      fa::StoreAccumulator<kD>(o + (row_base + block.q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_o);
+    }
   }
 }
 
@@ -707,7 +771,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   constexpr int kStages = fw::DqStages(kD);
   constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
 
-  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v);
+  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v, static_cast<int>(blockIdx.x));
   const int q0 = block.q0;
   const int key_tiles = (q0 + kM) / kN;  // the tiles at or before the block's last query
   const long long row_base = block.row_base;
