@@ -107,7 +107,7 @@ absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOp
               Param(DType::kBF16, "dout"), Param(DType::kF32, "lse"), Param(DType::kF32, "delta")};
 
   const FlashAttentionLaunch dq_launch =
-      wgmma ? FlashAttentionWgmmaBackwardDqLaunch(b, h, t, d) : FlashAttentionBackwardDqLaunch(b, h, t, d);
+      wgmma ? FlashAttentionWgmmaBackwardDqLaunch(b, h, t, d, options.target.sm_count) : FlashAttentionBackwardDqLaunch(b, h, t, d);
   w.comment = absl::StrCat("flash attention dq", on, ", ", dq_launch.block_m, " queries per block, key tiles of ",
                            dq_launch.block_n);
   w.call = absl::StrCat(wgmma ? "FlashAttentionWgmmaBackwardDq<float, " : "FlashAttentionBackwardDq<__nv_bfloat16, float, ",
@@ -115,7 +115,7 @@ absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOp
   KernelSpec dq = EmitFlash(node, codegen::KernelName(node) + "_dq", w, dq_launch);
 
   const FlashAttentionLaunch dkdv_launch =
-      wgmma ? FlashAttentionWgmmaBackwardDkDvLaunch(b, hkv, t, d) : FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
+      wgmma ? FlashAttentionWgmmaBackwardDkDvLaunch(b, hkv, t, d, options.target.sm_count) : FlashAttentionBackwardDkDvLaunch(b, hkv, t, d);
   w.comment = absl::StrCat("flash attention dk and dv", on, ", ", dkdv_launch.block_n,
                            " keys per block, query tiles of ", dkdv_launch.block_m);
   w.call = absl::StrCat(

@@ -25,6 +25,10 @@
 //     so one's softmax runs under the other's matrix products. On the H200 the two together
 //     took llama-M's forward (B4 H16 KV8 T2048 D128) from 0.229 to 0.199 ms, the pipelining
 //     alone to 0.224 (bench/RESULTS.md, session 18).
+//   - every kernel is persistent (a block an SM, walking the tiles ZigzagTile gives it), so
+//     the producer loads a tile's kept operands and first stages while the consumers finish
+//     the tile before, and one consumer's epilogue runs under the other's products. On the
+//     H200 that took llama-M's forward from 0.186 to 0.161 ms (bench/RESULTS.md, session 19).
 // Tiles are stored in shared memory in wgmma's 128-byte swizzle: a tile of R rows and D
 // columns is D / 64 column blocks of R x 64 elements, row r of a block 128 bytes at r * 128,
 // its 16-byte chunk c at chunk c ^ (r % 8); every block starts 1024-byte aligned.
@@ -92,6 +96,13 @@ KILN_FLASH_ATTENTION_HD constexpr int ZigzagTile(int n, int block, int blocks, i
   const int tile = (n / 2) * 2 * blocks + (n % 2 == 0 ? block : 2 * blocks - 1 - block);
   return tile < tiles ? tile : -1;
 }
+// Every wgmma kernel is persistent: one block an SM (their shared memory allows no more) of
+// the `sm_count` the target has, or one a tile (query or key block) where there are fewer. On
+// a GPU with fewer SMs than sm_count the extra blocks wait for a free SM: correct, only
+// unbalanced.
+KILN_FLASH_ATTENTION_HD constexpr unsigned PersistentGrid(long long tiles, long long sm_count) {
+  return static_cast<unsigned>(tiles < sm_count ? tiles : (sm_count > 0 ? sm_count : 1));
+}
 }  // namespace flash_attention_wgmma
 
 // Why the wgmma kernel cannot take this shape, or nullptr (the mma.sync kernel may still).
@@ -104,9 +115,6 @@ KILN_FLASH_ATTENTION_HD constexpr const char* FlashAttentionWgmmaUnsupportedReas
   return nullptr;
 }
 
-// The forward is persistent: one block an SM (its shared memory allows no more) of the
-// `sm_count` the target has, or one a query block where there are fewer. On a GPU with fewer
-// SMs than sm_count the extra blocks wait for a free SM: correct, only unbalanced.
 KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwardLaunch(long long batch,
                                                                                        long long heads,
                                                                                        long long seq_len,
@@ -117,8 +125,7 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwar
   l.block_m = fw::kBlockM;
   l.block_n = fw::kBlockN;
   l.block_threads = fw::kBlockThreads;
-  const long long tiles = seq_len / l.block_m * batch * heads;
-  l.grid_x = static_cast<unsigned>(tiles < sm_count ? tiles : (sm_count > 0 ? sm_count : 1));
+  l.grid_x = fw::PersistentGrid(seq_len / l.block_m * batch * heads, sm_count);
   l.shared_bytes = static_cast<unsigned>((l.block_m + 2 * fw::Stages(head_dim) * l.block_n) * head_dim *
                                              flash_attention::kBf16Bytes +
                                          fw::kBarrierBytes + fw::kAlignSlack);
@@ -130,13 +137,14 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaForwar
 KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwardDqLaunch(long long batch,
                                                                                           long long heads,
                                                                                           long long seq_len,
-                                                                                          long long head_dim) {
+                                                                                          long long head_dim,
+                                                                                          long long sm_count) {
   namespace fw = flash_attention_wgmma;
   FlashAttentionLaunch l;
   l.block_m = fw::kBlockM;
   l.block_n = fw::kDqKeyTile;
   l.block_threads = fw::kBlockThreads;
-  l.grid_x = static_cast<unsigned>(seq_len / l.block_m * batch * heads);
+  l.grid_x = fw::PersistentGrid(seq_len / l.block_m * batch * heads, sm_count);
   l.shared_bytes = static_cast<unsigned>((2 * l.block_m + 2 * fw::DqStages(head_dim) * l.block_n) * head_dim *
                                              flash_attention::kBf16Bytes +
                                          fw::kBarrierBytes + fw::kAlignSlack);
@@ -148,13 +156,14 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwa
 KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwardDkDvLaunch(long long batch,
                                                                                             long long kv_heads,
                                                                                             long long seq_len,
-                                                                                            long long head_dim) {
+                                                                                            long long head_dim,
+                                                                                            long long sm_count) {
   namespace fw = flash_attention_wgmma;
   FlashAttentionLaunch l;
   l.block_m = fw::kDkDvQueryTile;
   l.block_n = fw::kBlockM;  // keys: 64 per consumer
   l.block_threads = fw::kBlockThreads;
-  l.grid_x = static_cast<unsigned>(seq_len / l.block_n * batch * kv_heads);
+  l.grid_x = fw::PersistentGrid(seq_len / l.block_n * batch * kv_heads, sm_count);
   l.shared_bytes = static_cast<unsigned>(
       (2 * l.block_n + 2 * fw::DkDvStages(head_dim) * l.block_m) * head_dim * flash_attention::kBf16Bytes +
       2 * fw::DkDvStages(head_dim) * l.block_m * sizeof(float) + fw::kBarrierBytes + fw::kAlignSlack);
@@ -507,15 +516,17 @@ struct QueryBlock {
 // Consumer 0 has the first turn; each turn of one follows the other's, so one consumer's
 // elementwise work runs while the other's products use the tensor cores. Both must take the
 // same number of turns (a consumer with nothing to issue in a turn still takes it): consumer 1
-// passes once at the start and not after its last.
+// passes once at the start, and consumer 0 takes one more turn at the end (Finish), so that
+// no arrival is left pending.
 struct Turns {
   int c;  // this consumer: 0 or 1
   __device__ __forceinline__ explicit Turns(int consumer) : c(consumer) {
     if (c == 1) NamedBarrierArrive(2 - c, 2 * 128);
   }
   __device__ __forceinline__ void Wait() const { NamedBarrierSync(1 + c, 2 * 128); }
-  __device__ __forceinline__ void Pass(bool last) const {
-    if (!(last && c == 1)) NamedBarrierArrive(2 - c, 2 * 128);
+  __device__ __forceinline__ void Pass() const { NamedBarrierArrive(2 - c, 2 * 128); }
+  __device__ __forceinline__ void Finish() const {
+    if (c == 0) Wait();
   }
 };
 
@@ -669,11 +680,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
   };
   // The two consumers take turns to issue their products (fw::Turns), so that one's softmax
   // runs while the other's products use the tensor cores; both walk the same key tiles, so
-  // each has key_tiles + 1 turns a query block, and the last of the last query block is
-  // passed with `last`.
+  // each has key_tiles + 1 turns a query block.
   const fw::Turns turns(c);
   auto wait_turn = [&] { turns.Wait(); };
-  auto pass_turn = [&](bool last) { turns.Pass(last); };
+  auto pass_turn = [&] { turns.Pass(); };
 
   // Software pipelined as in FlashAttention-3: while the tensor cores compute tile j - 1's
   // P v, this warpgroup runs tile j's softmax. Per tile j >= 1: issue S_j = q k_jᵀ, issue
@@ -689,7 +699,6 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     const int key_tiles = block.query_block + 1;
     const long long row_base = block.row_base;
     const int row = block.q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);
-    const bool last_tile = fw::ZigzagTile(visit + 1, me, grid, kTiles) < 0;
     fa::Zero(acc_o);
     max2[0] = max2[1] = -CUDART_INF_F;
     sum[0] = sum[1] = 0.f;
@@ -699,7 +708,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     pipe.WaitFull(stage);
     wait_turn();
     issue_scores(stage);
-    pass_turn(false);
+    pass_turn();
     fw::WgmmaWaitAll();
     fw::Pin(acc_s);
     if (key_tiles == 1) release_q();
@@ -710,7 +719,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       wait_turn();
       issue_scores(stage + j);
       issue_values(stage + j - 1);
-      pass_turn(false);
+      pass_turn();
       fw::WgmmaWait<1>();
       fw::Pin(acc_s);
       if (j == key_tiles - 1) release_q();
@@ -724,7 +733,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
     wait_turn();
     fw::WgmmaFence();
     issue_values(stage + key_tiles - 1);
-    pass_turn(last_tile);
+    pass_turn();
     fw::WgmmaWaitAll();
     fw::Pin(acc_o);
     release(stage + key_tiles - 1);
@@ -746,6 +755,7 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       fa::StoreAccumulator<kD>(o + (row_base + block.q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_o);
     }
   }
+  turns.Finish();
 }
 
 
@@ -755,8 +765,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
 // Per 64-key tile, a consumer computes S = q kᵀ and dP = dO vᵀ with both operands in shared
 // memory, dS = P (dP - Delta) scale in registers, and dq += bf16(dS) k with dS as wgmma's
 // register A operand and k read N-major. Consumer 0's rows end 64 keys before consumer 1's,
-// so it frees the block's last key tile without computing on it. Launch:
-// FlashAttentionWgmmaBackwardDqLaunch; the wrapper declares __launch_bounds__(384).
+// so it frees the block's last key tile without computing on it. Persistent, as the forward:
+// a block walks the query blocks ZigzagTile gives it, reloading its q and dO tiles once both
+// consumers are done with them. Launch: FlashAttentionWgmmaBackwardDqLaunch; the wrapper
+// declares __launch_bounds__(384).
 template <typename TDQ, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ dq, const __nv_bfloat16* __restrict__ q,
                                                               const __nv_bfloat16* __restrict__ k,
@@ -770,17 +782,16 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   constexpr int kM = fw::kBlockM, kN = fw::kDqKeyTile, kD = kHeadDim;
   constexpr int kStages = fw::DqStages(kD);
   constexpr unsigned kTileBytes = kN * kD * fa::kBf16Bytes;
-
-  const fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim> block(k, v, static_cast<int>(blockIdx.x));
-  const int q0 = block.q0;
-  const int key_tiles = (q0 + kM) / kN;  // the tiles at or before the block's last query
-  const long long row_base = block.row_base;
+  constexpr int kTiles = kSeqLen / kM * kBatch * kHeads;
+  using Block = fw::QueryBlock<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
+  const int grid = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
 
   const unsigned q_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
   const unsigned do_tile = q_tile + kM * kD * fa::kBf16Bytes;
   const unsigned k_tiles = do_tile + kM * kD * fa::kBf16Bytes;
   const unsigned v_tiles = k_tiles + kStages * kTileBytes;
-  const fw::Pipeline<kStages> pipe(v_tiles + kStages * kTileBytes);  // first: the q and dO tiles landed
+  // first: the q and dO tiles landed; kept_empty: both consumers are done with them.
+  const fw::Pipeline<kStages> pipe(v_tiles + kStages * kTileBytes);
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
   pipe.Init(fw::kConsumers * 4);
@@ -790,76 +801,97 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
   constexpr bool kMoveRegisters = kD > 64;
   if (warpgroup == 0) {
     if constexpr (kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
-    fw::LoadTile<kM, kD>(q_tile, q + (row_base + q0) * kD, t);
-    fw::LoadTile<kM, kD>(do_tile, dout + (row_base + q0) * kD, t);
-    fa::CpAsyncCommit();
-    pipe.Produce(key_tiles, [&](int j, int s) {
-      fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
-      fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
-    });
+    int stage = 0;
+    for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+      const Block block(k, v, tile);
+      const int key_tiles = (block.q0 + kM) / kN;  // the tiles at or before the block's last query
+      if (visit > 0) pipe.WaitKeptFree(visit);
+      fw::LoadTile<kM, kD>(q_tile, q + (block.row_base + block.q0) * kD, t);
+      fw::LoadTile<kM, kD>(do_tile, dout + (block.row_base + block.q0) * kD, t);
+      fa::CpAsyncCommit();
+      pipe.Produce(stage, stage + key_tiles, [&](int j, int s) {
+        fw::LoadTile<kN, kD>(k_tiles + s * kTileBytes, block.k_head + static_cast<long long>(j) * kN * kD, t);
+        fw::LoadTile<kN, kD>(v_tiles + s * kTileBytes, block.v_head + static_cast<long long>(j) * kN * kD, t);
+      });
+      stage += key_tiles;
+    }
     return;
   }
 
   if constexpr (kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
   const int c = warpgroup - 1;
   const int warp = t / kWarpSize, lane = t % kWarpSize;
-  const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);  // and row + 8
   const int col = (lane & 3) * 2;
-  const int my_tiles = (q0 + (c + 1) * fw::kRowsPerConsumer) / kN;  // the last one is this consumer's diagonal
   const float scale_log2 = scale * fa::kLog2e;
-  float lse2[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lse2[r] = lse[row_base + row + r * 8] * fa::kLog2e;
-    row_delta[r] = delta[row_base + row + r * 8];
-  }
-  float acc_dq[kD / 8][4];
-  fa::Zero(acc_dq);
 
   // Two turns a key tile (fw::Turns): one for S and dP, one for dq's product; consumer 0 takes
-  // the block's last tile's turns without issuing.
+  // each query block's last tile's turns without issuing.
   const fw::Turns turns(c);
-  pipe.WaitFirst();
-  for (int j = 0; j < key_tiles; ++j) {
-    const int s = j % kStages;
-    pipe.WaitFull(j);
-    const bool computes = j < my_tiles;
-    turns.Wait();
-    if (!computes) {
-      turns.Pass(false);
-      turns.Wait();
-      turns.Pass(j == key_tiles - 1);
-    } else {
-      const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
-      float acc_s[kN / 8][4], acc_dp[kN / 8][4];  // S = q kᵀ, dP = dO vᵀ
-      fw::ScoresAndScoreGradients<kN, kD, kM>(acc_s, acc_dp, q_tile, k_tile, do_tile, v_tile,
-                                              c * fw::kRowsPerConsumer, [&] { turns.Pass(false); });
-      const bool diagonal = j == my_tiles - 1;
+  int stage = 0;  // of the query block's key tile 0
+  for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+    const Block block(k, v, tile);
+    const int q0 = block.q0;
+    const int key_tiles = (q0 + kM) / kN;
+    const long long row_base = block.row_base;
+    const int row = q0 + c * fw::kRowsPerConsumer + warp * 16 + (lane >> 2);  // and row + 8
+    const int my_tiles = (q0 + (c + 1) * fw::kRowsPerConsumer) / kN;  // the last one is this consumer's diagonal
+    float lse2[2], row_delta[2];
 #pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          float p = fa::Probability(acc_s[n][e], scale_log2, lse2[r]);
-          if (diagonal && j * kN + n * 8 + col + (e & 1) > row + r * 8) p = 0.f;
-          acc_s[n][e] = p * (acc_dp[n][e] - row_delta[r]) * scale;  // dS
-        }
-      }
-      unsigned dsa[kN / 16][4];
-      fa::AccumulatorToA<kN>(dsa, acc_s);
-      turns.Wait();
-      fw::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_dq, dsa[kk], fw::NMajor<kN>(k_tile, kk));
-      fw::WgmmaCommit();
-      turns.Pass(j == key_tiles - 1);
-      fw::WgmmaWaitAll();
-      fw::Pin(acc_dq);
+    for (int r = 0; r < 2; ++r) {
+      lse2[r] = lse[row_base + row + r * 8] * fa::kLog2e;
+      row_delta[r] = delta[row_base + row + r * 8];
     }
-    __syncwarp();
-    if (lane == 0) pipe.Release(s);
+    float acc_dq[kD / 8][4];
+    fa::Zero(acc_dq);
+
+    pipe.WaitFirst(visit);
+    for (int j = 0; j < key_tiles; ++j) {
+      const int s = (stage + j) % kStages;
+      pipe.WaitFull(stage + j);
+      const bool computes = j < my_tiles;
+      turns.Wait();
+      if (!computes) {
+        turns.Pass();
+        turns.Wait();
+        turns.Pass();
+      } else {
+        const unsigned k_tile = k_tiles + s * kTileBytes, v_tile = v_tiles + s * kTileBytes;
+        float acc_s[kN / 8][4], acc_dp[kN / 8][4];  // S = q kᵀ, dP = dO vᵀ
+        fw::ScoresAndScoreGradients<kN, kD, kM>(acc_s, acc_dp, q_tile, k_tile, do_tile, v_tile,
+                                                c * fw::kRowsPerConsumer, [&] { turns.Pass(); });
+        const bool diagonal = j == my_tiles - 1;
+        if (diagonal) {  // this warp's last read of the q and dO tiles is done
+          __syncwarp();
+          if (lane == 0) pipe.ReleaseKept();
+        }
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            float p = fa::Probability(acc_s[n][e], scale_log2, lse2[r]);
+            if (diagonal && j * kN + n * 8 + col + (e & 1) > row + r * 8) p = 0.f;
+            acc_s[n][e] = p * (acc_dp[n][e] - row_delta[r]) * scale;  // dS
+          }
+        }
+        unsigned dsa[kN / 16][4];
+        fa::AccumulatorToA<kN>(dsa, acc_s);
+        turns.Wait();
+        fw::WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) fw::WgmmaRS<kD>(acc_dq, dsa[kk], fw::NMajor<kN>(k_tile, kk));
+        fw::WgmmaCommit();
+        turns.Pass();
+        fw::WgmmaWaitAll();
+        fw::Pin(acc_dq);
+      }
+      __syncwarp();
+      if (lane == 0) pipe.Release(s);
+    }
+    stage += key_tiles;
+    fa::StoreAccumulator<kD>(dq + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_dq);
   }
-  fa::StoreAccumulator<kD>(dq + (row_base + q0 + c * fw::kRowsPerConsumer + warp * 16) * kD, acc_dq);
+  turns.Finish();
 }
 
 // dk and dv of attention(q, k, v) on wgmma, each summed over the query heads that share the kv
@@ -869,9 +901,11 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
 // or after k0; the producer streams the q and dO tiles with their rows' LSE and Delta. Pᵀ and
 // dSᵀ = Pᵀ (dPᵀ - Delta) scale become the register A operands of dv += bf16(Pᵀ) dO and
 // dk += bf16(dSᵀ) q, with dO and q read N-major. Launch: FlashAttentionWgmmaBackwardDkDvLaunch;
-// the wrapper declares __launch_bounds__(384). A consumer holds dk, dv, Sᵀ and dPᵀ at once
-// (224 registers at D 128), so there the producer keeps 40 (at 24 it spills) and the consumers
-// get 232 (128 * 40 + 256 * 232 <= 65536).
+// the wrapper declares __launch_bounds__(384). Persistent, as the forward: a block walks the
+// key blocks ZigzagTile gives it (key block 0, with the most queries after it, first),
+// reloading its k and v tiles once both consumers are done with them. A consumer holds dk, dv, Sᵀ and dPᵀ at once
+// (224 registers at D 128), so there the producer keeps 56 (at 40 its walk over the key blocks
+// spills) and the consumers get 224 (128 * 56 + 256 * 224 <= 65536).
 template <typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict__ dk, TDKV* __restrict__ dv,
                                                                 const __nv_bfloat16* __restrict__ q,
@@ -889,15 +923,23 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   constexpr int kBKv = kBatch * kKvHeads;
   constexpr int kGroup = Shape::kGroup;
   constexpr unsigned kTileBytes = kM * kD * fa::kBf16Bytes;
-
-  const int bkv = blockIdx.x % kBKv;
-  const int key_block = static_cast<int>(blockIdx.x / kBKv);  // heaviest (most queries after it) first
-  const int batch = bkv / kKvHeads, kv_head = bkv % kKvHeads;
-  const int k0 = key_block * kN;
-  const long long kv_base = static_cast<long long>(bkv) * kSeqLen;
-  const int first_tile = k0 / kM;
-  const int tiles_per_head = kSeqLen / kM - first_tile;
-  const int stages = kGroup * tiles_per_head;
+  constexpr int kTiles = kSeqLen / kN * kBKv;
+  const int grid = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
+  // Key block `tile` (of kTiles, heaviest first: the most queries after it).
+  struct KeyBlock {
+    int batch, kv_head, k0, first_tile, tiles_per_head, stages;
+    long long kv_base;
+    __device__ __forceinline__ explicit KeyBlock(int tile) {
+      const int bkv = tile % kBKv;
+      batch = bkv / kKvHeads;
+      kv_head = bkv % kKvHeads;
+      k0 = tile / kBKv * kN;
+      kv_base = static_cast<long long>(bkv) * kSeqLen;
+      first_tile = k0 / kM;
+      tiles_per_head = kSeqLen / kM - first_tile;
+      stages = kGroup * tiles_per_head;
+    }
+  };
 
   const unsigned k_tile = (fa::SharedAddress(fa::SharedTiles()) + 1023u) & ~1023u;
   const unsigned v_tile = k_tile + kN * kD * fa::kBf16Bytes;
@@ -905,7 +947,8 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   const unsigned do_tiles = q_tiles + kStages * kTileBytes;      // [kStages]
   const unsigned lse_tiles = do_tiles + kStages * kTileBytes;    // [kStages][kM] floats
   const unsigned delta_tiles = lse_tiles + kStages * kM * 4;     // [kStages][kM] floats
-  const fw::Pipeline<kStages> pipe(delta_tiles + kStages * kM * 4);  // first: the k and v tiles landed
+  // first: the k and v tiles landed; kept_empty: both consumers are done with them.
+  const fw::Pipeline<kStages> pipe(delta_tiles + kStages * kM * 4);
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
   // Every consumer thread arrives on empty (see the end of the consumers' loop).
@@ -914,100 +957,124 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   // As in dq: at D 64 the launch's registers suffice and ptxas would drop setmaxnreg.
   constexpr bool kMoveRegisters = kD > 64;
   if (warpgroup == 0) {
-    if constexpr (kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    fw::LoadTile<kN, kD>(k_tile, k + (kv_base + k0) * kD, t);
-    fw::LoadTile<kN, kD>(v_tile, v + (kv_base + k0) * kD, t);
-    fa::CpAsyncCommit();
-    pipe.Produce(stages, [&](int stage, int s) {
-      const int head = kv_head * kGroup + stage / tiles_per_head;
-      const int q0 = (first_tile + stage % tiles_per_head) * kM;
-      const long long row = (static_cast<long long>(batch) * kHeads + head) * kSeqLen + q0;
-      fw::LoadTile<kM, kD>(q_tiles + s * kTileBytes, q + row * kD, t);
-      fw::LoadTile<kM, kD>(do_tiles + s * kTileBytes, dout + row * kD, t);
-      // The rows' LSE and Delta: 16-byte chunks by the first 2 * kM / 4 threads.
-      if (t < kM / 4) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(lse_tiles + s * kM * 4 + t * 16),
-                     "l"(lse + row + t * 4));
-      } else if (t < kM / 2) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(delta_tiles + s * kM * 4 + (t - kM / 4) * 16),
-                     "l"(delta + row + (t - kM / 4) * 4));
-      }
-    });
+    if constexpr (kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    int begin = 0;
+    for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+      const KeyBlock kb(tile);
+      if (visit > 0) pipe.WaitKeptFree(visit);
+      fw::LoadTile<kN, kD>(k_tile, k + (kb.kv_base + kb.k0) * kD, t);
+      fw::LoadTile<kN, kD>(v_tile, v + (kb.kv_base + kb.k0) * kD, t);
+      fa::CpAsyncCommit();
+      // The stage's first row of q, dO, LSE and Delta, walked on (not divided out of the stage
+      // number: the producer has few registers): the query tiles from k0 to the end of each head
+      // of the group in turn.
+      long long row = (static_cast<long long>(kb.batch) * kHeads + kb.kv_head * kGroup) * kSeqLen + kb.k0;
+      int left = kb.tiles_per_head;  // in this head
+      pipe.Produce(begin, begin + kb.stages, [&](int, int s) {
+        fw::LoadTile<kM, kD>(q_tiles + s * kTileBytes, q + row * kD, t);
+        fw::LoadTile<kM, kD>(do_tiles + s * kTileBytes, dout + row * kD, t);
+        // The rows' LSE and Delta: 16-byte chunks by the first 2 * kM / 4 threads.
+        if (t < kM / 4) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(lse_tiles + s * kM * 4 + t * 16),
+                       "l"(lse + row + t * 4));
+        } else if (t < kM / 2) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(delta_tiles + s * kM * 4 + (t - kM / 4) * 16),
+                       "l"(delta + row + (t - kM / 4) * 4));
+        }
+        row += kM;
+        if (--left == 0) {  // the next head's tile at k0
+          left = kb.tiles_per_head;
+          row += kb.k0;
+        }
+      });
+      begin += kb.stages;
+    }
     return;
   }
 
-  if constexpr (kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
   const int c = warpgroup - 1;
   const int warp = t / kWarpSize, lane = t % kWarpSize;
-  const int key_c0 = k0 + c * fw::kRowsPerConsumer;      // this consumer's first key
-  const int key = key_c0 + warp * 16 + (lane >> 2);      // this thread's keys: key and key + 8
   const int col = (lane & 3) * 2;                        // its queries: q0 + 8n + col (+1)
   const float scale_log2 = scale * fa::kLog2e;
   const float* lse_shared = reinterpret_cast<const float*>(fa::SharedTiles()) +
                             (lse_tiles - fa::SharedAddress(fa::SharedTiles())) / 4;
   const float* delta_shared = lse_shared + kStages * kM;
-  float acc_dk[kD / 8][4], acc_dv[kD / 8][4];
-  fa::Zero(acc_dk);
-  fa::Zero(acc_dv);
 
   // Two turns a query tile (fw::Turns): one for Sᵀ and dPᵀ, one for dv's and dk's products;
   // consumer 1 takes the turns of each head's first tile (all of its queries before its keys)
   // without issuing.
   const fw::Turns turns(c);
-  pipe.WaitFirst();
-  for (int stage = 0; stage < stages; ++stage) {
-    const int s = stage % kStages;
-    pipe.WaitFull(stage);
-    const int q0 = (first_tile + stage % tiles_per_head) * kM;
-    const bool last = stage == stages - 1;
-    turns.Wait();
-    if (q0 + kM - 1 < key_c0) {  // every query of the tile before every key of this consumer
-      turns.Pass(false);
+  int begin = 0;  // the stage of the key block's first query tile
+  for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
+    const KeyBlock kb(tile);
+    const int key_c0 = kb.k0 + c * fw::kRowsPerConsumer;  // this consumer's first key
+    const int key = key_c0 + warp * 16 + (lane >> 2);     // this thread's keys: key and key + 8
+    float acc_dk[kD / 8][4], acc_dv[kD / 8][4];
+    fa::Zero(acc_dk);
+    fa::Zero(acc_dv);
+
+    pipe.WaitFirst(visit);
+    int q0 = kb.k0;  // the stage's first query: from k0 to the end of each head of the group in turn
+    for (int i = 0; i < kb.stages; ++i, q0 = q0 + kM == kSeqLen ? kb.k0 : q0 + kM) {
+      const int stage = begin + i;
+      const int s = stage % kStages;
+      pipe.WaitFull(stage);
+      const bool last_stage = i == kb.stages - 1;
       turns.Wait();
-      turns.Pass(last);
-    } else {
-      const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
-      float acc_s[kM / 8][4], acc_dp[kM / 8][4];  // Sᵀ = k qᵀ, dPᵀ = v dOᵀ
-      fw::ScoresAndScoreGradients<kM, kD, kN>(acc_s, acc_dp, k_tile, q_tile, v_tile, do_tile,
-                                              c * fw::kRowsPerConsumer, [&] { turns.Pass(false); });
-      const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
-      const float* lse_row = lse_shared + s * kM;
-      const float* delta_row = delta_shared + s * kM;
+      if (q0 + kM - 1 < key_c0) {  // every query of the tile before every key of this consumer
+        turns.Pass();
+        turns.Wait();
+        turns.Pass();
+      } else {
+        const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
+        float acc_s[kM / 8][4], acc_dp[kM / 8][4];  // Sᵀ = k qᵀ, dPᵀ = v dOᵀ
+        fw::ScoresAndScoreGradients<kM, kD, kN>(acc_s, acc_dp, k_tile, q_tile, v_tile, do_tile,
+                                                c * fw::kRowsPerConsumer, [&] { turns.Pass(); });
+        // The last query tile is after every key (k0 <= T - 128), so both consumers compute it:
+        // their last reads of the k and v tiles are done (every thread arrives, as on empty).
+        if (last_stage) pipe.ReleaseKept();
+        const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
+        const float* lse_row = lse_shared + s * kM;
+        const float* delta_row = delta_shared + s * kM;
 #pragma unroll
-      for (int n = 0; n < kM / 8; ++n) {
-        const float2 lse_pair = *reinterpret_cast<const float2*>(lse_row + n * 8 + col);
-        const float2 delta_pair = *reinterpret_cast<const float2*>(delta_row + n * 8 + col);
+        for (int n = 0; n < kM / 8; ++n) {
+          const float2 lse_pair = *reinterpret_cast<const float2*>(lse_row + n * 8 + col);
+          const float2 delta_pair = *reinterpret_cast<const float2*>(delta_row + n * 8 + col);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lse2 = ((e & 1) ? lse_pair.y : lse_pair.x) * fa::kLog2e;
-          float p = fa::Probability(acc_s[n][e], scale_log2, lse2);
-          if (masked && key + (e >> 1) * 8 > q0 + n * 8 + col + (e & 1)) p = 0.f;
-          acc_s[n][e] = p;
-          acc_dp[n][e] = p * (acc_dp[n][e] - ((e & 1) ? delta_pair.y : delta_pair.x)) * scale;  // dSᵀ
+          for (int e = 0; e < 4; ++e) {
+            const float lse2 = ((e & 1) ? lse_pair.y : lse_pair.x) * fa::kLog2e;
+            float p = fa::Probability(acc_s[n][e], scale_log2, lse2);
+            if (masked && key + (e >> 1) * 8 > q0 + n * 8 + col + (e & 1)) p = 0.f;
+            acc_s[n][e] = p;
+            acc_dp[n][e] = p * (acc_dp[n][e] - ((e & 1) ? delta_pair.y : delta_pair.x)) * scale;  // dSᵀ
+          }
         }
+        unsigned pa[kM / 16][4], dsa[kM / 16][4];
+        fa::AccumulatorToA<kM>(pa, acc_s);
+        fa::AccumulatorToA<kM>(dsa, acc_dp);
+        turns.Wait();
+        fw::WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dv, pa[kk], fw::NMajor<kM>(do_tile, kk));
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dk, dsa[kk], fw::NMajor<kM>(q_tile, kk));
+        fw::WgmmaCommit();
+        turns.Pass();
+        fw::WgmmaWaitAll();
+        fw::Pin(acc_dv);
+        fw::Pin(acc_dk);
       }
-      unsigned pa[kM / 16][4], dsa[kM / 16][4];
-      fa::AccumulatorToA<kM>(pa, acc_s);
-      fa::AccumulatorToA<kM>(dsa, acc_dp);
-      turns.Wait();
-      fw::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dv, pa[kk], fw::NMajor<kM>(do_tile, kk));
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dk, dsa[kk], fw::NMajor<kM>(q_tile, kk));
-      fw::WgmmaCommit();
-      turns.Pass(last);
-      fw::WgmmaWaitAll();
-      fw::Pin(acc_dv);
-      fw::Pin(acc_dk);
+      // Every consumer thread arrives (not one per warp): its own reads of the stage's LSE and
+      // Delta (generic loads, unlike wgmma's) are then ordered before the producer refills it.
+      pipe.Release(s);
     }
-    // Every consumer thread arrives (not one per warp): its own reads of the stage's LSE and
-    // Delta (generic loads, unlike wgmma's) are then ordered before the producer refills it.
-    pipe.Release(s);
+    begin += kb.stages;
+    // attention_grad computes dk and dv as separate nodes: each passes null for the other.
+    if (dk != nullptr) fa::StoreAccumulator<kD>(dk + (kb.kv_base + key_c0 + warp * 16) * kD, acc_dk);
+    if (dv != nullptr) fa::StoreAccumulator<kD>(dv + (kb.kv_base + key_c0 + warp * 16) * kD, acc_dv);
   }
-  // attention_grad computes dk and dv as separate nodes: each passes null for the other.
-  if (dk != nullptr) fa::StoreAccumulator<kD>(dk + (kv_base + key_c0 + warp * 16) * kD, acc_dk);
-  if (dv != nullptr) fa::StoreAccumulator<kD>(dv + (kv_base + key_c0 + warp * 16) * kD, acc_dv);
+  turns.Finish();
 }
 
 }  // namespace kiln::kernels

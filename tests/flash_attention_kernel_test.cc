@@ -57,8 +57,8 @@ struct KernelCase {
   Float o = Float::kF32;      // forward output
   Float dout = Float::kF32;   // the backward's dO
   Float grads = Float::kF32;  // dq, dk, dv
-  // SMs the persistent wgmma forward is launched for: few, so that each block walks several
-  // query blocks of different weights, exercises the reloads of its q tile.
+  // SMs the persistent wgmma kernels are launched for: few, so that each block walks several
+  // tiles of different weights, exercises the reloads of its kept tiles.
   int sm_count = 132;
 };
 
@@ -148,7 +148,7 @@ KernelSpec WgmmaDqKernel(const KernelCase& c) {
               absl::StrCat(CudaName(c.grads), "* dq, ", BackwardInputs(c)),
               absl::StrCat("FlashAttentionWgmmaBackwardDq<", CudaName(c.grads), ", ", ShapeArgs(s),
                            ">(dq, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
-              kernels::FlashAttentionWgmmaBackwardDqLaunch(s.batch, s.heads, s.seq_len, s.head_dim),
+              kernels::FlashAttentionWgmmaBackwardDqLaunch(s.batch, s.heads, s.seq_len, s.head_dim, c.sm_count),
               "flash_attention_wgmma");
 }
 
@@ -158,7 +158,7 @@ KernelSpec WgmmaDkDvKernel(const KernelCase& c) {
               absl::StrCat(CudaName(c.grads), "* dk, ", CudaName(c.grads), "* dv, ", BackwardInputs(c)),
               absl::StrCat("FlashAttentionWgmmaBackwardDkDv<", CudaName(c.grads), ", ", ShapeArgs(s),
                            ">(dk, dv, q, k, v, dout, lse, delta, ", ScaleLiteral(s.scale), ")"),
-              kernels::FlashAttentionWgmmaBackwardDkDvLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim),
+              kernels::FlashAttentionWgmmaBackwardDkDvLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim, c.sm_count),
               "flash_attention_wgmma");
 }
 
@@ -291,15 +291,17 @@ TEST(FlashAttentionKernelTest, WgmmaKernelsGeometryFitsAnH200) {
       EXPECT_LE(k.shared_bytes, kH200SharedPerBlock);
     }
   }
-  // The forward is persistent: a block an SM, or one per 128 queries of each head where there
-  // are fewer. dq: one block per 128 queries of each head; dk/dv: per 128 keys of each kv head.
+  // Persistent: a block an SM, or one a tile where there are fewer (forward and dq: 128 queries
+  // of a head; dk/dv: 128 keys of a kv head).
   EXPECT_EQ(WgmmaForwardKernel(kLlamaS).grid[0], 132u);
   EXPECT_EQ(WgmmaForwardKernel(kLlamaM).grid[0], 132u);
   KernelCase few = kLlamaM;
   few.shape = MakeShape(1, 4, 2, 256, 128);
   EXPECT_EQ(WgmmaForwardKernel(few).grid[0], 4u * 256 / 128);
-  EXPECT_EQ(WgmmaDqKernel(kLlamaM).grid[0], 4u * 16 * 2048 / 128);
-  EXPECT_EQ(WgmmaDkDvKernel(kLlamaS).grid[0], 16u * 4 * 1024 / 128);
+  EXPECT_EQ(WgmmaDqKernel(kLlamaM).grid[0], 132u);
+  EXPECT_EQ(WgmmaDkDvKernel(kLlamaS).grid[0], 132u);
+  EXPECT_EQ(WgmmaDqKernel(few).grid[0], 4u * 256 / 128);
+  EXPECT_EQ(WgmmaDkDvKernel(few).grid[0], 2u * 256 / 128);
   EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).grid[0], 4u * 8 * 2048 / 128);
   // dk/dv at D 128: k and v of 128 keys, two stages of q and dO of 64 queries with their LSE
   // and Delta, the barriers and the alignment slack.
@@ -654,8 +656,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Eight key tiles: every stage of the pipeline reused, every barrier phase flipped.
         KernelCase{"b1_h4_kv1_t1024_d64", MakeShape(1, 4, 1, 1024, 64), Float::kF32},
         KernelCase{"b1_h2_kv1_t1024_d128", MakeShape(1, 2, 1, 1024, 128), Float::kBF16},
-        // The persistent forward on 3 and 5 blocks: 32 and 16 query blocks, each block's q tile
-        // reloaded up to 10 times, its k and v stages counted on across query blocks.
+        // The persistent kernels on 3 and 5 blocks: 32 and 16 query blocks (16 and 8 key blocks),
+        // each block's kept tiles reloaded up to 10 times, its stages counted on across tiles.
         KernelCase{"b1_h4_kv1_t1024_d64_3sm", MakeShape(1, 4, 1, 1024, 64), Float::kF32, Float::kF32, Float::kF32, 3},
         KernelCase{"b1_h2_kv1_t1024_d128_5sm", MakeShape(1, 2, 1, 1024, 128), Float::kBF16, Float::kF32,
                    Float::kF32, 5}),
