@@ -48,7 +48,8 @@
 // its issue, so one tile is always in flight while the consumers compute another.
 //
 // Causal: a block walks only the key tiles at or before its last query; the diagonal tile is
-// masked element by element. Blocks are ordered heaviest first, as in the mma.sync kernels.
+// masked element by element. Tiles (a block's 128 queries) are numbered heaviest first, as
+// the mma.sync kernels' blocks are, and a persistent block takes them in ZigzagTile's order.
 // T must be a multiple of 128 (the block's queries and the key tile); codegen falls back to
 // the mma.sync kernel otherwise (FlashAttentionWgmmaUnsupportedReason).
 //
