@@ -133,10 +133,11 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
     return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash delta kernel takes head dim 64 or 128, not ", d));
   }
   const FlashAttentionLaunch launch = FlashAttentionBackwardDeltaLaunch(rows, d);
-  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * O) over ", rows, " rows of ", d), "",
+  // O is f32, or bf16 where the forward stores it so (attention {out_dtype=bf16}).
+  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * bf16(O)) over ", rows, " rows of ", d), "",
             {Param(o.dtype, "o"), Param(dout.dtype, "dout")},
-            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", float, ", rows, "LL, ", d,
-                         ">(out, dout, o)")};
+            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", ", CudaTypeName(o.dtype), ", ",
+                         rows, "LL, ", d, ">(out, dout, o)")};
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 

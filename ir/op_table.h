@@ -253,7 +253,10 @@
 //                            LSE = logsumexp of each masked, scaled row of S (the backward's)
 //                          (select-flash-attention makes it from the decomposed pattern;
 //                          kernels/flash_attention.cuh never stores S or P)
-//   attention_delta(o, do) f32 [B,H,T]: rowsum(bf16(do) * o), o and do [B,H,T,D]
+//   attention_delta(o, do) f32 [B,H,T]: Delta_i = sum_d bf16(do_id) bf16(o_id), o f32 or
+//                          bf16 and do float [B,H,T,D]; both rounded to bf16 as FlashAttention
+//                          and cuDNN compute it from their bf16 O, so an f32 O and the same O
+//                          stored bf16 (attention {out_dtype=bf16}) give the same Delta
 //   attention_grad(q, k, v, do, lse, delta)  {scale}  with do bf16 [B,H,T,D]; results (dq, dk, dv):
 //                            P = exp(S - lse) (f32); dS = P (do vᵀ - delta) scale
 //                            dq = bf16(dS) k; dk = bf16(dS)ᵀ q, dv = bf16(P)ᵀ do (summed over the

@@ -558,8 +558,10 @@ absl::StatusOr<std::vector<TensorType>> InferAttentionFamily(Opcode op, absl::Sp
                                      TensorType{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}}};
     case Opcode::kAttentionDelta: {
       const TensorType& o = xs[0];
-      if (o.dtype != DType::kF32 || o.rank() != 4) {
-        return Invalid(absl::StrCat("attention_delta o ", o.ToString(), " must be f32 [B,H,T,D]"));
+      // O as attention writes it: f32, or bf16 with {out_dtype=bf16} (Delta rounds it to bf16
+      // either way, so both give the same Delta).
+      if ((o.dtype != DType::kF32 && o.dtype != DType::kBF16) || o.rank() != 4) {
+        return Invalid(absl::StrCat("attention_delta o ", o.ToString(), " must be f32 or bf16 [B,H,T,D]"));
       }
       if (!IsFloat(xs[1].dtype) || xs[1].dims != o.dims) {
         return Invalid(absl::StrCat("attention_delta do ", xs[1].ToString(), " must be a float tensor of o's shape ",

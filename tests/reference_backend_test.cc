@@ -702,6 +702,23 @@ TEST(ReferenceBackend, CrossEntropyGradOutDtypeIsTheConvertOfTheF32Gradient) {
   EXPECT_FALSE(g.b.Op(Opcode::kCrossEntropyGrad, operands, AttrMap{{"out_dtype", Symbol{"i32"}}}).ok());
 }
 
+// attention_delta rounds O to bf16 as it rounds dO (ir/op_table.h): Delta = sum bf16(dO) bf16(O),
+// the same from an f32 O and from that O stored bf16. By hand: O = [1 + 2^-10, 0.5] (bf16:
+// [1, 0.5]), dO = [1, 2]: Delta = 1 + 1 = 2, not 2 + 2^-10.
+TEST(ReferenceBackend, AttentionDeltaRoundsOToBf16) {
+  const DType bf16 = DType::kBF16;
+  Fn f;
+  Node* o = f.Param("o", {kF32, {1, 1, 1, 2}});
+  Node* dout = f.Param("dout", {kF32, {1, 1, 1, 2}});
+  Node* from_f32 = Fn::Ok(f.b.Op(Opcode::kAttentionDelta, {o, dout}));
+  Node* from_bf16 = Fn::Ok(f.b.Op(Opcode::kAttentionDelta, {Fn::Ok(f.b.Convert(o, bf16)), dout}));
+  absl::StatusOr<std::vector<HostTensor>> r =
+      f.Eval({from_f32, from_bf16}, {F32({1, 1, 1, 2}, {1 + std::ldexp(1.0, -10), 0.5}), F32({1, 1, 1, 2}, {1, 2})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(2.0));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(2.0));
+}
+
 // bf16 logits (the LM head's output under autocast): the loss and lse are those of the same
 // values held in f32, and the bf16 gradient is the f32 gradient of those values rounded once
 // (convert() of it, bit for bit), as the kernels compute in f32 and round on store; with

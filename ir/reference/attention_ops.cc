@@ -7,7 +7,9 @@
 //           m_i = ceil(max_j S_ij log2 e): P rounded to bf16 before its normalization
 //           (any whole m_i gives the same O, since bf16 rounding commutes with powers of 2;
 //           this one is the kernels' and keeps every term in (0, 1])
-//   Delta_i = sum_d bf16(dO_id) O_id
+//   Delta_i = sum_d bf16(dO_id) bf16(O_id): O rounded to bf16 too, as FlashAttention and
+//           cuDNN compute it from their bf16 O, so it is the same for an f32 O and for that O
+//           stored bf16 ({out_dtype=bf16}; narrow-activations-bf16 relies on it)
 //   dS_ij = P_ij (dO_i . v_j - Delta_i) scale, P_ij = exp(S_ij - lse_i) with the given lse
 //   dq_i = sum_j bf16(dS_ij) k_j;  dk_j = sum_i bf16(dS_ij) q_i;  dv_j = sum_i bf16(P_ij) dO_i
 // with dk and dv summed over the query heads that share kv head j's head.
@@ -103,7 +105,7 @@ absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, con
   ctx.pool.ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       double sum = 0;
-      for (int64_t x = 0; x < d; ++x) sum += Bf16(xs[1]->values()[r * d + x]) * xs[0]->values()[r * d + x];
+      for (int64_t x = 0; x < d; ++x) sum += Bf16(xs[1]->values()[r * d + x]) * Bf16(xs[0]->values()[r * d + x]);
       out.mutable_values()[r] = sum;
     }
   });
