@@ -9,22 +9,28 @@
 //                 without wgmma), so the two backwards compare in one run
 // on the shapes of DESIGN.md's attention bar (causal, GQA):
 //   S  B16 H12 KV4 T1024 D64     M  B4 H16 KV8 T2048 D128     L  B2 H16 KV8 T4096 D128
+// The attention op is {out_dtype=bf16}, so both forwards store O bf16 and attention_delta
+// reads it as bf16: what a training step runs since narrow-activations-bf16 narrows its O
+// (read only by the o projection, as bf16, and by attention_delta), and what cuDNN and
+// PyTorch's SDPA produce, so the comparison with bench/attention_torch.py is like for like.
 // Each row: median, min and max ms over the timed launches (CUDA events around each launch,
 // after warm-up), TFLOP/s of the median (causal forward 4·B·H·T²·D / 2, fwd+bwd 3.5 times
-// that), and the max |error| of O: against a double-precision evaluation of the attention
-// op's definition (ir/op_table.h) on sampled query rows, and against the other forward on
-// every element; for the backwards, the largest |dq, dk, dv (wgmma) - (mma.sync)| over the
-// largest |gradient| (the same products and roundings, in another fp32 accumulation order,
-// so about 1e-6). One JSON object a line on stdout (bench/run_attention_h200.sh merges them
+// that), and the max |error| of the bf16 O: against a double-precision evaluation of the
+// attention op's definition (ir/op_table.h, the f32 O before its bf16 rounding) on sampled
+// query rows, and against the other forward on every element; for the backwards, the
+// largest |dq, dk, dv (wgmma) - (mma.sync)| over the largest |gradient| (the same products
+// and roundings, in another fp32 accumulation order, so about 1e-6). One JSON object a line on stdout (bench/run_attention_h200.sh merges them
 // with bench/attention_torch.py's), a readable table on stderr.
 //
-//   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64] [--max-error 2e-3]
+//   attention_bench [--shapes S,M,L] [--iters 20] [--warmup 3] [--rows 64] [--max-error 5e-3]
 //
 // Self-checking: it exits 1 when a forward's O is further than --max-error from the reference
 // on a sampled row, or the two forwards differ by more than that anywhere (or give NaN). The
 // bound is loose on purpose: correct kernels differ from the reference by fp32 accumulation
-// order and the odd bf16 P̃ at a rounding boundary (about 1e-4 at these shapes on the H200),
-// a wrong tile, mask or swizzle by O's own magnitude (0.1-1).
+// order and the odd bf16 P̃ at a rounding boundary (about 1e-4 at these shapes on the H200
+// with an f32 O), plus O's own bf16 rounding, half a bf16 ulp (at most 2^-9 for |O| < 1;
+// two forwards rounding f32 values a hair apart may land a whole ulp, 2^-8, apart); a wrong
+// tile, mask or swizzle by O's own magnitude (0.1-1).
 //
 // Linked like the GPU tests (Abseil and protobuf statically, the CUDA runtime statically,
 // never libcuda); it needs an sm_90a GPU to do anything but say why it cannot run.
@@ -107,7 +113,9 @@ absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target) {
   absl::StatusOr<Node*> dout = a.Parameter("dout", {bf16, {s.b, s.h, s.t, s.d}});
   if (!q.ok() || !k.ok() || !v.ok() || !dout.ok()) return absl::InternalError("attention_bench: parameters");
   const AttrMap scale{{"scale", s.scale()}};
-  absl::StatusOr<std::vector<Node*>> fwd = a.MultiResultOp(Opcode::kAttention, {*q, *k, *v}, scale, {"o", "lse"});
+  // O stored bf16, as a training step's attention stores it (narrow-activations-bf16).
+  absl::StatusOr<std::vector<Node*>> fwd = a.MultiResultOp(
+      Opcode::kAttention, {*q, *k, *v}, {{"scale", s.scale()}, {"out_dtype", Symbol{"bf16"}}}, {"o", "lse"});
   if (!fwd.ok()) return fwd.status();
   absl::StatusOr<Node*> delta = a.Op(Opcode::kAttentionDelta, {(*fwd)[0], *dout});
   if (!delta.ok()) return delta.status();
@@ -187,7 +195,7 @@ absl::StatusOr<bench::Timing> Time(const std::vector<std::pair<const Loaded*, st
 }
 
 struct Options : bench::RunOptions {
-  Options() : bench::RunOptions{.iters = 20, .warmup = 3, .rows = 64, .max_error = 2e-3} {}
+  Options() : bench::RunOptions{.iters = 20, .warmup = 3, .rows = 64, .max_error = 5e-3} {}
   std::vector<std::string> shapes = {"S", "M", "L"};
 };
 
@@ -233,7 +241,7 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   const int64_t qb = s.q_elements() * 2, kvb = s.kv_elements() * 2;
   absl::StatusOr<void*> dq_in = upload(&q.bits, qb), dk_in = upload(&k.bits, kvb), dv_in = upload(&v.bits, kvb),
                         ddo = upload(&dout.bits, qb);
-  absl::StatusOr<void*> o_w = upload(nullptr, s.q_elements() * 4), o_m = upload(nullptr, s.q_elements() * 4),
+  absl::StatusOr<void*> o_w = upload(nullptr, s.q_elements() * 2), o_m = upload(nullptr, s.q_elements() * 2),
                         lse = upload(nullptr, s.rows() * 4), lse_m = upload(nullptr, s.rows() * 4),
                         dlt = upload(nullptr, s.rows() * 4), gq = upload(nullptr, s.q_elements() * 4),
                         gk = upload(nullptr, s.kv_elements() * 4), gv = upload(nullptr, s.kv_elements() * 4),
@@ -282,9 +290,14 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   }
   const double grad_rel = grad_max > 0 ? grad_diff / grad_max : INFINITY;
 
+  std::vector<uint16_t> ow_bits(s.q_elements()), om_bits(s.q_elements());
+  cudaMemcpy(ow_bits.data(), *o_w, ow_bits.size() * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(om_bits.data(), *o_m, om_bits.size() * 2, cudaMemcpyDeviceToHost);
   std::vector<float> ow(s.q_elements()), om(s.q_elements());
-  cudaMemcpy(ow.data(), *o_w, ow.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(om.data(), *o_m, om.size() * 4, cudaMemcpyDeviceToHost);
+  for (int64_t i = 0; i < s.q_elements(); ++i) {
+    ow[i] = BF16BitsToFloat(ow_bits[i]);
+    om[i] = BF16BitsToFloat(om_bits[i]);
+  }
   double w_vs_m = 0;
   for (size_t i = 0; i < ow.size(); ++i) {
     const double e = std::abs(static_cast<double>(ow[i]) - om[i]);

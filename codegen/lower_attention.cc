@@ -72,7 +72,8 @@ bool UsesWgmma(const AttentionCall& a, const Target& target) {
 }  // namespace
 
 // attention -> (O, LSE): the forward kernel, storing the LSE it computes anyway (null when
-// no backward reads it).
+// no backward reads it), and O as the node's first result type: f32, or bf16 with
+// {out_dtype=bf16} (both forwards round their f32 O once on store, the op's definition).
 absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
   const bool wgmma = UsesWgmma(a, options.target);
@@ -84,10 +85,12 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOption
                                  : "causal flash attention on mma.sync",
                            " and its LSE, ", launch.block_m, " queries per block of ", launch.block_threads,
                            " threads, key tiles of ", launch.block_n);
-  w.outputs = {"float* out", "float* lse"};
+  const char* out_type = CudaTypeName(node.result_type(0).dtype);
+  w.outputs = {absl::StrCat(out_type, "* out"), "float* lse"};
   w.params = {Param(DType::kBF16, "q"), Param(DType::kBF16, "k"), Param(DType::kBF16, "v")};
-  w.call = absl::StrCat(wgmma ? "FlashAttentionWgmmaForward" : "FlashAttentionForward", "<float, ", a.b, ", ", a.h,
-                        ", ", a.hkv, ", ", a.t, ", ", a.d, ">(out, lse, q, k, v, ", FloatLiteral(a.scale), ")");
+  w.call = absl::StrCat(wgmma ? "FlashAttentionWgmmaForward" : "FlashAttentionForward", "<", out_type, ", ", a.b,
+                        ", ", a.h, ", ", a.hkv, ", ", a.t, ", ", a.d, ">(out, lse, q, k, v, ", FloatLiteral(a.scale),
+                        ")");
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 
@@ -133,10 +136,11 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
     return absl::UnimplementedError(absl::StrCat(Where(node), ": the flash delta kernel takes head dim 64 or 128, not ", d));
   }
   const FlashAttentionLaunch launch = FlashAttentionBackwardDeltaLaunch(rows, d);
-  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * O) over ", rows, " rows of ", d), "",
+  // O is f32, or bf16 where the forward stores it so (attention {out_dtype=bf16}).
+  Wrapper w{"flash_attention", absl::StrCat("rowsum(bf16(dO) * bf16(O)) over ", rows, " rows of ", d), "",
             {Param(o.dtype, "o"), Param(dout.dtype, "dout")},
-            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", float, ", rows, "LL, ", d,
-                         ">(out, dout, o)")};
+            absl::StrCat("FlashAttentionBackwardDelta<", CudaTypeName(dout.dtype), ", ", CudaTypeName(o.dtype), ", ",
+                         rows, "LL, ", d, ">(out, dout, o)")};
   return Kernels({EmitFlash(node, codegen::KernelName(node), w, launch)});
 }
 

@@ -72,6 +72,11 @@ class Node {
   void ReplaceAllUsesWith(Node* value);
   // For passes that retype a value in place (e.g. narrowing); the verifier re-checks.
   void set_type(TensorType t) { types_ = {std::move(t)}; }
+  // The same for result `i` of a multi-result node (its get_result node is retyped apart).
+  void set_result_type(int i, TensorType t) {
+    KILN_CHECK(i >= 0 && i < static_cast<int>(types_.size()));
+    types_[i] = std::move(t);
+  }
 
   // A fusion node's body; null for every other node.
   const Function* body() const { return body_.get(); }

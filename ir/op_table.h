@@ -237,9 +237,14 @@
 //                          after autodiff; not differentiable.
 //   get_result(x)          {index}  result `index` of the multi-result node x; always placed
 //                          right after x, every result of x present once (the verifier checks)
-//   attention(q, k, v)     {scale}  causal softmax attention under the bf16 policy; q bf16
-//                          [B,H,T,D], k and v bf16 [B,Hkv,T,D], H a multiple of Hkv (query head
-//                          h reads kv head h / (H/Hkv)); f32 [B,H,T,D]:
+//   attention(q, k, v)     {scale, [out_dtype]}  causal softmax attention under the bf16
+//                          policy; q bf16 [B,H,T,D], k and v bf16 [B,Hkv,T,D], H a multiple of
+//                          Hkv (query head h reads kv head h / (H/Hkv)); O f32 [B,H,T,D], or
+//                          with {out_dtype=bf16} (bf16 only) that f32 O rounded once to bf16,
+//                          so convert(O) bit for bit (narrow-activations-bf16 sets it where
+//                          every use rounds O to bf16: the o projection's operand and
+//                          attention_delta, which rounds it itself; cuDNN and FlashAttention
+//                          store bf16 O too). LSE f32 either way:
 //                            S = (q kᵀ) scale, key > query masked; P rounded to bf16 before
 //                            its normalization (so one pass over the keys computes it):
 //                            m_i = ceil(max_j S_ij log2 e), P̃_ij = bf16(2^(S_ij log2 e - m_i)),
@@ -253,7 +258,10 @@
 //                            LSE = logsumexp of each masked, scaled row of S (the backward's)
 //                          (select-flash-attention makes it from the decomposed pattern;
 //                          kernels/flash_attention.cuh never stores S or P)
-//   attention_delta(o, do) f32 [B,H,T]: rowsum(bf16(do) * o), o and do [B,H,T,D]
+//   attention_delta(o, do) f32 [B,H,T]: Delta_i = sum_d bf16(do_id) bf16(o_id), o f32 or
+//                          bf16 and do float [B,H,T,D]; both rounded to bf16 as FlashAttention
+//                          and cuDNN compute it from their bf16 O, so an f32 O and the same O
+//                          stored bf16 (attention {out_dtype=bf16}) give the same Delta
 //   attention_grad(q, k, v, do, lse, delta)  {scale}  with do bf16 [B,H,T,D]; results (dq, dk, dv):
 //                            P = exp(S - lse) (f32); dS = P (do vᵀ - delta) scale
 //                            dq = bf16(dS) k; dk = bf16(dS)ᵀ q, dv = bf16(P)ᵀ do (summed over the
@@ -368,7 +376,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kRopeTable, "rope_table", 1, kComposite, kInferred, 1, "theta,head_dim,inverse")                                     \
   X(kAdamWUpdate, "adamw_update", kVariadic, kComposite, kInferred, kVariableResults, "beta1,beta2,eps")                \
   X(kSumOfSquares, "sum_of_squares", kVariadic, kComposite, kInferred, 1, "")                                            \
-  X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale")                                                        \
+  X(kAttention, "attention", 3, kComposite, kInferred, 2, "scale,out_dtype")                                              \
   X(kAttentionDelta, "attention_delta", 2, kComposite, kInferred, 1, "")                                                  \
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
   X(kKvCacheWrite, "kv_cache_write", 3, kIndexing, kInferred, 1, "layer")                                                 \

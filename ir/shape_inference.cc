@@ -552,14 +552,27 @@ absl::StatusOr<std::vector<TensorType>> InferAttentionFamily(Opcode op, absl::Sp
     if (!(scale > 0) || !std::isfinite(scale)) return Invalid("attention scale must be finite and > 0");
   }
   switch (op) {
-    case Opcode::kAttention:
+    case Opcode::kAttention: {
       RETURN_IF_ERROR(CheckAttentionQkv(xs, 3));
-      return std::vector<TensorType>{TensorType{DType::kF32, xs[0].dims},
+      // O is f32, or stored bf16 (the f32 O rounded once): the kernels take those two, and
+      // bf16 is what every reader of a narrowed O wants (ir/op_table.h).
+      DType out = DType::kF32;
+      if (attrs.Has("out_dtype")) {
+        ASSIGN_OR_RETURN(out, attrs.GetDType("out_dtype"));
+        if (out != DType::kBF16) {
+          return Invalid(absl::StrCat("attention out_dtype ", DTypeName(out),
+                                      " is not supported: only bf16 (f32, the default, is written without it)"));
+        }
+      }
+      return std::vector<TensorType>{TensorType{out, xs[0].dims},
                                      TensorType{DType::kF32, {xs[0].dims[0], xs[0].dims[1], xs[0].dims[2]}}};
+    }
     case Opcode::kAttentionDelta: {
       const TensorType& o = xs[0];
-      if (o.dtype != DType::kF32 || o.rank() != 4) {
-        return Invalid(absl::StrCat("attention_delta o ", o.ToString(), " must be f32 [B,H,T,D]"));
+      // O as attention writes it: f32, or bf16 with {out_dtype=bf16} (Delta rounds it to bf16
+      // either way, so both give the same Delta).
+      if ((o.dtype != DType::kF32 && o.dtype != DType::kBF16) || o.rank() != 4) {
+        return Invalid(absl::StrCat("attention_delta o ", o.ToString(), " must be f32 or bf16 [B,H,T,D]"));
       }
       if (!IsFloat(xs[1].dtype) || xs[1].dims != o.dims) {
         return Invalid(absl::StrCat("attention_delta do ", xs[1].ToString(), " must be a float tensor of o's shape ",

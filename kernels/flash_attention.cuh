@@ -12,7 +12,7 @@
 //
 // and, given dO (the cotangent of O), with dO_b = bf16(dO) as kiln's autocast VJP rounds it:
 //
-//   Delta = rowsum(dO_b * O)                       (FlashAttentionBackwardDelta)
+//   Delta = rowsum(dO_b * bf16(O))                 (FlashAttentionBackwardDelta)
 //   dP    = dO_b · vᵀ
 //   dS    = P * (dP - Delta) * scale               P recomputed in fp32 from q, k and LSE
 //   dq    = bf16(dS) · k
@@ -35,9 +35,13 @@
 // (relative 2^-9 per term) and from it only: select-flash-attention's proof allows for it.
 // The backward recomputes the normalized P = exp(S - LSE) from the stored LSE, in fp32, as
 // the IR's softmax gradient does.
-// A second departure, in the backward: Delta here is rowsum(dO_b * O), where O was computed
-// with bf16(P); the IR's softmax gradient sums dP * P with P in fp32. The two differ by
-// sum_j dP_ij (bf16(P_ij) - P_ij), bf16 rounding noise of P (relative 2^-9 per term).
+// A second departure, in the backward: Delta here is rowsum(dO_b * bf16(O)), where O was
+// computed with bf16(P) and is rounded to bf16 (as FlashAttention and cuDNN compute Delta from
+// their bf16 O; the attention_delta op's definition, so an fp32 O and the bf16 O that
+// attention {out_dtype=bf16} stores give the same Delta); the IR's softmax gradient sums
+// dP * P with P in fp32. The two differ by sum_j dP_ij (bf16(P_ij) - P_ij), bf16 rounding
+// noise of P (relative 2^-9 per term), and by rowsum(dO_b * (bf16(O) - O)), bf16 rounding
+// noise of O (relative 2^-9 per term).
 //
 // dO may be fp32 or bf16: fp32 is rounded to bf16 as it is loaded (synchronously); bf16,
 // which kiln's VJP already produces (convert(dO, bf16) before the products), streams in
@@ -612,8 +616,9 @@ __device__ __forceinline__ void FlashAttentionForward(TO* __restrict__ o, float*
   if (o != nullptr) fa::StoreAccumulator<kD>(o + (row_base + warp_row0) * kD, acc_o);
 }
 
-// delta = rowsum(bf16(dout) * o), fp32 [kRows]: the backward's per-row constant.
-// Launch: FlashAttentionBackwardDeltaConfig.
+// delta = rowsum(bf16(dout) * bf16(o)), fp32 [kRows]: the backward's per-row constant, from
+// O as a bf16 store of it holds it (the attention_delta op's definition), so an fp32 O and
+// the forward's bf16 O give the same Delta. Launch: FlashAttentionBackwardDeltaConfig.
 template <typename TDO, typename TO, long long kRows, int kHeadDim>
 __device__ __forceinline__ void FlashAttentionBackwardDelta(float* __restrict__ delta, const TDO* __restrict__ dout,
                                                             const TO* __restrict__ o) {
@@ -627,7 +632,12 @@ __device__ __forceinline__ void FlashAttentionBackwardDelta(float* __restrict__ 
     LoadFloats(dout + row * kHeadDim + col, dos);
     LoadFloats(o + row * kHeadDim + col, os);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dot += flash_attention::RoundThroughBf16(dos[j]) * os[j];
+    for (int j = 0; j < 8; ++j) {
+      // A bf16 O is already rounded: no conversion round trip for it.
+      float ob = os[j];
+      if constexpr (!flash_attention::IsSame<TO, __nv_bfloat16>::kValue) ob = flash_attention::RoundThroughBf16(ob);
+      dot += flash_attention::RoundThroughBf16(dos[j]) * ob;
+    }
   }
   // Groups of kThreadsPerRow aligned lanes: xor masks below kThreadsPerRow stay in a group.
 #pragma unroll

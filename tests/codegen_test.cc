@@ -192,6 +192,51 @@ TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
   }
 }
 
+// attention {out_dtype=bf16} (what narrow-activations-bf16 makes of a training step's
+// attention) instantiates both forwards with a bf16 O, and attention_delta reads that O as
+// bf16 (its TO); all of them compile with NVRTC.
+TEST(Codegen, AttentionWithABf16OutputStoresBf16AndDeltaReadsIt) {
+  auto lower = [](int64_t t, const Target& target) -> std::vector<KernelSpec> {
+    Module m;
+    Builder a(m.AddFunction("f"));
+    const DType bf16 = DType::kBF16;
+    Node* q = *a.Parameter("q", {bf16, {1, 4, t, 64}});
+    Node* k = *a.Parameter("k", {bf16, {1, 2, t, 64}});
+    Node* v = *a.Parameter("v", {bf16, {1, 2, t, 64}});
+    Node* dout = *a.Parameter("dout", {bf16, {1, 4, t, 64}});
+    absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(
+        Opcode::kAttention, {q, k, v}, {{"scale", 0.125}, {"out_dtype", Symbol{"bf16"}}}, {"o", "lse"});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    EXPECT_TRUE(a.Op(Opcode::kAttentionDelta, {(*r)[0], dout}).ok());
+    std::vector<KernelSpec> kernels;
+    for (const auto& n : m.functions()[0]->nodes()) {
+      if (n->opcode() != Opcode::kAttention && n->opcode() != Opcode::kAttentionDelta) continue;
+      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
+      EXPECT_TRUE(lowered.ok()) << lowered.status();
+      if (!lowered.ok() || lowered->kernels.size() != 1) return {};
+      kernels.push_back(lowered->kernels[0]);
+    }
+    return kernels;
+  };
+  const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
+  const std::vector<KernelSpec> wgmma = lower(256, hopper);
+  ASSERT_EQ(wgmma.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(wgmma[0].source, "FlashAttentionWgmmaForward<__nv_bfloat16, 1, 4, 2, 256, 64>"))
+      << wgmma[0].source;
+  EXPECT_TRUE(absl::StrContains(wgmma[0].source, "__nv_bfloat16* out")) << wgmma[0].source;
+  const std::vector<KernelSpec> mma_sync = lower(192, hopper);
+  ASSERT_EQ(mma_sync.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(mma_sync[0].source, "FlashAttentionForward<__nv_bfloat16, 1, 4, 2, 192, 64>"))
+      << mma_sync[0].source;
+  for (const std::vector<KernelSpec>& kernels : {wgmma, mma_sync, lower(256, ampere)}) {
+    ASSERT_EQ(kernels.size(), 2u);
+    EXPECT_TRUE(absl::StrContains(kernels[1].source, "FlashAttentionBackwardDelta<__nv_bfloat16, __nv_bfloat16, "))
+        << kernels[1].source;
+    for (const KernelSpec& k : kernels) ExpectCompiles(k);
+  }
+}
+
 // attention_grad's dq and dk/dv kernels: wgmma on sm_90a when T is a multiple of 128 (the
 // forward's rule, so the two read and write the same LSE), mma.sync elsewhere; every one
 // compiles with NVRTC.

@@ -540,6 +540,28 @@ std::vector<OpCase> OpCases() {
                      return b.Return(outs);
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  // The same with O stored bf16 ({out_dtype=bf16}, as narrow-activations-bf16 makes a training
+  // step's attention) at D 64: the forward's bf16 store, and the delta kernel reading a bf16 O.
+  cases.push_back({"attention_family_bf16_o", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
+                     const DType bf16 = DType::kBF16;
+                     std::vector<Node*> p = Params(b, {{bf16, {1, 4, 128, 64}}, {bf16, {1, 2, 128, 64}},
+                                                       {bf16, {1, 2, 128, 64}}, {bf16, {1, 4, 128, 64}}});
+                     const AttrMap scale{{"scale", 0.125}};
+                     absl::StatusOr<std::vector<Node*>> attention = b.MultiResultOp(
+                         Opcode::kAttention, {p[0], p[1], p[2]}, {{"scale", 0.125}, {"out_dtype", Symbol{"bf16"}}});
+                     if (!attention.ok()) return attention.status();
+                     Node* o = (*attention)[0];
+                     Node* lse = (*attention)[1];
+                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {o, p[3]});
+                     if (!delta.ok()) return delta.status();
+                     absl::StatusOr<std::vector<Node*>> grads =
+                         b.MultiResultOp(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], lse, *delta}, scale);
+                     if (!grads.ok()) return grads.status();
+                     std::vector<Node*> outs = {o, lse, *delta};
+                     outs.insert(outs.end(), grads->begin(), grads->end());
+                     return b.Return(outs);
+                   },
+                   {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   // The paged-KV ops at a decode shape: 4 sequences write their new K and V rows into a bf16
   // pool of 2 layers x 8 blocks x 2 kv heads x 16 x 64 (one row is padding, slot -1), then
   // attend over positions up to 40 through block tables (the padding row at -1).

@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "ir/builder.h"
 #include "ir/verifier.h"
 
@@ -68,6 +69,40 @@ TEST(Builder, AdamWUpdateErrorsNameTheOperand) {
   ASSERT_FALSE(single.ok());
   EXPECT_THAT(single.status().message(), ::testing::HasSubstr("has 3 results here: build it with Builder::MultiResultOp"));
   EXPECT_THAT(error(in, attr("eps", -1.0)), ::testing::HasSubstr("eps=-1 must be finite and >= 0"));
+}
+
+// attention's out_dtype makes O bf16 (the LSE stays f32) and takes nothing else: the kernels
+// store f32 or bf16, and f32 is the default, written without it. attention_delta reads O in
+// either dtype.
+TEST(Builder, AttentionOutDtypeIsBf16Only) {
+  Module m("m");
+  Builder b(m.AddFunction("f"));
+  const DType bf16 = DType::kBF16;
+  Node* q = *b.Parameter("q", {bf16, {1, 4, 64, 64}});
+  Node* kv = *b.Parameter("kv", {bf16, {1, 2, 64, 64}});
+  Node* dout = *b.Parameter("dout", {bf16, {1, 4, 64, 64}});
+  auto attention = [&](const char* out_dtype) {
+    AttrMap attrs{{"scale", 0.125}};
+    if (out_dtype != nullptr) attrs.Set("out_dtype", Symbol{out_dtype});
+    return b.MultiResultOp(Opcode::kAttention, {q, kv, kv}, std::move(attrs));
+  };
+  absl::StatusOr<std::vector<Node*>> narrow = attention("bf16");
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ((*narrow)[0]->type().ToString(), "bf16[1,4,64,64]");
+  EXPECT_EQ((*narrow)[1]->type().ToString(), "f32[1,4,64]");
+  absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {(*narrow)[0], dout});
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_EQ((*delta)->type().ToString(), "f32[1,4,64]");
+  for (const char* bad : {"f16", "f32", "f8e4m3", "i32"}) {
+    absl::StatusOr<std::vector<Node*>> refused = attention(bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_THAT(refused.status().message(),
+                ::testing::HasSubstr(absl::StrCat("attention out_dtype ", bad, " is not supported: only bf16")));
+  }
+  Node* f16_o = *b.Parameter("f16_o", {DType::kF16, {1, 4, 64, 64}});
+  absl::StatusOr<Node*> f16_delta = b.Op(Opcode::kAttentionDelta, {f16_o, dout});
+  ASSERT_FALSE(f16_delta.ok());
+  EXPECT_THAT(f16_delta.status().message(), ::testing::HasSubstr("must be f32 or bf16 [B,H,T,D]"));
 }
 
 }  // namespace

@@ -9,12 +9,14 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "codegen/capabilities.h"
 #include "frontends/llama.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
 #include "passes/training_compile.h"
 #include "runtime/differential_check.h"
 #include "tests/testing/filecheck.h"
+#include "tests/testing/models.h"
 #include "tests/testing/pass_test.h"
 
 namespace kiln {
@@ -228,6 +230,70 @@ TEST(NarrowActivations, PagedAttentionWritesBf16) {
   EXPECT_EQ(kept.find("out_dtype"), std::string::npos) << kept;
 }
 
+// The flash attention of a training step: O feeds the o projection as bf16 (through the
+// transpose and reshape that join the heads) and attention_delta, which rounds O to bf16
+// itself, so attention stores O bf16 ({out_dtype=bf16}), the movers are retyped, the convert
+// goes and attention_delta reads the bf16 O. The LSE, attention's second result, stays f32.
+// The meaning check (RunPassOnText) compares every output bit for bit, Delta and the
+// gradients included.
+constexpr absl::string_view kAttentionParams = R"(
+  %q = parameter() {index=0} : bf16[1,2,16,8]
+  %k = parameter() {index=1} : bf16[1,1,16,8]
+  %v = parameter() {index=2} : bf16[1,1,16,8]
+  %dout = parameter() {index=3} : bf16[1,2,16,8]
+  %o, %o.lse = attention(%q, %k, %v) {scale=0.35} : (f32[1,2,16,8], f32[1,2,16])
+)";
+constexpr absl::string_view kAttentionBackward = R"(
+  %delta = attention_delta(%o, %dout) : f32[1,2,16]
+  %dq, %dk, %dv = attention_grad(%q, %k, %v, %dout, %o.lse, %delta) {scale=0.35} : (f32[1,2,16,8], f32[1,1,16,8], f32[1,1,16,8])
+)";
+
+TEST(NarrowActivations, AttentionWritesBf16) {
+  std::string out = Narrow(absl::StrCat(kAttentionParams, R"(
+  %t = transpose(%o) {perm=[0,2,1,3]} : f32[1,16,2,8]
+  %r = reshape(%t) : f32[1,16,16]
+  %rb = convert(%r) : bf16[1,16,16]
+)", kAttentionBackward, "  return %rb, %delta, %dq, %dk, %dv\n"));
+  EXPECT_CHECKS(out, R"(
+    CHECK:      %o, %o.lse = attention(%q, %k, %v) {out_dtype=bf16, scale=0.35} : (bf16[1,2,16,8], f32[1,2,16])
+    CHECK-NEXT: %t = transpose(%o) {perm=[0,2,1,3]} : bf16[1,16,2,8]
+    CHECK-NEXT: %r = reshape(%t) : bf16[1,16,16]
+    CHECK-NEXT: %delta = attention_delta(%o, %dout) : f32[1,2,16]
+    CHECK-NOT:  convert
+    CHECK:      return %r, %delta, %dq, %dk, %dv
+  )");
+  // attention_delta alone (an O no forward reader keeps) narrows too: Delta rounds O itself.
+  std::string delta_only = Narrow(absl::StrCat(kAttentionParams, kAttentionBackward, "  return %delta, %dq\n"));
+  EXPECT_CHECKS(delta_only, "CHECK: attention(%q, %k, %v) {out_dtype=bf16, scale=0.35} : (bf16[1,2,16,8], f32[1,2,16])");
+}
+
+// Left alone: an f32 reader of O (even past the movers), O a function output, a convert to
+// f16, and an attention that already has out_dtype.
+TEST(NarrowActivations, AttentionOnlyWhenEveryUseRoundsToBf16) {
+  for (const std::string& body : {
+           absl::StrCat(kAttentionParams, "  %ob = convert(%o) : bf16[1,2,16,8]\n  %n = neg(%o) : f32[1,2,16,8]\n",
+                        kAttentionBackward, "  return %ob, %n, %dq\n"),
+           absl::StrCat(kAttentionParams, "  %t = transpose(%o) {perm=[0,2,1,3]} : f32[1,16,2,8]\n",
+                        "  %tb = convert(%t) : bf16[1,16,2,8]\n  %n = neg(%t) : f32[1,16,2,8]\n",
+                        kAttentionBackward, "  return %tb, %n, %dq\n"),
+           absl::StrCat(kAttentionParams, kAttentionBackward, "  return %o, %dq\n"),
+           absl::StrCat(kAttentionParams, "  %oh = convert(%o) : f16[1,2,16,8]\n", kAttentionBackward,
+                        "  return %oh, %dq\n"),
+       }) {
+    std::string out = Narrow(body, /*expect_change=*/false);
+    EXPECT_EQ(out.find("out_dtype"), std::string::npos) << body << out;
+    EXPECT_NE(out.find("(f32[1,2,16,8], f32[1,2,16])"), std::string::npos) << body << out;
+  }
+  Narrow(R"(
+  %q = parameter() {index=0} : bf16[1,2,16,8]
+  %k = parameter() {index=1} : bf16[1,1,16,8]
+  %o, %o.lse = attention(%q, %k, %k) {out_dtype=bf16, scale=0.35} : (bf16[1,2,16,8], f32[1,2,16])
+  %of = convert(%o) : f32[1,2,16,8]
+  %ob = convert(%of) : bf16[1,2,16,8]
+  return %ob
+)", /*expect_change=*/false);
+}
+
 // The rule that makes the pass exact (ir/op_table.h): a bf16 gemm result is the f32
 // accumulator rounded to bf16, not the exact sum rounded once. A = [1, 2^-8, 2^-33],
 // B = [1, 1, 1]: the sum 1 + 2^-8 + 2^-33 is just above the halfway point between bf16's 1
@@ -318,6 +384,65 @@ TEST(NarrowActivations, LlamaTinyTrainingStep) {
   absl::StatusOr<bool> changed = again.Run(*after);
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_FALSE(*changed);
+  absl::Status same = CheckMeaningPreserved(*before, *after);
+  EXPECT_TRUE(same.ok()) << same;
+}
+
+// llama's training step with flash attention (head dim 64, 64 tokens: shapes the kernels
+// take), as `kiln train` compiles it but for fuse-loops, with and without the pass: every layer's attention
+// stores O bf16, read by the o projection's movers and by attention_delta and by no convert,
+// and the step computes the same values, bit for bit.
+TEST(NarrowActivations, FlashLlamaTrainingStepStoresAttentionOutputBf16) {
+  const ModelConfig c = testing::FlashTinyConfig();
+  auto compile = [&](bool narrow) {
+    std::unique_ptr<Module> m =
+        *BuildLlamaModule(c, {.batch = 1, .seq_len = c.seq_len, .precision = Precision::kBf16});
+    CompileOptions options;
+    options.capabilities = &CodegenCapabilities();
+    // Without fuse-loops, whose fusions would hide O's movers (and converts) in their bodies.
+    options.disabled_passes = {"fuse-loops"};
+    if (!narrow) options.disabled_passes.push_back(std::string(NarrowActivationsPass::kName));
+    absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
+    EXPECT_TRUE(tc.ok()) << tc.status();
+    absl::Status run = tc->Run(*m);
+    EXPECT_TRUE(run.ok()) << run;
+    return m;
+  };
+  std::unique_ptr<Module> before = compile(false);
+  std::unique_ptr<Module> after = compile(true);
+  auto attentions = [](const Module& m) {
+    std::vector<const Node*> out;
+    for (const auto& n : m.FindFunction("train_step")->nodes()) {
+      if (n->opcode() == Opcode::kAttention) out.push_back(n.get());
+    }
+    return out;
+  };
+  ASSERT_EQ(attentions(*before).size(), static_cast<size_t>(c.n_layers));
+  for (const Node* a : attentions(*before)) EXPECT_EQ(a->result_type(0).dtype, DType::kF32);
+  ASSERT_EQ(attentions(*after).size(), static_cast<size_t>(c.n_layers));
+  for (const Node* a : attentions(*after)) {
+    EXPECT_EQ(a->result_type(0).dtype, DType::kBF16) << a->name();
+    EXPECT_EQ(a->result_type(1).dtype, DType::kF32) << a->name();
+    EXPECT_TRUE(a->attrs().Has("out_dtype")) << a->name();
+    // O's readers: the movers on the way to the o projection, each bf16 and read by no
+    // convert, and attention_delta.
+    int deltas = 0;
+    std::vector<const Node*> pending = {a->result(0)};
+    while (!pending.empty()) {
+      const Node* v = pending.back();
+      pending.pop_back();
+      for (const Node* u : v->users()) {
+        EXPECT_NE(u->opcode(), Opcode::kConvert) << "%" << u->name() << " converts O of %" << a->name();
+        if (u->opcode() == Opcode::kAttentionDelta) {
+          ++deltas;
+        } else if (u->opcode() == Opcode::kTranspose || u->opcode() == Opcode::kReshape) {
+          EXPECT_EQ(u->type().dtype, DType::kBF16) << u->name();
+          pending.push_back(u);
+        }
+      }
+    }
+    EXPECT_EQ(deltas, 1) << a->name();
+  }
   absl::Status same = CheckMeaningPreserved(*before, *after);
   EXPECT_TRUE(same.ok()) << same;
 }

@@ -702,6 +702,53 @@ TEST(ReferenceBackend, CrossEntropyGradOutDtypeIsTheConvertOfTheF32Gradient) {
   EXPECT_FALSE(g.b.Op(Opcode::kCrossEntropyGrad, operands, AttrMap{{"out_dtype", Symbol{"i32"}}}).ok());
 }
 
+// attention {out_dtype=bf16} is its f32 O rounded once: convert(attention) bit for bit, with
+// the same LSE, and under f32_as_f64 too (there the f32 O is kept in double, and so is what
+// the narrow O rounds from). narrow-activations-bf16 relies on it.
+TEST(ReferenceBackend, AttentionOutDtypeIsTheConvertOfTheF32Output) {
+  const DType bf16 = DType::kBF16;
+  const HostTensor q = HostTensor::Random({bf16, {1, 4, 64, 16}}, 31, -2, 2);
+  const HostTensor k = HostTensor::Random({bf16, {1, 2, 64, 16}}, 32, -2, 2);
+  const HostTensor v = HostTensor::Random({bf16, {1, 2, 64, 16}}, 33, -1, 1);
+  for (const ReferenceOptions& options : {ReferenceOptions{}, kDouble}) {
+    Fn f;
+    Node* pq = f.Param("q", q.type());
+    Node* pk = f.Param("k", k.type());
+    Node* pv = f.Param("v", v.type());
+    const std::vector<Node*> wide = Fn::Ok(f.b.MultiResultOp(Opcode::kAttention, {pq, pk, pv}, {{"scale", 0.25}}));
+    const std::vector<Node*> narrow = Fn::Ok(f.b.MultiResultOp(
+        Opcode::kAttention, {pq, pk, pv}, {{"scale", 0.25}, {"out_dtype", Symbol{"bf16"}}}, {"narrow", "narrow.lse"}));
+    ASSERT_EQ(narrow.size(), 2u);
+    EXPECT_EQ(narrow[0]->type(), (TensorType{bf16, {1, 4, 64, 16}}));
+    EXPECT_EQ(narrow[1]->type(), (TensorType{kF32, {1, 4, 64}}));
+    Node* converted = Fn::Ok(f.b.Convert(wide[0], bf16));
+    absl::StatusOr<std::vector<HostTensor>> r =
+        f.Eval({converted, narrow[0], wide[1], narrow[1], wide[0]}, {q, k, v}, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)[0].values(), (*r)[1].values()) << "f32_as_f64 " << options.f32_as_f64;
+    EXPECT_EQ((*r)[2].values(), (*r)[3].values());
+    // Not vacuous: O has values that bf16 cannot hold.
+    EXPECT_NE((*r)[4].values(), (*r)[1].values());
+  }
+}
+
+// attention_delta rounds O to bf16 as it rounds dO (ir/op_table.h): Delta = sum bf16(dO) bf16(O),
+// the same from an f32 O and from that O stored bf16. By hand: O = [1 + 2^-10, 0.5] (bf16:
+// [1, 0.5]), dO = [1, 2]: Delta = 1 + 1 = 2, not 2 + 2^-10.
+TEST(ReferenceBackend, AttentionDeltaRoundsOToBf16) {
+  const DType bf16 = DType::kBF16;
+  Fn f;
+  Node* o = f.Param("o", {kF32, {1, 1, 1, 2}});
+  Node* dout = f.Param("dout", {kF32, {1, 1, 1, 2}});
+  Node* from_f32 = Fn::Ok(f.b.Op(Opcode::kAttentionDelta, {o, dout}));
+  Node* from_bf16 = Fn::Ok(f.b.Op(Opcode::kAttentionDelta, {Fn::Ok(f.b.Convert(o, bf16)), dout}));
+  absl::StatusOr<std::vector<HostTensor>> r =
+      f.Eval({from_f32, from_bf16}, {F32({1, 1, 1, 2}, {1 + std::ldexp(1.0, -10), 0.5}), F32({1, 1, 1, 2}, {1, 2})});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(2.0));
+  EXPECT_THAT((*r)[1].values(), ElementsAre(2.0));
+}
+
 // bf16 logits (the LM head's output under autocast): the loss and lse are those of the same
 // values held in f32, and the bf16 gradient is the f32 gradient of those values rounded once
 // (convert() of it, bit for bit), as the kernels compute in f32 and round on store; with

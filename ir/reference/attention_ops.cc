@@ -3,11 +3,15 @@
 // row of scores is built, used and dropped; the [T, T] matrices are never held whole.
 //   S_ij  = (q_i . k_j) scale for key j <= query i (the rest masked out)
 //   LSE_i = log sum_j exp(S_ij)
+//   with {out_dtype=bf16}, O rounded to f32 and then once to bf16 (the evaluator's rounding),
+//           so that it is convert(O) of the f32 result bit for bit
 //   O_i   = sum_j bf16(2^(S_ij log2 e - m_i)) v_j / sum_j 2^(S_ij log2 e - m_i),
 //           m_i = ceil(max_j S_ij log2 e): P rounded to bf16 before its normalization
 //           (any whole m_i gives the same O, since bf16 rounding commutes with powers of 2;
 //           this one is the kernels' and keeps every term in (0, 1])
-//   Delta_i = sum_d bf16(dO_id) O_id
+//   Delta_i = sum_d bf16(dO_id) bf16(O_id): O rounded to bf16 too, as FlashAttention and
+//           cuDNN compute it from their bf16 O, so it is the same for an f32 O and for that O
+//           stored bf16 ({out_dtype=bf16}; narrow-activations-bf16 relies on it)
 //   dS_ij = P_ij (dO_i . v_j - Delta_i) scale, P_ij = exp(S_ij - lse_i) with the given lse
 //   dq_i = sum_j bf16(dS_ij) k_j;  dk_j = sum_i bf16(dS_ij) q_i;  dv_j = sum_i bf16(P_ij) dO_i
 // with dk and dv summed over the query heads that share kv head j's head.
@@ -70,6 +74,7 @@ absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands
   const double* v = xs[2]->values().data();
   HostTensor out(node.result_type(0));
   HostTensor lse_out(node.result_type(1));
+  const bool narrow_o = node.result_type(0).dtype != DType::kF32;
   ForEachHead(ctx, s, [&](int64_t b, int64_t h) {
     std::vector<double> row;
     const double* vh = v + (b * s.hkv + h / s.group()) * s.t * s.d;
@@ -88,6 +93,12 @@ absl::StatusOr<std::vector<HostTensor>> EvalAttention(const Node& node, Operands
         for (int64_t x = 0; x < s.d; ++x) o[x] += p * vh[j * s.d + x];
       }
       for (int64_t x = 0; x < s.d; ++x) o[x] /= l;
+      // A bf16 O is the f32 O rounded once (ir/op_table.h): round to f32 here as the
+      // evaluator rounds an f32 result (kept in double under f32_as_f64), and it rounds that
+      // to bf16 after, exactly as convert(attention : f32) would.
+      if (narrow_o && !ctx.options.f32_as_f64) {
+        for (int64_t x = 0; x < s.d; ++x) o[x] = RoundToDType(o[x], DType::kF32);
+      }
     }
   });
   std::vector<HostTensor> results;
@@ -103,7 +114,7 @@ absl::StatusOr<HostTensor> EvalAttentionDelta(const Node& node, Operands xs, con
   ctx.pool.ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       double sum = 0;
-      for (int64_t x = 0; x < d; ++x) sum += Bf16(xs[1]->values()[r * d + x]) * xs[0]->values()[r * d + x];
+      for (int64_t x = 0; x < d; ++x) sum += Bf16(xs[1]->values()[r * d + x]) * Bf16(xs[0]->values()[r * d + x]);
       out.mutable_values()[r] = sum;
     }
   });

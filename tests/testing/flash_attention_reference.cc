@@ -181,12 +181,14 @@ AttentionBackwardReference AttentionBackward(const AttentionShape& s, const std:
           dp[j] = dot;
           dp_err[j] = kDotError * magnitude;
         }
-        // Delta as the kernels compute it (fp32 products and sum of D terms), and, for the
-        // IR's definition, the distance between the two counted into the GPU's error.
+        // Delta as the kernels compute it (O rounded to bf16, fp32 products and sum of D
+        // terms), and, for the IR's definition, the distance between the two counted into
+        // the GPU's error.
         double delta = 0, delta_magnitude = 0;
         for (int64_t c = 0; c < d; ++c) {
-          delta += doi[c] * oi[c];
-          delta_magnitude += std::abs(doi[c] * oi[c]);
+          const double ob = Bf16(oi[c]);
+          delta += doi[c] * ob;
+          delta_magnitude += std::abs(doi[c] * ob);
         }
         double delta_err = kDotError * delta_magnitude;
         if (delta_definition == DeltaDefinition::kIr) {

@@ -45,7 +45,8 @@ AttentionForwardReference AttentionForward(const AttentionShape& s, const std::v
                                            bool o_is_bf16);
 
 // How the backward's per-row constant Delta is defined:
-//   kFromOutput  rowsum(bf16(dO) * O), as the flash kernels compute it (O as given)
+//   kFromOutput  rowsum(bf16(dO) * bf16(O)), as the flash kernels compute it (O as given,
+//                rounded to bf16: a no-op for a bf16 O)
 //   kIr          sum_j dP_ij * P_ij with P in fp32, as the unfused IR's softmax gradient;
 //                the tolerance then also covers the kernels' departure from it.
 enum class DeltaDefinition { kFromOutput, kIr };
