@@ -44,6 +44,14 @@ bool Fail(std::string* why, const std::function<std::string()>& explain) {
   return false;
 }
 
+// A multi-result node (attention's O and LSE, an FP8 gemm's D and amax) has no one type:
+// WithDType, WithShape, WithRank and WithType do not match it (its results, get_result nodes, have types).
+bool SingleResult(const Node& n, std::string* why) {
+  return !n.has_multiple_results() || Fail(why, [&] {
+    return absl::StrCat(Describe(n), " has ", n.num_results(), " results, not one type");
+  });
+}
+
 }  // namespace
 
 bool Pattern::Matches(const Node& node, MatchState& state, std::string* why) const {
@@ -68,6 +76,7 @@ Pattern Pattern::WithOpcode(Opcode op) const {
 
 Pattern Pattern::WithDType(DType dtype) const {
   return With([dtype](const Node& n, MatchState&, std::string* why) {
+    if (!SingleResult(n, why)) return false;
     return n.type().dtype == dtype || Fail(why, [&] {
              return absl::StrCat(Describe(n), " is ", n.type().ToString(), ", not dtype ", DTypeName(dtype));
            });
@@ -76,6 +85,7 @@ Pattern Pattern::WithDType(DType dtype) const {
 
 Pattern Pattern::WithShape(std::vector<int64_t> dims) const {
   return With([dims = std::move(dims)](const Node& n, MatchState&, std::string* why) {
+    if (!SingleResult(n, why)) return false;
     return n.type().dims == dims || Fail(why, [&] {
              return absl::StrCat(Describe(n), " is ", n.type().ToString(), ", not shape ", DimsToString(dims));
            });
@@ -84,6 +94,7 @@ Pattern Pattern::WithShape(std::vector<int64_t> dims) const {
 
 Pattern Pattern::WithRank(int rank) const {
   return With([rank](const Node& n, MatchState&, std::string* why) {
+    if (!SingleResult(n, why)) return false;
     return n.type().rank() == rank ||
            Fail(why, [&] { return absl::StrCat(Describe(n), " is ", n.type().ToString(), ", not rank ", rank); });
   });
@@ -91,6 +102,7 @@ Pattern Pattern::WithRank(int rank) const {
 
 Pattern Pattern::WithType(TensorType type) const {
   return With([type = std::move(type)](const Node& n, MatchState&, std::string* why) {
+    if (!SingleResult(n, why)) return false;
     return n.type() == type || Fail(why, [&] {
              return absl::StrCat(Describe(n), " is ", n.type().ToString(), ", not ", type.ToString());
            });
