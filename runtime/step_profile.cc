@@ -66,11 +66,14 @@ std::string FormatSlowestLaunches(absl::Span<const StepTiming> timings, int rows
   for (const StepTiming& t : timings) sorted.push_back(&t);
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const StepTiming* a, const StepTiming* b) { return a->duration_us > b->duration_us; });
-  std::string out = absl::StrFormat("  %10s  %-22s %-28s %s\n", "us", "group", "node", "scope");
+  std::string out = absl::StrFormat("  %10s  %-22s %-28s %-16s %s\n", "us", "group", "node", "scope", "launch");
   for (int i = 0; i < static_cast<int>(sorted.size()) && i < rows; ++i) {
     const StepTiming& t = *sorted[i];
-    absl::StrAppendFormat(&out, "  %10.1f  %-22s %-28s %s\n", t.duration_us, t.group,
-                          t.node.empty() ? t.name : t.node, t.scope);
+    // The launch's own name last: a node lowered to several kernels (attention_grad's dq and
+    // dk/dv) shows which of them this is.
+    absl::StrAppendFormat(&out, "  %10.1f  %-22s %-28s %-16s %s\n", t.duration_us, t.group,
+                          t.node.empty() ? t.name : t.node, t.scope.empty() ? "-" : t.scope,
+                          t.node.empty() ? "" : t.name);
   }
   return out;
 }

@@ -36,8 +36,8 @@ std::vector<TimeGroup> GroupTimes(absl::Span<const StepTiming> timings);
 std::string FormatGroupTable(absl::Span<const StepTiming> timings, int rows);
 
 // The `rows` longest launches, longest first: microseconds, group, node (or the launch's
-// name when it has no node) and scope; what to read after the group table says which kind
-// of work costs most.
+// name when it has no node), scope and the launch's name (the kernel of a node that has
+// several); what to read after the group table says which kind of work costs most.
 std::string FormatSlowestLaunches(absl::Span<const StepTiming> timings, int rows);
 
 }  // namespace kiln

@@ -38,13 +38,26 @@ CHECK: total{{ +}}3{{ +}}0.055
   EXPECT_EQ(FormatGroupTable(ThreeLaunches(), 1).find("rms_norm"), std::string::npos);
 }
 
-TEST(StepProfileTest, SlowestLaunchesComeFirstWithNodeAndScope) {
+TEST(StepProfileTest, SlowestLaunchesComeFirstWithNodeScopeAndLaunch) {
   const std::string table = FormatSlowestLaunches(ThreeLaunches(), 2);
   EXPECT_TRUE(testing::FileCheck(table, R"(
-CHECK: us
-CHECK-NEXT: 30.0{{ +}}gemm{{ +}}%mm{{ +}}layers.0
-CHECK-NEXT: 15.0{{ +}}rms_norm{{ +}}%n2
+CHECK: us{{ +}}group{{ +}}node{{ +}}scope{{ +}}launch
+CHECK-NEXT: 30.0{{ +}}gemm{{ +}}%mm{{ +}}layers.0{{ +}}gemm 1x64x64x64
+CHECK-NEXT: 15.0{{ +}}rms_norm{{ +}}%n2{{ +}}-{{ +}}k_rms_2
 CHECK-NOT: n1
+)").ok()) << table;
+}
+
+// attention_grad lowers to a dq and a dk/dv kernel, both of its node: the launch column tells
+// them apart.
+TEST(StepProfileTest, SlowestLaunchesTellANodesKernelsApart) {
+  const std::vector<StepTiming> timings = {
+      {.name = "k_184_dq", .group = "attention_grad", .node = "%184", .scope = "layers.0.attn", .duration_us = 210},
+      {.name = "k_184_dkdv", .group = "attention_grad", .node = "%184", .scope = "layers.0.attn", .duration_us = 300}};
+  const std::string table = FormatSlowestLaunches(timings, 2);
+  EXPECT_TRUE(testing::FileCheck(table, R"(
+CHECK: 300.0{{ +}}attention_grad{{ +}}%184{{ +}}layers.0.attn{{ +}}k_184_dkdv
+CHECK-NEXT: 210.0{{ +}}attention_grad{{ +}}%184{{ +}}layers.0.attn{{ +}}k_184_dq
 )").ok()) << table;
 }
 
