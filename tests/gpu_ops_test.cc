@@ -128,6 +128,25 @@ absl::Status Ret(Builder& b, absl::StatusOr<Node*> out) {
   return b.Return({*out});
 }
 
+// attention (GQA: 4 query heads on 2 kv heads, 128 tokens, head dim `d`), its delta and its
+// gradients, all returned: O, LSE, Delta, dq, dk, dv. With bf16_o, O is stored bf16
+// ({out_dtype=bf16}) and the delta reads it so.
+absl::Status AttentionFamily(Builder& b, int64_t d, double scale, bool bf16_o) {
+  const DType bf16 = DType::kBF16;
+  std::vector<Node*> p =
+      Params(b, {{bf16, {1, 4, 128, d}}, {bf16, {1, 2, 128, d}}, {bf16, {1, 2, 128, d}}, {bf16, {1, 4, 128, d}}});
+  AttrMap attrs{{"scale", scale}};
+  if (bf16_o) attrs.Set("out_dtype", Symbol{"bf16"});
+  ASSIGN_OR_RETURN(std::vector<Node*> attention, b.MultiResultOp(Opcode::kAttention, {p[0], p[1], p[2]}, attrs));
+  ASSIGN_OR_RETURN(Node * delta, b.Op(Opcode::kAttentionDelta, {attention[0], p[3]}));
+  ASSIGN_OR_RETURN(std::vector<Node*> grads,
+                   b.MultiResultOp(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], attention[1], delta},
+                                   AttrMap{{"scale", scale}}));
+  std::vector<Node*> outs = {attention[0], attention[1], delta};
+  outs.insert(outs.end(), grads.begin(), grads.end());
+  return b.Return(outs);
+}
+
 std::vector<OpCase> OpCases() {
   const DType f32 = DType::kF32, bf16 = DType::kBF16, i32 = DType::kI32;
   std::vector<OpCase> cases;
@@ -520,47 +539,13 @@ std::vector<OpCase> OpCases() {
                    {{-300, 300}, {-2, 2}}});
   // The attention family at a GQA shape with head dim 128 (@attention of the all-ops module
   // has 64): forward, statistics, delta and the three backward results.
-  cases.push_back({"attention_family_hd128", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
-                     const DType bf16 = DType::kBF16;
-                     std::vector<Node*> p = Params(b, {{bf16, {1, 4, 128, 128}}, {bf16, {1, 2, 128, 128}},
-                                                       {bf16, {1, 2, 128, 128}}, {bf16, {1, 4, 128, 128}}});
-                     const AttrMap scale{{"scale", 0.088388347648318}};
-                     absl::StatusOr<std::vector<Node*>> attention =
-                         b.MultiResultOp(Opcode::kAttention, {p[0], p[1], p[2]}, scale);
-                     if (!attention.ok()) return attention.status();
-                     Node* o = (*attention)[0];
-                     Node* lse = (*attention)[1];
-                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {o, p[3]});
-                     if (!delta.ok()) return delta.status();
-                     absl::StatusOr<std::vector<Node*>> grads =
-                         b.MultiResultOp(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], lse, *delta}, scale);
-                     if (!grads.ok()) return grads.status();
-                     std::vector<Node*> outs = {o, lse, *delta};
-                     outs.insert(outs.end(), grads->begin(), grads->end());
-                     return b.Return(outs);
-                   },
+  cases.push_back({"attention_family_hd128", Tolerance{2e-3, 2e-2},
+                   [](Builder& b) { return AttentionFamily(b, 128, 0.088388347648318, /*bf16_o=*/false); },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   // The same with O stored bf16 ({out_dtype=bf16}, as narrow-activations-bf16 makes a training
   // step's attention) at D 64: the forward's bf16 store, and the delta kernel reading a bf16 O.
-  cases.push_back({"attention_family_bf16_o", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
-                     const DType bf16 = DType::kBF16;
-                     std::vector<Node*> p = Params(b, {{bf16, {1, 4, 128, 64}}, {bf16, {1, 2, 128, 64}},
-                                                       {bf16, {1, 2, 128, 64}}, {bf16, {1, 4, 128, 64}}});
-                     const AttrMap scale{{"scale", 0.125}};
-                     absl::StatusOr<std::vector<Node*>> attention = b.MultiResultOp(
-                         Opcode::kAttention, {p[0], p[1], p[2]}, {{"scale", 0.125}, {"out_dtype", Symbol{"bf16"}}});
-                     if (!attention.ok()) return attention.status();
-                     Node* o = (*attention)[0];
-                     Node* lse = (*attention)[1];
-                     absl::StatusOr<Node*> delta = b.Op(Opcode::kAttentionDelta, {o, p[3]});
-                     if (!delta.ok()) return delta.status();
-                     absl::StatusOr<std::vector<Node*>> grads =
-                         b.MultiResultOp(Opcode::kAttentionGrad, {p[0], p[1], p[2], p[3], lse, *delta}, scale);
-                     if (!grads.ok()) return grads.status();
-                     std::vector<Node*> outs = {o, lse, *delta};
-                     outs.insert(outs.end(), grads->begin(), grads->end());
-                     return b.Return(outs);
-                   },
+  cases.push_back({"attention_family_bf16_o", Tolerance{2e-3, 2e-2},
+                   [](Builder& b) { return AttentionFamily(b, 64, 0.125, /*bf16_o=*/true); },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   // The paged-KV ops at a decode shape: 4 sequences write their new K and V rows into a bf16
   // pool of 2 layers x 8 blocks x 2 kv heads x 16 x 64 (one row is padding, slot -1), then

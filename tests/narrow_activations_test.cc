@@ -320,6 +320,18 @@ func @main {
   EXPECT_EQ((*out)[2].values()[0], 1.0);
 }
 
+// llama's training step at batch 1 and `seq_len` tokens, compiled as kiln train does with
+// `options`, and with narrow-activations-bf16 disabled too unless `narrow`.
+std::unique_ptr<Module> CompileLlamaStep(const ModelConfig& c, int64_t seq_len, CompileOptions options, bool narrow) {
+  std::unique_ptr<Module> m = *BuildLlamaModule(c, {.batch = 1, .seq_len = seq_len, .precision = Precision::kBf16});
+  if (!narrow) options.disabled_passes.push_back(std::string(NarrowActivationsPass::kName));
+  absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
+  EXPECT_TRUE(tc.ok()) << tc.status();
+  absl::Status run = tc->Run(*m);
+  EXPECT_TRUE(run.ok()) << run;
+  return m;
+}
+
 struct StepCounts {
   int64_t converts = 0;    // fusion bodies included
   int64_t fusions = 0;     // generated kernels
@@ -349,17 +361,8 @@ StepCounts CountStep(const Function& f) {
 // the next GEMM's operands), so does the loss gradient that feeds the LM head's backward
 // GEMMs, the step computes the same values, and nothing is left for the pass.
 TEST(NarrowActivations, LlamaTinyTrainingStep) {
-  auto compile = [](bool narrow) {
-    ModelConfig c = *PresetConfig("llama-tiny");
-    std::unique_ptr<Module> m = *BuildLlamaModule(c, {.batch = 1, .seq_len = 16, .precision = Precision::kBf16});
-    CompileOptions options;
-    if (!narrow) options.disabled_passes = {std::string(NarrowActivationsPass::kName)};
-    absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
-    EXPECT_TRUE(tc.ok()) << tc.status();
-    absl::Status run = tc->Run(*m);
-    EXPECT_TRUE(run.ok()) << run;
-    return m;
-  };
+  const ModelConfig c = *PresetConfig("llama-tiny");
+  auto compile = [&](bool narrow) { return CompileLlamaStep(c, 16, CompileOptions{}, narrow); };
   std::unique_ptr<Module> before = compile(false);
   std::unique_ptr<Module> after = compile(true);
   const StepCounts b = CountStep(*before->FindFunction("train_step"));
@@ -394,20 +397,11 @@ TEST(NarrowActivations, LlamaTinyTrainingStep) {
 // and the step computes the same values, bit for bit.
 TEST(NarrowActivations, FlashLlamaTrainingStepStoresAttentionOutputBf16) {
   const ModelConfig c = testing::FlashTinyConfig();
-  auto compile = [&](bool narrow) {
-    std::unique_ptr<Module> m =
-        *BuildLlamaModule(c, {.batch = 1, .seq_len = c.seq_len, .precision = Precision::kBf16});
-    CompileOptions options;
-    options.capabilities = &CodegenCapabilities();
-    // Without fuse-loops, whose fusions would hide O's movers (and converts) in their bodies.
-    options.disabled_passes = {"fuse-loops"};
-    if (!narrow) options.disabled_passes.push_back(std::string(NarrowActivationsPass::kName));
-    absl::StatusOr<TrainingCompile> tc = TrainingCompile::Create({}, options);
-    EXPECT_TRUE(tc.ok()) << tc.status();
-    absl::Status run = tc->Run(*m);
-    EXPECT_TRUE(run.ok()) << run;
-    return m;
-  };
+  CompileOptions options;
+  options.capabilities = &CodegenCapabilities();
+  // Without fuse-loops, whose fusions would hide O's movers (and converts) in their bodies.
+  options.disabled_passes = {"fuse-loops"};
+  auto compile = [&](bool narrow) { return CompileLlamaStep(c, c.seq_len, options, narrow); };
   std::unique_ptr<Module> before = compile(false);
   std::unique_ptr<Module> after = compile(true);
   auto attentions = [](const Module& m) {
