@@ -85,8 +85,8 @@ constexpr int kDqKeyTile = 64;
 constexpr int kDkDvQueryTile = 64;
 KILN_FLASH_ATTENTION_HD constexpr int DqStages(long long head_dim) { return head_dim <= 64 ? 4 : 3; }
 KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
-// The persistent forward's schedule: a block of a grid of `blocks` takes the query blocks
-// (tiles, heaviest first as QueryBlock numbers them) `block`, 2 * blocks - 1 - block,
+// The persistent kernels' schedule: a block of a grid of `blocks` takes the tiles (query
+// or key blocks, numbered heaviest first) `block`, 2 * blocks - 1 - block,
 // 2 * blocks + block, 4 * blocks - 1 - block, ...: a zigzag, so that each block's pair of
 // tiles of a round of 2 * blocks weighs about the same (a causal tile's work falls linearly
 // with its number), and the blocks finish together. Round robin (block + n * blocks) would
@@ -400,12 +400,12 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[kN / 8][4], const unsigned (&
 // ------------------------------------------------------------------ the pipeline
 
 // A producer/consumer pipeline's mbarriers, 8 bytes each from `base`: `first` completes when
-// the producer's first copies (the tiles a block keeps: the forward's q tile) land, full[s]
-// when stage s is filled, empty[s] when the consumers' arrivals have freed it, and
-// `kept_empty` when they are done with the kept tiles (the persistent forward reloads them
-// for its next query block). Stages are numbered over the block's whole life: stage n is in
-// buffer n % kStages, and its barriers' phase is n / kStages; the kept tiles' phase is the
-// query block's ordinal in the block.
+// the producer's first copies of a tile (the tiles a block keeps while it works on it: q, q
+// and dO, or k and v) land, full[s] when stage s is filled, empty[s] when the consumers'
+// arrivals have freed it, and `kept_empty` when they are done with the kept tiles (which the
+// persistent kernels reload for their next tile). Stages are numbered over the block's whole
+// life: stage n is in buffer n % kStages, and its barriers' phase is n / kStages; the kept
+// tiles' phase is the tile's ordinal among the block's.
 template <int kStages>
 struct Pipeline {
   static_assert(8 * (2 + 2 * kStages) <= kBarrierBytes, "barriers fit their space");
@@ -450,18 +450,14 @@ struct Pipeline {
     FenceProxyAsync();
     BarrierArrive(full + 8 * ((end - 1) % kStages));
   }
-  template <typename Load>
-  __device__ __forceinline__ void Produce(int count, Load load) const {
-    Produce(0, count, load);
-  }
   // The producer, before it overwrites the kept tiles for the `ordinal`-th time (1, 2, ...):
   // waits until the consumers released them the time before.
   __device__ __forceinline__ void WaitKeptFree(int ordinal) const { BarrierWait(kept_empty, (ordinal - 1) & 1); }
 
-  // The consumers' side: the kept tiles (of the block's `ordinal`-th query block), stage
+  // The consumers' side: the kept tiles (of the block's `ordinal`-th tile), stage
   // `stage`'s tiles (in buffer stage % kStages), and freeing buffer s or the kept tiles (one
   // arrival of the Init count each).
-  __device__ __forceinline__ void WaitFirst(int ordinal = 0) const { BarrierWait(first, ordinal & 1); }
+  __device__ __forceinline__ void WaitFirst(int ordinal) const { BarrierWait(first, ordinal & 1); }
   __device__ __forceinline__ void WaitFull(int stage) const {
     BarrierWait(full + 8 * (stage % kStages), (stage / kStages) & 1);
   }
