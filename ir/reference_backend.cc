@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "ir/shape_inference.h"
 #include "ir/status_macros.h"
 #include "ir/numerics.h"
@@ -39,6 +40,13 @@ absl::StatusOr<std::vector<HostTensor>> EvalFusion(const Node& node, reference::
   std::vector<HostTensor> args;
   args.reserve(xs.size());
   for (const HostTensor* x : xs) args.push_back(*x);
+  // The hook sees the values of the function being evaluated, not a fusion's internals: the
+  // fusion node's own results reach it in the caller's loop.
+  if (ctx.options.after_node) {
+    ReferenceOptions body_options = ctx.options;
+    body_options.after_node = nullptr;
+    return EvaluateFunction(*node.body(), args, body_options);
+  }
   return EvaluateFunction(*node.body(), args, ctx.options);
 }
 
@@ -119,6 +127,25 @@ bool ResultNeedsRounding(Opcode op) {
 
 std::string NodeLabel(const Function& f, const Node& node) {
   return absl::StrCat("function ", f.name(), ", node %", node.name(), " (", node.op_name(), ")");
+}
+
+// Runs options.after_node on node's fresh results and checks that it kept their types: the
+// users' kernels trust them.
+absl::Status RunAfterNodeHook(const Function& f, const Node& node, std::vector<HostTensor>& results,
+                              const ReferenceOptions& options) {
+  absl::Status status = options.after_node(node, absl::MakeSpan(results));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(NodeLabel(f, node), ": after_node hook: ", status.message()));
+  }
+  for (size_t r = 0; r < results.size(); ++r) {
+    const TensorType& type = node.result_type(static_cast<int>(r));
+    if (results[r].type() != type || results[r].num_elements() != type.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat(NodeLabel(f, node), ": the after_node hook changed result ", r,
+                                              " from ", type.ToString(), " to ", results[r].type().ToString(),
+                                              "; it may change values only, never the shape or dtype"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor> args) {
@@ -233,6 +260,7 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
       }
       values[i] = *std::move(result);
     }
+    if (options.after_node) RETURN_IF_ERROR(RunAfterNodeHook(f, node, values[i], options));
     for (const Node* operand : node.operands()) {
       const int64_t p = position[operand];
       if (--remaining_uses[p] == 0 && !is_output[p]) values[p].clear();

@@ -13,8 +13,10 @@
 // freed as soon as its last user has run.
 #pragma once
 
+#include <functional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ir/graph.h"
@@ -22,10 +24,23 @@
 
 namespace kiln {
 
+// Called right after a node of the evaluated function is computed (and its result rounded),
+// before any of its users reads it: `results` holds one tensor per result of the node (one for
+// a get_result, which sees what its multi-result node's hook left). The hook may change the
+// values in place, e.g. runtime/distributed/reference_data_parallel.h all-reduces a gradient
+// across ranks there, so the step's clipping and AdamW read the averaged gradient. The
+// shapes and dtypes must stay: the evaluator checks them after the hook and fails naming the
+// node otherwise, since the users' kernels trust them. A non-OK status stops the evaluation
+// with that error, prefixed by the node. Only the function's own nodes are reported, not the
+// nodes inside a fusion's body (those are the fusion's internals, not values of the function),
+// and only nodes that an output depends on (the others never run).
+using AfterNodeHook = std::function<absl::Status(const Node& node, absl::Span<HostTensor> results)>;
+
 struct ReferenceOptions {
   int num_threads = 0;      // 0: std::thread::hardware_concurrency()
   bool f32_as_f64 = false;  // keep f32 results in double precision (for float64
                             // finite-difference tests); narrow types still round
+  AfterNodeHook after_node;  // unset: evaluation as without it
 };
 
 // Bad arguments (count, types) -> InvalidArgument naming the parameter; an op that fails

@@ -324,7 +324,7 @@ std::vector<double> NumericGradient(const std::function<std::vector<double>(cons
   return grad;
 }
 
-constexpr ReferenceOptions kDouble = {.f32_as_f64 = true};
+const ReferenceOptions kDouble = {.f32_as_f64 = true};
 
 TEST(ReferenceBackend, RmsNormByHand) {
   Fn f;
@@ -930,6 +930,95 @@ func @main {
 })");
   ASSERT_FALSE(unscaled.ok());
   EXPECT_NE(unscaled.status().message().find("fp8 takes scaled=1"), std::string::npos) << unscaled.status();
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ReferenceOptions::after_node: called once per computed node of the function, in node order,
+// right after its value exists and before its users read it; it may change the value in place
+// (what the data-parallel runner's all-reduce does), never its type.
+constexpr char kHookFunction[] = R"(module @m
+func @main {
+  %x = parameter() {index=0} : f32[2]
+  %y = parameter() {index=1} : f32[2]
+  %dead = neg(%x) : f32[2]
+  %g = fusion(%x, %y) {kind=loop} : f32[2] {
+    %x = parameter() {index=0} : f32[2]
+    %y = parameter() {index=1} : f32[2]
+    %s = add(%x, %y) : f32[2]
+    %g = mul(%s, %s) : f32[2]
+    return %g
+  }
+  %out = add(%g, %x) : f32[2]
+  return %out
+}
+)";
+
+TEST(ReferenceBackend, AfterNodeHookSeesEachLiveNodeOnceButNotFusionInternals) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(kHookFunction);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& f = *(*m)->functions()[0];
+  std::vector<std::string> seen;
+  ReferenceOptions options;
+  options.after_node = [&](const Node& node, absl::Span<HostTensor> results) {
+    seen.push_back(node.name());
+    EXPECT_EQ(results.size(), 1u);
+    return absl::OkStatus();
+  };
+  const std::vector<HostTensor> args = {F32({2}, {1, 2}), F32({2}, {3, 4})};
+  absl::StatusOr<std::vector<HostTensor>> hooked = EvaluateFunction(f, args, options);
+  ASSERT_TRUE(hooked.ok()) << hooked.status();
+  EXPECT_THAT(seen, ElementsAre("x", "y", "g", "out"));  // %dead never runs; %s is the fusion's
+  absl::StatusOr<std::vector<HostTensor>> plain = EvaluateFunction(f, args);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*hooked)[0].values(), (*plain)[0].values());  // a hook that changes nothing changes nothing
+  EXPECT_THAT((*plain)[0].values(), ElementsAre(17, 38));
+}
+
+TEST(ReferenceBackend, AfterNodeHookMayChangeAValueBeforeItsUsersReadIt) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(kHookFunction);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ReferenceOptions options;
+  options.after_node = [](const Node& node, absl::Span<HostTensor> results) {
+    if (node.name() == "g") {
+      for (double& v : results[0].mutable_values()) v /= 2;  // 16, 36 -> 8, 18
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::vector<HostTensor>> r =
+      EvaluateFunction(*(*m)->functions()[0], {F32({2}, {1, 2}), F32({2}, {3, 4})}, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT((*r)[0].values(), ElementsAre(9, 20));  // %out read the changed %g
+}
+
+TEST(ReferenceBackend, AfterNodeHookErrorsAndTypeChangesNameTheNode) {
+  absl::StatusOr<std::unique_ptr<Module>> m = ParseModule(kHookFunction);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Function& f = *(*m)->functions()[0];
+  const std::vector<HostTensor> args = {F32({2}, {1, 2}), F32({2}, {3, 4})};
+  ReferenceOptions fails;
+  fails.after_node = [](const Node& node, absl::Span<HostTensor>) {
+    return node.name() == "g" ? absl::UnavailableError("peer went away") : absl::OkStatus();
+  };
+  absl::StatusOr<std::vector<HostTensor>> r = EvaluateFunction(f, args, fails);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("node %g (fusion): after_node hook: peer went away"));
+
+  ReferenceOptions reshapes;
+  reshapes.after_node = [](const Node& node, absl::Span<HostTensor> results) {
+    if (node.name() == "g") results[0] = F32({3}, {1, 2, 3});
+    return absl::OkStatus();
+  };
+  r = EvaluateFunction(f, args, reshapes);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("node %g (fusion): the after_node hook changed result 0 from f32[2] to f32[3]"));
 }
 
 }  // namespace
