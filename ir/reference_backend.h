@@ -33,7 +33,10 @@ namespace kiln {
 // node otherwise, since the users' kernels trust them. A non-OK status stops the evaluation
 // with that error, prefixed by the node. Only the function's own nodes are reported, not the
 // nodes inside a fusion's body (those are the fusion's internals, not values of the function),
-// and only nodes that an output depends on (the others never run).
+// and only nodes that an output depends on (the others never run). The tensors in `results`
+// stay where they are until the node's last user has run (the evaluator frees a value then,
+// never moves it), so a hook may keep pointers to them and change them from a later node's
+// call: the data-parallel runner averages a bucket's earlier gradients at its last one.
 using AfterNodeHook = std::function<absl::Status(const Node& node, absl::Span<HostTensor> results)>;
 
 struct ReferenceOptions {
