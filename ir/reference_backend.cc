@@ -209,8 +209,9 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
   const reference::EvalContext ctx{options, pool, args};
   // One tensor per result of each computed node; a get_result moves its result out of its
   // multi-result node (it is that result's only reader).
-  // Sized once and each entry assigned once: a value's tensors never move until freed, which
-  // AfterNodeHook promises (ir/reference_backend.h).
+  // Sized once and each entry assigned once: a value's tensors stay in place until freed (or,
+  // a multi-result node's, moved out by its get_result), as AfterNodeHook promises
+  // (ir/reference_backend.h).
   std::vector<std::vector<HostTensor>> values(num_nodes);
   std::vector<const HostTensor*> operands;
   for (int64_t i = 0; i < num_nodes; ++i) {

@@ -34,9 +34,11 @@ namespace kiln {
 // with that error, prefixed by the node. Only the function's own nodes are reported, not the
 // nodes inside a fusion's body (those are the fusion's internals, not values of the function),
 // and only nodes that an output depends on (the others never run). The tensors in `results`
-// stay where they are until the node's last user has run (the evaluator frees a value then,
-// never moves it), so a hook may keep pointers to them and change them from a later node's
-// call: the data-parallel runner averages a bucket's earlier gradients at its last one.
+// stay where they are until the node's last user has run (the evaluator frees a value then),
+// so a hook may keep pointers to them and change them from a later node's call: the
+// data-parallel runner averages a bucket's earlier gradients at its last one. The one
+// exception: a get_result moves its result out of its multi-result node, so keep the
+// get_result's tensor, not the multi-result node's.
 using AfterNodeHook = std::function<absl::Status(const Node& node, absl::Span<HostTensor> results)>;
 
 struct ReferenceOptions {
