@@ -14,36 +14,17 @@
 #include "absl/strings/str_split.h"
 #include "frontends/llama.h"
 #include "passes/training_compile.h"
+#include "tests/testing/training_steps.h"
 
 namespace kiln {
 namespace {
 
-struct CompiledStep {
-  std::unique_ptr<Module> module;
-  Function* step = nullptr;
-  TrainingStepLayout layout;
-};
+using CompiledStep = testing::CompiledTrainingStep;
 
+// llama-tiny's step at batch 2, 32 tokens, bf16 (testing::CompileLlamaTinyStepWithoutMergedGemms
+// says why merge-sibling-gemms is off).
 CompiledStep CompileLlamaTiny(double clip_norm = 1.0, int64_t accum = 1) {
-  ModelConfig config = *PresetConfig("llama-tiny");
-  CompiledStep c;
-  c.module = *BuildLlamaModule(config, {.batch = 2, .seq_len = 32, .precision = Precision::kBf16});
-  TrainingStepOptions step_options;
-  step_options.adamw.clip_norm = clip_norm;
-  step_options.accum_steps = accum;
-  // Without merge-sibling-gemms: its merged weight-gradient GEMM writes several gradients at
-  // once, each then a slice that the clip's kernel recomputes from the merged result, while a
-  // bucket would all-reduce the slice. The data-parallel runner (not built yet) must
-  // all-reduce the merged result instead, or run with the pass off.
-  CompileOptions options;
-  options.disabled_passes = {"merge-sibling-gemms"};
-  absl::StatusOr<TrainingCompile> compile = TrainingCompile::Create(step_options, options);
-  EXPECT_TRUE(compile.ok()) << compile.status();
-  absl::Status run = compile->Run(*c.module);
-  EXPECT_TRUE(run.ok()) << run;
-  c.step = compile->step();
-  c.layout = compile->layout();
-  return c;
+  return testing::CompileLlamaTinyStepWithoutMergedGemms(2, 32, Precision::kBf16, clip_norm, accum);
 }
 
 std::vector<const GradientSlot*> Flatten(const GradBucketPlan& plan) {

@@ -20,6 +20,7 @@
 #include "ir/numerics.h"
 #include "ir/text_format.h"
 #include "passes/training_compile.h"
+#include "tests/testing/training_steps.h"
 #include "runtime/training/dataset.h"
 
 namespace kiln {
@@ -30,35 +31,16 @@ using ::testing::HasSubstr;
 constexpr int64_t kGlobalBatch = 4;
 constexpr int64_t kSeqLen = 32;
 
-struct CompiledStep {
-  std::unique_ptr<Module> module;
-  Function* step = nullptr;
-  TrainingStepLayout layout;
-};
+using CompiledStep = testing::CompiledTrainingStep;
 
-// llama-tiny's step as kiln train compiles it (the default pipeline), for `batch` rows per
-// rank. fp32, so that the only difference between the runs is the order of the sums over the
-// batch (the weight gradients, the loss): with bf16 GEMM operands the gradients would still
-// agree, but the test's tolerance would have to cover bf16 rounding of values that are not
-// summed in another order only by accident. merge-sibling-gemms is off as in
-// tests/grad_buckets_test.cc: its merged weight-gradient GEMM is sliced into gradients that
-// the clip's fused kernel recomputes from the merged result, so an all-reduce of the slices
-// (the plan's gradients) would not reach it.
+// llama-tiny's step as kiln train compiles it (the default pipeline, without
+// merge-sibling-gemms: testing::CompileLlamaTinyStepWithoutMergedGemms says why), for `batch`
+// rows per rank. fp32, so that the only difference between the runs is the order of the sums
+// over the batch (the weight gradients, the loss): with bf16 GEMM operands the gradients would
+// still agree, but the test's tolerance would have to cover bf16 rounding of values that are
+// not summed in another order only by accident.
 CompiledStep Compile(int64_t batch, double clip_norm) {
-  CompiledStep c;
-  c.module = *BuildLlamaModule(*PresetConfig("llama-tiny"),
-                               {.batch = batch, .seq_len = kSeqLen, .precision = Precision::kFp32});
-  TrainingStepOptions step_options;
-  step_options.adamw.clip_norm = clip_norm;
-  CompileOptions options;
-  options.disabled_passes = {"merge-sibling-gemms"};
-  absl::StatusOr<TrainingCompile> compile = TrainingCompile::Create(step_options, options);
-  EXPECT_TRUE(compile.ok()) << compile.status();
-  absl::Status run = compile->Run(*c.module);
-  EXPECT_TRUE(run.ok()) << run;
-  c.step = compile->step();
-  c.layout = compile->layout();
-  return c;
+  return testing::CompileLlamaTinyStepWithoutMergedGemms(batch, kSeqLen, Precision::kFp32, clip_norm);
 }
 
 // The step's arguments for rank `rank` of `world`: llama-tiny's initial weights, a mid-run
