@@ -157,27 +157,42 @@ TEST(Codegen, GridDependencyWaitFollowsTheOptionAndTheTarget) {
   EXPECT_GT(kernels, 100);
 }
 
+// The kernels of attention at GQA 4:2, T `t`, D 64 (O bf16 with bf16_o), and with bf16_o of
+// an attention_delta reading that O, lowered for `target`: one kernel per node, in order.
+std::vector<KernelSpec> LowerAttentionForward(int64_t t, const Target& target, bool bf16_o) {
+  Module m;
+  Builder a(m.AddFunction("f"));
+  const DType bf16 = DType::kBF16;
+  Node* q = *a.Parameter("q", {bf16, {1, 4, t, 64}});
+  Node* k = *a.Parameter("k", {bf16, {1, 2, t, 64}});
+  Node* v = *a.Parameter("v", {bf16, {1, 2, t, 64}});
+  AttrMap attrs{{"scale", 0.125}};
+  if (bf16_o) attrs.Set("out_dtype", Symbol{"bf16"});
+  absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(Opcode::kAttention, {q, k, v}, attrs, {"o", "lse"});
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  if (bf16_o) {
+    Node* dout = *a.Parameter("dout", {bf16, {1, 4, t, 64}});
+    EXPECT_TRUE(a.Op(Opcode::kAttentionDelta, {(*r)[0], dout}).ok());
+  }
+  std::vector<KernelSpec> kernels;
+  for (const auto& n : m.functions()[0]->nodes()) {
+    if (n->opcode() != Opcode::kAttention && n->opcode() != Opcode::kAttentionDelta) continue;
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
+    EXPECT_TRUE(lowered.ok()) << lowered.status();
+    if (!lowered.ok() || lowered->kernels.size() != 1) return {};
+    kernels.push_back(lowered->kernels[0]);
+  }
+  return kernels;
+}
+
 // attention's forward is the Target's: wgmma on sm_90a when T is a multiple of 128 (the
 // kernel's tiles), mma.sync on other targets and shapes. Both compile with NVRTC. The
 // backward (AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) follows the same rule.
 TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
   auto lower = [](int64_t t, const Target& target) -> KernelSpec {
-    Module m;
-    Builder a(m.AddFunction("f"));
-    const DType bf16 = DType::kBF16;
-    Node* q = *a.Parameter("q", {bf16, {1, 4, t, 64}});
-    Node* k = *a.Parameter("k", {bf16, {1, 2, t, 64}});
-    Node* v = *a.Parameter("v", {bf16, {1, 2, t, 64}});
-    absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(Opcode::kAttention, {q, k, v}, {{"scale", 0.125}}, {"o", "lse"});
-    EXPECT_TRUE(r.ok()) << r.status();
-    for (const auto& n : m.functions()[0]->nodes()) {
-      if (n->opcode() != Opcode::kAttention) continue;
-      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
-      EXPECT_TRUE(lowered.ok()) << lowered.status();
-      if (!lowered.ok() || lowered->kernels.size() != 1) return KernelSpec{};
-      return lowered->kernels[0];
-    }
-    return KernelSpec{};
+    std::vector<KernelSpec> kernels = LowerAttentionForward(t, target, /*bf16_o=*/false);
+    return kernels.size() == 1 ? kernels[0] : KernelSpec{};
   };
   const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
   const KernelSpec wgmma = lower(256, hopper);
@@ -196,29 +211,7 @@ TEST(Codegen, AttentionForwardRunsOnWgmmaWhereTheTargetHasIt) {
 // attention) instantiates both forwards with a bf16 O, and attention_delta reads that O as
 // bf16 (its TO); all of them compile with NVRTC.
 TEST(Codegen, AttentionWithABf16OutputStoresBf16AndDeltaReadsIt) {
-  auto lower = [](int64_t t, const Target& target) -> std::vector<KernelSpec> {
-    Module m;
-    Builder a(m.AddFunction("f"));
-    const DType bf16 = DType::kBF16;
-    Node* q = *a.Parameter("q", {bf16, {1, 4, t, 64}});
-    Node* k = *a.Parameter("k", {bf16, {1, 2, t, 64}});
-    Node* v = *a.Parameter("v", {bf16, {1, 2, t, 64}});
-    Node* dout = *a.Parameter("dout", {bf16, {1, 4, t, 64}});
-    absl::StatusOr<std::vector<Node*>> r = a.MultiResultOp(
-        Opcode::kAttention, {q, k, v}, {{"scale", 0.125}, {"out_dtype", Symbol{"bf16"}}}, {"o", "lse"});
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return {};
-    EXPECT_TRUE(a.Op(Opcode::kAttentionDelta, {(*r)[0], dout}).ok());
-    std::vector<KernelSpec> kernels;
-    for (const auto& n : m.functions()[0]->nodes()) {
-      if (n->opcode() != Opcode::kAttention && n->opcode() != Opcode::kAttentionDelta) continue;
-      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
-      EXPECT_TRUE(lowered.ok()) << lowered.status();
-      if (!lowered.ok() || lowered->kernels.size() != 1) return {};
-      kernels.push_back(lowered->kernels[0]);
-    }
-    return kernels;
-  };
+  auto lower = [](int64_t t, const Target& target) { return LowerAttentionForward(t, target, /*bf16_o=*/true); };
   const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
   const std::vector<KernelSpec> wgmma = lower(256, hopper);
   ASSERT_EQ(wgmma.size(), 2u);
