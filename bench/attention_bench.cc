@@ -3,8 +3,11 @@
 //   fwd wgmma     the Hopper forward (kernels/flash_attention_wgmma.cuh), lowered for sm_90a
 //   fwd mma.sync  the mma.sync forward (kernels/flash_attention.cuh), lowered for a target
 //                 without wgmma, compiled for the device all the same
-//   fwd+bwd       the wgmma forward, then attention_delta and attention_grad's dq and dk/dv
-//                 kernels on wgmma (what a training step on the H200 runs)
+//   fwd+bwd       the wgmma forward, then attention_delta and attention_grad's kernels on
+//                 wgmma (what a training step on the H200 runs: at D 128 dq's zeroing and
+//                 the fused backward, at D 64 the dq and dk/dv kernels)
+//   fwd+bwd (split bwd)  at D 128, the same with the fused backward off (CodegenOptions::
+//                 fused_attention_backward): the dq and dk/dv kernels
 //   fwd+bwd mma.sync   the same with the mma.sync backward (codegen's choice for a target
 //                 without wgmma), so the two backwards compare in one run
 // on the shapes of DESIGN.md's attention bar (causal, GQA):
@@ -103,7 +106,7 @@ struct AttentionKernels {
   std::vector<KernelSpec> forward, delta, grad;
 };
 
-absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target) {
+absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target, bool fused_backward = true) {
   Module m;
   Builder a(m.AddFunction("attention"));
   const DType bf16 = DType::kBF16;
@@ -123,7 +126,7 @@ absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target) {
       Opcode::kAttentionGrad, {*q, *k, *v, *dout, (*fwd)[1], *delta}, scale, {"dq", "dk", "dv"});
   if (!grad.ok()) return grad.status();
   AttentionKernels kernels;
-  const CodegenOptions options{.target = target};
+  const CodegenOptions options{.target = target, .fused_attention_backward = fused_backward};
   for (const auto& n : m.functions()[0]->nodes()) {
     std::vector<KernelSpec>* into = n->opcode() == Opcode::kAttention        ? &kernels.forward
                                     : n->opcode() == Opcode::kAttentionDelta ? &kernels.delta
@@ -219,16 +222,35 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
     return absl::FailedPreconditionError(absl::StrCat("the wgmma forward needs sm_90a; this GPU is ", device.arch()));
   }
   absl::StatusOr<AttentionKernels> hopper = Lower(s, *TargetForArch("sm_90a"));
+  absl::StatusOr<AttentionKernels> split = Lower(s, *TargetForArch("sm_90a"), /*fused_backward=*/false);
   absl::StatusOr<AttentionKernels> ampere = Lower(s, *TargetForArch("sm_80"));
   if (!hopper.ok()) return hopper.status();
+  if (!split.ok()) return split.status();
   if (!ampere.ok()) return ampere.status();
-  absl::StatusOr<Loaded> wgmma = Load(hopper->forward[0], device), mma = Load(ampere->forward[0], device);
+  absl::StatusOr<Loaded> wgmma = Load(hopper->forward[0], device), mma = Load(ampere->forward[0], device),
+                         delta = Load(hopper->delta[0], device);
   if (!wgmma.ok()) return wgmma.status();
   if (!mma.ok()) return mma.status();
-  absl::StatusOr<Loaded> delta = Load(hopper->delta[0], device), dq = Load(hopper->grad[0], device),
-                         dkdv = Load(hopper->grad[1], device), dq_mma = Load(ampere->grad[0], device),
-                         dkdv_mma = Load(ampere->grad[1], device);
-  for (const auto* l : {&delta, &dq, &dkdv, &dq_mma, &dkdv_mma}) {
+  if (!delta.ok()) return delta.status();
+  // attention_grad's kernels as codegen lowers it: on wgmma (at D 128 dq's zeroing and the
+  // fused backward), on wgmma with the fused backward off (the dq and dk/dv kernels; the same
+  // kernels at D 64, so not timed twice there), and on mma.sync.
+  auto load_all = [&](const std::vector<KernelSpec>& specs) -> absl::StatusOr<std::vector<Loaded>> {
+    std::vector<Loaded> loaded;
+    for (const KernelSpec& spec : specs) {
+      absl::StatusOr<Loaded> l = Load(spec, device);
+      if (!l.ok()) return l.status();
+      loaded.push_back(*std::move(l));
+    }
+    return loaded;
+  };
+  bool split_differs = split->grad.size() != hopper->grad.size();
+  for (size_t i = 0; !split_differs && i < split->grad.size(); ++i) {
+    split_differs = split->grad[i].source != hopper->grad[i].source;
+  }
+  absl::StatusOr<std::vector<Loaded>> grad = load_all(hopper->grad), grad_mma = load_all(ampere->grad);
+  absl::StatusOr<std::vector<Loaded>> grad_split = load_all(split_differs ? split->grad : std::vector<KernelSpec>{});
+  for (const auto* l : {&grad, &grad_split, &grad_mma}) {
     if (!l->ok()) return l->status();
   }
 
@@ -246,9 +268,10 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
                         dlt = upload(nullptr, s.rows() * 4), gq = upload(nullptr, s.q_elements() * 4),
                         gk = upload(nullptr, s.kv_elements() * 4), gv = upload(nullptr, s.kv_elements() * 4),
                         mq = upload(nullptr, s.q_elements() * 4), mk = upload(nullptr, s.kv_elements() * 4),
-                        mv = upload(nullptr, s.kv_elements() * 4);
-  for (const auto* p :
-       {&dq_in, &dk_in, &dv_in, &ddo, &o_w, &o_m, &lse, &lse_m, &dlt, &gq, &gk, &gv, &mq, &mk, &mv}) {
+                        mv = upload(nullptr, s.kv_elements() * 4), sq = upload(nullptr, s.q_elements() * 4),
+                        sk = upload(nullptr, s.kv_elements() * 4), sv = upload(nullptr, s.kv_elements() * 4);
+  for (const auto* p : {&dq_in, &dk_in, &dv_in, &ddo, &o_w, &o_m, &lse, &lse_m, &dlt, &gq, &gk, &gv, &mq, &mk, &mv,
+                        &sq, &sk, &sv}) {
     if (!p->ok()) return p->status();
   }
   const std::vector<void*> fwd_w = {*o_w, *lse, *dq_in, *dk_in, *dv_in};
@@ -256,39 +279,44 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   const std::vector<void*> delta_args = {*dlt, *o_w, *ddo};
   const std::vector<void*> dq_args = {*gq, *gk, *gv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
   const std::vector<void*> mma_args = {*mq, *mk, *mv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
+  const std::vector<void*> split_args = {*sq, *sk, *sv, *dq_in, *dk_in, *dv_in, *ddo, *lse, *dlt};
 
   absl::StatusOr<bench::Timing> t_w = Time({{&*wgmma, fwd_w}}, device, opt.warmup, opt.iters);
   absl::StatusOr<bench::Timing> t_m = Time({{&*mma, fwd_m}}, device, opt.warmup, opt.iters);
   if (!t_w.ok()) return t_w.status();
   if (!t_m.ok()) return t_m.status();
-  // attention_grad's kernels take (dq, dk, dv, q, k, v, dout, lse, delta); dq's kernel writes
-  // dq only, dk/dv's kernel dk and dv (codegen/lower_attention.cc).
-  absl::StatusOr<bench::Timing> t_fb = Time({{&*wgmma, fwd_w},
-                                             {&*delta, delta_args},
-                                             {&*dq, dq_args},
-                                             {&*dkdv, dq_args}},
-                                            device, opt.warmup, opt.iters);
+  // attention_grad's kernels all take (dq, dk, dv, q, k, v, dout, lse, delta), each writing its
+  // share (codegen/lower_attention.cc): the forward, the delta, then those, as a step runs them.
+  auto fwd_bwd = [&](const std::vector<Loaded>& grad_kernels, const std::vector<void*>& grad_args) {
+    std::vector<std::pair<const Loaded*, std::vector<void*>>> launches = {{&*wgmma, fwd_w}, {&*delta, delta_args}};
+    for (const Loaded& l : grad_kernels) launches.push_back({&l, grad_args});
+    return Time(launches, device, opt.warmup, opt.iters);
+  };
+  absl::StatusOr<bench::Timing> t_fb = fwd_bwd(*grad, dq_args);
   if (!t_fb.ok()) return t_fb.status();
-  absl::StatusOr<bench::Timing> t_fb_mma = Time({{&*wgmma, fwd_w},
-                                                 {&*delta, delta_args},
-                                                 {&*dq_mma, mma_args},
-                                                 {&*dkdv_mma, mma_args}},
-                                                device, opt.warmup, opt.iters);
+  absl::StatusOr<bench::Timing> t_fb_split = split_differs ? fwd_bwd(*grad_split, split_args) : t_fb;
+  if (!t_fb_split.ok()) return t_fb_split.status();
+  absl::StatusOr<bench::Timing> t_fb_mma = fwd_bwd(*grad_mma, mma_args);
   if (!t_fb_mma.ok()) return t_fb_mma.status();
-  // The two backwards' gradients, from the same O, LSE and Delta.
-  double grad_diff = 0, grad_max = 0;
-  for (const auto& [w, m, n] : {std::tuple{*gq, *mq, s.q_elements()}, std::tuple{*gk, *mk, s.kv_elements()},
-                                std::tuple{*gv, *mv, s.kv_elements()}}) {
-    std::vector<float> a(n), b(n);
-    cudaMemcpy(a.data(), w, n * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(b.data(), m, n * 4, cudaMemcpyDeviceToHost);
-    for (int64_t i = 0; i < n; ++i) {
-      const double e = std::abs(static_cast<double>(a[i]) - b[i]);
-      grad_diff = std::isnan(e) ? INFINITY : std::max(grad_diff, e);
-      grad_max = std::max(grad_max, std::abs(static_cast<double>(b[i])));
+  // The wgmma backwards' gradients against the mma.sync one's, from the same O, LSE and
+  // Delta: the largest difference over the largest gradient.
+  auto relative_difference = [&](void* dq, void* dk, void* dv) {
+    double diff = 0, largest = 0;
+    for (const auto& [w, m, n] : {std::tuple{dq, *mq, s.q_elements()}, std::tuple{dk, *mk, s.kv_elements()},
+                                  std::tuple{dv, *mv, s.kv_elements()}}) {
+      std::vector<float> a(n), b(n);
+      cudaMemcpy(a.data(), w, n * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(b.data(), m, n * 4, cudaMemcpyDeviceToHost);
+      for (int64_t i = 0; i < n; ++i) {
+        const double e = std::abs(static_cast<double>(a[i]) - b[i]);
+        diff = std::isnan(e) ? INFINITY : std::max(diff, e);
+        largest = std::max(largest, std::abs(static_cast<double>(b[i])));
+      }
     }
-  }
-  const double grad_rel = grad_max > 0 ? grad_diff / grad_max : INFINITY;
+    return largest > 0 ? diff / largest : INFINITY;
+  };
+  const double grad_rel = relative_difference(*gq, *gk, *gv);
+  const double split_rel = split_differs ? relative_difference(*sq, *sk, *sv) : grad_rel;
 
   std::vector<uint16_t> ow_bits(s.q_elements()), om_bits(s.q_elements());
   cudaMemcpy(ow_bits.data(), *o_w, ow_bits.size() * 2, cudaMemcpyDeviceToHost);
@@ -317,15 +345,20 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   Report(s, "kiln fwd wgmma", *t_w, s.forward_flops(), err_w, w_vs_m, "mma.sync");
   Report(s, "kiln fwd mma.sync", *t_m, s.forward_flops(), err_m, w_vs_m, "wgmma");
   Report(s, "kiln fwd+bwd", *t_fb, 3.5 * s.forward_flops(), err_w, grad_rel, "mma.sync bwd, rel");
+  if (split_differs) {
+    Report(s, "kiln fwd+bwd (split bwd)", *t_fb_split, 3.5 * s.forward_flops(), err_w, split_rel,
+           "mma.sync bwd, rel");
+  }
   Report(s, "kiln fwd+bwd (mma.sync bwd)", *t_fb_mma, 3.5 * s.forward_flops(), err_w, grad_rel, "wgmma bwd, rel");
   // NaN compares false: written so that it fails.
   if (!(err_w <= opt.max_error && err_m <= opt.max_error && w_vs_m <= opt.max_error)) {
     return absl::InternalError(absl::StrCat("O beyond --max-error ", opt.max_error, ": wgmma vs reference ", err_w,
                                             ", mma.sync vs reference ", err_m, ", wgmma vs mma.sync ", w_vs_m));
   }
-  if (!(grad_rel <= opt.max_error)) {
-    return absl::InternalError(absl::StrCat("the wgmma and mma.sync backwards differ by ", grad_rel,
-                                            " of the largest gradient, beyond --max-error ", opt.max_error));
+  if (!(grad_rel <= opt.max_error && split_rel <= opt.max_error)) {
+    return absl::InternalError(absl::StrCat("the wgmma backwards (fused, split) and the mma.sync one differ by ",
+                                            grad_rel, " and ", split_rel, " of the largest gradient, beyond --max-error ",
+                                            opt.max_error));
   }
   return absl::OkStatus();
 }

@@ -25,6 +25,9 @@ using kernels::FlashAttentionLaunch;
 using kernels::FlashAttentionUnsupportedReason;
 using kernels::FlashAttentionWgmmaBackwardDkDvLaunch;
 using kernels::FlashAttentionWgmmaBackwardDqLaunch;
+using kernels::FlashAttentionWgmmaBackwardLaunch;
+using kernels::FlashAttentionWgmmaFusesDq;
+using kernels::FlashAttentionZeroLaunch;
 using kernels::FlashAttentionWgmmaForwardLaunch;
 using kernels::FlashAttentionWgmmaUnsupportedReason;
 
@@ -95,7 +98,9 @@ absl::StatusOr<LoweredNode> LowerAttention(const Node& node, const CodegenOption
 }
 
 // attention_grad -> (dq, dk, dv): the dq kernel, then the kernel writing dk and dv, on wgmma
-// where the forward is (UsesWgmma).
+// where the forward is (UsesWgmma); on wgmma at head dim 128, one kernel writing all three
+// after a kernel zeroing dq (FlashAttentionWgmmaFusesDq), unless
+// CodegenOptions::fused_attention_backward is off.
 absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const AttentionCall a, AttentionCallOf(node));
   const int64_t b = a.b, h = a.h, hkv = a.hkv, t = a.t, d = a.d;
@@ -109,6 +114,20 @@ absl::StatusOr<LoweredNode> LowerAttentionGrad(const Node& node, const CodegenOp
   w.params = {Param(DType::kBF16, "q"),    Param(DType::kBF16, "k"),   Param(DType::kBF16, "v"),
               Param(DType::kBF16, "dout"), Param(DType::kF32, "lse"), Param(DType::kF32, "delta")};
 
+  if (wgmma && options.fused_attention_backward && FlashAttentionWgmmaFusesDq(d)) {
+    // One walk over the key blocks adds dq into a zeroed buffer (the order of the additions
+    // is not fixed: dq's rounding varies between runs in the last bits; dk and dv do not).
+    const FlashAttentionLaunch zero_launch = FlashAttentionZeroLaunch(b * h * t * d, options.target.sm_count);
+    w.comment = "dq = 0, for the fused backward to add into";
+    w.call = absl::StrCat("FlashAttentionZero<", b * h * t * d, "LL>(dq)");
+    KernelSpec zero = EmitFlash(node, codegen::KernelName(node) + "_dq_zero", w, zero_launch);
+    const FlashAttentionLaunch launch = FlashAttentionWgmmaBackwardLaunch(b, hkv, t, d, options.target.sm_count);
+    w.comment = absl::StrCat("flash attention dq, dk and dv", on, ", ", launch.block_n,
+                             " keys per block, query tiles of ", launch.block_m, ", dq added into");
+    w.call = absl::StrCat("FlashAttentionWgmmaBackward<", shape, ">(dq, dk, dv, ", arguments);
+    KernelSpec fused = EmitFlash(node, codegen::KernelName(node) + "_dqdkdv", w, launch);
+    return Kernels({std::move(zero), std::move(fused)});
+  }
   const FlashAttentionLaunch dq_launch =
       wgmma ? FlashAttentionWgmmaBackwardDqLaunch(b, h, t, d, options.target.sm_count) : FlashAttentionBackwardDqLaunch(b, h, t, d);
   w.comment = absl::StrCat("flash attention dq", on, ", ", dq_launch.block_m, " queries per block, key tiles of ",

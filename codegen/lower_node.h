@@ -22,6 +22,11 @@ struct CodegenOptions {
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two
   // dependent launches of a CUDA graph mostly disappears (codegen/kernel_spec.h).
   bool programmatic_dependent_launch = true;
+  // attention_grad on wgmma at head dim 128 is one kernel that adds dq into a zeroed buffer
+  // from its walk over the key blocks (5 matrix products a tile where the separate dq kernel
+  // makes 7; dq's last bits then vary between runs with the order of the additions). Off: the
+  // dq and dk/dv kernels, the same bits every run (codegen/lower_attention.cc).
+  bool fused_attention_backward = true;
 };
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});

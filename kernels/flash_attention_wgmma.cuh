@@ -84,7 +84,11 @@ constexpr unsigned kAlignSlack = 1024;
 constexpr int kDqKeyTile = 64;
 constexpr int kDkDvQueryTile = 64;
 KILN_FLASH_ATTENTION_HD constexpr int DqStages(long long head_dim) { return head_dim <= 64 ? 4 : 3; }
-KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long head_dim) { return head_dim <= 64 ? 3 : 2; }
+KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long /*head_dim*/) { return 3; }
+// The fused backward's dS tiles: two (one consumer stores the next tile's while the other still
+// reads this one's) where shared memory allows, else one (the consumers meet again after dq's
+// product before either stores the next).
+KILN_FLASH_ATTENTION_HD constexpr int FusedDsBuffers(long long head_dim) { return DkDvStages(head_dim) >= 4 ? 1 : 2; }
 // The persistent kernels' schedule: a block of a grid of `blocks` takes the tiles (query
 // or key blocks, numbered heaviest first) `block`, 2 * blocks - 1 - block,
 // 2 * blocks + block, 4 * blocks - 1 - block, ...: a zigzag, so that each block's pair of
@@ -168,6 +172,36 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwa
   l.shared_bytes = static_cast<unsigned>(
       (2 * l.block_n + 2 * fw::DkDvStages(head_dim) * l.block_m) * head_dim * flash_attention::kBf16Bytes +
       2 * fw::DkDvStages(head_dim) * l.block_m * sizeof(float) + fw::kBarrierBytes + fw::kAlignSlack);
+  return l;
+}
+
+// Whether attention_grad on wgmma is one kernel (FlashAttentionWgmmaBackward: dq added into
+// from the key blocks' walk, after FlashAttentionZero) rather than the dq and dk/dv kernels:
+// at head dim 128, where the two consumers split dq's columns into whole 64-column blocks.
+KILN_FLASH_ATTENTION_HD constexpr bool FlashAttentionWgmmaFusesDq(long long head_dim) { return head_dim == 128; }
+
+// The fused backward: the dk/dv kernel's grid and shared memory, and two dS tiles (64 queries
+// x 128 keys, bf16) 1024-byte aligned after its barriers.
+KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwardLaunch(long long batch,
+                                                                                        long long kv_heads,
+                                                                                        long long seq_len,
+                                                                                        long long head_dim,
+                                                                                        long long sm_count) {
+  FlashAttentionLaunch l = FlashAttentionWgmmaBackwardDkDvLaunch(batch, kv_heads, seq_len, head_dim, sm_count);
+  l.shared_bytes += static_cast<unsigned>(1024 + flash_attention_wgmma::FusedDsBuffers(head_dim) * l.block_m *
+                                                     l.block_n * flash_attention::kBf16Bytes);
+  return l;
+}
+
+// FlashAttentionZero over `count` floats: 256 threads a block, at most 4 blocks an SM, each
+// thread a float4 a round.
+KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionZeroLaunch(long long count, long long sm_count) {
+  FlashAttentionLaunch l;
+  l.block_threads = 256;
+  const long long blocks = (count / 4 + l.block_threads - 1) / l.block_threads;
+  const long long most = 4 * (sm_count > 0 ? sm_count : 1);
+  l.grid_x = static_cast<unsigned>(blocks < most ? (blocks > 0 ? blocks : 1) : most);
+  l.shared_bytes = 0;
   return l;
 }
 
@@ -286,8 +320,9 @@ __device__ __forceinline__ void Pin(float (&d)[kN][4]) {
   }
 }
 
-// d (64 x 64, fp32) (+)= a (64 x 16, bf16, K-major in shared memory) * b (16 x 64, bf16,
-// K-major in shared memory); `accumulate` 0 overwrites d.
+// d (64 x 64, fp32) (+)= a (64 x 16, bf16, K-major in shared memory) * b (16 x 64, bf16, in
+// shared memory: K-major, or N-major with kNMajorB); `accumulate` 0 overwrites d.
+template <int kNMajorB = 0>
 __device__ __forceinline__ void WgmmaSS64(float (&d)[8][4], unsigned long long a_desc,
                                           unsigned long long b_desc, int accumulate) {
   asm volatile(
@@ -295,14 +330,14 @@ __device__ __forceinline__ void WgmmaSS64(float (&d)[8][4], unsigned long long a
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kNMajorB));
 }
 
 // d (64 x 64, fp32) += a (64 x 16, bf16: this thread's A fragment, as mma.sync's) * b
@@ -515,17 +550,63 @@ struct QueryBlock {
 // same number of turns (a consumer with nothing to issue in a turn still takes it): consumer 1
 // passes once at the start, and consumer 0 takes one more turn at the end (Finish), so that
 // no arrival is left pending.
+// `taken` false makes every call a no-op (consumers that run in step instead).
 struct Turns {
-  int c;  // this consumer: 0 or 1
-  __device__ __forceinline__ explicit Turns(int consumer) : c(consumer) {
-    if (c == 1) NamedBarrierArrive(2 - c, 2 * 128);
+  int c;       // this consumer: 0 or 1
+  bool taken;  // a compile-time constant where it is used
+  __device__ __forceinline__ explicit Turns(int consumer, bool take = true) : c(consumer), taken(take) {
+    if (taken && c == 1) NamedBarrierArrive(2 - c, 2 * 128);
   }
-  __device__ __forceinline__ void Wait() const { NamedBarrierSync(1 + c, 2 * 128); }
-  __device__ __forceinline__ void Pass() const { NamedBarrierArrive(2 - c, 2 * 128); }
+  __device__ __forceinline__ void Wait() const {
+    if (taken) NamedBarrierSync(1 + c, 2 * 128);
+  }
+  __device__ __forceinline__ void Pass() const {
+    if (taken) NamedBarrierArrive(2 - c, 2 * 128);
+  }
   __device__ __forceinline__ void Finish() const {
     if (c == 0) Wait();
   }
 };
+
+// Named barrier 3: the two consumers (256 threads) in step, in the fused backward.
+__device__ __forceinline__ void ConsumersSync() { NamedBarrierSync(3, 2 * 128); }
+
+// Stores a warp's 16 x kM bf16 A fragments (rows r0 + 0..15 of some matrix X, columns
+// 0..kM - 1: AccumulatorToA's layout) transposed, as Xᵀ's columns r0 .. r0 + 15 of rows
+// 0..kM - 1, into a swizzled tile of kRows rows (stmatrix .trans: each 8 x 8 block of the
+// fragment lands as 8 rows of 16 bytes, one chunk of the swizzle).
+template <int kRows, int kM>
+__device__ __forceinline__ void StoreTransposed(unsigned tile, const unsigned (&a)[kM / 16][4], int r0) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int block = lane >> 3, row_in_block = lane & 7;
+  // Fragment register `block` of step kk: X rows r0 + 8 (block & 1), columns 16kk + 8 (block >> 1).
+  const int col = r0 + (block & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kM / 16; ++kk) {
+    const unsigned address = tile + SwizzledOffset<kRows>(kk * 16 + (block >> 1) * 8 + row_in_block, col);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                 : "memory");
+  }
+}
+
+// Adds a warp's 16 x 8kN fp32 accumulator (StoreAccumulator's layout: rows [0, 16) of `dst`,
+// `ld` floats apart) into global memory with vector reductions of two floats, done at L2 (in
+// no fixed order between blocks).
+template <int kN>
+__device__ __forceinline__ void AddAccumulator(float* dst, const float (&acc)[kN][4], int ld) {
+  const int lane = threadIdx.x % kWarpSize;
+  float* p = dst + (lane >> 2) * ld + (lane & 3) * 2;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p + half * 8 * ld + n * 8),
+                   "f"(acc[n][2 * half]), "f"(acc[n][2 * half + 1])
+                   : "memory");
+    }
+  }
+}
 
 }  // namespace flash_attention_wgmma
 
@@ -742,10 +823,13 @@ __device__ __forceinline__ void FlashAttentionWgmmaForward(TO* __restrict__ o, f
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
       if ((lane & 3) == 0 && lse != nullptr) lse[row_base + row + r * 8] = (max2[r] + log2f(total)) * fa::kLn2;
+      // One division a row, then products (64 IEEE divisions a thread would cost the epilogue
+      // as much as a tile's softmax); within the 1-ulp fp32 slack of the op's O / l.
+      const float inverse = 1.f / total;
 #pragma unroll
       for (int n = 0; n < kD / 8; ++n) {
-        acc_o[n][2 * r] /= total;
-        acc_o[n][2 * r + 1] /= total;
+        acc_o[n][2 * r] *= inverse;
+        acc_o[n][2 * r + 1] *= inverse;
       }
     }
     if (o != nullptr) {
@@ -903,16 +987,28 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDq(TDQ* __restrict__ 
 // reloading its k and v tiles once both consumers are done with them. A consumer holds dk, dv, Sᵀ and dPᵀ at once
 // (224 registers at D 128), so there the producer keeps 56 (at 40 its walk over the key blocks
 // spills) and the consumers get 224 (128 * 56 + 256 * 224 <= 65536).
-template <typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
-__device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict__ dk, TDKV* __restrict__ dv,
-                                                                const __nv_bfloat16* __restrict__ q,
-                                                                const __nv_bfloat16* __restrict__ k,
-                                                                const __nv_bfloat16* __restrict__ v,
-                                                                const __nv_bfloat16* __restrict__ dout,
-                                                                const float* __restrict__ lse,
-                                                                const float* __restrict__ delta, float scale) {
+//
+// With kAccumulateDq (FlashAttentionWgmmaBackward, head dim 128) the same blocks also add each
+// query tile's share of dq = Σ bf16(dS) k over their 128 keys into `dq` (fp32, zeroed before):
+// both consumers store their dSᵀ transposed into a shared dS tile (stmatrix; zeros where all
+// of a consumer's keys come after the tile's queries), meet, and each
+// computes dq's 64 columns from 64c with dS and k both in shared memory, then adds them into
+// global memory (red.global.add). That is 5 products a key block and query tile where the dq
+// kernel's separate walk costs 7 (it recomputes S and dP). The consumers run in step (the dS
+// tile joins them every tile), not in turns; two dS buffers let one consumer store the next
+// tile's while the other still reads this one's.
+namespace flash_attention_wgmma {
+template <bool kAccumulateDq, typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* __restrict__ dk,
+                                                  TDKV* __restrict__ dv, const __nv_bfloat16* __restrict__ q,
+                                                  const __nv_bfloat16* __restrict__ k,
+                                                  const __nv_bfloat16* __restrict__ v,
+                                                  const __nv_bfloat16* __restrict__ dout,
+                                                  const float* __restrict__ lse, const float* __restrict__ delta,
+                                                  float scale) {
   namespace fa = flash_attention;
   namespace fw = flash_attention_wgmma;
+  static_assert(!kAccumulateDq || kHeadDim == 128, "the fused dq splits head dim 128 between the consumers");
   using Shape = fa::Shape<kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>;
   static_assert(kSeqLen % fw::kBlockM == 0, "T must be a multiple of 128 (the wgmma kernel's tiles)");
   constexpr int kN = fw::kBlockM, kM = fw::kDkDvQueryTile, kD = kHeadDim;
@@ -946,6 +1042,10 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
   const unsigned delta_tiles = lse_tiles + kStages * kM * 4;     // [kStages][kM] floats
   // first: the k and v tiles landed; kept_empty: both consumers are done with them.
   const fw::Pipeline<kStages> pipe(delta_tiles + kStages * kM * 4);
+  // The fused dq's two dS tiles (kM queries x kN keys, bf16), after the barriers.
+  constexpr unsigned kDsTileBytes = kM * kN * fa::kBf16Bytes;
+  constexpr int kDsBuffers = fw::FusedDsBuffers(kD);
+  const unsigned ds_tiles = (delta_tiles + kStages * kM * 4 + fw::kBarrierBytes + 1023u) & ~1023u;
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
   // Every consumer thread arrives on empty (see the end of the consumers' loop).
@@ -1000,8 +1100,8 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
 
   // Two turns a query tile (fw::Turns): one for Sᵀ and dPᵀ, one for dv's and dk's products;
   // consumer 1 takes the turns of each head's first tile (all of its queries before its keys)
-  // without issuing.
-  const fw::Turns turns(c);
+  // without issuing. With kAccumulateDq the consumers run in step instead.
+  const fw::Turns turns(c, !kAccumulateDq);
   int begin = 0;  // the stage of the key block's first query tile
   for (int visit = 0, tile; (tile = fw::ZigzagTile(visit, me, grid, kTiles)) >= 0; ++visit) {
     const KeyBlock kb(tile);
@@ -1013,7 +1113,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
 
     pipe.WaitFirst(visit);
     int q0 = kb.k0;  // the stage's first query: from k0 to the end of each head of the group in turn
-    for (int i = 0; i < kb.stages; ++i, q0 = q0 + kM == kSeqLen ? kb.k0 : q0 + kM) {
+    // The stage's query head's first row in q, dO and dq.
+    long long head_row = (static_cast<long long>(kb.batch) * kHeads + kb.kv_head * kGroup) * kSeqLen;
+    for (int i = 0; i < kb.stages; ++i) {
       const int stage = begin + i;
       const int s = stage % kStages;
       pipe.WaitFull(stage);
@@ -1023,14 +1125,19 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
         turns.Pass();
         turns.Wait();
         turns.Pass();
+        if constexpr (kAccumulateDq) {  // its half of dS is 0
+          const unsigned zero[kM / 16][4] = {};
+          fw::StoreTransposed<kM, kM>(ds_tiles + (stage % kDsBuffers) * kDsTileBytes, zero, c * fw::kRowsPerConsumer + warp * 16);
+        }
       } else {
         const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
         float acc_s[kM / 8][4], acc_dp[kM / 8][4];  // Sᵀ = k qᵀ, dPᵀ = v dOᵀ
         fw::ScoresAndScoreGradients<kM, kD, kN>(acc_s, acc_dp, k_tile, q_tile, v_tile, do_tile,
                                                 c * fw::kRowsPerConsumer, [&] { turns.Pass(); });
         // The last query tile is after every key (k0 <= T - 128), so both consumers compute it:
-        // their last reads of the k and v tiles are done (every thread arrives, as on empty).
-        if (last_stage) pipe.ReleaseKept();
+        // their last reads of the k and v tiles are done (every thread arrives, as on empty);
+        // the fused dq reads k once more, below.
+        if (!kAccumulateDq && last_stage) pipe.ReleaseKept();
         const bool masked = key_c0 + fw::kRowsPerConsumer - 1 > q0;  // some key after some query
         const float* lse_row = lse_shared + s * kM;
         const float* delta_row = delta_shared + s * kM;
@@ -1050,6 +1157,9 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
         unsigned pa[kM / 16][4], dsa[kM / 16][4];
         fa::AccumulatorToA<kM>(pa, acc_s);
         fa::AccumulatorToA<kM>(dsa, acc_dp);
+        if constexpr (kAccumulateDq) {
+          fw::StoreTransposed<kM, kM>(ds_tiles + (stage % kDsBuffers) * kDsTileBytes, dsa, c * fw::kRowsPerConsumer + warp * 16);
+        }
         turns.Wait();
         fw::WgmmaFence();
 #pragma unroll
@@ -1058,13 +1168,43 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
         for (int kk = 0; kk < kM / 16; ++kk) fw::WgmmaRS<kD>(acc_dk, dsa[kk], fw::NMajor<kM>(q_tile, kk));
         fw::WgmmaCommit();
         turns.Pass();
+        if constexpr (!kAccumulateDq) {
+          fw::WgmmaWaitAll();
+          fw::Pin(acc_dv);
+          fw::Pin(acc_dk);
+        }
+      }
+      if constexpr (kAccumulateDq) {
+        // dq's columns 64c.. of the tile's 64 queries = dS (kM x kN) k (kN x 64), once both
+        // consumers' halves of dS are stored.
+        static_assert(kD == 2 * 64, "each consumer's dq columns are one 64-column block of k");
+        const unsigned ds_tile = ds_tiles + (stage % kDsBuffers) * kDsTileBytes;
+        const unsigned k_columns = k_tile + c * kN * 128;  // k's 64-column block c
+        fw::FenceProxyAsync();
+        fw::ConsumersSync();
+        float acc_dq[8][4];
+        fw::WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          fw::WgmmaSS64<1>(acc_dq, fw::KMajor<kM>(ds_tile, 0, kk), fw::NMajor<kN>(k_columns, kk), kk > 0);
+        }
+        fw::WgmmaCommit();
         fw::WgmmaWaitAll();
+        fw::Pin(acc_dq);
         fw::Pin(acc_dv);
         fw::Pin(acc_dk);
+        if constexpr (kDsBuffers == 1) fw::ConsumersSync();  // both done reading dS
+        if (last_stage) pipe.ReleaseKept();
+        fw::AddAccumulator<8>(dq + (head_row + q0 + warp * 16) * kD + c * 64, acc_dq, kD);
       }
       // Every consumer thread arrives (not one per warp): its own reads of the stage's LSE and
       // Delta (generic loads, unlike wgmma's) are then ordered before the producer refills it.
       pipe.Release(s);
+      q0 += kM;
+      if (q0 == kSeqLen) {  // the group's next head, from k0
+        q0 = kb.k0;
+        head_row += kSeqLen;
+      }
     }
     begin += kb.stages;
     // attention_grad computes dk and dv as separate nodes: each passes null for the other.
@@ -1072,6 +1212,44 @@ __device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict
     if (dv != nullptr) fa::StoreAccumulator<kD>(dv + (kb.kv_base + key_c0 + warp * 16) * kD, acc_dv);
   }
   turns.Finish();
+}
+}  // namespace flash_attention_wgmma
+
+template <typename TDKV, int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void FlashAttentionWgmmaBackwardDkDv(TDKV* __restrict__ dk, TDKV* __restrict__ dv,
+                                                                const __nv_bfloat16* __restrict__ q,
+                                                                const __nv_bfloat16* __restrict__ k,
+                                                                const __nv_bfloat16* __restrict__ v,
+                                                                const __nv_bfloat16* __restrict__ dout,
+                                                                const float* __restrict__ lse,
+                                                                const float* __restrict__ delta, float scale) {
+  flash_attention_wgmma::BackwardKeyBlocks<false, TDKV, kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>(
+      nullptr, dk, dv, q, k, v, dout, lse, delta, scale);
+}
+
+// dq, dk and dv of attention(q, k, v) in one walk over the key blocks (head dim 128): dq is
+// added into (fp32, zeroed before: FlashAttentionZero), dk and dv stored as in
+// FlashAttentionWgmmaBackwardDkDv. Launch: FlashAttentionWgmmaBackwardLaunch.
+template <int kBatch, int kHeads, int kKvHeads, int kSeqLen, int kHeadDim>
+__device__ __forceinline__ void FlashAttentionWgmmaBackward(float* __restrict__ dq, float* __restrict__ dk,
+                                                            float* __restrict__ dv, const __nv_bfloat16* __restrict__ q,
+                                                            const __nv_bfloat16* __restrict__ k,
+                                                            const __nv_bfloat16* __restrict__ v,
+                                                            const __nv_bfloat16* __restrict__ dout,
+                                                            const float* __restrict__ lse,
+                                                            const float* __restrict__ delta, float scale) {
+  flash_attention_wgmma::BackwardKeyBlocks<true, float, kBatch, kHeads, kKvHeads, kSeqLen, kHeadDim>(
+      dq, dk, dv, q, k, v, dout, lse, delta, scale);
+}
+
+// p[0 .. kCount) = 0, a grid-stride loop of 16-byte stores (FlashAttentionZeroLaunch).
+template <long long kCount>
+__device__ __forceinline__ void FlashAttentionZero(float* __restrict__ p) {
+  static_assert(kCount % 4 == 0, "whole float4s");
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < kCount / 4; i += stride) {
+    reinterpret_cast<float4*>(p)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 }  // namespace kiln::kernels

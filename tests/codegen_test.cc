@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -231,10 +233,11 @@ TEST(Codegen, AttentionWithABf16OutputStoresBf16AndDeltaReadsIt) {
 }
 
 // attention_grad's dq and dk/dv kernels: wgmma on sm_90a when T is a multiple of 128 (the
-// forward's rule, so the two read and write the same LSE), mma.sync elsewhere; every one
+// forward's rule, so the two read and write the same LSE), mma.sync elsewhere; at D 128 on
+// wgmma one fused kernel after dq's zeroing (unless CodegenOptions turns it off); every one
 // compiles with NVRTC.
 TEST(Codegen, AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) {
-  auto lower = [](int64_t t, int64_t d, const Target& target) -> std::vector<KernelSpec> {
+  auto lower = [](int64_t t, int64_t d, const Target& target, bool fused = true) -> std::vector<KernelSpec> {
     Module m;
     Builder a(m.AddFunction("f"));
     const DType bf16 = DType::kBF16, f32 = DType::kF32;
@@ -249,7 +252,8 @@ TEST(Codegen, AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) {
     EXPECT_TRUE(r.ok()) << r.status();
     for (const auto& n : m.functions()[0]->nodes()) {
       if (n->opcode() != Opcode::kAttentionGrad) continue;
-      absl::StatusOr<LoweredNode> lowered = LowerNode(*n, CodegenOptions{.target = target});
+      absl::StatusOr<LoweredNode> lowered =
+          LowerNode(*n, CodegenOptions{.target = target, .fused_attention_backward = fused});
       EXPECT_TRUE(lowered.ok()) << lowered.status();
       if (!lowered.ok()) return {};
       return lowered->kernels;
@@ -257,9 +261,10 @@ TEST(Codegen, AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) {
     return {};
   };
   const Target hopper = *TargetForArch("sm_90a"), ampere = *TargetForArch("sm_80");
-  for (int64_t d : {64, 128}) {
+  for (const auto& [d, fused] : std::vector<std::pair<int64_t, bool>>{{64, true}, {128, false}}) {
+    // D 64, or the fused backward off: the dq kernel, then the dk/dv kernel
     SCOPED_TRACE(absl::StrCat("D ", d));
-    const std::vector<KernelSpec> wgmma = lower(256, d, hopper);
+    const std::vector<KernelSpec> wgmma = lower(256, d, hopper, fused);
     ASSERT_EQ(wgmma.size(), 2u);
     EXPECT_TRUE(absl::StrContains(wgmma[0].source, absl::StrCat("FlashAttentionWgmmaBackwardDq<float, 1, 4, 2, 256, ",
                                                                 d, ">(dq, ")))
@@ -272,6 +277,18 @@ TEST(Codegen, AttentionBackwardRunsOnWgmmaWhereTheForwardDoes) {
       ExpectCompiles(k);
     }
     EXPECT_EQ(wgmma[0].grid[0], 4u * 256 / 128);  // 128 queries of each head
+    EXPECT_EQ(wgmma[1].grid[0], 2u * 256 / 128);  // 128 keys of each kv head
+  }
+  {  // D 128: dq zeroed, then one kernel adding into it and writing dk and dv
+    const std::vector<KernelSpec> wgmma = lower(256, 128, hopper);
+    ASSERT_EQ(wgmma.size(), 2u);
+    EXPECT_TRUE(absl::StrContains(wgmma[0].source, absl::StrCat("FlashAttentionZero<", 4 * 256 * 128, "LL>(dq)")))
+        << wgmma[0].source;
+    EXPECT_TRUE(absl::StrContains(wgmma[1].source, "FlashAttentionWgmmaBackward<1, 4, 2, 256, 128>(dq, dk, dv, "))
+        << wgmma[1].source;
+    for (const KernelSpec& k : wgmma) ExpectCompiles(k);
+    EXPECT_EQ(wgmma[0].block[0], 256u);
+    EXPECT_EQ(wgmma[1].block[0], 384u);
     EXPECT_EQ(wgmma[1].grid[0], 2u * 256 / 128);  // 128 keys of each kv head
   }
   for (const std::vector<KernelSpec>& kernels : {lower(256, 64, ampere), lower(192, 64, hopper)}) {

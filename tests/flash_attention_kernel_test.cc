@@ -10,7 +10,8 @@
 //     rounding boundary within the GPU's fp32 error. The backward is also compared with the
 //     unfused IR's own definition of the softmax gradient (Delta = sum dP * P), and runs
 //     twice to the same bits (no atomics).
-// The Hopper kernels (kernels/flash_attention_wgmma.cuh: forward, dq, dk/dv) likewise: in CI
+// The Hopper kernels (kernels/flash_attention_wgmma.cuh: forward, dq, dk/dv, and at D 128 the
+// fused backward, whose dq is added into in no fixed order) likewise: in CI
 // they compile for sm_90a with ptxas reporting no spills (registers and spills printed from
 // NVRTC's log); on an sm_90a GPU the forward's O and LSE match the reference and the mma.sync
 // forward's O (the same definition with other tiles), and the backward's dq, dk and dv the
@@ -162,8 +163,31 @@ KernelSpec WgmmaDkDvKernel(const KernelCase& c) {
               "flash_attention_wgmma");
 }
 
+// The fused Hopper backward (head dim 128, fp32 gradients: dq is added into) and the kernel
+// that zeroes its dq first.
+bool HasFusedBackward(const KernelCase& c) {
+  return kernels::FlashAttentionWgmmaFusesDq(c.shape.head_dim) && c.grads == Float::kF32;
+}
+KernelSpec WgmmaFusedBackwardKernel(const KernelCase& c) {
+  const AttentionShape& s = c.shape;
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_wgmma_backward"),
+              absl::StrCat("float* dq, float* dk, float* dv, ", BackwardInputs(c)),
+              absl::StrCat("FlashAttentionWgmmaBackward<", ShapeArgs(s), ">(dq, dk, dv, q, k, v, dout, lse, delta, ",
+                           ScaleLiteral(s.scale), ")"),
+              kernels::FlashAttentionWgmmaBackwardLaunch(s.batch, s.kv_heads, s.seq_len, s.head_dim, c.sm_count),
+              "flash_attention_wgmma");
+}
+KernelSpec ZeroKernel(const KernelCase& c) {
+  const int64_t count = c.shape.q_elements();
+  return Spec(absl::StrCat("k_", c.name, "_flash_attention_zero"), "float* p",
+              absl::StrCat("FlashAttentionZero<", count, "LL>(p)"),
+              kernels::FlashAttentionZeroLaunch(count, c.sm_count), "flash_attention_wgmma");
+}
+
 std::vector<KernelSpec> WgmmaKernels(const KernelCase& c) {
-  return {WgmmaForwardKernel(c), WgmmaDqKernel(c), WgmmaDkDvKernel(c)};
+  std::vector<KernelSpec> kernels = {WgmmaForwardKernel(c), WgmmaDqKernel(c), WgmmaDkDvKernel(c)};
+  if (HasFusedBackward(c)) kernels.push_back(WgmmaFusedBackwardKernel(c));
+  return kernels;
 }
 
 std::vector<KernelSpec> AllKernels(const KernelCase& c) {
@@ -303,9 +327,18 @@ TEST(FlashAttentionKernelTest, WgmmaKernelsGeometryFitsAnH200) {
   EXPECT_EQ(WgmmaDqKernel(few).grid[0], 4u * 256 / 128);
   EXPECT_EQ(WgmmaDkDvKernel(few).grid[0], 2u * 256 / 128);
   EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).grid[0], 132u);
-  // dk/dv at D 128: k and v of 128 keys, two stages of q and dO of 64 queries with their LSE
-  // and Delta, the barriers and the alignment slack.
-  EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).shared_bytes, (2 * 128 + 2 * 2 * 64) * 128 * 2 + 2 * 2 * 64 * 4 + 128 + 1024);
+  // dk/dv at D 128: k and v of 128 keys, three stages of q and dO of 64 queries with their LSE
+  // and Delta, the barriers and the alignment slack; the fused backward adds two dS tiles (64
+  // queries x 128 keys) and their alignment.
+  const unsigned dkdv_bytes = (2 * 128 + 2 * 3 * 64) * 128 * 2 + 2 * 3 * 64 * 4 + 128 + 1024;
+  EXPECT_EQ(WgmmaDkDvKernel(kLlamaM).shared_bytes, dkdv_bytes);
+  EXPECT_EQ(WgmmaFusedBackwardKernel(kLlamaM).shared_bytes, dkdv_bytes + 1024 + 2 * 64 * 128 * 2);
+  EXPECT_EQ(WgmmaFusedBackwardKernel(kLlamaM).grid[0], 132u);
+  EXPECT_TRUE(HasFusedBackward(kLlamaM));
+  EXPECT_FALSE(HasFusedBackward(kLlamaS));  // D 64 keeps the dq and dk/dv kernels
+  // The zero kernel: 4 blocks an SM at most, fewer where dq is small.
+  EXPECT_EQ(ZeroKernel(kLlamaM).grid[0], 4u * 132);
+  EXPECT_EQ(ZeroKernel(few).grid[0], (1u * 4 * 256 * 128 / 4 + 255) / 256);
 }
 
 // The Hopper kernels compile for sm_90a at llama-S (D 64) and llama-M (D 128), fp32 and bf16
@@ -622,12 +655,31 @@ TEST_P(FlashAttentionWgmmaGpuTest, MatchesReferenceAndMmaSyncKernel) {
   EXPECT_EQ(DownloadBytes(dq[0]), DownloadBytes(dq[1])) << "dq differs between two runs";
   EXPECT_EQ(DownloadBytes(dk[0]), DownloadBytes(dk[1])) << "dk differs between two runs";
   EXPECT_EQ(DownloadBytes(dv[0]), DownloadBytes(dv[1])) << "dv differs between two runs";
+
+  // The fused backward (D 128, fp32 gradients), into poisoned buffers with dq zeroed by its
+  // kernel: dk and dv the same bits as the dk/dv kernel's (the same products in the same
+  // order), dq within tolerance of the reference below (its additions come in no fixed order).
+  Buffer fused_dq, fused_dk, fused_dv;
+  if (HasFusedBackward(b)) {
+    const GpuKernel zero = Load(ZeroKernel(b)), fused = Load(WgmmaFusedBackwardKernel(b));
+    fused_dq = NewBuffer(s.q_elements(), Float::kF32);
+    fused_dk = NewBuffer(s.kv_elements(), Float::kF32);
+    fused_dv = NewBuffer(s.kv_elements(), Float::kF32);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    zero.Run({fused_dq.get()});
+    fused.Run({fused_dq.get(), fused_dk.get(), fused_dv.get(), q_buf.get(), k_buf.get(), v_buf.get(), dout_buf.get(),
+               lse[0].get(), delta.get()});
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    EXPECT_EQ(DownloadBytes(fused_dk), DownloadBytes(dk[0])) << "the fused backward's dk differs from the dk/dv kernel's";
+    EXPECT_EQ(DownloadBytes(fused_dv), DownloadBytes(dv[0])) << "the fused backward's dv differs from the dk/dv kernel's";
+  }
   for (testing::DeltaDefinition definition : {testing::DeltaDefinition::kFromOutput, testing::DeltaDefinition::kIr}) {
     const std::string suffix = definition == testing::DeltaDefinition::kIr ? " (wgmma, IR's Delta)" : " (wgmma)";
     const testing::AttentionBackwardReference bwd = testing::AttentionBackward(s, q, k, v, dout, o_wgmma, definition);
     ExpectWithin("dq" + suffix, Download(dq[0]), bwd.dq, b.grads);
     ExpectWithin("dk" + suffix, Download(dk[0]), bwd.dk, b.grads);
     ExpectWithin("dv" + suffix, Download(dv[0]), bwd.dv, b.grads);
+    if (HasFusedBackward(b)) ExpectWithin("dq (fused)" + suffix, Download(fused_dq), bwd.dq, Float::kF32);
     if (definition != testing::DeltaDefinition::kFromOutput) continue;
     // wgmma against mma.sync: twice each element's tolerance.
     auto against_mma_sync = [&](const char* name, const Buffer& wgmma_grad, const Buffer& mma_grad,
