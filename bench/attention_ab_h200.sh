@@ -4,8 +4,9 @@
 # times (A B A B ..., so that a drift of the machine falls on all of them alike), then per
 # shape and kiln implementation the median over the repeats of each run's median ms, the
 # spread of those medians, and the largest error against the reference any run reported.
-# TORCH=1 adds one run of bench/attention_torch.py (SDPA's flash and cuDNN) at the end, for
-# the same table's scale.
+# TORCH=1 adds a run of bench/attention_torch.py (SDPA's flash and cuDNN) to every repeat,
+# after the builds' runs, tabled the same way (torch's figures move 5-20% between calls, so
+# only the same call's are a fair comparison).
 #   bash bench/attention_ab_h200.sh main=.carry/attention_bench_main new=.carry/attention_bench
 # Knobs: REPEATS=3 SHAPES=S,M,L ITERS=20 WARMUP=3 TORCH=0 OUT_DIR=/tmp/kiln-attention-ab
 # PYTHON=python3 RUN_TIMEOUT=300 (seconds a run may take: a kernel that deadlocks costs that
@@ -50,14 +51,15 @@ for ((r = 1; r <= REPEATS; ++r)); do
     fi
     runs+=("$name=$out")
   done
-done
-if [[ $TORCH == 1 ]]; then
-  if ! "$PYTHON" bench/attention_torch.py --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" \
-      > "$OUT_DIR/torch.jsonl" 2> "$OUT_DIR/torch.log"; then
-    echo "attention_torch.py failed:"; tail -3 "$OUT_DIR/torch.log"; status=1
+  # torch in every repeat too, so that its figure is a median over the same drift.
+  if [[ $TORCH == 1 ]]; then
+    if ! "$PYTHON" bench/attention_torch.py --shapes "$SHAPES" --iters "$ITERS" --warmup "$WARMUP" \
+        > "$OUT_DIR/torch_$r.jsonl" 2> "$OUT_DIR/torch_$r.log"; then
+      echo "attention_torch.py failed:"; tail -3 "$OUT_DIR/torch_$r.log"; status=1
+    fi
+    runs+=("torch=$OUT_DIR/torch_$r.jsonl")
   fi
-  runs+=("torch=$OUT_DIR/torch.jsonl")
-fi
+done
 "$PYTHON" - "${runs[@]}" <<'PY' || status=1
 import collections, json, statistics, sys
 ms = collections.defaultdict(list)   # (shape, impl, config) -> each run's median ms
