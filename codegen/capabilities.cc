@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "codegen/gemm_rules.h"
-#include "codegen/lower_gemv.h"
 #include "kernels/flash_attention.cuh"  // the shapes the kernels take: plain C++ outside a CUDA compiler
 
 namespace kiln {
@@ -34,11 +33,6 @@ class Capabilities final : public BackendCapabilities {
     GemmDescription g{.batch = s.batch, .m = s.m, .n = s.n, .k = s.k, .beta = s.beta,
                       .a_dtype = s.a, .b_dtype = s.b, .d_dtype = s.d, .bias = s.bias, .scaled = true};
     return kiln::Fp8GemmUnsupportedReason(g);
-  }
-
-  // SmallMGemm's (codegen/lower_gemv.h): its RunNormalized reads an rms_norm'd A.
-  std::string NormGemmUnsupportedReason(const Node& gemm, const Target& target) const override {
-    return codegen::SmallMGemmRefusal(gemm, CodegenOptions{.target = target});
   }
 };
 

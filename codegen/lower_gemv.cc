@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "codegen/composite_wrapper.h"
@@ -73,96 +72,37 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
   return "";
 }
 
-namespace {
-
-// SmallMGemm as `gemm` (a gemm node SmallMGemmRefusal takes) instantiates it: the template,
-// its grid, block and comment, and the scalars.
-struct SmallMGemmPlan {
-  std::string type;  // "SmallMGemm<...>"
-  std::string comment;
-  int64_t blocks = 0;
-  int threads = 0;
-  double alpha = 1, beta = 0;
-  bool has_c = false;
-};
-
-absl::StatusOr<SmallMGemmPlan> PlanSmallMGemm(const Node& gemm, const CodegenOptions& options) {
-  const std::string refusal = SmallMGemmRefusal(gemm, options);
-  if (!refusal.empty()) return absl::InvalidArgumentError(absl::StrCat(composite::Where(gemm), ": ", refusal));
-  ASSIGN_OR_RETURN(const int64_t m, gemm.attrs().GetInt("m"));
-  ASSIGN_OR_RETURN(const int64_t n, gemm.attrs().GetInt("n"));
-  ASSIGN_OR_RETURN(const int64_t k, gemm.attrs().GetInt("k"));
-  SmallMGemmPlan plan;
-  ASSIGN_OR_RETURN(plan.alpha, gemm.attrs().GetFloat("alpha"));
-  ASSIGN_OR_RETURN(plan.beta, gemm.attrs().GetFloat("beta"));
-  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(gemm.attrs()));
-  plan.has_c = slots.c >= 0;
-  const DType t = gemm.operand(0)->type().dtype, d = gemm.type().dtype;
+absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options) {
+  const std::string refusal = SmallMGemmRefusal(node, options);
+  if (!refusal.empty()) return absl::InvalidArgumentError(absl::StrCat(composite::Where(node), ": ", refusal));
+  ASSIGN_OR_RETURN(const int64_t m, node.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, node.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, node.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, node.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta, node.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
+  const bool has_c = slots.c >= 0;
+  const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
   const Geometry g = GeometryFor(m, k / vec);
-  plan.blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
-  plan.threads = g.groups * g.split * composite::kWarpSize;
-  RETURN_IF_ERROR(composite::CheckGrid(gemm, plan.blocks));
-  plan.comment = absl::StrCat(m, " x ", n, " x ", k, ": ", Count(g.split, "warp"), " per ", Count(g.rows, "row"),
-                              " of B, ", g.unroll, " 16-byte chunks of each in flight a lane; ",
-                              Count(plan.blocks, "block"), " of ", Count(g.groups * g.split, "warp"));
-  if (plan.has_c) plan.comment += absl::StrCat("; adds ", FloatLiteral(plan.beta), " C");
-  plan.type = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
-                           g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", plan.has_c ? "true" : "false",
-                           ">");
-  return plan;
-}
-
-}  // namespace
-
-absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options) {
-  ASSIGN_OR_RETURN(const SmallMGemmPlan plan, PlanSmallMGemm(node, options));
-  const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
+  const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
+  const int threads = g.groups * g.split * composite::kWarpSize;
+  RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
   Wrapper w;
   w.header = "gemv";
-  w.comment = plan.comment;
+  w.comment = absl::StrCat(m, " x ", n, " x ", k, ": ", Count(g.split, "warp"), " per ", Count(g.rows, "row"),
+                           " of B, ", g.unroll, " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"),
+                           " of ", Count(g.groups * g.split, "warp"));
   w.params = {Param(t, "a"), Param(t, "b")};
-  if (plan.has_c) w.params.push_back(Param(d, "c"));
-  w.call = absl::StrCat(plan.type, "::Run(out, a, b, ", plan.has_c ? "c" : "nullptr", ", ", FloatLiteral(plan.alpha),
-                        ", ", FloatLiteral(plan.has_c ? plan.beta : 0.0), ")");
-  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, plan.blocks, plan.threads)});
-  lowered.label = "gemv";
-  return lowered;
-}
-
-absl::StatusOr<LoweredNode> LowerNormGemmFusion(const Node& fusion, const CodegenOptions& options) {
-  const Function* body = fusion.body();
-  if (body == nullptr || body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kGemm ||
-      body->outputs()[0]->operand(0)->opcode() != Opcode::kRmsNorm) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(composite::Where(fusion), ": a norm_gemm fusion's body is an rms_norm feeding a gemm's A"));
+  if (has_c) {
+    w.params.push_back(Param(d, "c"));
+    w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
-  const Node& gemm = *body->outputs()[0];
-  const Node& norm = *gemm.operand(0);
-  ASSIGN_OR_RETURN(const SmallMGemmPlan plan, PlanSmallMGemm(gemm, options));
-  ASSIGN_OR_RETURN(const double eps, composite::FiniteFloatAttr(norm, "eps"));
-  const TensorType& x = norm.operand(0)->type();
-  const TensorType& w_norm = norm.operand(1)->type();
-  const int64_t k = gemm.attrs().GetInt("k").value_or(-1);
-  if (x.dtype != DType::kF32 || w_norm.dtype != DType::kF32 || x.dims.empty() || x.dims.back() != k ||
-      w_norm.dims != std::vector<int64_t>{k} || norm.type().dtype != gemm.operand(1)->type().dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(composite::Where(fusion), ": the fused norm takes x f32 [m, ", k,
-                                                   "] and w f32 [", k, "] into A's dtype; this one is rms_norm(",
-                                                   x.ToString(), ", ", w_norm.ToString(), ") -> ",
-                                                   norm.type().ToString()));
-  }
-  // The body's parameter i is the fusion's operand i: the kernel's in<i>.
-  auto input = [](const Node* parameter) { return absl::StrCat("in", parameter->attrs().GetInt("index").value_or(-1)); };
-  Wrapper w;
-  w.header = "gemv";
-  w.comment = absl::StrCat(plan.comment, "; A = rms_norm(x, w) rounded to ", DTypeName(norm.type().dtype),
-                           " as it is read (each block sums x's squares first)");
-  for (const Node* p : body->parameters()) w.params.push_back(Param(p->type().dtype, input(p)));
-  w.call = absl::StrCat(plan.type, "::RunNormalized(out, ", input(norm.operand(0)), ", ", input(norm.operand(1)), ", ",
-                        FloatLiteral(eps), ", ", input(gemm.operand(1)), ", ",
-                        plan.has_c ? input(gemm.operand(2)) : std::string("nullptr"), ", ", FloatLiteral(plan.alpha),
-                        ", ", FloatLiteral(plan.has_c ? plan.beta : 0.0), ")");
-  LoweredNode lowered = Kernels({Emit(fusion, KernelName(fusion), w, plan.blocks, plan.threads)});
+  w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
+                        g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false",
+                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
+                        FloatLiteral(has_c ? beta : 0.0), ")");
+  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
   lowered.label = "gemv";
   return lowered;
 }

@@ -24,10 +24,4 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options);
 // The one kernel; InvalidArgument with SmallMGemmRefusal's reason for a gemm it does not take.
 absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options);
 
-// A norm_gemm fusion (ir/fusion.h): SmallMGemm::RunNormalized, the body's gemm with its A
-// normalized as it is read; InvalidArgument where the gemm is not one SmallMGemm takes (the
-// fuse-norm-gemm pass makes these fusions only of gemms it does take) or the norm is not
-// rms_norm of an f32 x and w into the gemm's operand dtype.
-absl::StatusOr<LoweredNode> LowerNormGemmFusion(const Node& fusion, const CodegenOptions& options);
-
 }  // namespace kiln::codegen

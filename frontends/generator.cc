@@ -8,7 +8,6 @@
 #include "frontends/llama.h"
 #include "ir/status_macros.h"
 #ifdef KILN_WITH_CUDA
-#include "codegen/capabilities.h"
 #include "frontends/cuda_inference_engine.h"
 #include "runtime/cuda/device.h"
 #endif
@@ -125,9 +124,6 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
     CompileOptions compile;
     compile.precision = options_.precision;
 #ifdef KILN_WITH_CUDA
-    // What codegen's kernels take (fuse-norm-gemm asks); the CPU backend evaluates the fusions
-    // it makes by their bodies, the same ops.
-    compile.capabilities = &CodegenCapabilities();
     if (options_.device != nullptr) compile.target = options_.device->target();
 #endif
     RETURN_IF_ERROR(CompileInferenceModule(*module, compile).status());

@@ -8,8 +8,7 @@
 namespace kiln {
 namespace {
 
-constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
-                                 FusionKind::kNormGemm};
+constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -23,7 +22,6 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kLoop: return "loop";
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
-    case FusionKind::kNormGemm: return "norm_gemm";
   }
   return "?";
 }
@@ -33,7 +31,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, norm_gemm)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -142,28 +140,6 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       for (const Node* user : write->users()) {
         return BodyError(kind, *user, "uses the cache write: a cache_write fusion ends at it");
       }
-      return absl::OkStatus();
-    }
-    case FusionKind::kNormGemm: {
-      if (body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kGemm) {
-        return absl::InvalidArgumentError("a norm_gemm fusion's body returns one gemm");
-      }
-      const Node* gemm = body->outputs()[0];
-      const Node* norm = gemm->operand(0);
-      if (norm->opcode() != Opcode::kRmsNorm) return BodyError(kind, *gemm, "does not read an rms_norm as its A");
-      for (const auto& n : body->nodes()) {
-        if (n.get() == gemm || n.get() == norm || n->opcode() == Opcode::kParameter) continue;
-        return BodyError(kind, *n, "is neither the rms_norm nor the gemm it feeds");
-      }
-      for (const Node* o : norm->operands()) {
-        if (o->opcode() != Opcode::kParameter) return BodyError(kind, *norm, "reads a value that is not a parameter");
-      }
-      for (size_t i = 1; i < gemm->operands().size(); ++i) {
-        if (gemm->operand(i)->opcode() != Opcode::kParameter) {
-          return BodyError(kind, *gemm, "reads a B, C or scale that is not a parameter");
-        }
-      }
-      if (norm->users().size() != 1) return BodyError(kind, *norm, "has a use besides the gemm's A");
       return absl::OkStatus();
     }
   }

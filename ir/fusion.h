@@ -38,12 +38,9 @@ namespace kiln {
 // kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
 // are body parameters): the kernel that computes a layer's new K (or V) rows stores them
 // straight into their paged-pool slots instead of writing them for a second kernel to copy.
-// kNormGemm: an rms_norm of parameters feeding, as A, a gemm whose other operands are
-// parameters: the GEMM kernel normalizes each row of A as it reads it (the decode step's
-// projections of few rows, kernels/gemv.cuh), so the norm's rows are never stored.
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kNormGemm };
+enum class FusionKind { kLoop, kReduction, kCacheWrite };
 
-absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write", "norm_gemm"
+absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write"
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
 // The `kind` attribute of a fusion node.

@@ -39,60 +39,9 @@ struct SmallMGemm {
   static constexpr long long kBlocks = CeilDiv(kN, kRowsPerBlock);
   static constexpr long long kRound = static_cast<long long>(kUnroll) * kSplit * kWarpSize;  // chunks a round
 
-  static constexpr int kThreads = kGroups * kSplit * kWarpSize;
-
   // c: null unless kHasC.
   static __device__ __forceinline__ void Run(TD* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
                                              const TD* __restrict__ c, float alpha, float beta) {
-    Body(out, b, c, alpha, beta, [] {}, [&](int m, long long chunk, float (&v)[kVec]) {
-      const Packed128<T> av = Load128(a + m * kK + chunk * kVec);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = ToFloat(av[j]);
-    });
-  }
-
-  // The same product with A = rms_norm(x, w) {eps, out_dtype=T} (ir/op_table.h: x * rsqrt(
-  // mean(x^2) + eps) * w in f32, rounded to T), computed as A is read: every block first sums
-  // the squares of x's kM rows (x is read whole by every block anyway; the block's first B
-  // loads are already in flight), then rounds x * r * w to T chunk by chunk, as
-  // kernels/rms_norm.cuh's RmsNormForward computes and stores it. A norm_gemm fusion
-  // (ir/fusion.h) runs this.
-  static __device__ __forceinline__ void RunNormalized(TD* __restrict__ out, const float* __restrict__ x,
-                                                       const float* __restrict__ w, float eps,
-                                                       const T* __restrict__ b, const TD* __restrict__ c,
-                                                       float alpha, float beta) {
-    __shared__ float inverse_rms[kM];
-    auto prologue = [&] {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float sum_squares = 0.0f;
-        for (long long chunk = threadIdx.x; chunk < kChunks; chunk += kThreads) {
-          float xs[kVec];
-          LoadFloats(x + m * kK + chunk * kVec, xs);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) sum_squares += xs[j] * xs[j];
-        }
-        const float total = BlockReduce<kThreads>(sum_squares, SumOp(), 0.0f);
-        if (threadIdx.x == 0) inverse_rms[m] = 1.f / sqrtf(total / kK + eps);
-      }
-      __syncthreads();
-    };
-    Body(out, b, c, alpha, beta, prologue, [&](int m, long long chunk, float (&v)[kVec]) {
-      float xs[kVec], ws[kVec];
-      LoadFloats(x + m * kK + chunk * kVec, xs);
-      LoadFloats(w + chunk * kVec, ws);
-      const float r = inverse_rms[m];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = ToFloat(FromFloat<T>(xs[j] * r * ws[j]));
-    });
-  }
-
- private:
-  // The kernel: prologue() once the first round of B is loading, load_a(m, chunk, v) A's
-  // chunk `chunk` of row m as floats.
-  template <typename Prologue, typename LoadA>
-  static __device__ __forceinline__ void Body(TD* __restrict__ out, const T* __restrict__ b, const TD* __restrict__ c,
-                                              float alpha, float beta, Prologue prologue, LoadA load_a) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int group = warp / kSplit, part = warp % kSplit;
     const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock + static_cast<long long>(group) * kRows;
@@ -121,7 +70,6 @@ struct SmallMGemm {
       }
     };
     load_round(0);
-    prologue();
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -129,12 +77,12 @@ struct SmallMGemm {
         if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          float av[kVec];
-          load_a(m, chunk, av);
+          const Packed128<T> av = Load128(a + m * kK + chunk * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
+            const float x = ToFloat(av[j]);
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(av[j], ToFloat(bv[u][r][j]), acc[m][r]);
+            for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(x, ToFloat(bv[u][r][j]), acc[m][r]);
           }
         }
       }

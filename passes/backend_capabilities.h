@@ -1,5 +1,5 @@
 // What the code generator's kernels can take, asked by passes before they choose an
-// implementation (select-flash-attention, select-fp8-gemm, fuse-norm-gemm). The
+// implementation (select-flash-attention today; FP8 GEMMs and paged attention next). The
 // code generator answers (codegen/capabilities.h): passes/ includes nothing of kernels/ or
 // codegen/, and a compile that gives no answers selects nothing that needs one.
 #pragma once
@@ -11,8 +11,6 @@
 #include "passes/target.h"
 
 namespace kiln {
-
-class Node;
 
 // Causal attention over q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, seq, head_dim].
 struct AttentionKernelShape {
@@ -37,9 +35,6 @@ class BackendCapabilities {
   virtual std::string AttentionImplementation(const Target& target) const = 0;
   // Why no FP8 GEMM of `target` takes `shape`, or "" when one does.
   virtual std::string Fp8GemmUnsupportedReason(const Fp8GemmShape& shape, const Target& target) const = 0;
-  // Why no GEMM kernel of `target` takes `gemm` (a gemm node, its A an rms_norm's result)
-  // normalizing A's rows as it reads them, or "" when one does (fuse-norm-gemm).
-  virtual std::string NormGemmUnsupportedReason(const Node& gemm, const Target& target) const = 0;
 };
 
 }  // namespace kiln

@@ -13,7 +13,6 @@
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_fp8_scale_update.h"
-#include "passes/fuse_norm_gemm.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
@@ -92,10 +91,6 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // rows into their pool slots (inference: a layer's K and V); after fusion, whose fusions
   // it extends.
   p.Add(std::make_unique<FuseCacheWritePass>());
-  // An rms_norm read only as the A of a few-row gemm (the decode step's projections) is
-  // computed by that gemm's kernel as it reads A; after fusion, whose fused values may be the
-  // norm's x, and which leaves norms alone.
-  p.Add(std::make_unique<FuseNormGemmPass>(options.capabilities, options.target.value_or(Target{})));
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

@@ -14,7 +14,6 @@
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_fp8_scale_update.h"
-#include "passes/fuse_norm_gemm.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
 #include "passes/gemm_bias_epilogue.h"
@@ -42,10 +41,6 @@ std::unique_ptr<Pass> MakeSelectFlashAttention(const CompileOptions& options) {
   return std::make_unique<SelectFlashAttentionPass>(options.capabilities, options.target.value_or(Target{}));
 }
 
-std::unique_ptr<Pass> MakeFuseNormGemm(const CompileOptions& options) {
-  return std::make_unique<FuseNormGemmPass>(options.capabilities, options.target.value_or(Target{}));
-}
-
 std::unique_ptr<Pass> MakeSelectFp8Gemm(const CompileOptions& options) {
   return std::make_unique<SelectFp8GemmPass>(options.capabilities, options.target.value_or(Target{}));
 }
@@ -70,8 +65,6 @@ constexpr PassInfo kPasses[] = {
      Make<FuseFp8ScaleUpdatePass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
-    {FuseNormGemmPass::kName, "rms_norm read only as a few-row gemm's A -> normalized by that gemm's kernel",
-     MakeFuseNormGemm},
     {FuseResidualNormPass::kName,
      "add + norm -> one kernel; narrow norms; backward: add, dw, all of layer_norm's",
      Make<FuseResidualNormPass>, /*reassociates_f32_sums=*/true},
