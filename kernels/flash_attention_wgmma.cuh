@@ -1,6 +1,7 @@
 // Causal flash attention for Hopper (sm_90a), forward and backward. This comment describes the
-// forward; the backward kernels (FlashAttentionWgmmaBackwardDq, FlashAttentionWgmmaBackwardDkDv,
-// below) use the same block, pipeline and tile layout and say what they compute.
+// forward; the backward kernels (FlashAttentionWgmmaBackwardDq, FlashAttentionWgmmaBackwardDkDv
+// and, at head dim 128, FlashAttentionWgmmaBackward, the two in one: below) use the same block,
+// pipeline and tile layout and say what they compute.
 //
 // The forward: the `attention` op (ir/op_table.h) on warpgroup MMA (wgmma.mma_async m64nNk16, bf16 operands, fp32 accumulation), single pass
 // over the keys with an online softmax. Same layouts, GQA rule, O and LSE as
@@ -85,10 +86,10 @@ constexpr int kDqKeyTile = 64;
 constexpr int kDkDvQueryTile = 64;
 KILN_FLASH_ATTENTION_HD constexpr int DqStages(long long head_dim) { return head_dim <= 64 ? 4 : 3; }
 KILN_FLASH_ATTENTION_HD constexpr int DkDvStages(long long /*head_dim*/) { return 3; }
-// The fused backward's dS tiles: two (one consumer stores the next tile's while the other still
-// reads this one's) where shared memory allows, else one (the consumers meet again after dq's
-// product before either stores the next).
-KILN_FLASH_ATTENTION_HD constexpr int FusedDsBuffers(long long head_dim) { return DkDvStages(head_dim) >= 4 ? 1 : 2; }
+// The fused backward's dS tiles: two, so that one consumer stores the next tile's while the
+// other still reads this one's. (Four stages fit beside one tile only, the consumers then
+// meeting twice a tile: slower on the H200, bench/RESULTS.md session 20.)
+constexpr int kFusedDsTiles = 2;
 // The persistent kernels' schedule: a block of a grid of `blocks` takes the tiles (query
 // or key blocks, numbered heaviest first) `block`, 2 * blocks - 1 - block,
 // 2 * blocks + block, 4 * blocks - 1 - block, ...: a zigzag, so that each block's pair of
@@ -188,8 +189,8 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionWgmmaBackwa
                                                                                         long long head_dim,
                                                                                         long long sm_count) {
   FlashAttentionLaunch l = FlashAttentionWgmmaBackwardDkDvLaunch(batch, kv_heads, seq_len, head_dim, sm_count);
-  l.shared_bytes += static_cast<unsigned>(1024 + flash_attention_wgmma::FusedDsBuffers(head_dim) * l.block_m *
-                                                     l.block_n * flash_attention::kBf16Bytes);
+  l.shared_bytes += static_cast<unsigned>(1024 + flash_attention_wgmma::kFusedDsTiles * l.block_m * l.block_n *
+                                                     flash_attention::kBf16Bytes);
   return l;
 }
 
@@ -201,7 +202,6 @@ KILN_FLASH_ATTENTION_HD constexpr FlashAttentionLaunch FlashAttentionZeroLaunch(
   const long long blocks = (count / 4 + l.block_threads - 1) / l.block_threads;
   const long long most = 4 * (sm_count > 0 ? sm_count : 1);
   l.grid_x = static_cast<unsigned>(blocks < most ? (blocks > 0 ? blocks : 1) : most);
-  l.shared_bytes = 0;
   return l;
 }
 
@@ -1044,7 +1044,6 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
   const fw::Pipeline<kStages> pipe(delta_tiles + kStages * kM * 4);
   // The fused dq's two dS tiles (kM queries x kN keys, bf16), after the barriers.
   constexpr unsigned kDsTileBytes = kM * kN * fa::kBf16Bytes;
-  constexpr int kDsBuffers = fw::FusedDsBuffers(kD);
   const unsigned ds_tiles = (delta_tiles + kStages * kM * 4 + fw::kBarrierBytes + 1023u) & ~1023u;
 
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
@@ -1118,6 +1117,7 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
     for (int i = 0; i < kb.stages; ++i) {
       const int stage = begin + i;
       const int s = stage % kStages;
+      [[maybe_unused]] const unsigned ds_tile = ds_tiles + (stage % fw::kFusedDsTiles) * kDsTileBytes;  // fused dq
       pipe.WaitFull(stage);
       const bool last_stage = i == kb.stages - 1;
       turns.Wait();
@@ -1127,7 +1127,7 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
         turns.Pass();
         if constexpr (kAccumulateDq) {  // its half of dS is 0
           const unsigned zero[kM / 16][4] = {};
-          fw::StoreTransposed<kM, kM>(ds_tiles + (stage % kDsBuffers) * kDsTileBytes, zero, c * fw::kRowsPerConsumer + warp * 16);
+          fw::StoreTransposed<kM, kM>(ds_tile, zero, c * fw::kRowsPerConsumer + warp * 16);
         }
       } else {
         const unsigned q_tile = q_tiles + s * kTileBytes, do_tile = do_tiles + s * kTileBytes;
@@ -1158,7 +1158,7 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
         fa::AccumulatorToA<kM>(pa, acc_s);
         fa::AccumulatorToA<kM>(dsa, acc_dp);
         if constexpr (kAccumulateDq) {
-          fw::StoreTransposed<kM, kM>(ds_tiles + (stage % kDsBuffers) * kDsTileBytes, dsa, c * fw::kRowsPerConsumer + warp * 16);
+          fw::StoreTransposed<kM, kM>(ds_tile, dsa, c * fw::kRowsPerConsumer + warp * 16);
         }
         turns.Wait();
         fw::WgmmaFence();
@@ -1178,7 +1178,6 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
         // dq's columns 64c.. of the tile's 64 queries = dS (kM x kN) k (kN x 64), once both
         // consumers' halves of dS are stored.
         static_assert(kD == 2 * 64, "each consumer's dq columns are one 64-column block of k");
-        const unsigned ds_tile = ds_tiles + (stage % kDsBuffers) * kDsTileBytes;
         const unsigned k_columns = k_tile + c * kN * 128;  // k's 64-column block c
         fw::FenceProxyAsync();
         fw::ConsumersSync();
@@ -1193,7 +1192,6 @@ __device__ __forceinline__ void BackwardKeyBlocks(float* __restrict__ dq, TDKV* 
         fw::Pin(acc_dq);
         fw::Pin(acc_dv);
         fw::Pin(acc_dk);
-        if constexpr (kDsBuffers == 1) fw::ConsumersSync();  // both done reading dS
         if (last_stage) pipe.ReleaseKept();
         fw::AddAccumulator<8>(dq + (head_row + q0 + warp * 16) * kD + c * 64, acc_dq, kD);
       }
