@@ -53,10 +53,9 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 }
 
 // PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
-// split over the keys until the launch has about four blocks per SM (each split at least
-// one round of the block's loads, kMinChunk keys), then PagedAttentionCombine when there
-// are several splits; otherwise a warp per (query row, head), one key at a time
-// (PagedAttention).
+// split over the keys up to about four blocks per SM (each split at least kMinSplitBlocks KV
+// blocks), then PagedAttentionCombine when there are several splits;
+// otherwise a warp per (query row, head), one key at a time (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
@@ -85,35 +84,35 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
     w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ">", call_args, ")");
     return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
   }
-  // Measured on the H200 (bench/RESULTS.md, session 16): 8 warps and 4 blocks per SM beat 4
-  // warps (batch 32: 2.34 against 2.12 ms a decode step) and 2 blocks per SM (2.22).
-  constexpr int kWarps = 8;
-  constexpr int kUnroll = 4;  // K and V rows a thread has in flight
-  // One round of the block's loads: every thread's kUnroll rows.
-  const int64_t min_chunk = (kWarpSize / lanes_per_row) * kWarps * kUnroll;
-  const int64_t max_keys = max_blocks * block_size;
+  // 4 warps and 5 stages: four KV blocks in flight while one is scored (32 KB a block at bf16
+  // and head dim 128; the 45 KB of shared memory let four blocks share an SM). A split is at
+  // least four KV blocks, which its first round of copies takes at once: batch 1's splits
+  // wait on memory once, and the combine adds few of them (two KV blocks a split, 24 of them
+  // at batch 1: 0.883 ms a step against 0.843 with 12 splits of 4, bench/RESULTS.md).
+  constexpr int kWarps = 4;
+  constexpr int kStages = 5;
+  constexpr int64_t kMinSplitBlocks = 4;
   const int64_t items = rows * kv_heads;
   const int64_t wanted_blocks = 4 * int64_t{std::max(1, options.target.sm_count)};
-  // The block table row, the warps' partial outputs and their (max, sum) pairs.
-  const int64_t shared_bytes = CeilDiv(max_blocks, 4) * 16 + kWarps * group * (head_dim + 2) * int64_t{4};
+  // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
+  const int64_t shared_bytes = kStages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
+                               CeilDiv(max_blocks, 4) * 16 + kWarps * group * (head_dim + 2) * int64_t{4};
   if (shared_bytes > options.target.shared_memory_per_block) {
     return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
                                                    " bytes of shared memory, beyond the target's ",
                                                    options.target.shared_memory_per_block));
   }
-  int64_t splits = items >= wanted_blocks ? 1
-                                          : std::min(CeilDiv(wanted_blocks, items), CeilDiv(max_keys, min_chunk));
-  splits = std::max<int64_t>(1, splits);
-  const int64_t chunk = CeilDiv(max_keys, splits);
-  splits = CeilDiv(max_keys, chunk);
+  // The splits divide each row's actual blocks at run time; this is their count, rounded down
+  // so that the launch stays one wave.
+  const int64_t splits =
+      std::max<int64_t>(1, std::min(wanted_blocks / items, CeilDiv(max_blocks, kMinSplitBlocks)));
   RETURN_IF_ERROR(CheckGrid(node, items * splits));
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
   w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
-                           " x ", splits, " splits of ", chunk, " keys, the group's ", group,
-                           " heads sharing each K and V row; one pass, ", kUnroll, " K and V rows in flight a thread");
+                           " x ", splits, " splits of the row's KV blocks, the group's ", group,
+                           " heads sharing each K and V row; ", kStages, " KV blocks staged through shared memory");
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", kWarps, ", ",
-                        splits, ", ",
-                        chunk, ", ", kUnroll, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
+                        splits, ", ", kStages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
   KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, kWarps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   if (splits == 1) return Kernels({std::move(split_kernel)});

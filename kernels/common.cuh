@@ -27,6 +27,30 @@ constexpr int kWarpSize = 32;
 __host__ __device__ constexpr long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------
+// Shared memory and cp.async (sm_80 and later).
+
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously (L2 only: tiles are reused across blocks).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(smem)), "l"(gmem));
+}
+// The same, or 16 zero bytes (and no read of gmem) where !valid.
+__device__ __forceinline__ void CpAsync16OrZero(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() { CpAsyncWait<0>(); }
+
+// ---------------------------------------------------------------------------------------
 // Element conversion: storage dtype <-> fp32.
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }

@@ -255,16 +255,11 @@ struct IsSame<A, A> {
   static constexpr bool kValue = true;
 };
 
-__device__ __forceinline__ unsigned SharedAddress(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously (L2 only: tiles are reused across blocks).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// kernels/common.cuh's shared-memory and cp.async primitives, by their names here.
+using kernels::CpAsync16;
+using kernels::CpAsyncCommit;
+using kernels::CpAsyncWaitAll;
+using kernels::SharedAddress;
 
 __device__ __forceinline__ void LdMatrixX4(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -229,10 +229,6 @@ __device__ __forceinline__ void BarrierWait(unsigned bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 // Makes this thread's generic-proxy writes to shared memory (its completed cp.async copies)
 // visible to the async proxy, through which wgmma reads its shared-memory operands.
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

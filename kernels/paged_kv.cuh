@@ -122,22 +122,32 @@ __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
 }
 
 // Attention as PagedAttention computes it, split over the keys (flash-decoding): a block of
-// kWarps warps per (b, t, kv head, split of kChunk keys), the group's kGroup query heads
-// sharing every K and V row the block loads. One pass over the block's keys with an online
-// softmax: each thread loads the K and the V rows of kUnroll keys at once (both in flight
-// together: the kernel is a stream of K/V bytes, and the old two-pass form waited for all of
-// K before the first V load), scores them, moves its running max, sum and sum of
-// exp(S - max) V to the new max, and adds them in. Threads of the same dims then merge their
-// running sums (a shuffle within the warp, shared memory across warps), in a fixed order.
-// With kSplits == 1 the block writes O (as TO, the f32 value rounded once); otherwise (max,
-// sum, unnormalized sum of V) per head, f32, to `partials`, which PagedAttentionCombine
-// merges in split order. A K or V row is
-// kD / kVec lanes of one 16-byte load each; a warp takes 32 / that rows at a time and the
-// warps interleave.
-// Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared
-// memory of kMaxBlocks ints (rounded up to 16 bytes) and kWarps * kGroup * (kD + 2) floats.
+// kWarps warps per (b, t, kv head, split), the group's kGroup query heads sharing every K and
+// V row the block loads. The splits divide the row's actual KV blocks (ceil((position + 1) /
+// kBs)) as evenly as whole blocks allow, at run time: a split count fixed for the longest
+// context would leave the last splits of a shorter row idle and its first ones long.
+//
+// The kernel is a stream of K/V bytes (a batch of 32 at llama-M's shape reads 84 MB a layer),
+// so what matters is how many of those bytes are in flight. K and V come through shared memory
+// a KV block at a time (kBs rows of K and of V, 2 x kBs x kD contiguous elements each in the
+// pool), kStages blocks deep with cp.async: kStages - 1 blocks are on their way while the
+// block's threads score one. (The previous form loaded rows into registers, kUnroll at a time,
+// and issued nothing while it computed: 122 registers, two blocks an SM, 1.7 TB/s.)
+//
+// Scoring a stage: a row of K (or V) is kD / kVec lanes of one 16-byte shared-memory read each;
+// a warp takes 32 / that rows at once and the warps interleave over the stage's kBs rows. Each
+// thread keeps an online softmax per head of the group over the keys it saw: max, sum of
+// exp(S - max), and the sum of exp(S - max) V over its kVec dims. Threads of the same dims
+// then merge their running sums (a shuffle within the warp, shared memory across warps), in a
+// fixed order. With kSplits == 1 the block writes O (as TO, the f32 value rounded once);
+// otherwise (max, sum, unnormalized sum of V) per head, f32, to `partials`, which
+// PagedAttentionCombine merges in split order. A table entry outside [0, kBlocks) reads as
+// zeros (memory-safe; the block manager never writes one inside a row's keys).
+// Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared memory
+// of kStages * 2 * kBs * kD elements of TP (the stages), kMaxBlocks ints (rounded up to 16
+// bytes) and kWarps * kGroup * (kD + 2) floats (codegen/lower_paged_kv.cc sizes it).
 template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
-          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kChunk, int kUnroll>
+          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages>
 __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials) {
@@ -147,11 +157,15 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
   constexpr int kLanesPerRow = kD / kVec;
   constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
   constexpr int kRowsPerPass = kRowsPerWarp * kWarps;
+  constexpr int kPasses = static_cast<int>(CeilDiv(kBs, kRowsPerPass));  // rows of a stage a thread scores
+  constexpr int kThreads = kWarps * kWarpSize;
+  constexpr int kTile = kBs * kD;  // elements of one KV block's K (and of its V)
   static_assert(kD % kVec == 0 && kLanesPerRow <= kWarpSize && kWarpSize % kLanesPerRow == 0,
                 "a row is a power of two of lanes, each one 16-byte access");
-  static_assert(kSplits * kChunk >= kMaxKeys, "the splits cover every key");
+  static_assert(kStages >= 2, "one stage scored while the next is in flight");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  int* table = reinterpret_cast<int*>(shared_bytes);                              // [kMaxBlocks]
+  TP* tiles = reinterpret_cast<TP*>(shared_bytes);                                 // [kStages][2][kTile]: K, V
+  int* table = reinterpret_cast<int*>(tiles + kStages * 2 * kTile);                // [kMaxBlocks]
   float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
   float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
 
@@ -162,9 +176,21 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
   const long long b = bt / kT;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int row_in_warp = lane / kLanesPerRow, sub = lane % kLanesPerRow;
+  // The row's whole block table and q's rows load beside the position (one wait on memory for
+  // the three, not three in a row; a padding row's are valid memory, loaded and left unused).
+  for (int i = threadIdx.x; i < kMaxBlocks; i += kThreads) table[i] = block_tables[b * kMaxBlocks + i];
+  float qv[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
+  }
   const int position = positions[bt];
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
-  const int first = split * kChunk, count = min(keys, first + kChunk) - first;  // this block's keys
+  // This split's KV blocks: [first_block, first_block + count) of the row's ceil(keys / kBs).
+  const int row_blocks = (keys + kBs - 1) / kBs;
+  const int per_split = (row_blocks + kSplits - 1) / kSplits;
+  const int first_block = min(row_blocks, split * per_split);
+  const int count = min(row_blocks, first_block + per_split) - first_block;
   // Partials: [item][split] of kGroup (max, sum) pairs, then kGroup x kD sums.
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
   // Where the block's kGroup x kD values go: O itself, or the partial sums after the stats.
@@ -176,24 +202,33 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
       stats[2 * kGroup + i] = value;
     }
   };
-  // q's rows and the block table load beside the position (one wait on memory for the three,
-  // not three in a row; a padding row's are valid memory, loaded and left unused).
-  float qv[kGroup][kVec];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
-  }
-  for (int i = threadIdx.x; i < kMaxBlocks; i += blockDim.x) table[i] = block_tables[b * kMaxBlocks + i];
   if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
-    for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) store(i, 0.0f);
+    for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) store(i, 0.0f);
     if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     return;
   }
   __syncthreads();
-  auto row_of = [&](int j) -> long long {
-    return (((static_cast<long long>(kLayer) * kBlocks + table[j / kBs]) * kHkv + head) * kBs + j % kBs) * kD +
-           sub * kVec;
+  // Block i of the split into stage i % kStages; a commit either way, so that the count of
+  // groups in flight stays kStages - 1 to the end.
+  auto issue = [&](int i) {
+    if (i < count) {
+      const int id = table[first_block + i];
+      const bool valid = id >= 0 && id < kBlocks;
+      const long long at = ((static_cast<long long>(kLayer) * kBlocks + (valid ? id : 0)) * kHkv + head) * kTile;
+      TP* k_tile = tiles + (i % kStages) * 2 * kTile;
+#pragma unroll
+      for (int j = 0; j < static_cast<int>(CeilDiv(kTile, kThreads * kVec)); ++j) {
+        const int c = (j * kThreads + static_cast<int>(threadIdx.x)) * kVec;
+        if (c < kTile) {
+          CpAsync16OrZero(k_tile + c, k_pool + at + c, valid);
+          CpAsync16OrZero(k_tile + kTile + c, v_pool + at + c, valid);
+        }
+      }
+    }
+    CpAsyncCommit();
   };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
 
   // This thread's running softmax over its keys, per head of the group: max, sum of
   // exp(S - max), and the sum of exp(S - max) V over its kVec dims.
@@ -205,46 +240,51 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
   }
-  for (int base = 0; base < count; base += kRowsPerPass * kUnroll) {
-    Packed128<TP> k[kUnroll], v[kUnroll];
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<kStages - 2>();  // this thread's copies of block i have landed
+    __syncthreads();             // everyone's have; and stage (i - 1) % kStages is scored
+    issue(i + kStages - 1);
+    const TP* k_tile = tiles + (i % kStages) * 2 * kTile;
+    const int key0 = (first_block + i) * kBs;
+    Packed128<TP> k[kPasses], v[kPasses];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
-      if (j < count) {
-        const long long row = row_of(first + j);
-        k[u] = Load128(k_pool + row);
-        v[u] = Load128(v_pool + row);
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = p * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+      if (r < kBs) {
+        k[p] = *reinterpret_cast<const Packed128<TP>*>(k_tile + r * kD + sub * kVec);
+        v[p] = *reinterpret_cast<const Packed128<TP>*>(k_tile + kTile + r * kD + sub * kVec);
       }
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      float s[kUnroll];
+      float s[kPasses];
       float m_new = m[g];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+      for (int p = 0; p < kPasses; ++p) {
+        const int r = p * kRowsPerPass + warp * kRowsPerWarp + row_in_warp;
+        const bool live = r < kBs && key0 + r < keys;
         float dot = 0.0f;
-        if (j < count) {
+        if (live) {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) dot += qv[g][i] * ToFloat(k[u][i]);
+          for (int e = 0; e < kVec; ++e) dot += qv[g][e] * ToFloat(k[p][e]);
         }
 #pragma unroll
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        s[u] = j < count ? dot * scale : -CUDART_INF_F;
-        m_new = fmaxf(m_new, s[u]);
+        s[p] = live ? dot * scale : -CUDART_INF_F;
+        m_new = fmaxf(m_new, s[p]);
       }
       if (m_new == -CUDART_INF_F) continue;  // none of these keys is this thread's
       const float c = RescaleFactor(m[g], m_new);
       l[g] *= c;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[g][i] *= c;
+      for (int e = 0; e < kVec; ++e) acc[g][e] *= c;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (s[u] == -CUDART_INF_F) continue;
-        const float p = expf(s[u] - m_new);
-        l[g] += p;
+      for (int p = 0; p < kPasses; ++p) {
+        if (s[p] == -CUDART_INF_F) continue;
+        const float weight = expf(s[p] - m_new);
+        l[g] += weight;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[g][i] += p * ToFloat(v[u][i]);
+        for (int e = 0; e < kVec; ++e) acc[g][e] += weight * ToFloat(v[p][e]);
       }
       m[g] = m_new;
     }

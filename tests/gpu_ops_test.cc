@@ -567,6 +567,25 @@ std::vector<OpCase> OpCases() {
                      return b.Return({o, k, v});
                    },
                    {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
+  // Decode at llama-M's head shape (dim 128, 2 query heads per kv head) over rows of ragged
+  // lengths, their blocks scattered over the pool: keys 1, 16, 17 (one key into a second
+  // block), 131 and 256 (a full table), and a padding row. The kernel splits each row's
+  // blocks 8 ways at run time, so these rows leave splits empty, take one block, or an odd
+  // last one.
+  cases.push_back({"paged_attention_decode_d128_gqa2_ragged", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
+                     const DType bf16 = DType::kBF16;
+                     std::vector<Node*> p = Params(b, {{bf16, {1, 64, 4, 16, 128}}, {bf16, {1, 64, 4, 16, 128}},
+                                                       {bf16, {6, 1, 8, 128}}});
+                     std::vector<double> table;
+                     for (int row = 0; row < 6; ++row) {
+                       for (int j = 0; j < 16; ++j) table.push_back((row * 16 + j * 7 + 5) % 64);
+                     }
+                     ASSIGN_OR_RETURN(Node * tables, b.ConstantValues(table, {DType::kI32, {6, 16}}));
+                     ASSIGN_OR_RETURN(Node * positions, b.ConstantValues({0, 15, 16, 130, 255, -1}, {DType::kI32, {6, 1}}));
+                     return Ret(b, b.Op(Opcode::kPagedAttention, {p[2], p[0], p[1], tables, positions},
+                                        AttrMap{{"layer", int64_t{0}}, {"scale", 0.088388}}));
+                   },
+                   {{-2, 2}, {-2, 2}, {-1, 1}}});
   // And at prefill shapes of llama-M's heads (dim 128, 4 query heads per kv head), one
   // sequence's tokens written across blocks of 16 in table order {4, 1, 7, 0, 9, 3, 11, 2, 5,
   // 10} and attending causally, the last 3 rows padding (position and slot -1): 20 tokens

@@ -214,15 +214,16 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   auto attention = LowerNode(*o);
   ASSERT_TRUE(attention.ok()) << attention.status();
   // 8 sequences x 8 kv heads = 64 blocks would leave most of 132 SMs idle: the keys split
-  // towards 4 blocks per SM (ceil(528 / 64) = 9), but no split is shorter than one round of
-  // the block's loads (8 warps x 2 rows x 4 in flight = 64 keys), so 4 splits of the 16 x 16
-  // = 256 keys; a combine kernel adds the splits' partials (scratch: 64 x 4 x 4 heads x
-  // (128 + 2) floats).
+  // up to 4 blocks per SM (528 / 64 = 8, rounded down: one wave), but no split is shorter
+  // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks; a block of 4
+  // warps stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) through shared memory; a
+  // combine kernel adds the splits' partials (scratch: 64 x 4 x 4 heads x (128 + 2) floats).
   ASSERT_EQ(attention->kernels.size(), 2u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
-  EXPECT_EQ(attention->kernels[0].block[0], 256u);
+  EXPECT_EQ(attention->kernels[0].block[0], 128u);
+  EXPECT_EQ(attention->kernels[0].shared_bytes, 5u * 2u * 16u * 128u * 2u + 16u * 4u + 4u * 4u * (128u + 2u) * 4u);
   EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
-                                              "16, 16, 8, 4, 64, 4>"),
+                                              "16, 16, 4, 4, 5>"),
             std::string::npos)
       << attention->kernels[0].source;
   EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
