@@ -27,6 +27,17 @@ struct CodegenOptions {
   // makes 7; dq's last bits then vary between runs with the order of the additions). Off: the
   // dq and dk/dv kernels, the same bits every run (codegen/lower_attention.cc).
   bool fused_attention_backward = true;
+  // paged_attention's split kernel (kernels/paged_kv.cuh, PagedAttentionSplit): warps a block,
+  // KV blocks staged through shared memory (stages - 1 in flight while one is scored), the
+  // fewest KV blocks a split takes, and the blocks an SM the split count aims for. The
+  // defaults are measured (codegen/lower_paged_kv.cc says where); bench/paged_attention_bench
+  // times others.
+  struct PagedAttentionGeometry {
+    int warps = 4;
+    int stages = 5;
+    int min_split_blocks = 4;
+    int blocks_per_sm = 4;
+  } paged_attention;
 };
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});

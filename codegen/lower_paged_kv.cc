@@ -53,8 +53,8 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 }
 
 // PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
-// split over the keys up to about four blocks per SM (each split at least kMinSplitBlocks KV
-// blocks), then PagedAttentionCombine when there are several splits;
+// split over the keys up to CodegenOptions::paged_attention's blocks per SM (each split at
+// least its min_split_blocks KV blocks), then PagedAttentionCombine when there are several splits;
 // otherwise a warp per (query row, head), one key at a time (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
@@ -84,19 +84,26 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
     w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ">", call_args, ")");
     return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
   }
-  // 4 warps and 5 stages: four KV blocks in flight while one is scored (32 KB a block at bf16
-  // and head dim 128; the 45 KB of shared memory let four blocks share an SM). A split is at
-  // least four KV blocks, which its first round of copies takes at once: batch 1's splits
-  // wait on memory once, and the combine adds few of them (two KV blocks a split, 24 of them
-  // at batch 1: 0.883 ms a step against 0.843 with 12 splits of 4, bench/RESULTS.md).
-  constexpr int kWarps = 4;
-  constexpr int kStages = 5;
-  constexpr int64_t kMinSplitBlocks = 4;
+  // CodegenOptions::paged_attention. Its defaults: 4 warps and 5 stages, four KV blocks in
+  // flight while one is scored (32 KB a block at bf16 and head dim 128; the 45 KB of shared
+  // memory let four blocks share an SM). A split is at least four KV blocks, which its first
+  // round of copies takes at once: batch 1's splits wait on memory once, and the combine adds
+  // few of them.
+  const CodegenOptions::PagedAttentionGeometry& geometry = options.paged_attention;
+  if (geometry.warps < 1 || geometry.warps > 32 || geometry.stages < 2 || geometry.min_split_blocks < 1 ||
+      geometry.blocks_per_sm < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(node), ": CodegenOptions::paged_attention wants 1-32 warps, at least 2 stages, a split of at least one "
+                     "block and at least one block an SM; got ",
+        geometry.warps, " warps, ", geometry.stages, " stages, ", geometry.min_split_blocks, " blocks a split, ",
+        geometry.blocks_per_sm, " blocks an SM"));
+  }
+  const int warps = geometry.warps, stages = geometry.stages;
   const int64_t items = rows * kv_heads;
-  const int64_t wanted_blocks = 4 * int64_t{std::max(1, options.target.sm_count)};
+  const int64_t wanted_blocks = geometry.blocks_per_sm * int64_t{std::max(1, options.target.sm_count)};
   // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
-  const int64_t shared_bytes = kStages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
-                               CeilDiv(max_blocks, 4) * 16 + kWarps * group * (head_dim + 2) * int64_t{4};
+  const int64_t shared_bytes = stages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
+                               CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4};
   if (shared_bytes > options.target.shared_memory_per_block) {
     return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
                                                    " bytes of shared memory, beyond the target's ",
@@ -105,15 +112,15 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   // The splits divide each row's actual blocks at run time; this is their count, rounded down
   // so that the launch stays one wave.
   const int64_t splits =
-      std::max<int64_t>(1, std::min(wanted_blocks / items, CeilDiv(max_blocks, kMinSplitBlocks)));
+      std::max<int64_t>(1, std::min(wanted_blocks / items, CeilDiv(max_blocks, int64_t{geometry.min_split_blocks})));
   RETURN_IF_ERROR(CheckGrid(node, items * splits));
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
-  w.comment = absl::StrCat("a block of ", kWarps, " warps per (query row, kv head, split): ", Count(items, "row head"),
+  w.comment = absl::StrCat("a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"),
                            " x ", splits, " splits of the row's KV blocks, the group's ", group,
-                           " heads sharing each K and V row; ", kStages, " KV blocks staged through shared memory");
-  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", kWarps, ", ",
-                        splits, ", ", kStages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
-  KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, kWarps * kWarpSize);
+                           " heads sharing each K and V row; ", stages, " KV blocks staged through shared memory");
+  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
+                        splits, ", ", stages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
+  KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   if (splits == 1) return Kernels({std::move(split_kernel)});
   Wrapper combine = w;
