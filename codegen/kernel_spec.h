@@ -20,6 +20,7 @@ namespace kiln {
 // (codegen/lower_node.h) holds: let the next kernel of the stream launch now, then wait for
 // the kernels before this one to finish and flush their writes; nothing in global memory is
 // read or written before.
+inline constexpr char kGridDependencyWait[] = "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
 inline constexpr char kGridDependencyPrologue[] =
     "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
     "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
@@ -35,6 +36,11 @@ struct KernelSpec {
   // with programmatic dependent launch (runtime/cuda/kernel_launch.h): it may start while the
   // kernel ahead of it in the stream still runs.
   bool waits_for_grid_dependency = false;
+  // The kernel executes griddepcontrol.launch_dependents itself, late (LowerNode's prologue
+  // then opens it with the wait alone): a kernel whose loads lean on L1 (SmallMGemm's A) keeps
+  // the next kernels' blocks, which programmatic launch would make resident early (their
+  // shared memory taking L1's share of the SM), off its SMs while it streams.
+  bool launches_dependents_itself = false;
 };
 
 // A kernel compiled by NVRTC (codegen/nvrtc_compiler.h): what the runtime loads.

@@ -1,6 +1,5 @@
-// Lowering of a gemm of few rows (the decode step's) to kernels/gemv.cuh's SmallMGemm (up to 8
-// rows of A) or SmallMGemmMma (9 to 64, tensor cores) instead of cuBLASLt: see that header for
-// why and how.
+// Lowering of a gemm of few rows (the decode step's) to kernels/gemv.cuh's SmallMGemm instead
+// of cuBLASLt: see that header for why and how.
 #include "codegen/lower_gemv.h"
 
 #include <algorithm>
@@ -45,86 +44,7 @@ Geometry GeometryFor(int64_t m, int64_t chunks) {
   return g;
 }
 
-// SmallMGemmMma's: tiles of 16 weight rows a group of warps computes, the warps splitting K,
-// the 32-element chunks of each row a lane keeps in flight, and the groups a block.
-//
-// Rows and chunks by M (registers, ptxas, at most ~128 a lane): a lane holds rows x unroll x 2
-// 16-byte weight pieces, rows x ceil(M / 8) x 4 f32 accumulators and, while it computes a
-// chunk, ceil(M / 8) 16-byte A pieces. Two tiles a group make each A piece serve two weight
-// pieces (A's L1/L2 reads per weight byte halve), which fits up to 32 rows: 4 chunks in flight
-// to 16 rows, 2 to 32; past 32 one tile and 4 chunks (8 took ptxas to 171 registers at M 64).
-// A warp then keeps rows x unroll KB of the weight in flight (8, 4 and 4 KB). N too small to
-// give every SM a group of two tiles (llama-M's o and down, N 2048: 64 groups) takes one tile
-// and twice the chunks (the same registers), 128 groups instead of 64.
-//
-// Split: the fewest warps (a power of two, at most 8, at least two rounds of the row each)
-// whose loads keep kInFlightPerSm of the weight in flight on every SM: at ~0.8 us of DRAM
-// latency under load the H200's ~4.2 TB/s needs ~3.4 MB in flight, ~26 KB an SM (32 leaves a
-// margin). Two rounds because with one the compiler sees the loop run once, and ptxas then
-// reports 46 registers where 8 chunks in flight take 64: it interleaves the round's loads with
-// the mma's that use them, fewer loads in flight. From the second round on a chunk's load is
-// issued a round ahead, across the loop's back edge (a round of 8 chunks: 96 registers).
-// llama-M's o and down projections (N 2048: 128 tiles) take 4 or 8 warps a tile, 128 blocks,
-// the one shape that leaves 4 SMs idle and the others one block (splitting K over blocks
-// would need a second pass); its q/k/v projection 4 or 8, gate_up 2 or 4, the LM head 1 or 2.
-// Blocks are 4 warps where the split leaves room (several groups, which read the same A
-// pieces at about the same time: L1 hits), else one group of 8.
-struct MmaGeometry {
-  int rows = 1, split = 1, unroll = 8, groups = 4;
-  int64_t warp_bytes() const { return int64_t{rows} * 16 * unroll * 64; }  // weight bytes in flight a warp
-};
-
-constexpr int64_t kInFlightPerSm = 32 * 1024;
-
-MmaGeometry MmaGeometryFor(int64_t m, int64_t n, int64_t k, int sm_count) {
-  MmaGeometry g;
-  if (m <= 16) {
-    g.rows = 2, g.unroll = 4;
-  } else if (m <= 32) {
-    g.rows = 2, g.unroll = 2;
-  } else {
-    g.rows = 1, g.unroll = 4;
-  }
-  if (g.rows == 2 && CeilDiv(n, 32) < sm_count) g.rows = 1, g.unroll *= 2;
-  const int64_t chunks = k / kSmallMGemmMmaChunk;
-  g.unroll = static_cast<int>(std::clamp<int64_t>(chunks / 2, 1, g.unroll));
-  const int64_t group_count = CeilDiv(n, int64_t{16} * g.rows);
-  while (g.split < 8 && int64_t{g.split} * 2 * g.unroll * 2 <= chunks &&
-         group_count * g.split * g.warp_bytes() < kInFlightPerSm * sm_count) {
-    g.split *= 2;
-  }
-  g.groups = std::max(1, 4 / g.split);
-  return g;
-}
-
 bool IsGemvDType(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
-
-absl::StatusOr<LoweredNode> LowerSmallMGemmMma(const Node& node, const CodegenOptions& options, int64_t m, int64_t n,
-                                               int64_t k, double alpha, double beta, bool has_c) {
-  const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
-  const MmaGeometry g = MmaGeometryFor(m, n, k, options.target.sm_count);
-  const int64_t blocks = CeilDiv(n, int64_t{16} * g.rows * g.groups);
-  const int threads = g.groups * g.split * composite::kWarpSize;
-  RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
-  Wrapper w;
-  w.header = "gemv";
-  w.comment = absl::StrCat(m, " x ", n, " x ", k, ": tensor cores, ", Count(g.split, "warp"), " per ",
-                           Count(g.rows, "tile"), " of 16 rows of B, ", g.unroll,
-                           " 32-element chunks of each in flight a lane; ", Count(blocks, "block"), " of ",
-                           Count(g.groups * g.split, "warp"));
-  w.params = {Param(t, "a"), Param(t, "b")};
-  if (has_c) {
-    w.params.push_back(Param(d, "c"));
-    w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
-  }
-  w.call = absl::StrCat("SmallMGemmMma<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k,
-                        "LL, ", g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false",
-                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
-                        FloatLiteral(beta), ")");
-  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
-  lowered.label = "gemv";
-  return lowered;
-}
 
 }  // namespace
 
@@ -149,18 +69,6 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
   }
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(a));
   if (k % vec != 0) return absl::StrCat("K ", k, " is not a multiple of ", vec, " (16-byte chunks)");
-  if (m <= kSmallMGemmFmaMaxRows) return "";
-  // SmallMGemmMma's.
-  if (a == DType::kF32) {
-    return absl::StrCat("m ", m, " of f32 operands (past ", kSmallMGemmFmaMaxRows,
-                        " rows the kernel is the bf16/f16 tensor cores')");
-  }
-  if (options.target.compute_capability < 80) {
-    return absl::StrCat(options.target.arch, " has no bf16 mma.sync m16n8k16 (sm_80 and later)");
-  }
-  if (k % kSmallMGemmMmaChunk != 0) {
-    return absl::StrCat("K ", k, " is not a multiple of ", kSmallMGemmMmaChunk, " (the tensor-core kernel's chunks)");
-  }
   return "";
 }
 
@@ -175,7 +83,6 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
   const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
-  if (m > kSmallMGemmFmaMaxRows) return LowerSmallMGemmMma(node, options, m, n, k, alpha, has_c ? beta : 0.0, has_c);
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
   const Geometry g = GeometryFor(m, k / vec);
   const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
@@ -196,6 +103,7 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
                         ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
                         FloatLiteral(has_c ? beta : 0.0), ")");
   LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
+  lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
   lowered.label = "gemv";
   return lowered;
 }

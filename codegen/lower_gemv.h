@@ -1,10 +1,8 @@
 // A gemm of at most kSmallMGemmMaxRows rows of A, both operands K-inner, with or without C
 // (beta), no bias epilogue or FP8 slots (the decode step's projections: one row per sequence
-// against a weight, the residual added as C) runs a kiln kernel of kernels/gemv.cuh, which
-// streams the weight once at close to the bandwidth, instead of a cuBLASLt GEMM: SmallMGemm
-// (CUDA-core FMAs) up to kSmallMGemmFmaMaxRows rows, SmallMGemmMma (mma.sync tensor cores,
-// bf16 and f16 operands) past them. LowerNode chooses; CodegenOptions::small_m_gemv turns both
-// off.
+// against a weight, the residual added as C) runs
+// kernels/gemv.cuh's SmallMGemm, which streams the weight once at close to the bandwidth,
+// instead of a cuBLASLt GEMM (LowerNode chooses; CodegenOptions::small_m_gemv turns it off).
 #pragma once
 
 #include <cstdint>
@@ -17,13 +15,10 @@
 
 namespace kiln::codegen {
 
-inline constexpr int64_t kSmallMGemmMaxRows = 64;
-inline constexpr int64_t kSmallMGemmFmaMaxRows = 8;
-// K elements of SmallMGemmMma's chunk: K must be a multiple.
-inline constexpr int64_t kSmallMGemmMmaChunk = 32;
+inline constexpr int64_t kSmallMGemmMaxRows = 8;
 
-// Why `node` does not take SmallMGemm or SmallMGemmMma ("batch 2 (...)", "m 65 is not in
-// [1, 64]", ...), or "" when it does.
+// Why `node` does not take SmallMGemm ("batch 2 (...)", "m 16 is not in [1, 8]", ...), or ""
+// when it does.
 std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options);
 
 // The one kernel; InvalidArgument with SmallMGemmRefusal's reason for a gemm it does not take.

@@ -157,7 +157,8 @@ absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
     return absl::InternalError(absl::StrCat("kernel ", spec.name, " of %", node.name(),
                                             " does not hold exactly one extern \"C\" __global__ function"));
   }
-  spec.source.insert(body + 1, absl::StrCat("\n", kGridDependencyPrologue));
+  spec.source.insert(body + 1, absl::StrCat("\n", spec.launches_dependents_itself ? kGridDependencyWait
+                                                                                 : kGridDependencyPrologue));
   spec.waits_for_grid_dependency = true;
   return absl::OkStatus();
 }

@@ -14,9 +14,8 @@ struct CodegenOptions {
   int threads_per_block = 256;
   // The GPU the kernels are for: grids are sized by its SM count.
   Target target;
-  // A gemm of at most 64 rows of A runs kiln's SmallMGemm kernel (to 8 rows) or SmallMGemmMma
-  // (tensor cores, 9 to 64 rows of bf16 or f16) instead of cuBLASLt where it qualifies
-  // (codegen/lower_gemv.h): the decode step's projections and LM head.
+  // A gemm of at most 8 rows of A runs kiln's SmallMGemm kernel instead of cuBLASLt where it
+  // qualifies (codegen/lower_gemv.h): the decode step's projections.
   bool small_m_gemv = true;
   // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
   // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its

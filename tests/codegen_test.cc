@@ -319,13 +319,13 @@ TEST(Codegen, LoweringKindsOfWorklessOps) {
   absl::StatusOr<LoweredNode> unlowered = LowerNode(dot.node());
   ASSERT_FALSE(unlowered.ok());
   EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), std::string::npos) << unlowered.status();
-  // 128 rows of A: past the small-M kernels' 64 (tests/gemv_lowering_test.cc), so cuBLASLt's.
+  // 16 rows of A: past SmallMGemm's 8 (tests/gemv_lowering_test.cc), so cuBLASLt's.
   OneNode gemm_node([](Builder& b) -> absl::StatusOr<Node*> {
-    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {128, 8}}));
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {16, 8}}));
     ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {16, 8}}));
-    const TensorType out{DType::kF32, {128, 16}};
+    const TensorType out{DType::kF32, {16, 16}};
     return b.Op(Opcode::kGemm, {x, w},
-                AttrMap{{"batch", int64_t{1}}, {"m", int64_t{128}}, {"n", int64_t{16}}, {"k", int64_t{8}},
+                AttrMap{{"batch", int64_t{1}}, {"m", int64_t{16}}, {"n", int64_t{16}}, {"k", int64_t{8}},
                         {"a_layout", Symbol{"mk"}}, {"b_layout", Symbol{"nk"}}, {"alpha", 1.0}, {"beta", 0.0},
                         {"epilogue", Symbol{"none"}}},
                 &out);
