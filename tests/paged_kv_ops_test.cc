@@ -237,6 +237,37 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   }
 }
 
+// A geometry the split kernel cannot take is an error naming the node and the values, not a
+// kernel that fails to compile or launch.
+TEST(PagedKvOps, BadSplitGeometryIsAClearError) {
+  Module m("m");
+  Builder b(m.AddFunction("decode"));
+  const DType bf16 = DType::kBF16;
+  Node* pool = *b.Parameter("pool", {bf16, {1, 16, 2, 16, 128}});
+  Node* q = *b.Parameter("q", {bf16, {2, 1, 4, 128}});
+  Node* tables = *b.Parameter("tables", {i32, {2, 8}});
+  Node* positions = *b.Parameter("positions", {i32, {2, 1}});
+  Node* o = *b.Op(Opcode::kPagedAttention, {q, pool, pool, tables, positions},
+                  AttrMap{{"layer", int64_t{0}}, {"scale", 0.125}});
+  ASSERT_TRUE(b.Return({o}).ok());
+  for (const CodegenOptions::PagedAttentionGeometry& bad :
+       {CodegenOptions::PagedAttentionGeometry{.stages = 1}, CodegenOptions::PagedAttentionGeometry{.warps = 0},
+        CodegenOptions::PagedAttentionGeometry{.min_split_blocks = 0}}) {
+    CodegenOptions options;
+    options.paged_attention = bad;
+    auto lowered = LowerNode(*o, options);
+    ASSERT_FALSE(lowered.ok());
+    EXPECT_TRUE(absl::StrContains(lowered.status().message(), "CodegenOptions::paged_attention")) << lowered.status();
+    EXPECT_TRUE(absl::StrContains(lowered.status().message(), "%")) << "names the node: " << lowered.status();
+  }
+  // 64 stages of 8 KB do not fit the target's shared memory.
+  CodegenOptions options;
+  options.paged_attention.stages = 64;
+  auto lowered = LowerNode(*o, options);
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_TRUE(absl::StrContains(lowered.status().message(), "shared memory")) << lowered.status();
+}
+
 // The split kernel keeps each head of the group's running output in registers (kVec floats a
 // head a thread): every GQA ratio kiln's presets and HF checkpoints use compiles without
 // spilling, at head dims 64 and 128.
