@@ -82,23 +82,7 @@ const std::vector<Shape>& BarShapes() {
 }
 
 // A compiled, loaded kernel and its geometry.
-struct Loaded {
-  std::unique_ptr<KernelLibrary> library;
-  KernelLaunch launch;
-};
-
-absl::StatusOr<Loaded> Load(const KernelSpec& spec, const CudaDevice& device) {
-  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = device.arch()});
-  if (!compiled.ok()) return compiled.status();
-  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
-  if (!library.ok()) return library.status();
-  Loaded l;
-  l.library = *std::move(library);
-  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*l.library, spec, device.ordinal());
-  if (!launch.ok()) return launch.status();
-  l.launch = *launch;
-  return l;
-}
+using Loaded = bench::LoadedKernel;
 
 // The kernels of attention (forward), attention_delta and attention_grad at `s`, lowered by
 // codegen for `target` (which picks the forward).
@@ -140,24 +124,8 @@ absl::StatusOr<AttentionKernels> Lower(const Shape& s, const Target& target, boo
   return kernels;
 }
 
-uint16_t Bf16Bits(double x) { return FloatToBF16Bits(static_cast<float>(RoundToDType(x, DType::kBF16))); }
-
-// Uniform bf16 values in [lo, hi) (the GPU test's distribution) and their bits.
-struct Bf16Tensor {
-  std::vector<double> values;
-  std::vector<uint16_t> bits;
-};
-Bf16Tensor Random(int64_t n, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bf16Tensor t;
-  t.values.resize(n);
-  t.bits.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    t.values[i] = RoundToDType(lo + (hi - lo) * static_cast<double>(rng() >> 11) * 0x1p-53, DType::kBF16);
-    t.bits[i] = Bf16Bits(t.values[i]);
-  }
-  return t;
-}
+using bench::Bf16Tensor;
+using bench::RandomBf16Tensor;
 
 // O of query row `row` (of B·H·T) by the attention op's definition, in double.
 std::vector<double> ReferenceRow(const Shape& s, const Bf16Tensor& q, const Bf16Tensor& k, const Bf16Tensor& v,
@@ -227,8 +195,9 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   if (!hopper.ok()) return hopper.status();
   if (!split.ok()) return split.status();
   if (!ampere.ok()) return ampere.status();
-  absl::StatusOr<Loaded> wgmma = Load(hopper->forward[0], device), mma = Load(ampere->forward[0], device),
-                         delta = Load(hopper->delta[0], device);
+  absl::StatusOr<Loaded> wgmma = bench::LoadKernel(hopper->forward[0], device),
+                         mma = bench::LoadKernel(ampere->forward[0], device),
+                         delta = bench::LoadKernel(hopper->delta[0], device);
   if (!wgmma.ok()) return wgmma.status();
   if (!mma.ok()) return mma.status();
   if (!delta.ok()) return delta.status();
@@ -238,7 +207,7 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
   auto load_all = [&](const std::vector<KernelSpec>& specs) -> absl::StatusOr<std::vector<Loaded>> {
     std::vector<Loaded> loaded;
     for (const KernelSpec& spec : specs) {
-      absl::StatusOr<Loaded> l = Load(spec, device);
+      absl::StatusOr<Loaded> l = bench::LoadKernel(spec, device);
       if (!l.ok()) return l.status();
       loaded.push_back(*std::move(l));
     }
@@ -254,8 +223,9 @@ absl::Status RunShape(const Shape& s, CudaDevice& device, const Options& opt) {
     if (!l->ok()) return l->status();
   }
 
-  const Bf16Tensor q = Random(s.q_elements(), -2, 2, 1), k = Random(s.kv_elements(), -2, 2, 2),
-                   v = Random(s.kv_elements(), -1, 1, 3), dout = Random(s.q_elements(), -1, 1, 4);
+  const Bf16Tensor q = RandomBf16Tensor(s.q_elements(), -2, 2, 1), k = RandomBf16Tensor(s.kv_elements(), -2, 2, 2),
+                   v = RandomBf16Tensor(s.kv_elements(), -1, 1, 3),
+                   dout = RandomBf16Tensor(s.q_elements(), -1, 1, 4);
   bench::DeviceBuffers buffers(device, "attention_bench");
   auto upload = [&](const std::vector<uint16_t>* bits, int64_t bytes) {
     return buffers.Upload(bits != nullptr ? bits->data() : nullptr, bytes);

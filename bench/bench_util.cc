@@ -2,11 +2,39 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "codegen/nvrtc_compiler.h"
+#include "ir/numerics.h"
 
 namespace kiln::bench {
+
+Bf16Tensor RandomBf16Tensor(int64_t n, double lo, double hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bf16Tensor t;
+  t.values.resize(n);
+  t.bits.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    t.values[i] = RoundToDType(lo + (hi - lo) * static_cast<double>(rng() >> 11) * 0x1p-53, DType::kBF16);
+    t.bits[i] = FloatToBF16Bits(static_cast<float>(t.values[i]));
+  }
+  return t;
+}
+
+absl::StatusOr<LoadedKernel> LoadKernel(const KernelSpec& spec, const CudaDevice& device) {
+  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = device.arch()});
+  if (!compiled.ok()) return compiled.status();
+  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
+  if (!library.ok()) return library.status();
+  LoadedKernel l;
+  l.library = *std::move(library);
+  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*l.library, spec, device.ordinal());
+  if (!launch.ok()) return launch.status();
+  l.launch = *launch;
+  return l;
+}
 
 OptionRead ReadRunOption(int argc, char** argv, int& i, int min_rows, RunOptions& opt) {
   const absl::string_view a = argv[i];

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "codegen/kernel_spec.h"
 #include "runtime/cuda/device.h"
+#include "runtime/cuda/kernel_launch.h"
 
 namespace kiln::bench {
 
@@ -42,6 +45,21 @@ struct Timing {
 // "<bench>: <unit> failed", events that cannot be made "<bench>: cudaEventCreate".
 absl::StatusOr<Timing> TimeCalls(cudaStream_t stream, int warmup, int iters, absl::string_view bench,
                                  absl::string_view unit, const std::function<absl::Status()>& call);
+
+// n bf16 values drawn uniformly in [lo, hi) (then rounded to bf16; the GPU tests'
+// distribution): as doubles, and their bits.
+struct Bf16Tensor {
+  std::vector<double> values;
+  std::vector<uint16_t> bits;
+};
+Bf16Tensor RandomBf16Tensor(int64_t n, double lo, double hi, uint64_t seed);
+
+// A kernel as codegen emits it, compiled by NVRTC for `device`, loaded, its launch prepared.
+struct LoadedKernel {
+  std::unique_ptr<KernelLibrary> library;
+  KernelLaunch launch;
+};
+absl::StatusOr<LoadedKernel> LoadKernel(const KernelSpec& spec, const CudaDevice& device);
 
 // The device buffers of one benchmark row, freed together when it goes.
 class DeviceBuffers {

@@ -76,23 +76,7 @@ const Node& GemmOf(const Module& m) {
   return *m.functions()[0]->nodes().back();
 }
 
-struct Loaded {
-  std::unique_ptr<KernelLibrary> library;
-  KernelLaunch launch;
-};
-
-absl::StatusOr<Loaded> Load(const KernelSpec& spec, const CudaDevice& device) {
-  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = device.arch()});
-  if (!compiled.ok()) return compiled.status();
-  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
-  if (!library.ok()) return library.status();
-  Loaded l;
-  l.library = *std::move(library);
-  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*l.library, spec, device.ordinal());
-  if (!launch.ok()) return launch.status();
-  l.launch = *launch;
-  return l;
-}
+using Loaded = bench::LoadedKernel;
 
 std::vector<uint16_t> RandomBf16(int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -157,7 +141,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   const std::string& source = lowered->kernels[0].source;
   const size_t at = source.find("SmallMGemm<");
   const std::string call = at == std::string::npos ? "" : source.substr(at, source.find(">::Run", at) - at + 1);
-  absl::StatusOr<Loaded> kernel = Load(lowered->kernels[0], device);
+  absl::StatusOr<Loaded> kernel = bench::LoadKernel(lowered->kernels[0], device);
   if (!kernel.ok()) return kernel.status();
   const std::vector<void*> args = {*d_kiln, *da, *db};
   absl::StatusOr<bench::Timing> t =

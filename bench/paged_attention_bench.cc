@@ -63,40 +63,9 @@ std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
   return absl::StrCat(g.warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm);
 }
 
-struct Loaded {
-  std::unique_ptr<KernelLibrary> library;
-  KernelLaunch launch;
-};
+using Loaded = bench::LoadedKernel;
 
-absl::StatusOr<Loaded> Load(const KernelSpec& spec, const CudaDevice& device) {
-  absl::StatusOr<CompiledKernel> compiled = CompileKernel(spec, NvrtcOptions{.arch = device.arch()});
-  if (!compiled.ok()) return compiled.status();
-  absl::StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(*compiled);
-  if (!library.ok()) return library.status();
-  Loaded l;
-  l.library = *std::move(library);
-  absl::StatusOr<KernelLaunch> launch = PrepareLaunch(*l.library, spec, device.ordinal());
-  if (!launch.ok()) return launch.status();
-  l.launch = *launch;
-  return l;
-}
-
-// Uniform bf16 values in [lo, hi): their bits and values.
-struct Bf16Tensor {
-  std::vector<double> values;
-  std::vector<uint16_t> bits;
-};
-Bf16Tensor Random(int64_t n, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bf16Tensor t;
-  t.values.resize(n);
-  t.bits.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    t.values[i] = RoundToDType(lo + (hi - lo) * static_cast<double>(rng() >> 11) * 0x1p-53, DType::kBF16);
-    t.bits[i] = FloatToBF16Bits(static_cast<float>(t.values[i]));
-  }
-  return t;
-}
+using bench::Bf16Tensor;
 
 // One batch's inputs: q [B, 1, H, D], the pools [1, B * blocks_per_row, KV, BS, D], each row's
 // table a random choice of the pool's blocks (no two rows share one), every position keys - 1.
@@ -112,9 +81,9 @@ Inputs MakeInputs(int64_t batch, const Options& opt) {
   in.max_blocks = (opt.context + kBlockSize - 1) / kBlockSize;
   in.pool_blocks = batch * in.max_blocks;
   const int64_t pool = in.pool_blocks * kKvHeads * kBlockSize * kHeadDim;
-  in.q = Random(batch * kHeads * kHeadDim, -1, 1, 11);
-  in.k = Random(pool, -2, 2, 12);
-  in.v = Random(pool, -1, 1, 13);
+  in.q = bench::RandomBf16Tensor(batch * kHeads * kHeadDim, -1, 1, 11);
+  in.k = bench::RandomBf16Tensor(pool, -2, 2, 12);
+  in.v = bench::RandomBf16Tensor(pool, -1, 1, 13);
   std::vector<int32_t> order(in.pool_blocks);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(14));
@@ -209,7 +178,7 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
     // Both kernels take (out, q, k_pool, v_pool, block_tables, positions[, partials]).
     std::vector<Loaded> kernels;
     for (const KernelSpec& spec : *specs) {
-      absl::StatusOr<Loaded> l = Load(spec, device);
+      absl::StatusOr<Loaded> l = bench::LoadKernel(spec, device);
       if (!l.ok()) return l.status();
       kernels.push_back(*std::move(l));
     }

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attention_torch import timed  # noqa: E402  (beside this script)
+
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 BACKENDS = {
     "default": None,
@@ -26,22 +28,6 @@ BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-
-
-def timed(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        ms.append(start.elapsed_time(stop))
-    ms.sort()
-    return ms[len(ms) // 2], ms[0], ms[-1]
 
 
 def main():
