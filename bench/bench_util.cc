@@ -6,10 +6,21 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "codegen/nvrtc_compiler.h"
 #include "ir/numerics.h"
 
 namespace kiln::bench {
+
+bool ParsePositiveInts(absl::string_view text, char separator, std::vector<int64_t>& out) {
+  out.clear();
+  for (absl::string_view part : absl::StrSplit(text, separator, absl::SkipEmpty())) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(part, &x) || x < 1) return false;
+    out.push_back(x);
+  }
+  return !out.empty();
+}
 
 Bf16Tensor RandomBf16Tensor(int64_t n, double lo, double hi, uint64_t seed) {
   std::mt19937_64 rng(seed);

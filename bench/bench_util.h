@@ -34,6 +34,10 @@ struct RunOptions {
 enum class OptionRead { kRead, kInvalid, kOther };
 OptionRead ReadRunOption(int argc, char** argv, int& i, int min_rows, RunOptions& opt);
 
+// The positive integers of `text` split at `separator` ("1,32", "4x5x4x4") into `out`; false
+// when a part is not one, or there are none.
+bool ParsePositiveInts(absl::string_view text, char separator, std::vector<int64_t>& out);
+
 // Over the timed calls, in milliseconds.
 struct Timing {
   double median_ms = 0, min_ms = 0, max_ms = 0;

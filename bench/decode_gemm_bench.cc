@@ -165,16 +165,6 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   return worst;
 }
 
-bool ParseInts(absl::string_view text, char separator, std::vector<int64_t>& out) {
-  out.clear();
-  for (absl::string_view part : absl::StrSplit(text, separator, absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (!absl::SimpleAtoi(part, &x) || x < 1) return false;
-    out.push_back(x);
-  }
-  return !out.empty();
-}
-
 bool ParseArgs(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -182,7 +172,7 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
         read != bench::OptionRead::kOther) {
       if (read == bench::OptionRead::kInvalid) return false;
     } else if (a == "--m" && i + 1 < argc) {
-      if (!ParseInts(argv[++i], ',', opt.ms)) return false;
+      if (!bench::ParsePositiveInts(argv[++i], ',', opt.ms)) return false;
       for (int64_t m : opt.ms) {
         if (m > codegen::kSmallMGemmMaxRows) return false;
       }

@@ -35,7 +35,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "codegen/lower_node.h"
@@ -217,16 +216,6 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
   return worst;
 }
 
-bool ParseInts(const std::string& text, std::vector<int64_t>& out) {
-  out.clear();
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (!absl::SimpleAtoi(part, &x) || x < 1) return false;
-    out.push_back(x);
-  }
-  return !out.empty();
-}
-
 bool ParseArgs(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -235,16 +224,14 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
         read != bench::OptionRead::kOther) {
       if (read == bench::OptionRead::kInvalid) return false;
     } else if (a == "--batches" && i + 1 < argc) {
-      if (!ParseInts(argv[++i], opt.batches)) return false;
+      if (!bench::ParsePositiveInts(argv[++i], ',', opt.batches)) return false;
     } else if ((a == "--keys" || a == "--context") && i + 1 < argc) {
-      if (!ParseInts(argv[++i], ints) || ints.size() != 1) return false;
+      if (!bench::ParsePositiveInts(argv[++i], ',', ints) || ints.size() != 1) return false;
       (a == "--keys" ? opt.keys : opt.context) = ints[0];
     } else if (a == "--geometries" && i + 1 < argc) {
       opt.geometries.clear();
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
-        std::vector<std::string> parts = absl::StrSplit(g, 'x');
-        std::string joined = absl::StrJoin(parts, ",");
-        if (parts.size() != 4 || !ParseInts(joined, ints)) return false;
+        if (!bench::ParsePositiveInts(g, 'x', ints) || ints.size() != 4) return false;
         opt.geometries.push_back({static_cast<int>(ints[0]), static_cast<int>(ints[1]), static_cast<int>(ints[2]),
                                   static_cast<int>(ints[3])});
       }
