@@ -77,6 +77,7 @@ class CudaInferenceEngine : public InferenceEngine {
     } else {
       RETURN_IF_ERROR(exe.Run());
     }
+    const double gpu_seconds = profile != nullptr ? 0.0 : exe.last_run_gpu_seconds();
     const Node* out = f.outputs()[0];
     const int64_t vocab = config_.vocab_size;
     const int64_t num_rows = out->type().num_elements() / vocab;
@@ -87,6 +88,7 @@ class CudaInferenceEngine : public InferenceEngine {
       }
     }
     Rows picked;
+    picked.gpu_seconds = gpu_seconds;
     picked.greedy.resize(rows.size());
     ASSIGN_OR_RETURN(const void* greedy, exe.OutputAddress(kInferenceGreedyOutput));
     RETURN_IF_ERROR(CopyRows(greedy, sizeof(int32_t), rows, picked.greedy.data(), absl::StrCat("@", f.name())));

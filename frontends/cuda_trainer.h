@@ -30,8 +30,8 @@ class CudaTrainer : public Trainer {
   absl::StatusOr<std::vector<HostTensor>> Fp8States() const override;
   absl::Status SetState(TrainingState state) override;
   const CudaExecutable& executable() const { return *executable_; }
-  // The next Step runs through CudaExecutable::Profile (same results, launched one by one
-  // with CUDA events); its timings are then in last_profile().
+  // The next Step runs through CudaExecutable::Profile (same results; timed in its CUDA graph,
+  // or launched one by one with CUDA events); its timings are then in last_profile().
   void ProfileNextStep() { profile_next_ = true; }
   const std::vector<StepTiming>& last_profile() const { return last_profile_; }
 

@@ -225,18 +225,38 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   const double seconds = Seconds(start);
   stats_.decode_seconds += seconds;
   stats_.decode_call_seconds.push_back(seconds);
+  stats_.decode_call_gpu_seconds.push_back(picked.gpu_seconds);
   return sampled;
 }
 
-DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats) {
+namespace {
+
+// Sorted milliseconds of the nonzero `seconds`.
+std::vector<double> SortedMs(const std::vector<double>& seconds) {
   std::vector<double> ms;
-  ms.reserve(stats.decode_call_seconds.size());
-  for (double s : stats.decode_call_seconds) ms.push_back(1e3 * s);
-  if (ms.empty()) return {};
+  ms.reserve(seconds.size());
+  for (double s : seconds) {
+    if (s > 0) ms.push_back(1e3 * s);
+  }
   std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  const double median = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  return {.median_ms = median, .min_ms = ms.front(), .max_ms = ms.back()};
+  return ms;
+}
+
+double Median(const std::vector<double>& sorted) {
+  const size_t n = sorted.size();
+  if (n == 0) return 0;
+  return n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+}  // namespace
+
+DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats) {
+  const std::vector<double> ms = SortedMs(stats.decode_call_seconds);
+  if (ms.empty()) return {};
+  return {.median_ms = Median(ms),
+          .min_ms = ms.front(),
+          .max_ms = ms.back(),
+          .gpu_median_ms = Median(SortedMs(stats.decode_call_gpu_seconds))};
 }
 
 absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Step(const TokenCallback& on_token) {

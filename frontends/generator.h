@@ -53,8 +53,8 @@ struct GeneratorOptions {
   // Run on this GPU (it outlives the Generator); null: on the CPU reference backend. A build
   // without CUDA refuses a device.
   CudaDevice* device = nullptr;
-  // >= 0: that call of @decode (0 is the first) runs launched one by one with CUDA events
-  // (InferenceEngine::Run's profile): decode_profile() then says where its time went.
+  // >= 0: that call of @decode (0 is the first) runs through CudaExecutable::Profile (timed
+  // in its CUDA graph, or one by one): decode_profile() then says where its time went.
   int64_t profile_decode_call = -1;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
@@ -70,6 +70,9 @@ struct GenerationStats {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   std::vector<double> decode_call_seconds;  // each @decode call's share of decode_seconds, in order
+  // Of each call, the GPU's part (InferenceEngine::Rows::gpu_seconds); 0 for a profiled call
+  // and on the CPU.
+  std::vector<double> decode_call_gpu_seconds;
   double sample_seconds = 0;   // of prefill and decode seconds: picking the tokens on the host
   double compile_seconds = 0;
   int64_t steps = 0;
@@ -80,6 +83,7 @@ struct GenerationStats {
 // benchmark reports beside the mean (decode_seconds over decode_steps).
 struct DecodeCallTimes {
   double median_ms = 0, min_ms = 0, max_ms = 0;
+  double gpu_median_ms = 0;  // the median of the calls' GPU time; 0 without a GPU
 };
 DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats);
 

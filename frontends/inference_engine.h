@@ -37,6 +37,9 @@ class InferenceEngine {
   struct Rows {
     std::vector<int32_t> greedy;  // one per row
     std::vector<float> logits;    // rows x V, or empty
+    // A GPU's time for the run, from its start on the stream to its end (the inputs' copies
+    // included, the host's work around it not); 0 on the CPU and for a profiled run.
+    double gpu_seconds = 0;
   };
   // Runs `f` on `inputs`, the pools and the weights; the pools come back updated. A GPU
   // copies the logits off the device only when `with_logits` (a batch of 32 rows of 32,000 is

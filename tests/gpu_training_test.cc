@@ -5,11 +5,13 @@
 // Skips, saying why, where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "codegen/capabilities.h"
 #include "frontends/compile.h"
 #include "frontends/training_session.h"
+#include "runtime/cuda/activity_trace.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/tensor_bytes.h"
 #include "frontends/cuda_trainer.h"
@@ -151,7 +153,7 @@ void ExpectGpuMatchesReference(Precision precision, double loss_tolerance, doubl
 }
 
 // The CUDA graph replays exactly the launches `--no-cuda-graph` makes one by one, and a
-// profiled step (launched one by one between CUDA events) computes the same step. The only
+// profiled step (the graph replayed under CUPTI's trace) computes the same step. The only
 // run-to-run nondeterminism is the embedding gradient's float atomics (scatter_add), so the
 // comparison allows a few f32 ulps rather than demanding identical bits.
 TEST_F(GpuTrainingTest, CudaGraphReplayMatchesEagerLaunches) {
@@ -173,15 +175,22 @@ TEST_F(GpuTrainingTest, CudaGraphReplayMatchesEagerLaunches) {
   EXPECT_LT(norm_diff, 1e-5);
   // The profile covers every launch of the step, each with a non-negative duration, in order.
   ASSERT_FALSE(profile.empty());
-  double previous_start = -1, total = 0;
+  // Where CUPTI loads (the toolkit's libcupti), the step was timed inside its graph, and the
+  // exposed times (each launch's end past the latest before it) add up to the step's end.
+  const bool traced = ActivityTracer::Get().ok();
+  double previous_start = -1, exposed = 0, last_end = 0;
   for (const StepTiming& t : profile) {
+    EXPECT_EQ(t.in_graph, traced) << t.name;
     EXPECT_GE(t.duration_us, 0) << t.name;
+    EXPECT_GE(t.exposed_us, 0) << t.name;
     EXPECT_GE(t.start_us, previous_start) << t.name;
     EXPECT_FALSE(t.group.empty()) << t.name;
     previous_start = t.start_us;
-    total += t.duration_us;
+    exposed += t.exposed_us;
+    last_end = std::max(last_end, t.start_us + t.duration_us);
   }
-  EXPECT_GT(total, 0);
+  EXPECT_GT(exposed, 0);
+  if (traced) EXPECT_NEAR(exposed, last_end, 1e-3 * last_end);
   EXPECT_FALSE(GroupTimes(profile).empty());
 }
 

@@ -392,8 +392,13 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
   if (s.decode_steps > 0) {
     const DecodeCallTimes calls = SummarizeDecodeCalls(s);
-    std::fprintf(stderr, "kiln generate: decode calls: median %.3f ms, min %.3f, max %.3f (%lld calls)\n",
-                 calls.median_ms, calls.min_ms, calls.max_ms, static_cast<long long>(s.decode_steps));
+    std::fprintf(stderr, "kiln generate: decode calls: median %.3f ms, min %.3f, max %.3f (%lld calls)%s\n",
+                 calls.median_ms, calls.min_ms, calls.max_ms, static_cast<long long>(s.decode_steps),
+                 calls.gpu_median_ms > 0
+                     ? absl::StrFormat("; on the GPU: median %.3f ms from the run's start on the stream to its end",
+                                       calls.gpu_median_ms)
+                           .c_str()
+                     : "");
   }
   // The workload as a whole: every token out over the run's wall time (the scheduler, the
   // uploads and the host's work included, the compiles not), and how much of the prompts the
@@ -418,14 +423,15 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                                                     : "fewer decode calls than the profiled one");
     } else {
       double total_us = 0;
-      for (const StepTiming& t : timings) total_us += t.duration_us;
+      for (const StepTiming& t : timings) total_us += t.exposed_us;
       std::fprintf(stderr,
                    "kiln generate: GPU time of decode call %lld (batch bucket %lld) by kernel group, %zu launches, "
-                   "%.3f ms launched one by one with CUDA events\n%s",
+                   "%.3f ms %s\n%s",
                    static_cast<long long>(options.profile_decode_call),
                    static_cast<long long>(generator->decode_profile_bucket()), timings.size(), total_us / 1e3,
-                   FormatGroupTable(timings, 15).c_str());
-      std::fprintf(stderr, "kiln generate: its 15 longest launches\n%s", FormatSlowestLaunches(timings, 15).c_str());
+                   TimingMethod(timings).c_str(), FormatGroupTable(timings, 15).c_str());
+      std::fprintf(stderr, "kiln generate: its 15 launches of most exposed time\n%s",
+                   FormatSlowestLaunches(timings, 15).c_str());
     }
   }
   if (rejected > 0) {

@@ -392,9 +392,12 @@ absl::Status ReportProfile(const ParsedArgs& args, const CudaTrainer& cuda, int6
                  static_cast<long long>(steps), timings.size(), args.Get("trace").c_str());
   }
   if (args.Has("report")) {
-    std::fprintf(stderr, "kiln train: GPU time of step %lld by kernel group (CUDA events, launched one by one)\n%s",
-                 static_cast<long long>(steps), FormatGroupTable(timings, 15).c_str());
-    std::fprintf(stderr, "kiln train: the step's 20 longest launches\n%s", FormatSlowestLaunches(timings, 20).c_str());
+    std::fprintf(stderr, "kiln train: GPU time of step %lld by kernel group, %s%s\n%s", static_cast<long long>(steps),
+                 TimingMethod(timings).c_str(),
+                 exe.profile_fallback().empty() ? "" : absl::StrCat(" (", exe.profile_fallback(), ")").c_str(),
+                 FormatGroupTable(timings, 15).c_str());
+    std::fprintf(stderr, "kiln train: the step's 20 launches of most exposed time\n%s",
+                 FormatSlowestLaunches(timings, 20).c_str());
     std::fprintf(stderr, "kiln train: memory plan: %s\nlargest buffers:\n%s", exe.buffer_plan().Summary().c_str(),
                  exe.buffer_plan().LargestBuffers(exe.function(), 10).c_str());
     std::fprintf(stderr, "kiln train: CUDA graph: %lld nodes\n", static_cast<long long>(exe.stats().graph_nodes));

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
+#include "runtime/cuda/activity_trace.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/tensor_bytes.h"
 
@@ -75,6 +76,8 @@ CudaExecutable::~CudaExecutable() {
   // Errors here cannot be reported, and the arena goes right after.
   if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
   if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  if (run_start_ != nullptr) cudaEventDestroy(run_start_);
+  if (run_end_ != nullptr) cudaEventDestroy(run_end_);
 }
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledProgram program, CudaDevice& device,
@@ -253,6 +256,7 @@ absl::Status CudaExecutable::BuildSteps() {
         if (!launch.ok()) return ForNode(launch.status(), *ps.node);
         launches_.push_back(std::make_unique<KernelLaunch>(*std::move(launch)));
         step.launch = launches_.back().get();
+        step.library = library_of[ps.kernel];
         for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
         if (ps.scratch_buffer >= 0) step.pointers.push_back(BufferAddress(ps.scratch_buffer));
         ++stats_.kernels;
@@ -345,20 +349,137 @@ absl::Status CudaExecutable::Capture() {
 absl::Status CudaExecutable::Run() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   const std::string run = absl::StrCat("running @", function_->name());
+  const cudaStream_t stream = device_->stream();
+  if (run_start_ == nullptr) {
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_start_), run);
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_end_), run);
+  }
   if (options_.cuda_graph && !options_.check_each_step) {
     if (graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
-    KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, device_->stream()), run);
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
+    KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, stream), run);
   } else {
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
     RETURN_IF_ERROR(EnqueueAll(options_.check_each_step));
   }
+  KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_end_, stream), run);
   KILN_RETURN_IF_CUDA_ERROR(
-      cudaStreamSynchronize(device_->stream()),
+      cudaStreamSynchronize(stream),
       absl::StrCat(run, " (an asynchronous error of some step; CudaExecutableOptions::check_each_step names it)"));
+  float ms = 0;
+  KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, run_start_, run_end_), run);
+  last_run_gpu_seconds_ = ms / 1e3;
   return absl::OkStatus();
+}
+
+StepTiming CudaExecutable::DescribeStep(const Step& step) const {
+  StepTiming t;
+  const ProgramStep& ps = *step.program;
+  switch (ps.kind) {
+    case ProgramStep::Kind::kKernel:
+      t.name = step.launch->name;
+      t.group = ps.label;
+      break;
+    case ProgramStep::Kind::kGemm:
+      t.name = GemmName(ps.gemm);
+      t.group = "gemm";
+      break;
+    case ProgramStep::Kind::kCopy:
+      t.name = ps.what;
+      t.group = "copy";
+      break;
+  }
+  if (ps.node != nullptr) {
+    t.node = absl::StrCat("%", ps.node->name());
+    t.scope = ps.node->scope();
+  }
+  return t;
 }
 
 absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
   RETURN_IF_ERROR(device_->MakeCurrent());
+  profile_fallback_.clear();
+  if (options_.cuda_graph && !options_.check_each_step) {
+    bool ran = false;
+    absl::StatusOr<std::vector<StepTiming>> traced = ProfileInGraph(&ran);
+    // Falling back runs the step again: only when the traced run did not happen (a second
+    // training step would update the weights twice).
+    if (traced.ok() || ran) return traced;
+    profile_fallback_ = std::string(traced.status().message());
+  }
+  return ProfileOneByOne();
+}
+
+absl::StatusOr<std::vector<StepTiming>> CudaExecutable::ProfileInGraph(bool* ran) {
+  ASSIGN_OR_RETURN(ActivityTracer * tracer, ActivityTracer::Get());
+  if (graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
+  const cudaStream_t stream = device_->stream();
+  const std::string what = absl::StrCat("profiling @", function_->name(), " in its CUDA graph");
+  // A fresh instance of the graph, made while the trace runs, so that CUPTI sees its nodes
+  // from the start; uploaded before the replay, as Capture does.
+  RETURN_IF_ERROR(tracer->Start());
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t error = cudaGraphInstantiate(&exec, graph_, 0);
+  if (error == cudaSuccess) error = cudaGraphUpload(exec, stream);
+  if (error == cudaSuccess) {
+    *ran = true;
+    error = cudaGraphLaunch(exec, stream);
+  }
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  absl::StatusOr<std::vector<TracedActivity>> activities = tracer->Stop();
+  KILN_RETURN_IF_CUDA_ERROR(error, what);
+  const std::string ran_but = absl::StrCat(
+      what, ": the step ran, its trace did not (`--no-cuda-graph` profiles the launches one by one): ");
+  if (!activities.ok()) return absl::Status(activities.status().code(), ran_but + std::string(activities.status().message()));
+
+  std::vector<TracedStep> traced;
+  traced.reserve(steps_.size());
+  for (const Step& step : steps_) {
+    const ProgramStep& ps = *step.program;
+    if (ps.kind == ProgramStep::Kind::kKernel) {
+      traced.push_back({.kernel = step.library->name()});
+    } else {
+      const bool elided = ps.kind == ProgramStep::Kind::kCopy && (ps.bytes == 0 || step.dst == step.src);
+      traced.push_back({.launches_work = !elided});
+    }
+  }
+  absl::StatusOr<std::vector<std::vector<int>>> matched = MatchActivitiesToSteps(*activities, traced);
+  if (!matched.ok()) {
+    return absl::InternalError(absl::StrCat(ran_but, matched.status().message()));
+  }
+  uint64_t origin = UINT64_MAX;
+  for (const std::vector<int>& of_step : *matched) {
+    for (int a : of_step) origin = std::min(origin, (*activities)[a].start_ns);
+  }
+  std::vector<StepTiming> timings;
+  timings.reserve(steps_.size());
+  double latest_end_us = 0, previous_start_us = 0;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    StepTiming t = DescribeStep(steps_[i]);
+    t.in_graph = true;
+    const std::vector<int>& of_step = (*matched)[i];
+    if (of_step.empty()) {
+      t.start_us = previous_start_us;  // enqueued nothing: no time
+    } else {
+      uint64_t start = UINT64_MAX, end = 0;
+      for (int a : of_step) {
+        start = std::min(start, (*activities)[a].start_ns);
+        end = std::max(end, (*activities)[a].end_ns);
+      }
+      t.start_us = static_cast<double>(start - origin) / 1e3;
+      const double end_us = static_cast<double>(end - origin) / 1e3;
+      t.duration_us = end_us - t.start_us;
+      t.exposed_us = std::max(0.0, end_us - latest_end_us);
+      latest_end_us = std::max(latest_end_us, end_us);
+      previous_start_us = t.start_us;
+    }
+    timings.push_back(std::move(t));
+  }
+  return timings;
+}
+
+absl::StatusOr<std::vector<StepTiming>> CudaExecutable::ProfileOneByOne() {
   const cudaStream_t stream = device_->stream();
   const std::string what = absl::StrCat("profiling @", function_->name());
   // events[i] is recorded before step i, events.back() after the last.
@@ -378,32 +499,13 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
   std::vector<StepTiming> timings;
   timings.reserve(steps_.size());
   for (size_t i = 0; i < steps_.size(); ++i) {
-    const Step& step = steps_[i];
     float start_ms = 0, end_ms = 0;
     KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&start_ms, events[0], events[i]), what);
     KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&end_ms, events[0], events[i + 1]), what);
-    StepTiming t;
-    const ProgramStep& ps = *step.program;
-    switch (ps.kind) {
-      case ProgramStep::Kind::kKernel:
-        t.name = step.launch->name;
-        t.group = ps.label;
-        break;
-      case ProgramStep::Kind::kGemm:
-        t.name = GemmName(ps.gemm);
-        t.group = "gemm";
-        break;
-      case ProgramStep::Kind::kCopy:
-        t.name = ps.what;
-        t.group = "copy";
-        break;
-    }
-    if (ps.node != nullptr) {
-      t.node = absl::StrCat("%", ps.node->name());
-      t.scope = ps.node->scope();
-    }
+    StepTiming t = DescribeStep(steps_[i]);
     t.start_us = start_ms * 1e3;
     t.duration_us = (end_ms - start_ms) * 1e3;
+    t.exposed_us = t.duration_us;
     timings.push_back(std::move(t));
   }
   return timings;

@@ -72,9 +72,17 @@ class CudaExecutable {
   // Every step on the stream, then the donations; synchronizes at the end (between runs, never
   // inside one). With options.cuda_graph, the first call captures and later calls replay.
   absl::Status Run();
-  // Run, launched step by step with a CUDA event around each: the same results as Run, and
-  // where the time went. Slower than Run (no graph, an event per step); for --trace/--report.
+  // The GPU time of the last Run: from the start of its work on the stream to its end (CUDA
+  // events around the graph's launch: the graph's start latency included).
+  double last_run_gpu_seconds() const { return last_run_gpu_seconds_; }
+  // Run, and where the time went: the same results as Run. With options.cuda_graph, the graph
+  // replayed once under CUPTI's activity trace (runtime/cuda/activity_trace.h), each step's
+  // span and exposed time as it ran in the graph; without a graph, or where CUPTI is absent or
+  // its trace does not match the steps, the steps launched one by one between CUDA events
+  // (slower: no graph, an event a step), and profile_fallback() says why. For --trace/--report.
   absl::StatusOr<std::vector<StepTiming>> Profile();
+  // Why the last Profile launched one by one although a graph was wanted; empty otherwise.
+  const std::string& profile_fallback() const { return profile_fallback_; }
   // Device -> host. Output(i) is the value of output i of the last Run.
   absl::StatusOr<HostTensor> Output(int i) const;
   absl::StatusOr<HostTensor> Input(int64_t param_index) const;
@@ -118,6 +126,7 @@ class CudaExecutable {
   struct Step {
     const ProgramStep* program = nullptr;  // what it is: kind, node, label, copy purpose
     const KernelLaunch* launch = nullptr;  // kernel
+    const KernelLibrary* library = nullptr;  // kernel: its cubin, whose symbol a trace names
     std::vector<void*> pointers;           // kernel: outputs, operands (then its scratch)
     const GemmPlan* gemm = nullptr;
     GemmBuffers gemm_buffers;
@@ -129,6 +138,11 @@ class CudaExecutable {
   // Records every step into graph_exec_; an error names the step that broke the capture.
   absl::Status Capture();
   absl::Status EnqueueAll(bool check_each_step) const;
+  // *ran: whether the graph was launched (a failure after that must not run the step again).
+  absl::StatusOr<std::vector<StepTiming>> ProfileInGraph(bool* ran);
+  absl::StatusOr<std::vector<StepTiming>> ProfileOneByOne();
+  // A step's name, group, node and scope for a profile (times left 0).
+  StepTiming DescribeStep(const Step& step) const;
   absl::Status BuildSteps();
   // Autotunes `gemm` (a plan of step `ps`, resolved to `buffers`) unless a GEMM of the same
   // description was tuned already, whose choice it then takes; `tuned` maps descriptions to
@@ -166,6 +180,9 @@ class CudaExecutable {
   Stats stats_;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
+  std::string profile_fallback_;  // why the last Profile did not trace the graph
+  cudaEvent_t run_start_ = nullptr, run_end_ = nullptr;  // around each Run, for last_run_gpu_seconds
+  double last_run_gpu_seconds_ = 0;
 };
 
 }  // namespace kiln
