@@ -57,6 +57,21 @@ TEST_F(CliGenerateTest, PresetGeneratesBytesAndReportsSpeeds) {
   EXPECT_EQ(Generate("llama-tiny --prompt hello --max-new-tokens 8 --temperature 0 --seed 9").output, greedy.output);
 }
 
+// --trace writes a decode call's launches where a GPU runs them; on the CPU it says there are
+// none and writes nothing; a folder that does not exist is refused before any work.
+TEST_F(CliGenerateTest, TraceOnTheCpuSaysThereAreNoLaunchesAndABadPathIsRefused) {
+  CommandResult r = Generate(absl::StrCat("llama-tiny --prompt hello --max-new-tokens 4 --backend cpu --trace ",
+                                          Path("trace.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.output << Stderr();
+  EXPECT_NE(Stderr().find("--trace: no decode call was profiled (the CPU backend has no launches to time)"),
+            std::string::npos)
+      << Stderr();
+  EXPECT_FALSE(std::filesystem::exists(Path("trace.json")));
+  CommandResult bad = Generate("llama-tiny --prompt hello --max-new-tokens 4 --trace /nonexistent-dir/t.json");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(Stderr().find("--trace"), std::string::npos) << Stderr();
+}
+
 // --kv-memory sizes the pool: llama-tiny's bf16 block of 16 tokens is K and V of 2 layers x 2
 // kv heads x 16 x 32 = 8 KiB, so 1M holds 128 blocks.
 TEST_F(CliGenerateTest, KvMemorySizesThePool) {

@@ -26,6 +26,7 @@
 #include "frontends/model_config.h"
 #include "frontends/training_checkpoint.h"
 #include "frontends/weight_init.h"
+#include "ir/file_util.h"
 #include "ir/status_macros.h"
 #include "runtime/memory_estimate.h"
 
@@ -249,10 +250,12 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(options.max_running, args.GetInt("max-running", 8));
   ASSIGN_OR_RETURN(options.max_context, args.GetInt("context", 0));
   const bool report = args.Has("report");
+  const bool trace = args.Has("trace");
+  if (trace) RETURN_IF_ERROR(CheckOutputPath(args.Get("trace"), "--trace"));
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
-  if (report) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
+  if (report || trace) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
   if (max_new < 1) return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens ", max_new, " must be >= 1"));
   if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("--seed ", seed, " must be >= 0"));
   inference::SamplingParams sampling{.temperature = temperature, .top_k = top_k, .top_p = top_p,
@@ -415,24 +418,30 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(prompt_tokens) : 0.0,
                static_cast<long long>(generated), serving_seconds, Rate(generated, serving_seconds).c_str(),
                options.enable_prefix_caching ? "" : " (--no-prefix-cache)");
-  if (report) {
+  if ((report || trace) && generator->decode_profile().empty()) {
+    std::fprintf(stderr, "kiln generate: --%s: no decode call was profiled (%s)\n", report ? "report" : "trace",
+                 backend.backend == Backend::kCpu ? "the CPU backend has no launches to time"
+                                                  : "fewer decode calls than the profiled one");
+  } else if (trace) {
     const std::vector<StepTiming>& timings = generator->decode_profile();
-    if (timings.empty()) {
-      std::fprintf(stderr, "kiln generate: --report: no decode call was profiled (%s)\n",
-                   backend.backend == Backend::kCpu ? "the CPU backend has no launches to time"
-                                                    : "fewer decode calls than the profiled one");
-    } else {
-      double total_us = 0;
-      for (const StepTiming& t : timings) total_us += t.exposed_us;
-      std::fprintf(stderr,
-                   "kiln generate: GPU time of decode call %lld (batch bucket %lld) by kernel group, %zu launches, "
-                   "%.3f ms %s\n%s",
-                   static_cast<long long>(options.profile_decode_call),
-                   static_cast<long long>(generator->decode_profile_bucket()), timings.size(), total_us / 1e3,
-                   TimingMethod(timings).c_str(), FormatGroupTable(timings, 15).c_str());
-      std::fprintf(stderr, "kiln generate: its 15 launches of most exposed time\n%s",
-                   FormatSlowestLaunches(timings, 15).c_str());
-    }
+    RETURN_IF_ERROR(WriteFileAtomically(
+        args.Get("trace"), ChromeTraceJson(timings, absl::StrCat("kiln generate, decode call ", options.profile_decode_call,
+                                                                 " (batch bucket ", generator->decode_profile_bucket(), ")"))));
+    std::fprintf(stderr, "kiln generate: wrote decode call %lld's %zu launches to %s (open it in ui.perfetto.dev)\n",
+                 static_cast<long long>(options.profile_decode_call), timings.size(), args.Get("trace").c_str());
+  }
+  if (report && !generator->decode_profile().empty()) {
+    const std::vector<StepTiming>& timings = generator->decode_profile();
+    double total_us = 0;
+    for (const StepTiming& t : timings) total_us += t.exposed_us;
+    std::fprintf(stderr,
+                 "kiln generate: GPU time of decode call %lld (batch bucket %lld) by kernel group, %zu launches, "
+                 "%.3f ms %s\n%s",
+                 static_cast<long long>(options.profile_decode_call),
+                 static_cast<long long>(generator->decode_profile_bucket()), timings.size(), total_us / 1e3,
+                 TimingMethod(timings).c_str(), FormatGroupTable(timings, 15).c_str());
+    std::fprintf(stderr, "kiln generate: its 15 launches of most exposed time\n%s",
+                 FormatSlowestLaunches(timings, 15).c_str());
   }
   if (rejected > 0) {
     return absl::InvalidArgumentError(absl::StrCat(rejected, " of ", prompts.size(), " requests were rejected"));
@@ -487,6 +496,8 @@ Command GenerateCommand() {
                 .default_value = "the model's"},
                {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "cpu"},
                {.name = "report", .help = "where one decode call's GPU time goes, by kernel group (cuda)"},
+               {.name = "trace", .value_name = "FILE.json",
+                .help = "write one decode call's launches as a Chrome trace (cuda; open it in ui.perfetto.dev)"},
                {.name = "no-prefix-cache", .help = "prefill every prompt in full (to measure what the cache saves)"},
            }},
           RunGenerate};
