@@ -102,7 +102,8 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& 
   } else {
 #ifdef KILN_WITH_CUDA
     ASSIGN_OR_RETURN(g->engine_, CreateCudaInferenceEngine(config, g->layout_, options.precision, std::move(weights),
-                                                           *options.device));
+                                                           *options.device,
+                                                           CudaExecutableOptions{.time_runs = options.time_decode_calls}));
 #else
     return absl::FailedPreconditionError("generation on a GPU: this kiln was built without CUDA");
 #endif

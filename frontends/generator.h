@@ -56,6 +56,9 @@ struct GeneratorOptions {
   // >= 0: that call of @decode (0 is the first) runs through CudaExecutable::Profile (timed
   // in its CUDA graph, or one by one): decode_profile() then says where its time went.
   int64_t profile_decode_call = -1;
+  // A GPU's decode calls timed with CUDA events (GenerationStats::decode_call_gpu_seconds;
+  // CudaExecutableOptions::time_runs, which says what that costs).
+  bool time_decode_calls = false;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
   std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
@@ -70,8 +73,8 @@ struct GenerationStats {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   std::vector<double> decode_call_seconds;  // each @decode call's share of decode_seconds, in order
-  // Of each call, the GPU's part (InferenceEngine::Rows::gpu_seconds); 0 for a profiled call
-  // and on the CPU.
+  // Of each call, the GPU's part (InferenceEngine::Rows::gpu_seconds); 0 for a profiled call,
+  // on the CPU, and without GeneratorOptions::time_decode_calls.
   std::vector<double> decode_call_gpu_seconds;
   double sample_seconds = 0;   // of prefill and decode seconds: picking the tokens on the host
   double compile_seconds = 0;

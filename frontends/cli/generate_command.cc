@@ -255,6 +255,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
+  options.time_decode_calls = report;
   if (report || trace) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
   if (max_new < 1) return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens ", max_new, " must be >= 1"));
   if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("--seed ", seed, " must be >= 0"));

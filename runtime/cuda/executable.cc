@@ -350,25 +350,27 @@ absl::Status CudaExecutable::Run() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   const std::string run = absl::StrCat("running @", function_->name());
   const cudaStream_t stream = device_->stream();
-  if (run_start_ == nullptr) {
+  const bool timed = options_.time_runs;
+  if (timed && run_start_ == nullptr) {
     KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_start_), run);
     KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_end_), run);
   }
+  if (options_.cuda_graph && !options_.check_each_step && graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
+  if (timed) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
   if (options_.cuda_graph && !options_.check_each_step) {
-    if (graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
-    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
     KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, stream), run);
   } else {
-    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
     RETURN_IF_ERROR(EnqueueAll(options_.check_each_step));
   }
-  KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_end_, stream), run);
+  if (timed) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_end_, stream), run);
   KILN_RETURN_IF_CUDA_ERROR(
       cudaStreamSynchronize(stream),
       absl::StrCat(run, " (an asynchronous error of some step; CudaExecutableOptions::check_each_step names it)"));
-  float ms = 0;
-  KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, run_start_, run_end_), run);
-  last_run_gpu_seconds_ = ms / 1e3;
+  if (timed) {
+    float ms = 0;
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, run_start_, run_end_), run);
+    last_run_gpu_seconds_ = ms / 1e3;
+  }
   return absl::OkStatus();
 }
 

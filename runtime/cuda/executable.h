@@ -55,6 +55,10 @@ struct CudaExecutableOptions {
   // functions of a model (frontends/generator.h) bind the same weights and KV pool. A donated
   // output of a bound parameter lands in the bound memory, as it would in the arena.
   absl::flat_hash_map<int64_t, void*> bound_parameters;
+  // Time each Run with a CUDA event on either side of it (last_run_gpu_seconds). Off by
+  // default: the two events cost llama-M's batch-1 decode call 0.03 ms of 0.85 (bench/
+  // RESULTS.md, session 22); `kiln generate --report` turns it on.
+  bool time_runs = false;
 };
 
 
@@ -72,8 +76,9 @@ class CudaExecutable {
   // Every step on the stream, then the donations; synchronizes at the end (between runs, never
   // inside one). With options.cuda_graph, the first call captures and later calls replay.
   absl::Status Run();
-  // The GPU time of the last Run: from the start of its work on the stream to its end (CUDA
-  // events around the graph's launch: the graph's start latency included).
+  // With options.time_runs, the GPU time of the last Run: from the start of its work on the
+  // stream to its end (CUDA events around the graph's launch: its start latency included); 0
+  // otherwise.
   double last_run_gpu_seconds() const { return last_run_gpu_seconds_; }
   // Run, and where the time went: the same results as Run. With options.cuda_graph, the graph
   // replayed once under CUPTI's activity trace (runtime/cuda/activity_trace.h), each step's
