@@ -1,14 +1,14 @@
 // paged_attention_bench: times the decode step's paged attention on the GPU, the kernels exactly
 // as codegen emits them (codegen/lower_paged_kv.cc: kernels/paged_kv.cuh's PagedAttentionSplit
-// and, when the keys split, PagedAttentionCombine), at llama-M's heads (16 query heads, 8 kv
+// whose last split adds the partials when the keys split), at llama-M's heads (16 query heads, 8 kv
 // heads, head dim 128, a bf16 pool of 16-token blocks, O stored bf16 as the decode step stores
 // it) for each --batches B: B sequences of one new token, each over --keys keys (the decode
 // benchmark's sequences are all one length: prompts of 512, then decoded in lockstep) in
 // blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
 // CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm), so the
 // split kernel's variants compare in one run; the first is the default.
-// Each row: median, min and max us over the timed calls (CUDA events around the split and the
-// combine launch, after warm-up), the K and V bytes the call reads over the median (GB/s), and
+// Each row: median, min and max us over the timed calls (CUDA events around the launch, after
+// warm-up), the K and V bytes the call reads over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
 // (ir/op_table.h: softmax(q k * scale) v with P unrounded) on every (row, head).
 // bench/paged_attention_torch.py times torch SDPA over the same keys held densely (what HF's
@@ -174,7 +174,8 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
     if (!specs.ok()) return specs.status();
     absl::StatusOr<void*> scratch = buffers.Upload(nullptr, std::max<int64_t>(scratch_bytes, 16));
     if (!scratch.ok()) return scratch.status();
-    // Both kernels take (out, q, k_pool, v_pool, block_tables, positions[, partials]).
+    // The split kernel (and a combine kernel, without fold_combine) take (out, q, k_pool,
+    // v_pool, block_tables, positions[, partials]).
     std::vector<Loaded> kernels;
     for (const KernelSpec& spec : *specs) {
       absl::StatusOr<Loaded> l = bench::LoadKernel(spec, device);
@@ -182,7 +183,7 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
       kernels.push_back(*std::move(l));
     }
     std::vector<void*> args = {*out, *q, *k, *v, *tables, *positions};
-    if (kernels.size() > 1) args.push_back(*scratch);
+    if (scratch_bytes > 0) args.push_back(*scratch);
     absl::StatusOr<bench::Timing> t =
         bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "paged_attention_bench", "a call", [&]() -> absl::Status {
           for (size_t i = 0; i < kernels.size(); ++i) {

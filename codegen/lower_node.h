@@ -32,11 +32,15 @@ struct CodegenOptions {
   // fewest KV blocks a split takes, and the blocks an SM the split count aims for. The
   // defaults are measured (codegen/lower_paged_kv.cc says where); bench/paged_attention_bench
   // times others.
+  // fold_combine: the last split of each (row, kv head) to finish adds the splits' partials
+  // itself (kernels/paged_kv.cuh, CombineIfLastSplit), instead of PagedAttentionCombine after
+  // the split kernel: a launch a layer fewer.
   struct PagedAttentionGeometry {
     int warps = 4;
     int stages = 5;
     int min_split_blocks = 4;
     int blocks_per_sm = 4;
+    bool fold_combine = true;
   } paged_attention;
 };
 

@@ -54,7 +54,8 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 
 // PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
 // split over the keys up to CodegenOptions::paged_attention's blocks per SM (each split at
-// least its min_split_blocks KV blocks), then PagedAttentionCombine when there are several splits;
+// least its min_split_blocks KV blocks); with several splits, the last of each row and head
+// adds their partials (fold_combine), or PagedAttentionCombine does after the split kernel;
 // otherwise a warp per (query row, head), one key at a time (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
@@ -120,11 +121,25 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   w.comment = absl::StrCat("a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"),
                            " x ", splits, " splits of the row's KV blocks, the group's ", group,
                            " heads sharing each K and V row; ", stages, " KV blocks staged through shared memory");
+  const bool fold = splits > 1 && geometry.fold_combine;
+  if (fold) {
+    // The count of finished splits per (row, kv head): the module's, zero when it loads, put
+    // back to zero by each item's last split (kernels/paged_kv.cuh, CombineIfLastSplit).
+    w.globals = absl::StrCat("// Finished splits per (row, kv head), zero at load; the last one resets its count.\n",
+                             "static __device__ unsigned int g_splits_done[", items, "];\n\n");
+    w.comment += "; the last split of each adds the splits' partials";
+  }
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
-                        splits, ", ", stages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr", ")");
+                        splits, ", ", stages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr",
+                        fold ? ", g_splits_done" : "", ")");
   KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   if (splits == 1) return Kernels({std::move(split_kernel)});
+  if (fold) {
+    LoweredNode lowered = Kernels({std::move(split_kernel)});
+    lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
+    return lowered;
+  }
   Wrapper combine = w;
   combine.comment = absl::StrCat("adds the ", splits, " splits' partial outputs, a thread per element");
   combine.call = absl::StrCat("PagedAttentionCombine<", out_type, ", ", rows, "LL, ", heads, ", ", head_dim, ", ",

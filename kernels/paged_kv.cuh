@@ -5,7 +5,8 @@
 // ir/reference/paged_kv_ops.cc: P stays f32 (not rounded), so a split of the keys over
 // blocks changes only the order of f32 sums.
 //
-// PagedAttentionSplit (with PagedAttentionCombine) is the kernel codegen picks: blocks per
+// PagedAttentionSplit (its last split of each row and head adding the splits' partials, or
+// with PagedAttentionCombine after it) is the kernel codegen picks: blocks per
 // (query row, kv head, key range), so that the group's query heads share every K and V row
 // a block loads and a batch of one still spreads over the SMs (flash-decoding's split), with
 // 16-byte loads spread over the lanes of a row, the rows over the warps, several loads in
@@ -121,6 +122,48 @@ __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
   return m == -CUDART_INF_F ? 0.0f : expf(m - m_new);
 }
 
+// Element (g, d) of one (row, kv head) from its kSplits partials `p` (PagedAttentionSplit's
+// layout): the splits' sums rescaled to the largest max and added in split order, over the
+// rescaled sum of exp, rounded once to TO; zero when no split saw a key (a padding row).
+// `Load` reads a float of the partials (through L2 where other blocks wrote them).
+template <typename TO, int kGroup, int kD, int kSplits, typename Load>
+__device__ __forceinline__ TO CombinedElement(const float* p, int g, int d, Load load) {
+  float m = -CUDART_INF_F;
+  for (int split = 0; split < kSplits; ++split) m = fmaxf(m, load(p + split * kGroup * (kD + 2) + 2 * g));
+  if (m == -CUDART_INF_F) return FromFloat<TO>(0.0f);
+  float total = 0.0f, sum = 0.0f;
+  for (int split = 0; split < kSplits; ++split) {
+    const float* s = p + split * kGroup * (kD + 2);
+    const float scale = expf(load(s + 2 * g) - m);  // 0 for a split without keys (max -inf)
+    sum += scale * load(s + 2 * g + 1);
+    total += scale * load(s + 2 * kGroup + g * kD + d);
+  }
+  return FromFloat<TO>(total / sum);
+}
+
+// The combine folded into the split kernel: each block of (row, kv head) `item` counts itself
+// done in splits_done[item] once its partials are visible device-wide (the fence before the
+// count); the block that counts last writes the item's kGroup x kD outputs at `o` from every
+// split's partials and sets the count back to zero for the next launch. (The counts live in
+// the kernel's module, zero when it loads: codegen/lower_paged_kv.cc.)
+template <typename TO, int kH, int kD, int kHkv, int kSplits, int kThreads>
+__device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials, long long item,
+                                                   unsigned int* splits_done) {
+  constexpr int kGroup = kH / kHkv;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(splits_done + item, 1u) == kSplits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* p = partials + item * kSplits * kGroup * (kD + 2);
+  for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) {
+    o[i] = CombinedElement<TO, kGroup, kD, kSplits>(p, i / kD, i % kD, [](const float* a) { return __ldcg(a); });
+  }
+  if (threadIdx.x == 0) splits_done[item] = 0;
+}
+
 // Attention as PagedAttention computes it, split over the keys (flash-decoding): a block of
 // kWarps warps per (b, t, kv head, split), the group's kGroup query heads sharing every K and
 // V row the block loads. The splits divide the row's actual KV blocks (ceil((position + 1) /
@@ -150,7 +193,7 @@ template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, 
           int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages>
 __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
-                                                    float* partials) {
+                                                    float* partials, unsigned int* splits_done = nullptr) {
   constexpr int kGroup = kH / kHkv;
   constexpr int kMaxKeys = kMaxBlocks * kBs;
   constexpr int kVec = Packed128<TP>::kSize;
@@ -205,6 +248,9 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
   if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
     for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) store(i, 0.0f);
     if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
+    if constexpr (kSplits > 1) {
+      if (splits_done != nullptr) CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
+    }
     return;
   }
   __syncthreads();
@@ -328,6 +374,9 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
     store(i, kSplits == 1 ? total / sum : total);
     if (kSplits > 1 && i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
   }
+  if constexpr (kSplits > 1) {
+    if (splits_done != nullptr) CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
+  }
 }
 
 // out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the
@@ -340,22 +389,8 @@ __device__ __forceinline__ void PagedAttentionCombine(TO* out, const float* part
   if (e >= kRows * kH * kD) return;
   const long long bt = e / (kH * kD);
   const int h = static_cast<int>(e / kD % kH), d = static_cast<int>(e % kD);
-  const int g = h % kGroup;
   const float* p = partials + (bt * kHkv + h / kGroup) * kSplits * kGroup * (kD + 2);
-  float m = -CUDART_INF_F;
-  for (int split = 0; split < kSplits; ++split) m = fmaxf(m, p[split * kGroup * (kD + 2) + 2 * g]);
-  if (m == -CUDART_INF_F) {  // a padding row: no split saw a key
-    out[e] = FromFloat<TO>(0.0f);
-    return;
-  }
-  float total = 0.0f, sum = 0.0f;
-  for (int split = 0; split < kSplits; ++split) {
-    const float* s = p + split * kGroup * (kD + 2);
-    const float scale = expf(s[2 * g] - m);  // 0 for a split without keys (max -inf)
-    sum += scale * s[2 * g + 1];
-    total += scale * s[2 * kGroup + g * kD + d];
-  }
-  out[e] = FromFloat<TO>(total / sum);
+  out[e] = CombinedElement<TO, kGroup, kD, kSplits>(p, h % kGroup, d, [](const float* a) { return *a; });
 }
 
 }  // namespace kiln::kernels

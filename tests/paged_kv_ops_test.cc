@@ -216,9 +216,10 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   // 8 sequences x 8 kv heads = 64 blocks would leave most of 132 SMs idle: the keys split
   // up to 4 blocks per SM (528 / 64 = 8, rounded down: one wave), but no split is shorter
   // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks; a block of 4
-  // warps stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) through shared memory; a
-  // combine kernel adds the splits' partials (scratch: 64 x 4 x 4 heads x (128 + 2) floats).
-  ASSERT_EQ(attention->kernels.size(), 2u);
+  // warps stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) through shared memory; the
+  // last split of each row and kv head adds the splits' partials (scratch: 64 x 4 x 4 heads x
+  // (128 + 2) floats; the counts of finished splits are the module's 64).
+  ASSERT_EQ(attention->kernels.size(), 1u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
   EXPECT_EQ(attention->kernels[0].block[0], 128u);
   EXPECT_EQ(attention->kernels[0].shared_bytes, 5u * 2u * 16u * 128u * 2u + 16u * 4u + 4u * 4u * (128u + 2u) * 4u);
@@ -226,9 +227,19 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
                                               "16, 16, 4, 4, 5>"),
             std::string::npos)
       << attention->kernels[0].source;
-  EXPECT_NE(attention->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
+  EXPECT_NE(attention->kernels[0].source.find("static __device__ unsigned int g_splits_done[64];"), std::string::npos);
+  EXPECT_NE(attention->kernels[0].source.find("partials, g_splits_done)"), std::string::npos);
   EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
-  for (const LoweredNode* lowered : {&*write, &*attention}) {
+  // Without the fold, a combine kernel after the split kernel adds the partials.
+  CodegenOptions separate;
+  separate.paged_attention.fold_combine = false;
+  auto combined = LowerNode(*o, separate);
+  ASSERT_TRUE(combined.ok()) << combined.status();
+  ASSERT_EQ(combined->kernels.size(), 2u);
+  EXPECT_EQ(combined->kernels[0].source.find("g_splits_done"), std::string::npos);
+  EXPECT_NE(combined->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
+  EXPECT_EQ(combined->scratch_bytes, attention->scratch_bytes);
+  for (const LoweredNode* lowered : {&*write, &*attention, &*combined}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
