@@ -5,8 +5,9 @@
 // it) for each --batches B: B sequences of one new token, each over --keys keys (the decode
 // benchmark's sequences are all one length: prompts of 512, then decoded in lockstep) in
 // blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
-// CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm), so the
-// split kernel's variants compare in one run; the first is the default.
+// CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm, and
+// "+combine" for a PagedAttentionCombine launch after the split kernel instead of the last
+// split adding the partials), so the variants compare in one run; the first is the default.
 // Each row: median, min and max us over the timed calls (CUDA events around the launch, after
 // warm-up), the K and V bytes the call reads over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
@@ -16,7 +17,8 @@
 // stdout, a table on stderr.
 //
 //   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768]
-//                         [--geometries 4x5x4x4,8x5x4x4] [--iters 50] [--warmup 5] [--max-error 5e-3]
+//                         [--geometries 4x5x4x4,4x5x4x4+combine,8x5x4x4] [--iters 50] [--warmup 5]
+//                         [--max-error 5e-3]
 //
 // Self-checking: exit 1 when a row's O is further than --max-error from the reference (or NaN).
 // Linked like the GPU tests (Abseil and protobuf statically, the CUDA runtime statically, never
@@ -36,6 +38,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "bench/bench_util.h"
 #include "codegen/lower_node.h"
 #include "codegen/nvrtc_compiler.h"
@@ -54,12 +57,13 @@ struct Options : bench::RunOptions {
   Options() : bench::RunOptions{.iters = 50, .warmup = 5, .rows = 1, .max_error = 5e-3} {}
   std::vector<int64_t> batches = {1, 32};
   int64_t keys = 640, context = 768;
-  std::vector<CodegenOptions::PagedAttentionGeometry> geometries = {CodegenOptions::PagedAttentionGeometry{},
-                                                                    {8, 5, 4, 4}};
+  std::vector<CodegenOptions::PagedAttentionGeometry> geometries = {
+      CodegenOptions::PagedAttentionGeometry{}, {4, 5, 4, 4, /*fold_combine=*/false}, {8, 5, 4, 4}};
 };
 
 std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
-  return absl::StrCat(g.warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm);
+  return absl::StrCat(g.warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
+                      g.fold_combine ? "" : "+combine");
 }
 
 using Loaded = bench::LoadedKernel;
@@ -232,9 +236,10 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
     } else if (a == "--geometries" && i + 1 < argc) {
       opt.geometries.clear();
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
+        const bool separate_combine = absl::ConsumeSuffix(&g, "+combine");
         if (!bench::ParsePositiveInts(g, 'x', ints) || ints.size() != 4) return false;
         opt.geometries.push_back({static_cast<int>(ints[0]), static_cast<int>(ints[1]), static_cast<int>(ints[2]),
-                                  static_cast<int>(ints[3])});
+                                  static_cast<int>(ints[3]), !separate_combine});
       }
       if (opt.geometries.empty()) return false;
     } else {
@@ -248,7 +253,7 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries WxSxMxB,...] "
+                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries WxSxMxB[+combine],...] "
                  "[--iters N] [--warmup N] [--max-error X]\n");
     return 2;
   }
