@@ -346,6 +346,10 @@ TEST(LlamaInference, DecodeCallTimesSummarizeTheCalls) {
   EXPECT_DOUBLE_EQ(calls.max_ms, 10.0);
   stats.decode_call_seconds.push_back(0.002);
   EXPECT_DOUBLE_EQ(SummarizeDecodeCalls(stats).median_ms, 3.0);
+  // The GPU's part: the median of the timed calls only (0: a profiled or untimed call).
+  EXPECT_EQ(SummarizeDecodeCalls(stats).gpu_median_ms, 0.0);
+  stats.decode_call_gpu_seconds = {0.0030, 0.0, 0.0010, 0.0020, 0.0};
+  EXPECT_DOUBLE_EQ(SummarizeDecodeCalls(stats).gpu_median_ms, 2.0);
 }
 
 // A greedy request takes the function's greedy output (no logits leave the engine); with
