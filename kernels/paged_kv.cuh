@@ -249,7 +249,9 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
     for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) store(i, 0.0f);
     if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     if constexpr (kSplits > 1) {
-      if (splits_done != nullptr) CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
+      if (splits_done != nullptr) {
+        CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
+      }
     }
     return;
   }

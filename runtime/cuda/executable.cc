@@ -433,7 +433,9 @@ absl::StatusOr<std::vector<StepTiming>> CudaExecutable::ProfileInGraph(bool* ran
   KILN_RETURN_IF_CUDA_ERROR(error, what);
   const std::string ran_but = absl::StrCat(
       what, ": the step ran, its trace did not (`--no-cuda-graph` profiles the launches one by one): ");
-  if (!activities.ok()) return absl::Status(activities.status().code(), ran_but + std::string(activities.status().message()));
+  if (!activities.ok()) {
+    return absl::Status(activities.status().code(), absl::StrCat(ran_but, activities.status().message()));
+  }
 
   std::vector<TracedStep> traced;
   traced.reserve(steps_.size());
