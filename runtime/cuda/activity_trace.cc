@@ -1,16 +1,15 @@
 #include "runtime/cuda/activity_trace.h"
 
 #include <cupti_activity.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/dynamic_library.h"
 
 namespace kiln {
 
@@ -22,6 +21,8 @@ struct ActivityTracer::Api {
   decltype(&cuptiActivityGetNextRecord) get_next_record = nullptr;
   decltype(&cuptiActivityGetNumDroppedRecords) get_num_dropped_records = nullptr;
   decltype(&cuptiGetResultString) get_result_string = nullptr;
+
+  std::unique_ptr<DynamicLibrary> library;  // libcupti, which the entry points are of
 
   // What the buffer-completed callback (CUPTI's thread, or the flushing one) collected.
   std::mutex mu;
@@ -94,23 +95,21 @@ absl::StatusOr<ActivityTracer::Api*> LoadCupti() {
   // The loader's path first (LD_LIBRARY_PATH), then where the toolkit keeps it.
   const char* candidates[] = {"libcupti.so.13", "/usr/local/cuda/lib64/libcupti.so.13",
                               "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13"};
-  void* handle = nullptr;
+  std::unique_ptr<DynamicLibrary> library;
   std::vector<std::string> failures;
   for (const char* path : candidates) {
-    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr) break;
-    const char* why = dlerror();
-    failures.push_back(absl::StrCat(path, ": ", why != nullptr ? why : "no reason given"));
+    absl::StatusOr<std::unique_ptr<DynamicLibrary>> opened = DynamicLibrary::Open(path);
+    if (opened.ok()) {
+      library = *std::move(opened);
+      break;
+    }
+    failures.push_back(std::string(opened.status().message()));
   }
-  if (handle == nullptr) {
-    return absl::NotFoundError(absl::StrCat("CUPTI not found (", absl::StrJoin(failures, "; "), ")"));
-  }
+  if (library == nullptr) return absl::NotFoundError(absl::StrCat("CUPTI not found (", absl::StrJoin(failures, "; "), ")"));
   auto api = std::make_unique<ActivityTracer::Api>();
-  std::string missing;
+  absl::Status resolved = absl::OkStatus();
   auto resolve = [&](const char* symbol, auto& fn) {
-    void* p = dlsym(handle, symbol);
-    if (p == nullptr && missing.empty()) missing = symbol;
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    if (resolved.ok()) resolved = library->Resolve(symbol, fn);
   };
   resolve("cuptiActivityRegisterCallbacks", api->register_callbacks);
   resolve("cuptiActivityEnable", api->enable);
@@ -119,10 +118,7 @@ absl::StatusOr<ActivityTracer::Api*> LoadCupti() {
   resolve("cuptiActivityGetNextRecord", api->get_next_record);
   resolve("cuptiActivityGetNumDroppedRecords", api->get_num_dropped_records);
   resolve("cuptiGetResultString", api->get_result_string);
-  if (!missing.empty()) {
-    dlclose(handle);
-    return absl::NotFoundError(absl::StrCat("libcupti.so.13 has no ", missing));
-  }
+  if (!resolved.ok()) return resolved;
   g_api = api.get();
   if (absl::Status s = Check(*api, api->register_callbacks(BufferRequested, BufferCompleted),
                              "cuptiActivityRegisterCallbacks");
@@ -130,7 +126,8 @@ absl::StatusOr<ActivityTracer::Api*> LoadCupti() {
     g_api = nullptr;
     return s;
   }
-  return api.release();  // the process's, as CUPTI's callbacks are
+  api->library = std::move(library);  // open for the process's life, as CUPTI's callbacks are
+  return api.release();
 }
 
 }  // namespace

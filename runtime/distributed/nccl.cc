@@ -1,7 +1,5 @@
 #include "runtime/distributed/nccl.h"
 
-#include <dlfcn.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
@@ -22,43 +20,22 @@ struct NcclLibrary::Api {
   decltype(&ncclGetErrorString) get_error_string = nullptr;
 };
 
-namespace {
+NcclLibrary::NcclLibrary(std::unique_ptr<DynamicLibrary> library, std::unique_ptr<Api> api)
+    : library_(std::move(library)), api_(std::move(api)) {}
 
-template <typename Fn>
-absl::Status Resolve(void* handle, const std::string& path, const char* symbol, Fn& out) {
-  dlerror();  // clear a stale error
-  void* p = dlsym(handle, symbol);
-  if (p == nullptr) {
-    const char* why = dlerror();
-    return absl::NotFoundError(absl::StrCat(path, " has no ", symbol, " (", why ? why : "null symbol",
-                                            "): kiln needs NCCL >= 2.x with the standard API"));
-  }
-  out = reinterpret_cast<Fn>(p);
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-NcclLibrary::NcclLibrary(std::string path, void* handle, std::unique_ptr<Api> api)
-    : path_(std::move(path)), handle_(handle), api_(std::move(api)) {}
-
-NcclLibrary::~NcclLibrary() {
-  if (handle_ != nullptr) dlclose(handle_);
-}
+NcclLibrary::~NcclLibrary() = default;
 
 absl::StatusOr<std::unique_ptr<NcclLibrary>> NcclLibrary::Load(const std::string& path) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    return absl::NotFoundError(absl::StrCat("NCCL not found: dlopen(\"", path, "\") failed: ",
-                                            why ? why : "no reason given",
+  absl::StatusOr<std::unique_ptr<DynamicLibrary>> library = DynamicLibrary::Open(path);
+  if (!library.ok()) {
+    return absl::NotFoundError(absl::StrCat("NCCL not found: ", library.status().message(),
                                             " (data-parallel training needs NCCL's libnccl.so.2 on the loader's path, "
                                             "e.g. the CUDA toolkit's lib directory in LD_LIBRARY_PATH)"));
   }
   auto api = std::make_unique<Api>();
   absl::Status resolved = absl::OkStatus();
   auto resolve = [&](const char* symbol, auto& fn) {
-    if (resolved.ok()) resolved = Resolve(handle, path, symbol, fn);
+    if (resolved.ok()) resolved = (*library)->Resolve(symbol, fn);
   };
   resolve("ncclGetVersion", api->get_version);
   resolve("ncclGetUniqueId", api->get_unique_id);
@@ -72,10 +49,9 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> NcclLibrary::Load(const std::string
   resolve("ncclGroupEnd", api->group_end);
   resolve("ncclGetErrorString", api->get_error_string);
   if (!resolved.ok()) {
-    dlclose(handle);
-    return resolved;
+    return absl::NotFoundError(absl::StrCat(resolved.message(), ": kiln needs NCCL >= 2.x with the standard API"));
   }
-  return std::unique_ptr<NcclLibrary>(new NcclLibrary(path, handle, std::move(api)));
+  return std::unique_ptr<NcclLibrary>(new NcclLibrary(*std::move(library), std::move(api)));
 }
 
 absl::Status NcclLibrary::CallStatus(ncclResult_t result, absl::string_view call, int rank) const {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/dynamic_library.h"
 
 namespace kiln {
 
@@ -35,7 +36,7 @@ class NcclLibrary {
   NcclLibrary(const NcclLibrary&) = delete;
   NcclLibrary& operator=(const NcclLibrary&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return library_->path(); }
   // ncclGetVersion's code, e.g. 22809, and as "2.28.9".
   absl::StatusOr<int> Version() const;
   absl::StatusOr<std::string> VersionString() const;
@@ -64,10 +65,9 @@ class NcclLibrary {
 
  private:
   struct Api;
-  NcclLibrary(std::string path, void* handle, std::unique_ptr<Api> api);
+  NcclLibrary(std::unique_ptr<DynamicLibrary> library, std::unique_ptr<Api> api);
 
-  std::string path_;
-  void* handle_ = nullptr;
+  std::unique_ptr<DynamicLibrary> library_;
   std::unique_ptr<Api> api_;
 };
 
