@@ -4,6 +4,8 @@
 // CudaGraphReplayMatchesEagerLaunches and in `kiln generate --report`.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #if KILN_WITH_CUDA
 #include "runtime/cuda/activity_trace.h"
 #endif
@@ -59,6 +61,20 @@ TEST(ActivityTraceTest, ActivitiesNoStepClaimsAreLeftOut) {
   ASSERT_TRUE(matched.ok()) << matched.status();
   const std::vector<std::vector<int>> expected = {{1}};
   EXPECT_EQ(*matched, expected);
+}
+
+// Where the toolkit's libcupti is installed (CI's CUDA toolkit has it), the tracer finds it
+// and every entry point it uses: any failure left is CUPTI's own (no driver here), never a
+// missing library or symbol.
+TEST(ActivityTraceTest, TheToolkitsCuptiLoadsWithEveryEntryPoint) {
+  if (!std::filesystem::exists("/usr/local/cuda/lib64/libcupti.so.13")) {
+    GTEST_SKIP() << "no /usr/local/cuda/lib64/libcupti.so.13 on this machine";
+  }
+  absl::StatusOr<ActivityTracer*> tracer = ActivityTracer::Get();
+  if (!tracer.ok()) {
+    EXPECT_NE(tracer.status().code(), absl::StatusCode::kNotFound) << tracer.status();
+    EXPECT_NE(tracer.status().message().find("cuptiActivityRegisterCallbacks"), std::string::npos) << tracer.status();
+  }
 }
 
 #endif  // KILN_WITH_CUDA
