@@ -260,6 +260,7 @@ TEST_F(CliTest, TrainGpusRefusesDataParallelUntilItsRunnerExists) {
   EXPECT_TRUE(absl::StrContains(two.output, "NCCL loads: version ") || absl::StrContains(two.output, "NCCL not "))
       << two.output;
   EXPECT_TRUE(absl::StrContains(two.output, "runtime/distributed/grad_buckets.h")) << two.output;
+  EXPECT_TRUE(absl::StrContains(two.output, "rank_launcher.h, rendezvous.h) exist")) << two.output;
   EXPECT_FALSE(absl::StrContains(two.output, "step 1/1")) << two.output;
 
   auto uneven = RunCommand(small + " --gpus 3");

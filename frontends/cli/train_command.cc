@@ -594,9 +594,10 @@ absl::Status CheckGpus(const ParsedArgs& args, const RunSettings& s) {
   }
   return absl::UnimplementedError(absl::StrCat(
       "--gpus ", gpus, ": data-parallel training is not implemented yet (", NcclAvailability(),
-      "); the gradient bucketing plan (runtime/distributed/grad_buckets.h) and the rank batches (SampleRankBatch, "
-      "runtime/training/dataset.h) exist, the multi-process runner that all-reduces the buckets does not: train "
-      "with --gpus 1"));
+      "); the gradient bucketing plan (runtime/distributed/grad_buckets.h), the rank batches (SampleRankBatch, "
+      "runtime/training/dataset.h) and the rank processes' launcher and rendezvous (runtime/distributed/"
+      "rank_launcher.h, rendezvous.h) exist, the runner that all-reduces the buckets inside the step does not: "
+      "train with --gpus 1"));
 }
 
 absl::Status RunTrain(const ParsedArgs& args) {
