@@ -174,6 +174,62 @@ TEST(ReferenceDataParallel, SeveralBucketsGiveTheSameStep) {
   }
 }
 
+// Rank `rank` of `world`'s arguments of step `step`, continuing from the training state in
+// `outputs` (a step's outputs: the loss, then each argument's new value).
+std::vector<HostTensor> ContinueArgs(const CompiledStep& c, const std::vector<HostTensor>& outputs, int64_t step,
+                                     int64_t rank, int64_t world) {
+  std::vector<HostTensor> args = RankArgs(c, rank, world);
+  for (int64_t i = 0; i < c.layout.num_params; ++i) {
+    for (int64_t at : {c.layout.first_param() + i, c.layout.first_m() + i, c.layout.first_v() + i}) {
+      args[at] = outputs[1 + at];
+    }
+  }
+  args[c.layout.t_index()] = outputs[1 + c.layout.t_index()];
+  absl::StatusOr<TokenBatch> batch =
+      SampleRankBatch(TokenDataset::Default(), /*seed=*/5, step, kGlobalBatch, kSeqLen, rank, world);
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  absl::StatusOr<std::pair<HostTensor, HostTensor>> tensors = BatchTensors(*c.step, c.layout, {*batch});
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  args[c.layout.first_batch_input()] = tensors->first;
+  args[c.layout.first_batch_input() + 1] = tensors->second;
+  return args;
+}
+
+// Resuming on another GPU count (issue 17): the state a data-parallel step leaves (parameters,
+// AdamW moments, t) is every rank's alike and names no rank, so a run checkpointed after two
+// steps on 2 ranks continues on 4 ranks, or on 1, with the third step the 2-rank run takes.
+TEST(ReferenceDataParallel, AStateFromTwoRanksContinuesOnFourOrOne) {
+  CompiledStep quarter = Compile(kGlobalBatch / 4, /*clip_norm=*/1.0);
+  CompiledStep half = Compile(kGlobalBatch / 2, /*clip_norm=*/1.0);
+  CompiledStep global = Compile(kGlobalBatch, /*clip_norm=*/1.0);
+  absl::StatusOr<std::vector<std::vector<HostTensor>>> state =
+      RunReferenceDataParallelStep(*half.step, half.layout, AllRankArgs(half, 2));
+  ASSERT_TRUE(state.ok()) << state.status();
+  std::vector<std::vector<HostTensor>> second;
+  for (int64_t r = 0; r < 2; ++r) second.push_back(ContinueArgs(half, (*state)[0], 1, r, 2));
+  state = RunReferenceDataParallelStep(*half.step, half.layout, second);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const std::vector<HostTensor> checkpoint = (*state)[0];  // after two steps on 2 ranks
+  auto third = [&](const CompiledStep& c, int64_t world) {
+    std::vector<std::vector<HostTensor>> args;
+    for (int64_t r = 0; r < world; ++r) args.push_back(ContinueArgs(c, checkpoint, 2, r, world));
+    absl::StatusOr<std::vector<std::vector<HostTensor>>> out = RunReferenceDataParallelStep(*c.step, c.layout, args);
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (out.ok()) ExpectRanksIdentical(*out);
+    return out.ok() ? (*out)[0] : std::vector<HostTensor>{};
+  };
+  const std::vector<HostTensor> on_two = third(half, 2), on_four = third(quarter, 4), on_one = third(global, 1);
+  ASSERT_FALSE(on_two.empty() || on_four.empty() || on_one.empty());
+  double max_param = 0, max_moment = 0;
+  ExpectSameStep(half, on_two, on_four, &max_param, &max_moment);
+  std::printf("step 3 from a 2-rank state, on 4 ranks vs 2: max relative diff params' %.3g, m' %.3g\n", max_param,
+              max_moment);
+  ExpectSameStep(half, on_two, on_one, &max_param, &max_moment);
+  std::printf("step 3 from a 2-rank state, on 1 rank vs 2: max relative diff params' %.3g, m' %.3g\n", max_param,
+              max_moment);
+  EXPECT_EQ(on_four[1 + half.layout.t_index()][0], 13.0);  // t was 10 before the first of the three steps
+}
+
 // One rank all-reduces with nobody: the mean of one value is that value, so the step is
 // EvaluateFunction's bit for bit, whatever the buckets.
 TEST(ReferenceDataParallel, OneRankIsEvaluateFunction) {
