@@ -6,9 +6,13 @@
 # download included; compiles excluded; and the calls' median, min and max). HF:
 # bench/hf_generate.py (static cache). The floor:
 # the bytes one decode step must read (the bf16 weights but the embedding table, plus K and V
-# of the average context, 512 + 128 tokens) over 4.26 TB/s (H200.md's measured copy rate).
+# of the average context, 512 + 128 tokens) over the card's copy bandwidth, measured in the
+# same run (bench/copy_bandwidth.py; 4.26 TB/s on the H200 of DESIGN.md; nan when it cannot
+# run), or COPY_TBS.
 #   KILN=.carry/bin/kiln OUT_DIR=/tmp/gen bash bench/generate_h200.sh
-# Knobs: PRESET=llama-M, BATCHES="1 32", PROMPT=512, NEW=256, HF=1 (0 skips transformers).
+# Knobs: PRESET=llama-M, BATCHES="1 32", PROMPT=512, NEW=256, HF=1 (0 skips transformers),
+# COPY_TBS (skips the measurement), KILN_FLAGS (more `kiln generate` flags, e.g.
+# --no-decode-lookahead).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 KILN=${KILN:-build/kiln}
@@ -23,13 +27,15 @@ mkdir -p "$OUT_DIR"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
 echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+COPY_TBS=${COPY_TBS:-$("$PYTHON" bench/copy_bandwidth.py 2>/dev/null || echo nan)}
+echo "copy bandwidth for the floor: $COPY_TBS TB/s"
 status=0
 for batch in $BATCHES; do
   prompts="$OUT_DIR/prompts_b$batch.txt"
   "$PYTHON" bench/random_prompts.py "$batch" "$PROMPT" > "$prompts"
   log="$OUT_DIR/kiln_${PRESET}_b$batch.log"
   "$KILN" generate "$PRESET" --prompts "$prompts" --max-new-tokens "$NEW" --temperature 0 --backend cuda \
-    --max-running "$batch" --context $((PROMPT + NEW)) > "$log.out" 2> "$log" || { echo "kiln b$batch failed"; tail -5 "$log"; status=1; }
+    --max-running "$batch" --context $((PROMPT + NEW)) ${KILN_FLAGS:-} > "$log.out" 2> "$log" || { echo "kiln b$batch failed"; tail -5 "$log"; status=1; }
   kiln_ms=$(grep -o '[0-9.]* ms each' "$log" | head -1 | cut -d' ' -f1)
   # The decode calls' median, min and max ("decode calls: median X ms, min Y, max Z").
   kiln_calls=$(grep -o 'decode calls: median [0-9.]* ms, min [0-9.]*, max [0-9.]*' "$log" | head -1 | tr -d ',' |
@@ -39,18 +45,19 @@ for batch in $BATCHES; do
   if [ "$HF" = 1 ]; then
     hf_json=$(cd bench && "$PYTHON" hf_generate.py --preset "$PRESET" --batch "$batch" --prompt "$PROMPT" --new "$NEW" 2> "$OUT_DIR/hf_b$batch.log" | tail -1)
   fi
-  "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" "${kiln_calls:-nan nan nan}" <<'PY'
+  "$PYTHON" - "$PRESET" "$batch" "$PROMPT" "$NEW" "${kiln_ms:-nan}" "${prefill:-?}" "$hf_json" "${kiln_calls:-nan nan nan}" "$COPY_TBS" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
 from llama_presets import PRESETS
 preset, batch, prompt, new, kiln_ms, prefill, hf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6], json.loads(sys.argv[7] or "{}")
 call_median, call_min, call_max = (float(x) for x in sys.argv[8].split())
+copy_tbs = float(sys.argv[9])
 p = PRESETS[preset]
 q, kv = p["heads"] * p["hd"], p["kv"] * p["hd"]
 params = p["layers"] * (p["d"] * (2 * q + 2 * kv) + 3 * p["d"] * p["ff"]) + p["vocab"] * p["d"]  # projections, MLP, head
 weight_bytes = 2 * params
 kv_bytes = batch * (prompt + new / 2) * p["layers"] * 2 * kv * 2
-floor_ms = 1e3 * (weight_bytes + kv_bytes) / 4.26e12
+floor_ms = 1e3 * (weight_bytes + kv_bytes) / (copy_tbs * 1e12)
 hf_ms = hf.get("decode_ms_per_step_median", float("nan"))
 print(f"{preset} batch {batch}, prompt {prompt}, {new} new: kiln {kiln_ms:.3f} ms/step (calls: median {call_median:.3f}, "
       f"min {call_min:.3f}, max {call_max:.3f}), HF {hf_ms:.3f} ms/step "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -21,8 +22,12 @@ namespace {
 class CudaInferenceEngine : public InferenceEngine {
  public:
   CudaInferenceEngine(const ModelConfig& config, const PagedKvLayout& layout, CudaDevice& device,
-                      const CudaExecutableOptions& run)
-      : config_(config), layout_(layout), device_(&device), run_(run) {}
+                      const CudaExecutableOptions& run, bool time_calls)
+      : config_(config), layout_(layout), device_(&device), run_(run), timed_(time_calls) {}
+  // A call in flight still copies into the staging memory: it ends before that is freed.
+  ~CudaInferenceEngine() override {
+    if (!in_flight_.empty()) cudaStreamSynchronize(device_->stream());
+  }
 
   absl::string_view backend() const override { return "cuda"; }
 
@@ -50,90 +55,153 @@ class CudaInferenceEngine : public InferenceEngine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
-                           std::vector<StepTiming>* profile) override {
+  absl::Status Start(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                     int64_t feed_rows) override {
+    if (in_flight_.size() >= kMaxCallsInFlight) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("@", f.name(), ": ", kMaxCallsInFlight, " calls are in flight already (Finish one first)"));
+    }
     RETURN_IF_ERROR(Load(f));
     CudaExecutable& exe = *executables_.at(&f);
     RETURN_IF_ERROR(device_->MakeCurrent());
     const cudaStream_t stream = device_->stream();
-    // The four inputs go up together and the run waits for them on the stream: one
-    // synchronization per call, at the end (Run's).
-    const HostTensor* per_row[] = {&inputs.tokens, &inputs.positions, &inputs.slots, &inputs.block_tables};
-    for (int i = 0; i < 4; ++i) {
-      const Node* p = f.parameters()[i];
-      if (per_row[i]->type() != p->type()) {
-        return absl::InvalidArgumentError(absl::StrCat("@", f.name(), " parameter %", p->name(), " is ",
-                                                       p->type().ToString(), ", given ",
-                                                       per_row[i]->type().ToString()));
-      }
-      staged_[i] = EncodeTensorBytes(*per_row[i]);
-      ASSIGN_OR_RETURN(void* dst, exe.InputAddress(i));
-      KILN_RETURN_IF_CUDA_ERROR(
-          cudaMemcpyAsync(dst, staged_[i].data(), staged_[i].size(), cudaMemcpyHostToDevice, stream),
-          absl::StrCat("uploading %", p->name(), " of @", f.name()));
-    }
-    if (profile != nullptr) {
-      ASSIGN_OR_RETURN(*profile, exe.Profile());
-    } else {
-      RETURN_IF_ERROR(exe.Run());
-    }
-    const double gpu_seconds = profile != nullptr ? 0.0 : exe.last_run_gpu_seconds();
+    const std::string what = absl::StrCat("@", f.name());
     const Node* out = f.outputs()[0];
-    const int64_t vocab = config_.vocab_size;
-    const int64_t num_rows = out->type().num_elements() / vocab;
+    const int64_t num_rows = out->type().num_elements() / config_.vocab_size;
     for (int64_t row : rows) {
       if (row < 0 || row >= num_rows) {
-        return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
+        return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of ", what, "'s ",
                                                        out->type().ToString()));
       }
     }
-    Rows picked;
-    picked.gpu_seconds = gpu_seconds;
-    picked.greedy.resize(rows.size());
+    if (feed_rows > 0 && (feed_rows > last_greedy_rows_ || feed_rows > inputs.tokens.type().num_elements())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": feeding ", feed_rows, " greedy tokens of a call that had ",
+                                                     last_greedy_rows_, " into ",
+                                                     inputs.tokens.type().num_elements(), " token rows"));
+    }
+    // The inputs are staged in page-locked memory of the call's own (the copies read it
+    // when the stream reaches them, after Start has returned), then the greedy rows land
+    // there: the host waits for nothing before Finish.
+    const HostTensor* per_row[] = {&inputs.tokens, &inputs.positions, &inputs.slots, &inputs.block_tables};
+    std::string staged[4];
+    int64_t bytes = static_cast<int64_t>(rows.size() * sizeof(int32_t));
+    for (int i = 0; i < 4; ++i) {
+      const Node* p = f.parameters()[i];
+      if (per_row[i]->type() != p->type()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " parameter %", p->name(), " is ",
+                                                       p->type().ToString(), ", given ", per_row[i]->type().ToString()));
+      }
+      staged[i] = EncodeTensorBytes(*per_row[i]);
+      bytes += static_cast<int64_t>(staged[i].size());
+    }
+    Staging& staging = staging_[next_staging_];
+    RETURN_IF_ERROR(staging.Reserve(*device_, bytes, timed_));
+    char* host = static_cast<char*>(staging.memory.get());
+    for (int i = 0; i < 4; ++i) {
+      std::memcpy(host, staged[i].data(), staged[i].size());
+      ASSIGN_OR_RETURN(void* dst, exe.InputAddress(i));
+      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, host, staged[i].size(), cudaMemcpyHostToDevice, stream),
+                                absl::StrCat("uploading %", f.parameters()[i]->name(), " of ", what));
+      host += staged[i].size();
+    }
+    if (feed_rows > 0) {
+      ASSIGN_OR_RETURN(void* tokens, exe.InputAddress(0));
+      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(tokens, last_greedy_, feed_rows * sizeof(int32_t),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                absl::StrCat("feeding the last call's greedy tokens to ", what));
+    }
+    if (timed_) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.start, stream), what);
+    RETURN_IF_ERROR(exe.Enqueue());
+    if (timed_) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.end, stream), what);
     ASSIGN_OR_RETURN(const void* greedy, exe.OutputAddress(kInferenceGreedyOutput));
-    RETURN_IF_ERROR(CopyRows(greedy, sizeof(int32_t), rows, picked.greedy.data(), absl::StrCat("@", f.name())));
+    RETURN_IF_ERROR(EnqueueRowCopies(greedy, sizeof(int32_t), rows, host, what));
+    last_greedy_ = greedy;
+    last_greedy_rows_ = num_rows;
+    Call call{.staging = next_staging_, .num_rows = static_cast<int64_t>(rows.size()), .what = what};
     if (with_logits) {
       // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
-      // its output rounded (the reference backend holds the same rounded values).
+      // its output rounded (the reference backend holds the same rounded values). Pageable:
+      // the copy waits for the run, which a call that wants its logits does anyway.
       const DType dtype = out->type().dtype;
       if (dtype != DType::kF32 && dtype != DType::kBF16) {
-        return absl::InternalError(absl::StrCat("@", f.name(), "'s logits are ", out->type().ToString(),
-                                                ", not f32 or bf16"));
+        return absl::InternalError(absl::StrCat(what, "'s logits are ", out->type().ToString(), ", not f32 or bf16"));
       }
+      const int64_t vocab = config_.vocab_size;
       const int64_t element = DTypeBytes(dtype);
       ASSIGN_OR_RETURN(const void* logits, exe.OutputAddress(0));
-      std::string bytes(rows.size() * vocab * element, '\0');
-      RETURN_IF_ERROR(CopyRows(logits, vocab * element, rows, bytes.data(), absl::StrCat("@", f.name())));
-      picked.logits.resize(rows.size() * vocab);
+      std::string raw(rows.size() * vocab * element, '\0');
+      RETURN_IF_ERROR(EnqueueRowCopies(logits, vocab * element, rows, raw.data(), what));
+      KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the logits of ", what));
+      call.logits.resize(rows.size() * vocab);
       if (dtype == DType::kF32) {
-        std::memcpy(picked.logits.data(), bytes.data(), bytes.size());
+        std::memcpy(call.logits.data(), raw.data(), raw.size());
       } else {
-        for (size_t i = 0; i < picked.logits.size(); ++i) {
+        for (size_t i = 0; i < call.logits.size(); ++i) {
           uint16_t bits;
-          std::memcpy(&bits, bytes.data() + 2 * i, 2);
+          std::memcpy(&bits, raw.data() + 2 * i, 2);
           const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-          std::memcpy(&picked.logits[i], &wide, 4);
+          std::memcpy(&call.logits[i], &wide, 4);
         }
       }
+    }
+    KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.done, stream), what);
+    staging.greedy = reinterpret_cast<const int32_t*>(host);
+    next_staging_ = (next_staging_ + 1) % kMaxCallsInFlight;
+    in_flight_.push_back(std::move(call));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Rows> Finish() override {
+    if (in_flight_.empty()) return absl::FailedPreconditionError("no inference call is in flight");
+    Call call = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    const Staging& staging = staging_[call.staging];
+    KILN_RETURN_IF_CUDA_ERROR(
+        cudaEventSynchronize(staging.done),
+        absl::StrCat("running ", call.what, " (an asynchronous error of some step; --no-cuda-graph with "
+                     "CudaExecutableOptions::check_each_step names it)"));
+    Rows picked;
+    picked.greedy.assign(staging.greedy, staging.greedy + call.num_rows);
+    picked.logits = std::move(call.logits);
+    if (timed_) {
+      float ms = 0;
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, staging.start, staging.end), call.what);
+      picked.gpu_seconds = ms / 1e3;
     }
     return picked;
   }
 
-  // `rows` of `row_bytes` each from device memory `src` to host `dst`, consecutive rows (a
-  // decode batch's) in one copy; then waits for them.
-  absl::Status CopyRows(const void* src, int64_t row_bytes, absl::Span<const int64_t> rows, void* dst,
-                        const std::string& what) {
-    const cudaStream_t stream = device_->stream();
+  int64_t calls_in_flight() const override { return static_cast<int64_t>(in_flight_.size()); }
+
+  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                           std::vector<StepTiming>* profile) override {
+    if (!in_flight_.empty()) return absl::FailedPreconditionError("Run with an inference call in flight");
+    if (profile == nullptr) {
+      RETURN_IF_ERROR(Start(f, std::move(inputs), rows, with_logits, /*feed_rows=*/0));
+      return Finish();
+    }
+    // Profiled: the inputs through Start's path, then the graph once more under the trace
+    // (a decode call writes only its own slots, so running it twice changes nothing).
+    RETURN_IF_ERROR(Start(f, inputs, rows, with_logits, /*feed_rows=*/0));
+    ASSIGN_OR_RETURN(Rows picked, Finish());
+    ASSIGN_OR_RETURN(*profile, executables_.at(&f)->Profile());
+    picked.gpu_seconds = 0;
+    return picked;
+  }
+
+  // `rows` of `row_bytes` each from device memory `src` to host `dst` queued on the stream,
+  // consecutive rows (a decode batch's) in one copy.
+  absl::Status EnqueueRowCopies(const void* src, int64_t row_bytes, absl::Span<const int64_t> rows, void* dst,
+                                const std::string& what) {
     for (size_t r = 0; r < rows.size();) {
       size_t run = 1;
       while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int64_t>(run)) ++run;
       KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + r * row_bytes,
                                                 static_cast<const char*>(src) + rows[r] * row_bytes, run * row_bytes,
-                                                cudaMemcpyDeviceToHost, stream),
+                                                cudaMemcpyDeviceToHost, device_->stream()),
                                 absl::StrCat("reading the outputs of ", what));
       r += run;
     }
-    KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the outputs of ", what));
     return absl::OkStatus();
   }
 
@@ -203,7 +271,50 @@ class CudaInferenceEngine : public InferenceEngine {
   CudaExecutableOptions run_;
   std::vector<DeviceMemory> memory_;  // the pools and the weights
   absl::flat_hash_map<const Function*, std::unique_ptr<CudaExecutable>> executables_;
-  std::string staged_[4];  // the last call's inputs, alive until its copies have run
+
+  // Page-locked memory for one call in flight: its staged inputs, then its greedy rows; an
+  // event when both copies are done, and two around the run when calls are timed.
+  struct Staging {
+    PinnedMemory memory;
+    int64_t bytes = 0;
+    const int32_t* greedy = nullptr;
+    cudaEvent_t done = nullptr, start = nullptr, end = nullptr;
+
+    absl::Status Reserve(CudaDevice& device, int64_t want, bool timed) {
+      if (done == nullptr) {
+        KILN_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "an inference call's event");
+      }
+      if (timed && start == nullptr) {
+        KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "an inference call's timing events");
+        KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&end), "an inference call's timing events");
+      }
+      if (want <= bytes) return absl::OkStatus();
+      memory.reset();
+      ASSIGN_OR_RETURN(void* p, device.AllocatePinned(want, "an inference call's inputs and greedy tokens"));
+      memory.reset(p);
+      bytes = want;
+      return absl::OkStatus();
+    }
+    ~Staging() {
+      for (cudaEvent_t e : {done, start, end}) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
+  };
+  struct Call {
+    int staging = 0;
+    int64_t num_rows = 0;
+    std::string what;
+    std::vector<float> logits;
+  };
+  bool timed_ = false;
+  Staging staging_[kMaxCallsInFlight];
+  int next_staging_ = 0;
+  std::deque<Call> in_flight_;
+  // The greedy output of the last call started (until the next one of its executable), for
+  // Start's feed_rows.
+  const void* last_greedy_ = nullptr;
+  int64_t last_greedy_rows_ = 0;
 };
 
 }  // namespace
@@ -213,8 +324,9 @@ absl::StatusOr<std::unique_ptr<InferenceEngine>> CreateCudaInferenceEngine(const
                                                                            Precision precision,
                                                                            std::vector<HostTensor> weights,
                                                                            CudaDevice& device,
-                                                                           const CudaExecutableOptions& run) {
-  auto engine = std::make_unique<CudaInferenceEngine>(config, layout, device, run);
+                                                                           const CudaExecutableOptions& run,
+                                                                           bool time_calls) {
+  auto engine = std::make_unique<CudaInferenceEngine>(config, layout, device, run, time_calls);
   RETURN_IF_ERROR(engine->Init(precision, std::move(weights)));
   return engine;
 }

@@ -102,8 +102,8 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& 
   } else {
 #ifdef KILN_WITH_CUDA
     ASSIGN_OR_RETURN(g->engine_, CreateCudaInferenceEngine(config, g->layout_, options.precision, std::move(weights),
-                                                           *options.device,
-                                                           CudaExecutableOptions{.time_runs = options.time_decode_calls}));
+                                                           *options.device, CudaExecutableOptions{},
+                                                           options.time_decode_calls));
 #else
     return absl::FailedPreconditionError("generation on a GPU: this kiln was built without CUDA");
 #endif
@@ -193,28 +193,87 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
   return sampled;
 }
 
+namespace {
+
+// A decode batch as @decode's four per-row inputs. Padding rows attend to nothing: position
+// -1 (context length 0).
+InferenceEngine::Inputs DecodeInputs(const inference::DecodeBatch& batch) {
+  const int64_t bucket = batch.bucket;
+  std::vector<int32_t> positions(bucket);
+  for (int64_t i = 0; i < bucket; ++i) positions[i] = batch.context_lengths[i] - 1;
+  return {I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions), I32({bucket, 1}, batch.slots),
+          I32({bucket, batch.max_blocks_per_sequence}, batch.block_tables)};
+}
+
+bool SameDecodeInputs(const inference::DecodeBatch& a, const inference::DecodeBatch& b) {
+  return a.bucket == b.bucket && a.max_blocks_per_sequence == b.max_blocks_per_sequence && a.tokens == b.tokens &&
+         a.context_lengths == b.context_lengths && a.slots == b.slots && a.block_tables == b.block_tables;
+}
+
+}  // namespace
+
+bool Generator::CanLookAhead(const inference::ScheduledStep& step, bool with_logits) const {
+  // The next call is number decode_steps + 1: a profiled one runs on its own.
+  if (!options_.decode_lookahead.value_or(options_.device != nullptr) || with_logits || !step.prefills.empty() || scheduler_->num_waiting() > 0 ||
+      stats_.decode_steps + 1 == options_.profile_decode_call) {
+    return false;
+  }
+  for (const DecodeWork& d : step.decodes) {
+    if (d.draw + 1 >= d.max_new_tokens || (d.position + 1) % layout_.block_size == 0) return false;
+  }
+  return true;
+}
+
+absl::Status Generator::DropLookahead() {
+  if (!lookahead_.has_value()) return absl::OkStatus();
+  lookahead_.reset();
+  return engine_->Finish().status();  // its rows are not this step's
+}
+
 absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference::ScheduledStep& step) {
   if (step.decodes.empty()) return std::vector<SampledToken>{};
   const int64_t bucket = step.decode_bucket;
   ASSIGN_OR_RETURN(const Function* f, FunctionFor(InferencePhase::kDecode, bucket));
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = last_decode_end_.value_or(std::chrono::steady_clock::now());
   ASSIGN_OR_RETURN(inference::DecodeBatch batch, inference::PackDecodeBatch(step.decodes, bucket, layout_.block_size,
                                                                             layout_.max_blocks_per_sequence));
-  // Padding rows attend to nothing: position -1 (context length 0).
-  std::vector<int32_t> positions(bucket);
-  for (int64_t i = 0; i < bucket; ++i) positions[i] = batch.context_lengths[i] - 1;
   const bool profiled = stats_.decode_steps == options_.profile_decode_call;
   std::vector<int64_t> rows(step.decodes.size());
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
   bool with_logits = false;
   for (const DecodeWork& d : step.decodes) with_logits |= NeedsLogits(d.sampling);
-  ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
-                   engine_->Run(*f,
-                                {I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions),
-                                 I32({bucket, 1}, batch.slots),
-                                 I32({bucket, layout_.max_blocks_per_sequence}, batch.block_tables)},
-                                rows, with_logits, profiled ? &decode_profile_ : nullptr));
-  if (profiled) decode_profile_bucket_ = bucket;
+  // The call started ahead is this step's when it computed exactly these inputs.
+  const bool ahead = lookahead_.has_value() && SameDecodeInputs(lookahead_->batch, batch);
+  if (ahead) {
+    lookahead_.reset();
+    ++stats_.lookahead_used;
+  } else {
+    RETURN_IF_ERROR(DropLookahead());
+  }
+  InferenceEngine::Rows picked;
+  if (profiled && !ahead) {
+    ASSIGN_OR_RETURN(picked, engine_->Run(*f, DecodeInputs(batch), rows, with_logits, &decode_profile_));
+    decode_profile_bucket_ = bucket;
+  } else {
+    if (!ahead) RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(batch), rows, with_logits));
+    if (CanLookAhead(step, with_logits)) {
+      // The next step of the same requests: one position on, each slot the next of its block;
+      // its tokens are this step's greedy tokens, fed on the device.
+      inference::DecodeBatch next = batch;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        ++next.context_lengths[i];
+        ++next.slots[i];
+      }
+      RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(next), rows, /*with_logits=*/false,
+                                     /*feed_rows=*/static_cast<int64_t>(rows.size())));
+      lookahead_ = Lookahead{bucket, std::move(next)};
+      ++stats_.lookahead_started;
+    }
+    ASSIGN_OR_RETURN(picked, engine_->Finish());
+    if (lookahead_.has_value()) {
+      for (size_t i = 0; i < rows.size(); ++i) lookahead_->batch.tokens[i] = picked.greedy[i];
+    }
+  }
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < step.decodes.size(); ++i) {
     const DecodeWork& d = step.decodes[i];
@@ -223,7 +282,9 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   }
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());
   ++stats_.decode_steps;
-  const double seconds = Seconds(start);
+  const auto end = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
+  last_decode_end_ = end;
   stats_.decode_seconds += seconds;
   stats_.decode_call_seconds.push_back(seconds);
   stats_.decode_call_gpu_seconds.push_back(picked.gpu_seconds);
@@ -262,8 +323,16 @@ DecodeCallTimes SummarizeDecodeCalls(const GenerationStats& stats) {
 
 absl::StatusOr<std::vector<inference::FinishedRequest>> Generator::Step(const TokenCallback& on_token) {
   ASSIGN_OR_RETURN(inference::ScheduledStep step, scheduler_->Schedule());
-  if (step.empty()) return std::vector<inference::FinishedRequest>{};  // nothing in flight
+  if (step.empty()) {  // nothing to run; a call started ahead for requests that ended is dropped
+    last_decode_end_.reset();
+    RETURN_IF_ERROR(DropLookahead());
+    return std::vector<inference::FinishedRequest>{};
+  }
   ++stats_.steps;
+  // A step that prefills or copies blocks is not a decode step following the last: its
+  // decode call is timed from its own start. The prefills run through the engine alone.
+  if (!step.prefills.empty() || !step.block_copies.empty()) last_decode_end_.reset();
+  if (!step.prefills.empty() || step.decodes.empty()) RETURN_IF_ERROR(DropLookahead());
   RETURN_IF_ERROR(engine_->CopyBlocks(step.block_copies));
   ASSIGN_OR_RETURN(std::vector<SampledToken> sampled, RunPrefills(step));
   ASSIGN_OR_RETURN(std::vector<SampledToken> decoded, RunDecodes(step));

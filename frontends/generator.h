@@ -16,6 +16,7 @@
 // padded to its bucket. A function is compiled the first time its size is needed and kept.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -57,8 +58,20 @@ struct GeneratorOptions {
   // in its CUDA graph, or one by one): decode_profile() then says where its time went.
   int64_t profile_decode_call = -1;
   // A GPU's decode calls timed with CUDA events (GenerationStats::decode_call_gpu_seconds;
-  // CudaExecutableOptions::time_runs, which says what that costs).
+  // frontends/cuda_inference_engine.h says what that costs).
   bool time_decode_calls = false;
+  // Decode lookahead: when every request of a decode step is greedy and will decode again
+  // next step (no request can be admitted, none reaches max_new_tokens, each next token's
+  // slot is in the block of this one's), the next step's call is started before this one's
+  // tokens are read back, fed this step's greedy tokens on the device
+  // (InferenceEngine::Start's feed_rows). The host's scheduling, sampling and bookkeeping
+  // then overlap the GPU's next step. The next step uses that call only when its inputs are
+  // exactly what the lookahead assumed; otherwise (a request sampled EOS, a Fork or an Abort
+  // came between the steps) the call is dropped, its one write per request landing in a
+  // slot past the end of every sequence that holds the block, which nothing reads before
+  // writing it again. Unset: on for a GPU; off on the CPU, which computes a call as it is
+  // started (nothing overlaps, and a dropped call is wasted work), where tests turn it on.
+  std::optional<bool> decode_lookahead;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
   std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
@@ -70,9 +83,16 @@ struct GenerationStats {
   int64_t cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache
   int64_t decode_tokens = 0;   // tokens computed by @decode (padding rows excluded)
   int64_t decode_steps = 0;    // calls of @decode
+  int64_t lookahead_started = 0;  // decode calls started ahead (GeneratorOptions::decode_lookahead)
+  int64_t lookahead_used = 0;     // of those, the ones whose step came as assumed
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  std::vector<double> decode_call_seconds;  // each @decode call's share of decode_seconds, in order
+  // Each @decode call's share of decode_seconds, in order: from the end of the step before
+  // (its tokens in the host's hands) when that step decoded too and this one prefills and
+  // copies nothing, so the host's work between two decode steps (the scheduler, the
+  // callbacks, the inputs) is counted, or overlapped where the lookahead hides it; else from
+  // the call's own start.
+  std::vector<double> decode_call_seconds;
   // Of each call, the GPU's part (InferenceEngine::Rows::gpu_seconds); 0 for a profiled call,
   // on the CPU, and without GeneratorOptions::time_decode_calls.
   std::vector<double> decode_call_gpu_seconds;
@@ -136,6 +156,10 @@ class Generator {
                                                int64_t draw);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
   absl::StatusOr<std::vector<inference::SampledToken>> RunDecodes(const inference::ScheduledStep& step);
+  // Whether the step after `step` can be started now (GeneratorOptions::decode_lookahead).
+  bool CanLookAhead(const inference::ScheduledStep& step, bool with_logits) const;
+  // Waits for the decode call started ahead, if any, and forgets it.
+  absl::Status DropLookahead();
 
   ModelConfig config_;
   GeneratorOptions options_;
@@ -148,6 +172,15 @@ class Generator {
   GenerationStats stats_;
   std::vector<StepTiming> decode_profile_;
   int64_t decode_profile_bucket_ = 0;
+  // The decode call in flight for the next step (GeneratorOptions::decode_lookahead): its
+  // bucket and inputs, tokens included once the call before it has handed them back.
+  struct Lookahead {
+    int64_t bucket = 0;
+    inference::DecodeBatch batch;
+  };
+  std::optional<Lookahead> lookahead_;
+  // When the last decode step's tokens came back, while steps keep decoding and nothing else.
+  std::optional<std::chrono::steady_clock::time_point> last_decode_end_;
 };
 
 // The prefill size a context of `num_tokens` uncached tokens is padded to: the next power of

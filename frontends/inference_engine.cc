@@ -1,6 +1,7 @@
 #include "frontends/inference_engine.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "ir/reference_backend.h"
@@ -19,9 +20,24 @@ class ReferenceInferenceEngine : public InferenceEngine {
   absl::string_view backend() const override { return "cpu"; }
   absl::Status Load(const Function&) override { return absl::OkStatus(); }
 
-  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
-                           std::vector<StepTiming>* profile) override {
-    if (profile != nullptr) profile->clear();
+  absl::Status Start(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                     int64_t feed_rows) override {
+    if (finished_.size() >= kMaxCallsInFlight) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("@", f.name(), ": ", kMaxCallsInFlight, " calls are in flight already (Finish one first)"));
+    }
+    if (feed_rows > 0) {
+      std::vector<double>& tokens = inputs.tokens.mutable_values();
+      if (feed_rows > static_cast<int64_t>(last_greedy_.size()) || feed_rows > static_cast<int64_t>(tokens.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("@", f.name(), ": feeding ", feed_rows,
+                                                       " greedy tokens of a call that had ", last_greedy_.size(),
+                                                       " into ", tokens.size(), " token rows"));
+      }
+      for (int64_t i = 0; i < feed_rows; ++i) {
+        const double t = last_greedy_[i];
+        tokens[i] = t >= 0 && t < static_cast<double>(config_.vocab_size) ? t : 0.0;
+      }
+    }
     args_[0] = std::move(inputs.tokens);
     args_[1] = std::move(inputs.positions);
     args_[2] = std::move(inputs.slots);
@@ -31,17 +47,35 @@ class ReferenceInferenceEngine : public InferenceEngine {
     args_[kInferenceVPoolParameter] = std::move(outputs[2]);
     const int64_t vocab = config_.vocab_size;
     const std::vector<double>& logits = outputs[0].values();
-    const std::vector<double>& greedy = outputs[kInferenceGreedyOutput].values();
+    last_greedy_ = outputs[kInferenceGreedyOutput].values();
     Rows picked;
     for (int64_t row : rows) {
-      if (row < 0 || row >= static_cast<int64_t>(greedy.size())) {
+      if (row < 0 || row >= static_cast<int64_t>(last_greedy_.size())) {
         return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
                                                        outputs[0].type().ToString()));
       }
-      picked.greedy.push_back(static_cast<int32_t>(greedy[row]));
+      picked.greedy.push_back(static_cast<int32_t>(last_greedy_[row]));
       if (with_logits) picked.logits.insert(picked.logits.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
     }
-    return picked;
+    finished_.push_back(std::move(picked));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Rows> Finish() override {
+    if (finished_.empty()) return absl::FailedPreconditionError("no inference call is in flight");
+    Rows rows = std::move(finished_.front());
+    finished_.pop_front();
+    return rows;
+  }
+
+  int64_t calls_in_flight() const override { return static_cast<int64_t>(finished_.size()); }
+
+  absl::StatusOr<Rows> Run(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
+                           std::vector<StepTiming>* profile) override {
+    if (profile != nullptr) profile->clear();
+    if (!finished_.empty()) return absl::FailedPreconditionError("Run with an inference call in flight");
+    RETURN_IF_ERROR(Start(f, std::move(inputs), rows, with_logits, /*feed_rows=*/0));
+    return Finish();
   }
 
   absl::Status CopyBlocks(absl::Span<const inference::BlockCopy> copies) override {
@@ -66,6 +100,8 @@ class ReferenceInferenceEngine : public InferenceEngine {
   PagedKvLayout layout_;
   // tokens, positions, slots, block_tables, k_pool, v_pool, weights...: the weights stay.
   std::vector<HostTensor> args_;
+  std::vector<double> last_greedy_;  // every row's greedy token of the last call started
+  std::deque<Rows> finished_;        // computed at Start, handed back by Finish
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "frontends/generator.h"
@@ -372,6 +373,77 @@ TEST(LlamaInference, TheFunctionsGreedyPickIsTheSamplers) {
   LogitsLog log;
   EXPECT_EQ(run(nullptr), run(&log));
   EXPECT_EQ(log.size(), 12u + 9u);
+}
+
+// Decode lookahead (GeneratorOptions::decode_lookahead) starts the next decode step fed with
+// this step's greedy tokens before the host has read them; the next step uses it only when
+// its inputs came out as assumed. Whatever happens between the steps (a request samples EOS,
+// another joins and prefills, one ends at max_new_tokens, a sampled request has no greedy
+// token to feed), the tokens are those of the generator without it, step for step.
+TEST(LlamaInference, DecodeLookaheadChangesNoTokens) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 14);
+  struct Outcome {
+    std::map<RequestId, std::vector<TokenId>> outputs;
+    std::map<RequestId, inference::FinishReason> reasons;
+    GenerationStats stats;
+  };
+  auto run = [&](bool lookahead, std::optional<TokenId> eos, bool with_sampled) {
+    GeneratorOptions options = Options(Precision::kBf16, 4, nullptr);
+    options.max_running = 4;
+    options.eos_token = eos;
+    options.decode_lookahead = lookahead;
+    auto gen = Generator::Create(Tiny(), weights, options);
+    EXPECT_TRUE(gen.ok());
+    Outcome o;
+    EXPECT_TRUE((*gen)->Submit({.id = 0, .prompt = Prompt(6, 1), .max_new_tokens = 20, .sampling = kGreedy}).ok());
+    EXPECT_TRUE((*gen)->Submit({.id = 1, .prompt = Prompt(9, 2), .max_new_tokens = 14, .sampling = kGreedy}).ok());
+    for (int step = 0; step < 100 && (*gen)->scheduler().HasUnfinishedRequests(); ++step) {
+      if (step == 7) {  // joins while 0 and 1 decode: its prefill ends a lookahead
+        const SamplingParams sampling =
+            with_sampled ? SamplingParams{.temperature = 0.8, .top_k = 20, .seed = 5} : kGreedy;
+        EXPECT_TRUE((*gen)->Submit({.id = 2, .prompt = Prompt(5, 3), .max_new_tokens = 6, .sampling = sampling}).ok());
+      }
+      auto done = (*gen)->Step();
+      EXPECT_TRUE(done.ok()) << done.status();
+      if (!done.ok()) break;
+      for (const FinishedRequest& f : *done) {
+        o.outputs[f.id] = f.output;
+        o.reasons[f.id] = f.reason;
+      }
+    }
+    o.stats = (*gen)->stats();
+    return o;
+  };
+  const Outcome plain = run(false, std::nullopt, false);
+  ASSERT_EQ(plain.outputs.size(), 3u);
+  EXPECT_EQ(plain.stats.lookahead_started, 0);
+  const Outcome ahead = run(true, std::nullopt, false);
+  EXPECT_EQ(ahead.outputs, plain.outputs);
+  // Blocks of 4 and two requests a position apart in phase: about every other step has a
+  // request whose next slot opens a block (no lookahead there); without EOS only the join of
+  // request 2 can drop a call started ahead.
+  EXPECT_GE(ahead.stats.lookahead_used, ahead.stats.decode_steps / 3)
+      << ahead.stats.lookahead_used << " of " << ahead.stats.lookahead_started << " started, "
+      << ahead.stats.decode_steps << " steps";
+  EXPECT_GE(ahead.stats.lookahead_used + 1, ahead.stats.lookahead_started);
+  EXPECT_EQ(ahead.stats.decode_steps, plain.stats.decode_steps);
+  // EOS: a token of request 0's output at several places, so some EOS falls on a step that
+  // had started the next one (that call is dropped, its K/V write harmless).
+  int64_t dropped = 0;
+  for (size_t at : {3u, 5u, 6u, 9u}) {
+    ASSERT_LT(at, plain.outputs.at(0).size());
+    const TokenId eos = plain.outputs.at(0)[at];
+    const Outcome a = run(false, eos, false), b = run(true, eos, false);
+    EXPECT_EQ(b.outputs, a.outputs) << "EOS " << eos;
+    EXPECT_EQ(b.reasons, a.reasons) << "EOS " << eos;
+    EXPECT_EQ(a.reasons.at(0), inference::FinishReason::kEos);
+    dropped += b.stats.lookahead_started - b.stats.lookahead_used;
+  }
+  EXPECT_GT(dropped, 0) << "an EOS fell on a step started ahead";
+  // A sampled request takes its logits through the host: no lookahead while it decodes.
+  const Outcome sampled_plain = run(false, std::nullopt, true), sampled = run(true, std::nullopt, true);
+  EXPECT_EQ(sampled.outputs, sampled_plain.outputs);
+  EXPECT_LT(sampled.stats.lookahead_started, ahead.stats.lookahead_started);
 }
 
 TEST(LlamaInference, SamplingIsDeterministicPerSeed) {

@@ -253,6 +253,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   const bool trace = args.Has("trace");
   if (trace) RETURN_IF_ERROR(CheckOutputPath(args.Get("trace"), "--trace"));
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
+  if (args.Has("no-decode-lookahead")) options.decode_lookahead = false;
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
   options.time_decode_calls = report;
@@ -403,6 +404,10 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                                        calls.gpu_median_ms)
                            .c_str()
                      : "");
+    if (s.lookahead_started > 0) {
+      std::fprintf(stderr, "kiln generate: decode lookahead: %lld of %lld steps started ahead came as assumed\n",
+                   static_cast<long long>(s.lookahead_used), static_cast<long long>(s.lookahead_started));
+    }
   }
   // The workload as a whole: every token out over the run's wall time (the scheduler, the
   // uploads and the host's work included, the compiles not), and how much of the prompts the
@@ -500,6 +505,9 @@ Command GenerateCommand() {
                {.name = "trace", .value_name = "FILE.json",
                 .help = "write one decode call's launches as a Chrome trace (cuda; open it in ui.perfetto.dev)"},
                {.name = "no-prefix-cache", .help = "prefill every prompt in full (to measure what the cache saves)"},
+               {.name = "no-decode-lookahead",
+                .help = "wait for each decode step's tokens before starting the next (cuda; to measure what "
+                        "starting it ahead saves)"},
            }},
           RunGenerate};
 }

@@ -1,5 +1,7 @@
 #include "runtime/cuda/device.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ir/status_macros.h"
@@ -75,6 +77,15 @@ absl::StatusOr<void*> CudaDevice::Allocate(int64_t bytes, absl::string_view what
   return p;
 }
 
+absl::StatusOr<void*> CudaDevice::AllocatePinned(int64_t bytes, absl::string_view what) {
+  RETURN_IF_ERROR(MakeCurrent());
+  void* p = nullptr;
+  KILN_RETURN_IF_CUDA_ERROR(cudaMallocHost(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
+                            absl::StrCat("page-locked host memory for ", what, " (", bytes, " bytes)"));
+  return p;
+}
+
 void DeviceMemoryDeleter::operator()(void* p) const { cudaFree(p); }
+void PinnedMemoryDeleter::operator()(void* p) const { cudaFreeHost(p); }
 
 }  // namespace kiln

@@ -44,6 +44,9 @@ class CudaDevice {
 
   // cudaMalloc; out of memory says how many bytes `what` asked for and how many are free.
   absl::StatusOr<void*> Allocate(int64_t bytes, absl::string_view what);
+  // cudaMallocHost: page-locked host memory, which a cudaMemcpyAsync reads or writes without
+  // synchronizing the host with the stream (pageable memory may).
+  absl::StatusOr<void*> AllocatePinned(int64_t bytes, absl::string_view what);
 
  private:
   CudaDevice() = default;
@@ -60,5 +63,11 @@ struct DeviceMemoryDeleter {
   void operator()(void* p) const;
 };
 using DeviceMemory = std::unique_ptr<void, DeviceMemoryDeleter>;
+
+// Frees host memory from CudaDevice::AllocatePinned.
+struct PinnedMemoryDeleter {
+  void operator()(void* p) const;
+};
+using PinnedMemory = std::unique_ptr<void, PinnedMemoryDeleter>;
 
 }  // namespace kiln

@@ -76,8 +76,6 @@ CudaExecutable::~CudaExecutable() {
   // Errors here cannot be reported, and the arena goes right after.
   if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
   if (graph_ != nullptr) cudaGraphDestroy(graph_);
-  if (run_start_ != nullptr) cudaEventDestroy(run_start_);
-  if (run_end_ != nullptr) cudaEventDestroy(run_end_);
 }
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledProgram program, CudaDevice& device,
@@ -346,31 +344,23 @@ absl::Status CudaExecutable::Capture() {
   return absl::OkStatus();
 }
 
-absl::Status CudaExecutable::Run() {
+absl::Status CudaExecutable::Enqueue() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   const std::string run = absl::StrCat("running @", function_->name());
-  const cudaStream_t stream = device_->stream();
-  const bool timed = options_.time_runs;
-  if (timed && run_start_ == nullptr) {
-    KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_start_), run);
-    KILN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&run_end_), run);
-  }
   if (options_.cuda_graph && !options_.check_each_step && graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
-  if (timed) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_start_, stream), run);
   if (options_.cuda_graph && !options_.check_each_step) {
-    KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, stream), run);
-  } else {
-    RETURN_IF_ERROR(EnqueueAll(options_.check_each_step));
+    KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, device_->stream()), run);
+    return absl::OkStatus();
   }
-  if (timed) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(run_end_, stream), run);
-  KILN_RETURN_IF_CUDA_ERROR(
-      cudaStreamSynchronize(stream),
-      absl::StrCat(run, " (an asynchronous error of some step; CudaExecutableOptions::check_each_step names it)"));
-  if (timed) {
-    float ms = 0;
-    KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, run_start_, run_end_), run);
-    last_run_gpu_seconds_ = ms / 1e3;
-  }
+  return EnqueueAll(options_.check_each_step);
+}
+
+absl::Status CudaExecutable::Run() {
+  RETURN_IF_ERROR(Enqueue());
+  KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device_->stream()),
+                            absl::StrCat("running @", function_->name(),
+                                         " (an asynchronous error of some step; "
+                                         "CudaExecutableOptions::check_each_step names it)"));
   return absl::OkStatus();
 }
 

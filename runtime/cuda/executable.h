@@ -55,10 +55,6 @@ struct CudaExecutableOptions {
   // functions of a model (frontends/generator.h) bind the same weights and KV pool. A donated
   // output of a bound parameter lands in the bound memory, as it would in the arena.
   absl::flat_hash_map<int64_t, void*> bound_parameters;
-  // Time each Run with a CUDA event on either side of it (last_run_gpu_seconds). Off by
-  // default: the two events cost llama-M's batch-1 decode call 0.03 ms of 0.85 (bench/
-  // RESULTS.md, session 22); `kiln generate --report` turns it on.
-  bool time_runs = false;
 };
 
 
@@ -76,10 +72,12 @@ class CudaExecutable {
   // Every step on the stream, then the donations; synchronizes at the end (between runs, never
   // inside one). With options.cuda_graph, the first call captures and later calls replay.
   absl::Status Run();
-  // With options.time_runs, the GPU time of the last Run: from the start of its work on the
-  // stream to its end (CUDA events around the graph's launch: its start latency included); 0
-  // otherwise.
-  double last_run_gpu_seconds() const { return last_run_gpu_seconds_; }
+  // Run without the synchronization: the run is queued on the device's stream behind what is
+  // there and Enqueue returns at once. The caller synchronizes (an asynchronous fault of a
+  // step surfaces there) before it reads an output or runs again from the host's inputs;
+  // work it queues on the same stream meanwhile (copies in and out, the next run) is ordered
+  // after this run. The inference engine pipelines decode steps with it.
+  absl::Status Enqueue();
   // Run, and where the time went: the same results as Run. With options.cuda_graph, the graph
   // replayed once under CUPTI's activity trace (runtime/cuda/activity_trace.h), each step's
   // span and exposed time as it ran in the graph; without a graph, or where CUPTI is absent or
@@ -186,8 +184,6 @@ class CudaExecutable {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   std::string profile_fallback_;  // why the last Profile did not trace the graph
-  cudaEvent_t run_start_ = nullptr, run_end_ = nullptr;  // around each Run, for last_run_gpu_seconds
-  double last_run_gpu_seconds_ = 0;
 };
 
 }  // namespace kiln

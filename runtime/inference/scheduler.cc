@@ -114,7 +114,8 @@ absl::Status Scheduler::ReserveDecodes(ScheduledStep& step) {
     ASSIGN_OR_RETURN(absl::Span<const BlockId> table, pool_.BlockTable(id));
     const int64_t position = static_cast<int64_t>(r.request.prompt.size() + r.output.size()) - 1;
     step.decodes.push_back(DecodeWork{id, token, position, std::vector<BlockId>(table.begin(), table.end()),
-                                      r.request.sampling, static_cast<int64_t>(r.output.size())});
+                                      r.request.sampling, static_cast<int64_t>(r.output.size()),
+                                      r.request.max_new_tokens});
   }
   return absl::OkStatus();
 }

@@ -86,7 +86,8 @@ struct DecodeWork {
   int64_t position = 0;
   std::vector<BlockId> block_table;
   SamplingParams sampling;
-  int64_t draw = 0;
+  int64_t draw = 0;            // tokens the request has sampled so far
+  int64_t max_new_tokens = 0;  // the request's: it ends after this step when draw + 1 reaches it
 };
 
 struct ScheduledStep {
