@@ -331,12 +331,18 @@ class DecodeScriptsTest(Tmp):
                               text=True, timeout=120)
 
     def test_generate_reports_the_mean_the_calls_and_the_floor(self):
+        # The floor is over the card's copy bandwidth: COPY_TBS, or measured (bench/copy_bandwidth.py).
         r = self.run_script(["bench/generate_h200.sh"], {"KILN": self.fake_kiln(), "HF": "0", "BATCHES": "1",
-                                                           "OUT_DIR": self.path("gen")})
+                                                           "OUT_DIR": self.path("gen"), "COPY_TBS": "4.26"})
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("llama-M batch 1, prompt 512, 256 new: kiln 0.900 ms/step (calls: median 0.900, min 0.800, "
                       "max 1.500)", r.stdout)
+        self.assertIn("copy bandwidth for the floor: 4.26 TB/s", r.stdout)
         self.assertIn("floor 0.395 ms (1.64 GB weights + 0.04 GB KV); kiln/floor 2.28x", r.stdout)
+        # An H100's copy rate (about 3 TB/s) moves the floor with it.
+        r = self.run_script(["bench/generate_h200.sh"], {"KILN": self.fake_kiln(), "HF": "0", "BATCHES": "1",
+                                                           "OUT_DIR": self.path("gen3"), "COPY_TBS": "3.0"})
+        self.assertIn("floor 0.561 ms (1.64 GB weights + 0.04 GB KV); kiln/floor 1.60x", r.stdout)
 
     def test_ab_takes_the_median_of_the_repeats_per_configuration(self):
         kiln = self.fake_kiln()

@@ -213,9 +213,12 @@ bool SameDecodeInputs(const inference::DecodeBatch& a, const inference::DecodeBa
 }  // namespace
 
 bool Generator::CanLookAhead(const inference::ScheduledStep& step, bool with_logits) const {
-  // The next call is number decode_steps + 1: a profiled one runs on its own.
-  if (!options_.decode_lookahead.value_or(options_.device != nullptr) || with_logits || !step.prefills.empty() || scheduler_->num_waiting() > 0 ||
-      stats_.decode_steps + 1 == options_.profile_decode_call) {
+  // The next call is number decode_steps + 1: a profiled one runs on its own. A waiting
+  // request is admitted next step only if the running set has room (or someone ends early,
+  // which changes the batch anyway).
+  const bool admits = scheduler_->num_waiting() > 0 && scheduler_->num_running() < options_.max_running;
+  if (!options_.decode_lookahead.value_or(options_.device != nullptr) || with_logits || !step.prefills.empty() ||
+      admits || stats_.decode_steps + 1 == options_.profile_decode_call) {
     return false;
   }
   for (const DecodeWork& d : step.decodes) {

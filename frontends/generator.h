@@ -61,16 +61,17 @@ struct GeneratorOptions {
   // frontends/cuda_inference_engine.h says what that costs).
   bool time_decode_calls = false;
   // Decode lookahead: when every request of a decode step is greedy and will decode again
-  // next step (no request can be admitted, none reaches max_new_tokens, each next token's
-  // slot is in the block of this one's), the next step's call is started before this one's
-  // tokens are read back, fed this step's greedy tokens on the device
+  // next step (no waiting request has room to be admitted, none reaches max_new_tokens, each
+  // next token's slot is in the block of this one's), the next step's call is started before
+  // this one's tokens are read back, fed this step's greedy tokens on the device
   // (InferenceEngine::Start's feed_rows). The host's scheduling, sampling and bookkeeping
   // then overlap the GPU's next step. The next step uses that call only when its inputs are
-  // exactly what the lookahead assumed; otherwise (a request sampled EOS, a Fork or an Abort
-  // came between the steps) the call is dropped, its one write per request landing in a
-  // slot past the end of every sequence that holds the block, which nothing reads before
-  // writing it again. Unset: on for a GPU; off on the CPU, which computes a call as it is
-  // started (nothing overlaps, and a dropped call is wasted work), where tests turn it on.
+  // exactly what the lookahead assumed; otherwise (a request sampled EOS, a Fork, an Abort or
+  // a preemption came between the steps) the call is dropped, its one write per request
+  // landing in a slot past the end of every sequence that holds the block, which nothing
+  // reads before writing it again. Unset: on for a GPU; off on the CPU, which computes a call
+  // as it is started (nothing overlaps, and a dropped call is wasted work), where tests turn
+  // it on.
   std::optional<bool> decode_lookahead;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
