@@ -212,19 +212,46 @@ bool SameDecodeInputs(const inference::DecodeBatch& a, const inference::DecodeBa
 
 }  // namespace
 
-bool Generator::CanLookAhead(const inference::ScheduledStep& step, bool with_logits) const {
+std::optional<inference::DecodeBatch> Generator::LookaheadBatch(const inference::ScheduledStep& step,
+                                                               const inference::DecodeBatch& batch,
+                                                               bool with_logits) const {
   // The next call is number decode_steps + 1: a profiled one runs on its own. A waiting
   // request is admitted next step only if the running set has room (or someone ends early,
   // which changes the batch anyway).
   const bool admits = scheduler_->num_waiting() > 0 && scheduler_->num_running() < options_.max_running;
   if (!options_.decode_lookahead.value_or(options_.device != nullptr) || with_logits || !step.prefills.empty() ||
       admits || stats_.decode_steps + 1 == options_.profile_decode_call) {
-    return false;
+    return std::nullopt;
   }
+  const int64_t bs = layout_.block_size;
+  int64_t opening = 0;
   for (const DecodeWork& d : step.decodes) {
-    if (d.draw + 1 >= d.max_new_tokens || (d.position + 1) % layout_.block_size == 0) return false;
+    if (d.draw + 1 >= d.max_new_tokens) return std::nullopt;
+    if ((d.position + 1) % bs == 0) ++opening;
   }
-  return true;
+  // A request whose next token opens a block takes the free list's next block then, in the
+  // order of the rows (the scheduler reserves them in running order). Only a block that holds
+  // nothing findable is assumed: if the step takes another after all, the write to it harms
+  // nothing (a cached block's K/V would be corrupted for a later prefix hit).
+  const inference::BlockManager& pool = scheduler_->block_manager();
+  const std::vector<BlockId> fresh = pool.NextFreeBlocks(opening);
+  if (static_cast<int64_t>(fresh.size()) < opening) return std::nullopt;
+  for (BlockId b : fresh) {
+    if (pool.IsCached(b)) return std::nullopt;
+  }
+  inference::DecodeBatch next = batch;
+  size_t taken = 0;
+  for (size_t i = 0; i < step.decodes.size(); ++i) {
+    const int64_t position = next.context_lengths[i]++;  // the next token's
+    if (position % bs == 0) {
+      const BlockId block = fresh[taken++];
+      next.block_tables[i * next.max_blocks_per_sequence + position / bs] = block;
+      next.slots[i] = static_cast<int32_t>(int64_t{block} * bs);
+    } else {
+      ++next.slots[i];
+    }
+  }
+  return next;
 }
 
 absl::Status Generator::DropLookahead() {
@@ -259,17 +286,12 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
     decode_profile_bucket_ = bucket;
   } else {
     if (!ahead) RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(batch), rows, with_logits));
-    if (CanLookAhead(step, with_logits)) {
-      // The next step of the same requests: one position on, each slot the next of its block;
-      // its tokens are this step's greedy tokens, fed on the device.
-      inference::DecodeBatch next = batch;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        ++next.context_lengths[i];
-        ++next.slots[i];
-      }
-      RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(next), rows, /*with_logits=*/false,
+    if (std::optional<inference::DecodeBatch> next = LookaheadBatch(step, batch, with_logits); next.has_value()) {
+      // The next step of the same requests, one position on; its tokens are this step's
+      // greedy tokens, fed on the device.
+      RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(*next), rows, /*with_logits=*/false,
                                      /*feed_rows=*/static_cast<int64_t>(rows.size())));
-      lookahead_ = Lookahead{bucket, std::move(next)};
+      lookahead_ = Lookahead{bucket, *std::move(next)};
       ++stats_.lookahead_started;
     }
     ASSIGN_OR_RETURN(picked, engine_->Finish());

@@ -61,9 +61,10 @@ struct GeneratorOptions {
   // frontends/cuda_inference_engine.h says what that costs).
   bool time_decode_calls = false;
   // Decode lookahead: when every request of a decode step is greedy and will decode again
-  // next step (no waiting request has room to be admitted, none reaches max_new_tokens, each
-  // next token's slot is in the block of this one's), the next step's call is started before
-  // this one's tokens are read back, fed this step's greedy tokens on the device
+  // next step (no waiting request has room to be admitted, none reaches max_new_tokens, and
+  // a request whose next token opens a block will find a free block that holds nothing
+  // cached), the next step's call is started before this one's tokens are read back, fed this
+  // step's greedy tokens on the device
   // (InferenceEngine::Start's feed_rows). The host's scheduling, sampling and bookkeeping
   // then overlap the GPU's next step. The next step uses that call only when its inputs are
   // exactly what the lookahead assumed; otherwise (a request sampled EOS, a Fork, an Abort or
@@ -157,8 +158,10 @@ class Generator {
                                                int64_t draw);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
   absl::StatusOr<std::vector<inference::SampledToken>> RunDecodes(const inference::ScheduledStep& step);
-  // Whether the step after `step` can be started now (GeneratorOptions::decode_lookahead).
-  bool CanLookAhead(const inference::ScheduledStep& step, bool with_logits) const;
+  // The inputs of the step after `step` (packed as `batch`) as the lookahead assumes them, or
+  // nullopt where it cannot start that step now (GeneratorOptions::decode_lookahead).
+  std::optional<inference::DecodeBatch> LookaheadBatch(const inference::ScheduledStep& step,
+                                                       const inference::DecodeBatch& batch, bool with_logits) const;
   // Waits for the decode call started ahead, if any, and forgets it.
   absl::Status DropLookahead();
 

@@ -419,10 +419,11 @@ TEST(LlamaInference, DecodeLookaheadChangesNoTokens) {
   EXPECT_EQ(plain.stats.lookahead_started, 0);
   const Outcome ahead = run(true, std::nullopt, false);
   EXPECT_EQ(ahead.outputs, plain.outputs);
-  // Blocks of 4 and two requests a position apart in phase: about every other step has a
-  // request whose next slot opens a block (no lookahead there); without EOS only the join of
-  // request 2 can drop a call started ahead.
-  EXPECT_GE(ahead.stats.lookahead_used, ahead.stats.decode_steps / 3)
+  // Blocks of 4 and two requests in different phases: every other step or so one of them
+  // opens a block, which the lookahead takes from the free list as the scheduler will. Only
+  // the join of request 2, the steps where a request reaches max_new_tokens and the last
+  // step of all start nothing ahead; without EOS only the join can drop a call started ahead.
+  EXPECT_GE(ahead.stats.lookahead_used, ahead.stats.decode_steps - 6)
       << ahead.stats.lookahead_used << " of " << ahead.stats.lookahead_started << " started, "
       << ahead.stats.decode_steps << " steps";
   EXPECT_GE(ahead.stats.lookahead_used + 1, ahead.stats.lookahead_started);

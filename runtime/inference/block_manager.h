@@ -109,8 +109,9 @@ class BlockManager {
   // is out of range), and whether it is in the prefix cache.
   int64_t RefCount(BlockId block) const;
   bool IsCached(BlockId block) const;
-  // The free blocks in the order they will be reused.
+  // The free blocks in the order they will be reused (the first `count` of them: O(count)).
   std::vector<BlockId> FreeBlocksInReuseOrder() const { return free_.InOrder(); }
+  std::vector<BlockId> NextFreeBlocks(int64_t count) const { return free_.First(count); }
 
   // Reference counts equal the number of block tables naming each block, the free list holds
   // exactly the blocks at zero, tables are as long as their tokens need, and the prefix

@@ -1,5 +1,7 @@
 #include "runtime/inference/free_block_list.h"
 
+#include <algorithm>
+
 #include "ir/status_macros.h"
 
 namespace kiln::inference {
@@ -48,10 +50,10 @@ BlockId FreeBlockList::PopFront() {
   return block;
 }
 
-std::vector<BlockId> FreeBlockList::InOrder() const {
+std::vector<BlockId> FreeBlockList::First(int64_t count) const {
   std::vector<BlockId> order;
-  order.reserve(size_);
-  for (BlockId b = head_; b != kNone; b = next_[b]) order.push_back(b);
+  order.reserve(static_cast<size_t>(std::max<int64_t>(0, std::min(count, size_))));
+  for (BlockId b = head_; b != kNone && static_cast<int64_t>(order.size()) < count; b = next_[b]) order.push_back(b);
   return order;
 }
 

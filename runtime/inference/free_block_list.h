@@ -33,7 +33,9 @@ class FreeBlockList {
   BlockId PopFront();
 
   // The blocks front to back (for tests and invariant checks; O(size)).
-  std::vector<BlockId> InOrder() const;
+  std::vector<BlockId> InOrder() const { return First(size_); }
+  // The first min(count, size) blocks, front to back: O(count).
+  std::vector<BlockId> First(int64_t count) const;
 
  private:
   static constexpr BlockId kNone = -1;
