@@ -447,6 +447,52 @@ TEST(LlamaInference, DecodeLookaheadChangesNoTokens) {
   EXPECT_LT(sampled.stats.lookahead_started, ahead.stats.lookahead_started);
 }
 
+// An engine holds at most kMaxCallsInFlight started calls; Finish hands them back oldest
+// first; Run wants none in flight; feed_rows cannot take more greedy tokens than the last call
+// had. Misuse is a clear error that leaves the engine usable.
+TEST(LlamaInference, EngineCallsInFlightAreBoundedAndOrdered) {
+  const ModelConfig config = Tiny();
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+  std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kFp32, InferencePhase::kDecode, 2);
+  ASSERT_TRUE(CompileInferenceModule(*m, CompileOptions{}).ok());
+  const Function& decode = *m->functions()[0];
+  auto weights = InferenceWeightsFromModel(config, InitLlamaWeights(config, 15), Precision::kFp32);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto engine = CreateReferenceInferenceEngine(config, layout, Precision::kFp32, *std::move(weights));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto i32 = [](std::vector<int64_t> dims, std::vector<double> v) {
+    return HostTensor::FromValues({DType::kI32, std::move(dims)}, std::move(v));
+  };
+  // Two sequences at positions 0 and 1 of blocks 0 and 1 (position 0 of sequence 1 unwritten:
+  // attention reads only slot 5, its own).
+  auto inputs = [&](double first_token) {
+    return InferenceEngine::Inputs{i32({2, 1}, {first_token, 7}), i32({2, 1}, {0, 0}), i32({2, 1}, {0, 4}),
+                                   i32({2, 4}, {0, -1, -1, -1, 1, -1, -1, -1})};
+  };
+  const std::vector<int64_t> rows = {0, 1};
+  ASSERT_TRUE((*engine)->Start(decode, inputs(3), rows, false).ok());
+  ASSERT_TRUE((*engine)->Start(decode, inputs(9), rows, false).ok());
+  EXPECT_EQ((*engine)->calls_in_flight(), 2);
+  absl::Status third = (*engine)->Start(decode, inputs(3), rows, false);
+  EXPECT_EQ(third.code(), absl::StatusCode::kFailedPrecondition) << third;
+  EXPECT_EQ((*engine)->Run(decode, inputs(3), rows, false).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto first = (*engine)->Finish();
+  auto second = (*engine)->Finish();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*engine)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  // The second call's row 1 saw the same token and context as the first's.
+  EXPECT_EQ(first->greedy[1], second->greedy[1]);
+  // Fed: row 0 of the next call takes the last call's greedy token of row 0 instead of 5.
+  ASSERT_TRUE((*engine)->Start(decode, inputs(5), rows, false, /*feed_rows=*/1).ok());
+  auto fed = (*engine)->Finish();
+  auto direct = (*engine)->Run(decode, inputs(second->greedy[0]), rows, false);
+  ASSERT_TRUE(fed.ok() && direct.ok());
+  EXPECT_EQ(fed->greedy, direct->greedy);
+  absl::Status too_many = (*engine)->Start(decode, inputs(3), rows, false, /*feed_rows=*/3);
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
+  EXPECT_EQ((*engine)->calls_in_flight(), 0);
+}
+
 TEST(LlamaInference, SamplingIsDeterministicPerSeed) {
   const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 11);
   auto run = [&](uint64_t seed) {
