@@ -118,8 +118,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   absl::StatusOr<KernelCache> cache = KernelCache::Open(options.cache_dir);
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
   const CodegenOptions codegen{.target = options.target,
-                               .programmatic_dependent_launch = options.programmatic_dependent_launch,
-                               .gemv_weights_before_wait = options.gemv_weights_before_wait};
+                               .programmatic_dependent_launch = options.programmatic_dependent_launch};
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
                                           options.compile_threads, codegen));

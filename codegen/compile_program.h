@@ -26,8 +26,6 @@ struct ProgramOptions {
   int compile_threads = 0;     // NVRTC threads; 0: one per core
   // Kernels open with griddepcontrol and launch programmatically (CodegenOptions).
   bool programmatic_dependent_launch = true;
-  // SmallMGemm loads its first weights before griddepcontrol.wait (CodegenOptions).
-  bool gemv_weights_before_wait = true;
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

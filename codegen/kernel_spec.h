@@ -21,7 +21,6 @@ namespace kiln {
 // the kernels before this one to finish and flush their writes; nothing in global memory is
 // read or written before.
 inline constexpr char kGridDependencyWait[] = "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
-inline constexpr char kGridDependencyLaunch[] = "  asm volatile(\"griddepcontrol.launch_dependents;\");\n";
 inline constexpr char kGridDependencyPrologue[] =
     "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
     "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
@@ -42,10 +41,6 @@ struct KernelSpec {
   // the next kernels' blocks, which programmatic launch would make resident early (their
   // shared memory taking L1's share of the SM), off its SMs while it streams.
   bool launches_dependents_itself = false;
-  // The kernel executes griddepcontrol.wait itself, after loads of memory that no kernel
-  // before it writes (SmallMGemm's first round of weights): LowerNode's prologue leaves the
-  // wait out. It must still wait before it touches anything else.
-  bool waits_for_grid_dependency_itself = false;
 };
 
 // A kernel compiled by NVRTC (codegen/nvrtc_compiler.h): what the runtime loads.

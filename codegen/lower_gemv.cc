@@ -46,17 +46,6 @@ Geometry GeometryFor(int64_t m, int64_t chunks) {
 
 bool IsGemvDType(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
 
-// Whether no kernel of the function writes `b`'s buffer: a parameter of a function (not of a
-// fusion body) that no output donates into. A weight of the inference functions is one; the
-// training step's weights are donated to their updates and are not.
-bool NeverWritten(const Node& b) {
-  if (b.opcode() != Opcode::kParameter || b.parent() == nullptr || b.parent()->owner() != nullptr) return false;
-  const absl::StatusOr<int64_t> index = b.attrs().GetInt("index");
-  if (!index.ok()) return false;
-  const std::vector<int64_t>& aliases = b.parent()->output_aliases();
-  return std::find(aliases.begin(), aliases.end(), *index) == aliases.end();
-}
-
 }  // namespace
 
 std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
@@ -99,8 +88,6 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
   const int threads = g.groups * g.split * composite::kWarpSize;
   RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
-  const bool loads_before_wait = options.gemv_weights_before_wait && options.programmatic_dependent_launch &&
-                                 options.target.compute_capability >= 90 && NeverWritten(*node.operand(1));
   Wrapper w;
   w.header = "gemv";
   w.comment = absl::StrCat(m, " x ", n, " x ", k, ": ", Count(g.split, "warp"), " per ", Count(g.rows, "row"),
@@ -111,14 +98,12 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
     w.params.push_back(Param(d, "c"));
     w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
-  if (loads_before_wait) w.comment += "; its first round of B loaded before griddepcontrol.wait";
   w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
-                        g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false", ", ",
-                        loads_before_wait ? "true" : "false", ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
+                        g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false",
+                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
                         FloatLiteral(has_c ? beta : 0.0), ")");
   LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
   lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
-  lowered.kernels[0].waits_for_grid_dependency_itself = loads_before_wait;
   lowered.label = "gemv";
   return lowered;
 }

@@ -146,8 +146,7 @@ absl::StatusOr<LoweredNode> LowerNodeKernels(const Node& node, const CodegenOpti
                                                node.name(), ")"));
 }
 
-// Puts kGridDependencyPrologue first in the body of the source's one kernel (less what the
-// kernel does itself: KernelSpec::launches_dependents_itself, waits_for_grid_dependency_itself). The kernel
+// Puts kGridDependencyPrologue first in the body of the source's one kernel. The kernel
 // sources come from a dozen emitters (elementwise, fusion, reductions, the composite
 // wrappers); doing it here keeps one place that decides what a kernel waits for.
 absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
@@ -158,10 +157,8 @@ absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
     return absl::InternalError(absl::StrCat("kernel ", spec.name, " of %", node.name(),
                                             " does not hold exactly one extern \"C\" __global__ function"));
   }
-  const char* prologue = spec.launches_dependents_itself
-                             ? (spec.waits_for_grid_dependency_itself ? "" : kGridDependencyWait)
-                             : (spec.waits_for_grid_dependency_itself ? kGridDependencyLaunch : kGridDependencyPrologue);
-  spec.source.insert(body + 1, absl::StrCat("\n", prologue));
+  spec.source.insert(body + 1, absl::StrCat("\n", spec.launches_dependents_itself ? kGridDependencyWait
+                                                                                 : kGridDependencyPrologue));
   spec.waits_for_grid_dependency = true;
   return absl::OkStatus();
 }

@@ -22,11 +22,6 @@ struct CodegenOptions {
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two
   // dependent launches of a CUDA graph mostly disappears (codegen/kernel_spec.h).
   bool programmatic_dependent_launch = true;
-  // Under programmatic dependent launch, a SmallMGemm whose B is a weight no kernel writes (a
-  // parameter that no output donates into) loads its first round of B before
-  // griddepcontrol.wait (kernels/gemv.cuh, kLoadsBeforeWait): the decode step's weights start
-  // streaming while the norm or attention ahead of the projection still runs.
-  bool gemv_weights_before_wait = true;
   // attention_grad on wgmma at head dim 128 is one kernel that adds dq into a zeroed buffer
   // from its walk over the key blocks (5 matrix products a tile where the separate dq kernel
   // makes 7; dq's last bits then vary between runs with the order of the additions). Off: the

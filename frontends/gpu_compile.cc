@@ -11,18 +11,10 @@
 
 namespace kiln {
 
-namespace {
-
-// A switch on by default that the environment variable `name` set to "0" turns off.
-bool OnUnlessZero(const char* name) {
-  const char* env = std::getenv(name);
+bool ProgrammaticDependentLaunchByDefault() {
+  const char* env = std::getenv("KILN_PDL");
   return env == nullptr || std::string(env) != "0";
 }
-
-}  // namespace
-
-bool ProgrammaticDependentLaunchByDefault() { return OnUnlessZero("KILN_PDL"); }
-bool GemvWeightsBeforeWaitByDefault() { return OnUnlessZero("KILN_GEMV_EARLY_WEIGHTS"); }
 
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
                                                               const CudaExecutableOptions& run,
@@ -32,9 +24,7 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                                                     .cache_dir = compile.cache_dir,
                                                     .compile_threads = compile.compile_threads,
                                                     .programmatic_dependent_launch =
-                                                        compile.programmatic_dependent_launch,
-                                                    .gemv_weights_before_wait =
-                                                        compile.gemv_weights_before_wait}));
+                                                        compile.programmatic_dependent_launch}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

@@ -22,16 +22,11 @@ namespace kiln {
 // Whether kernels launch with programmatic dependent launch (codegen/kernel_spec.h): yes,
 // unless $KILN_PDL is "0", the switch that measures what it saves (bench/generate_h200.sh).
 bool ProgrammaticDependentLaunchByDefault();
-// Whether the decode GEMVs load their first weights before griddepcontrol.wait
-// (CodegenOptions::gemv_weights_before_wait): yes, unless $KILN_GEMV_EARLY_WEIGHTS is "0", the
-// switch that measures what it saves (bench/decode_ab_h200.sh).
-bool GemvWeightsBeforeWaitByDefault();
 
 struct GpuCompileOptions {
   std::string cache_dir;    // kernel cache; empty: its default
   int compile_threads = 0;  // NVRTC threads; 0: one per core
   bool programmatic_dependent_launch = ProgrammaticDependentLaunchByDefault();
-  bool gemv_weights_before_wait = GemvWeightsBeforeWaitByDefault();
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

@@ -27,15 +27,8 @@
 
 namespace kiln::kernels {
 
-// kLoadsBeforeWait: the kernel executes griddepcontrol.wait itself, after its first round of
-// B loads (codegen opens it with neither griddepcontrol instruction: KernelSpec::
-// waits_for_grid_dependency_itself). Under programmatic dependent launch its blocks become
-// resident while the kernel ahead still runs (a norm, attention, a small fusion), and their
-// first round of weight loads, a whole block's rows at llama-M's decode shapes, streams then
-// instead of after it. Only for a B that no kernel of the stream writes (a weight that is not
-// donated: the lowering checks); A and C are read, and D written, after the wait.
 template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kSplit, int kUnroll, int kGroups,
-          bool kHasC = false, bool kLoadsBeforeWait = false>
+          bool kHasC = false>
 struct SmallMGemm {
   static constexpr int kVec = Packed128<T>::kSize;
   static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
@@ -77,10 +70,6 @@ struct SmallMGemm {
       }
     };
     load_round(0);
-#if __CUDA_ARCH__ >= 900
-    // The memory clobber keeps the loads above on this side of the wait.
-    if constexpr (kLoadsBeforeWait) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {

@@ -26,7 +26,6 @@ struct GemmCase {
   std::string a_layout = "mk", b_layout = "nk";
   double alpha = 1.0;
   double beta = 0.0;  // != 0: a C operand of D's type (the residual a projection adds into)
-  bool donate_b = false;  // an output donated into B's parameter (a training step's weight)
 };
 
 // A function holding one gemm node of `c`'s shape (a [batch * m, k] or [k, m] as its layout
@@ -50,7 +49,6 @@ class GemmNode {
               &out);
     EXPECT_TRUE(node.ok()) << node.status();
     node_ = node.ok() ? *node : nullptr;
-    if (c.donate_b && node_ != nullptr) b_.function()->SetOutputs({node_, w}, {-1, 1});
   }
   const Node& node() const { return *node_; }
 
@@ -61,48 +59,24 @@ class GemmNode {
 };
 
 // Under programmatic launch SmallMGemm lets the next kernel launch only after its loop (the
-// next kernels' blocks, resident early, would take the L1 its A reads hit), and where B is a
-// weight nothing writes it waits for the kernels ahead only after its first round of B loads
-// (kernels/gemv.cuh, kLoadsBeforeWait): the template executes both griddepcontrol
-// instructions and the prologue neither. A B that is donated (a training step's weight) is
-// waited for first.
-TEST(SmallMGemm, LaunchesItsDependentsAfterItsLoopAndLoadsWeightsBeforeItsWait) {
+// next kernels' blocks, resident early, would take the L1 its A reads hit): its kernel opens
+// with griddepcontrol.wait alone, and kernels/gemv.cuh triggers the launch later.
+TEST(SmallMGemm, LaunchesItsDependentsAfterItsLoop) {
+  GemmNode g(GemmCase{.m = 1});
   CodegenOptions options;
   options.target.compute_capability = 90;
-  GemmNode weight(GemmCase{.m = 1});
-  absl::StatusOr<LoweredNode> lowered = LowerNode(weight.node(), options);
+  absl::StatusOr<LoweredNode> lowered = LowerNode(g.node(), options);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   const KernelSpec& k = lowered->kernels.at(0);
   EXPECT_TRUE(k.waits_for_grid_dependency);
   EXPECT_TRUE(k.launches_dependents_itself);
-  EXPECT_TRUE(k.waits_for_grid_dependency_itself);
-  EXPECT_FALSE(absl::StrContains(k.source, "asm volatile(\"griddepcontrol"))
-      << "the template's, not the prologue's: " << k.source;
-  EXPECT_TRUE(absl::StrContains(k.source, ", false, true>::Run(out, a, b, ")) << k.source;
-
-  GemmNode donated(GemmCase{.m = 1, .donate_b = true});
-  lowered = LowerNode(donated.node(), options);
-  ASSERT_TRUE(lowered.ok()) << lowered.status();
-  const KernelSpec& d = lowered->kernels.at(0);
-  EXPECT_TRUE(d.launches_dependents_itself);
-  EXPECT_FALSE(d.waits_for_grid_dependency_itself);
-  EXPECT_TRUE(absl::StrContains(d.source, kGridDependencyWait)) << d.source;
-  EXPECT_FALSE(absl::StrContains(d.source, "launch_dependents")) << "the prologue's trigger, not the kernel's: " << d.source;
-  EXPECT_TRUE(absl::StrContains(d.source, ", false, false>::Run(out, a, b, ")) << d.source;
-
-  // Switched off, the weight is waited for first too.
-  options.gemv_weights_before_wait = false;
-  lowered = LowerNode(weight.node(), options);
-  ASSERT_TRUE(lowered.ok()) << lowered.status();
-  EXPECT_FALSE(lowered->kernels.at(0).waits_for_grid_dependency_itself);
-  EXPECT_TRUE(absl::StrContains(lowered->kernels.at(0).source, kGridDependencyWait));
+  EXPECT_TRUE(absl::StrContains(k.source, kGridDependencyWait)) << k.source;
+  EXPECT_FALSE(absl::StrContains(k.source, "launch_dependents")) << "the prologue's trigger, not the kernel's: " << k.source;
   // Without programmatic launch, neither.
-  options.gemv_weights_before_wait = true;
   options.programmatic_dependent_launch = false;
-  lowered = LowerNode(weight.node(), options);
+  lowered = LowerNode(g.node(), options);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_FALSE(absl::StrContains(lowered->kernels.at(0).source, "griddepcontrol"));
-  EXPECT_TRUE(absl::StrContains(lowered->kernels.at(0).source, ", false, false>::Run(out, a, b, "));
 }
 
 TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
@@ -118,7 +92,7 @@ TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
   }
   GemmNode with_c(GemmCase{.m = 2, .d = DType::kF32, .beta = 1.0});
   EXPECT_EQ(codegen::SmallMGemmRefusal(with_c.node(), {}), "");
-  EXPECT_TRUE(absl::StrContains(LowerNode(with_c.node())->kernels.at(0).source, ", true, true>::Run(out, a, b, c, "));
+  EXPECT_TRUE(absl::StrContains(LowerNode(with_c.node())->kernels.at(0).source, ", true>::Run(out, a, b, c, "));
   struct Refused {
     GemmCase c;
     std::string reason;
@@ -180,15 +154,15 @@ TEST(SmallMGemm, SplitsALongRowOverWarps) {
     uint32_t grid, block;
   };
   const std::vector<Want> wants = {
-      {{.m = 1, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 5632LL, 1, 4, 6, 1, false, true>",
+      {{.m = 1, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 5632LL, 1, 4, 6, 1, false>",
        2048, 128},
-      {{.m = 1, .n = 4096, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 1, 1, 8, 4, false, true>",
+      {{.m = 1, .n = 4096, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 1, 1, 8, 4, false>",
        1024, 128},
       // 8 rows of A: 2 chunks a lane of 4 B rows; 256 chunks take 4 warps.
-      {{.m = 8, .n = 1030, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 1030LL, 2048LL, 4, 4, 2, 1, false, true>",
+      {{.m = 8, .n = 1030, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 1030LL, 2048LL, 4, 4, 2, 1, false>",
        258, 128},
       // Past 8 warps the row takes more rounds: 704 chunks over 8 warps of 2 chunks, 2 rounds.
-      {{.m = 8, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 2048LL, 5632LL, 4, 8, 2, 1, false, true>",
+      {{.m = 8, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 2048LL, 5632LL, 4, 8, 2, 1, false>",
        512, 256},
   };
   for (const Want& want : wants) {
@@ -215,7 +189,6 @@ TEST(SmallMGemm, KernelsCompileWithoutSpills) {
       {.m = 1, .n = 2048, .k = 2048, .beta = 1.0},  // the o projection adding into the f32 residual
       {.m = 6, .n = 2048, .k = 5632, .ab = DType::kF32, .d = DType::kF32, .beta = -2.0},
       {.m = 5, .n = 9, .k = 16, .ab = DType::kF32, .d = DType::kF32},
-      {.m = 1, .n = 4096, .k = 2048, .donate_b = true},  // B waited for before its loads
   };
   for (const GemmCase& c : cases) {
     GemmNode g(c);
