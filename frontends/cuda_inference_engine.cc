@@ -117,7 +117,7 @@ class CudaInferenceEngine : public InferenceEngine {
     RETURN_IF_ERROR(EnqueueRowCopies(greedy, sizeof(int32_t), rows, host, what));
     last_greedy_ = greedy;
     last_greedy_rows_ = num_rows;
-    Call call{.staging = next_staging_, .num_rows = static_cast<int64_t>(rows.size()), .what = what};
+    Call call{.staging = next_staging_, .num_rows = static_cast<int64_t>(rows.size()), .function = &f};
     if (with_logits) {
       // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
       // its output rounded (the reference backend holds the same rounded values). Pageable:
@@ -158,14 +158,15 @@ class CudaInferenceEngine : public InferenceEngine {
     const Staging& staging = staging_[call.staging];
     KILN_RETURN_IF_CUDA_ERROR(
         cudaEventSynchronize(staging.done),
-        absl::StrCat("running ", call.what, " (an asynchronous error of some step; --no-cuda-graph with "
+        absl::StrCat("running @", call.function->name(), " (an asynchronous error of some step; --no-cuda-graph with "
                      "CudaExecutableOptions::check_each_step names it)"));
     Rows picked;
     picked.greedy.assign(staging.greedy, staging.greedy + call.num_rows);
     picked.logits = std::move(call.logits);
     if (timed_) {
       float ms = 0;
-      KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, staging.start, staging.end), call.what);
+      KILN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, staging.start, staging.end),
+                                absl::StrCat("timing @", call.function->name()));
       picked.gpu_seconds = ms / 1e3;
     }
     return picked;
@@ -304,7 +305,7 @@ class CudaInferenceEngine : public InferenceEngine {
   struct Call {
     int staging = 0;
     int64_t num_rows = 0;
-    std::string what;
+    const Function* function = nullptr;  // for error messages
     std::vector<float> logits;
   };
   bool timed_ = false;
