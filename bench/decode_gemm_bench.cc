@@ -1,7 +1,8 @@
 // decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernel
 // (kernels/gemv.cuh's SmallMGemm, exactly as codegen lowers the gemm: codegen/lower_gemv.cc)
-// against cuBLASLt (GemmPlan, autotuned over its heuristic's candidates as CudaExecutable
-// does), on llama-M's shapes at each --m (the decode batch, at most kSmallMGemmMaxRows):
+// against cuBLASLt (GemmPlan: its heuristic's first choice, and autotuned over the heuristic's
+// candidates and their split-K variants as CudaExecutable does), on llama-M's shapes at each
+// --m (the decode batch; past kSmallMGemmMaxRows, cuBLASLt's two rows alone, e.g. --m 32):
 // qkv N 4096 K 2048, o N 2048 K 2048, gate_up N 11264 K 2048, down N 2048 K 5632, lm_head
 // N 32000 K 2048; bf16 operands and D, no C.
 // Each row: median, min and max us over the timed calls (CUDA events around each call, after
@@ -123,14 +124,42 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
     if (!p->ok()) return p->status();
   }
   const GemmBuffers buffers{.out = *d_blas, .a = *da, .b = *db, .scratch = *scratch};
-  if (absl::StatusOr<GemmPlan::Tuning> t = (*plan)->Autotune(buffers, device.stream()); !t.ok()) return t.status();
-  absl::StatusOr<bench::Timing> t_blas = bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench",
-                                                          "a call", [&] { return (*plan)->Enqueue(buffers, device.stream()); });
+  auto time_blas = [&] {
+    return bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
+                            [&] { return (*plan)->Enqueue(buffers, device.stream()); });
+  };
+  // The heuristic's first choice, then the autotuned one (over the heuristic's candidates and,
+  // at few rows, their split-K variants: GemmPlan::kSplitKMaxRows), which is the reference.
+  if (absl::Status used = (*plan)->UseCandidate(0); !used.ok()) return used;
+  absl::StatusOr<bench::Timing> t_first = time_blas();
+  if (!t_first.ok()) return t_first.status();
+  const std::vector<float> first = Download(*d_blas, m * s.n);
+  absl::StatusOr<GemmPlan::Tuning> tuning = (*plan)->Autotune(buffers, device.stream());
+  if (!tuning.ok()) return tuning.status();
+  absl::StatusOr<bench::Timing> t_blas = time_blas();
   if (!t_blas.ok()) return t_blas.status();
   const std::vector<float> want = Download(*d_blas, m * s.n);
   double largest = 0;
   for (float x : want) largest = std::max(largest, static_cast<double>(std::abs(x)));
+  auto error_of = [&](const std::vector<float>& got) {
+    double diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e = std::abs(static_cast<double>(got[i]) - want[i]);
+      diff = std::isnan(e) ? INFINITY : std::max(diff, e);
+    }
+    return largest > 0 ? diff / largest : diff;
+  };
+  const double first_err = error_of(first);
+  if (!(first_err <= opt.max_error)) {  // the autotuned (perhaps split-K) D against the first choice's
+    return absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": cuBLASLt's autotuned D is ", first_err,
+                                            " of its largest |D| from the heuristic's first choice's"));
+  }
+  Report(m, s, "cublaslt (heuristic's first)", *t_first, first_err);
+  std::fprintf(stderr, "      %s\n", (*plan)->CandidateSummary(0).c_str());
   Report(m, s, "cublaslt (autotuned)", *t_blas, 0.0);
+  std::fprintf(stderr, "      candidate %d of %d: %s\n", tuning->chosen, (*plan)->num_candidates(),
+               (*plan)->CandidateSummary(tuning->chosen).c_str());
+  if (m > codegen::kSmallMGemmMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past SmallMGemm's rows
 
   // kiln's kernel, as codegen lowers the gemm.
   absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, CodegenOptions{.target = device.target()});
@@ -148,13 +177,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
       bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
                        [&] { return EnqueueLaunch(kernel->launch, args, device.stream(), "decode_gemm_bench"); });
   if (!t.ok()) return t.status();
-  const std::vector<float> got = Download(*d_kiln, m * s.n);
-  double diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::abs(static_cast<double>(got[i]) - want[i]);
-    diff = std::isnan(e) ? INFINITY : std::max(diff, e);
-  }
-  const double err = largest > 0 ? diff / largest : diff;
+  const double err = error_of(Download(*d_kiln, m * s.n));
   Report(m, s, "kiln SmallMGemm", *t, err);
   std::fprintf(stderr, "      %s\n", call.c_str());
   absl::Status worst = absl::OkStatus();
@@ -174,7 +197,7 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
     } else if (a == "--m" && i + 1 < argc) {
       if (!bench::ParsePositiveInts(argv[++i], ',', opt.ms)) return false;
       for (int64_t m : opt.ms) {
-        if (m > codegen::kSmallMGemmMaxRows) return false;
+        if (m > GemmPlan::kSplitKMaxRows) return false;
       }
     } else if (a == "--gemms" && i + 1 < argc) {
       opt.gemms = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
@@ -189,9 +212,9 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: decode_gemm_bench [--m 1,8 (each at most %lld)] [--gemms qkv,o,gate_up,down,lm_head] "
-                 "[--iters N] [--warmup N] [--max-error X]\n",
-                 static_cast<long long>(codegen::kSmallMGemmMaxRows));
+                 "usage: decode_gemm_bench [--m 1,8 (each at most %lld; past %lld, cuBLASLt's rows alone)] "
+                 "[--gemms qkv,o,gate_up,down,lm_head] [--iters N] [--warmup N] [--max-error X]\n",
+                 static_cast<long long>(GemmPlan::kSplitKMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Open();

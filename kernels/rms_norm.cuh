@@ -33,6 +33,18 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
   const long long row = Layout::Row();
   if (row >= kRows) return;  // whole warps only: a warp is one row
 
+  // w is loaded with x, before the row's sum, so that its read (from DRAM in a decode step,
+  // where the weights stream through L2) overlaps x's and the reduction instead of following
+  // them: 2.9 us a norm in llama-M's decode graph (bench/RESULTS.md, session 22). Codegen gives
+  // a thread at most 32 elements (composite_wrapper.h); past that w stays where it is used.
+  constexpr bool kWeightFirst = Layout::kChunks * kVec <= 32;
+  float early_ws[kWeightFirst ? Layout::kChunks : 1][kVec];
+  if constexpr (kWeightFirst) {
+#pragma unroll
+    for (int k = 0; k < Layout::kChunks; ++k) {
+      if (Layout::ChunkStart(k) < kD) LoadFloats(w + Layout::ChunkStart(k), early_ws[k]);
+    }
+  }
   float xs[Layout::kChunks][kVec];
   LoadRowWithResidual<Layout>(x + row * kD, branch == nullptr ? nullptr : branch + row * kD,
                               sum == nullptr ? nullptr : sum + row * kD, xs);
@@ -50,7 +62,12 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
     const int i = Layout::ChunkStart(k);
     if (i >= kD) continue;
     float ws[kVec], ys[kVec];
-    LoadFloats(w + i, ws);
+    if constexpr (kWeightFirst) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) ws[j] = early_ws[k][j];
+    } else {
+      LoadFloats(w + i, ws);
+    }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ys[j] = xs[k][j] * r * ws[j];
     if (y != nullptr) StoreFloats(y + row * kD + i, ys);  // null: add_rms_norm's y unread

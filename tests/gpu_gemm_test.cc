@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "ir/builder.h"
 #include "frontends/gpu_compile.h"
@@ -26,6 +27,7 @@
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
 #include "passes/lower_gemm.h"
+#include "runtime/tensor_bytes.h"
 #include "tests/testing/dot_cases.h"
 #include "tests/testing/gpu.h"
 #include "tests/testing/lowered_for_gpu.h"
@@ -189,6 +191,82 @@ TEST(GpuGemm, PlansReadTheGemmNode) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_LE((*plan)->workspace_bytes(), g->max_workspace_bytes);
   }
+}
+
+// A decode step's few-row GEMMs (GemmPlan::kSplitKMaxRows) also time the heuristic's
+// candidates split over K: every candidate the plan holds, split or not, must compute the
+// definition. Integer-valued operands (and C) make every partial sum exact, so each
+// candidate's D must equal the reference's bit for bit, a bf16 D rounded once.
+TEST(GpuGemm, EveryFewRowCandidateSplitOrNotIsExact) {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k;
+    const char* out;
+    bool with_c;
+  };
+  int split_candidates = 0;
+  for (const Case c : {Case{32, 2048, 2048, "bf16", false}, Case{32, 1024, 5632, "f32", true},
+                       Case{8, 4096, 2048, "bf16", false}}) {
+    SCOPED_TRACE(absl::StrCat("m ", c.m, " n ", c.n, " k ", c.k, " -> ", c.out, c.with_c ? " + C" : ""));
+    const std::string text = absl::StrCat(
+        "module @few_rows\nfunc @main {\n  %a = parameter() {index=0} : bf16[", c.m, ",", c.k,
+        "]\n  %b = parameter() {index=1} : bf16[", c.n, ",", c.k, "]\n",
+        c.with_c ? absl::StrCat("  %c = parameter() {index=2} : ", c.out, "[", c.m, ",", c.n, "]\n") : "",
+        "  %d = gemm(%a, %b", c.with_c ? ", %c" : "", ") {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=",
+        c.with_c ? "1.0" : "0.0", ", epilogue=none, k=", c.k, ", m=", c.m, ", n=", c.n, "} : ", c.out, "[", c.m, ",",
+        c.n, "]\n  return %d\n}\n");
+    absl::StatusOr<std::unique_ptr<Module>> module = ParseModule(text);
+    ASSERT_TRUE(module.ok()) << module.status() << "\n" << text;
+    const Function& f = *(*module)->functions()[0];
+    ASSERT_NE(GemmOf(f), nullptr);
+    absl::StatusOr<GemmDescription> g = GemmDescriptionOf(*GemmOf(f));
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = GemmPlan::Create(*g, *Device());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<HostTensor> args;
+    for (size_t i = 0; i < f.parameters().size(); ++i) {
+      HostTensor t = HostTensor::Random(f.parameters()[i]->type(), 11 + i, -3, 3);
+      for (double& v : t.mutable_values()) v = std::round(v);
+      args.push_back(std::move(t));
+    }
+    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+    ASSERT_TRUE(want.ok()) << want.status();
+    // Device buffers, filled with the arguments' bytes.
+    std::vector<void*> held;
+    absl::Cleanup free_all = [&] {
+      for (void* p : held) cudaFree(p);
+    };
+    auto upload = [&](const HostTensor* t, int64_t bytes) -> void* {
+      void* p = nullptr;
+      if (cudaMalloc(&p, std::max<int64_t>(bytes, 256)) != cudaSuccess) return nullptr;
+      held.push_back(p);
+      if (t != nullptr) {
+        const std::string raw = EncodeTensorBytes(*t);
+        cudaMemcpy(p, raw.data(), raw.size(), cudaMemcpyHostToDevice);
+      }
+      return p;
+    };
+    const int64_t out_bytes = c.m * c.n * DTypeBytes(f.outputs()[0]->type().dtype);
+    GemmBuffers buffers{.out = upload(nullptr, out_bytes), .a = upload(&args[0], 0), .b = upload(&args[1], 0),
+                        .c = c.with_c ? upload(&args[2], 0) : nullptr,
+                        .scratch = upload(nullptr, g->max_workspace_bytes)};
+    ASSERT_TRUE(buffers.out != nullptr && buffers.a != nullptr && buffers.b != nullptr && buffers.scratch != nullptr);
+    for (int rank = 0; rank < (*plan)->num_candidates(); ++rank) {
+      SCOPED_TRACE(absl::StrCat("candidate ", rank, ": ", (*plan)->CandidateSummary(rank)));
+      if ((*plan)->CandidateSummary(rank).find("split-K 1 ") == std::string::npos) ++split_candidates;
+      ASSERT_TRUE((*plan)->UseCandidate(rank).ok());
+      ASSERT_EQ(cudaMemset(buffers.out, 0xFF, out_bytes), cudaSuccess);  // NaN until written
+      const absl::Status enqueued = (*plan)->Enqueue(buffers, Device()->stream());
+      if (!enqueued.ok()) continue;  // an algorithm may refuse the buffers; Autotune skips it too
+      ASSERT_EQ(cudaStreamSynchronize(Device()->stream()), cudaSuccess);
+      std::string raw(out_bytes, '\0');
+      ASSERT_EQ(cudaMemcpy(raw.data(), buffers.out, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      absl::StatusOr<HostTensor> got = DecodeTensorBytes(f.outputs()[0]->type(), raw);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->values(), (*want)[0].values());
+    }
+  }
+  std::printf("few-row GEMM candidates split over K: %d\n", split_candidates);
 }
 
 TEST(GpuGemm, UnloweredDotsFailNamingTheNode) {
