@@ -1,8 +1,8 @@
 // decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernel
 // (kernels/gemv.cuh's SmallMGemm, exactly as codegen lowers the gemm: codegen/lower_gemv.cc)
 // against cuBLASLt (GemmPlan: its heuristic's first choice, and autotuned over the heuristic's
-// candidates and their split-K variants as CudaExecutable does), on llama-M's shapes at each
-// --m (the decode batch; past kSmallMGemmMaxRows, cuBLASLt's two rows alone, e.g. --m 32):
+// candidates as CudaExecutable does), on llama-M's shapes at each --m (the decode batch, at
+// most kMaxRows; past kSmallMGemmMaxRows, cuBLASLt's two rows alone, e.g. --m 32):
 // qkv N 4096 K 2048, o N 2048 K 2048, gate_up N 11264 K 2048, down N 2048 K 5632, lm_head
 // N 32000 K 2048; bf16 operands and D, no C.
 // Each row: median, min and max us over the timed calls (CUDA events around each call, after
@@ -44,6 +44,8 @@
 
 namespace kiln {
 namespace {
+
+constexpr int64_t kMaxRows = 64;
 
 struct Shape {
   std::string name;
@@ -128,8 +130,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
     return bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
                             [&] { return (*plan)->Enqueue(buffers, device.stream()); });
   };
-  // The heuristic's first choice, then the autotuned one (over the heuristic's candidates and,
-  // at few rows, their split-K variants: GemmPlan::kSplitKMaxRows), which is the reference.
+  // The heuristic's first choice, then the autotuned one, which is the reference.
   if (absl::Status used = (*plan)->UseCandidate(0); !used.ok()) return used;
   absl::StatusOr<bench::Timing> t_first = time_blas();
   if (!t_first.ok()) return t_first.status();
@@ -197,7 +198,7 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
     } else if (a == "--m" && i + 1 < argc) {
       if (!bench::ParsePositiveInts(argv[++i], ',', opt.ms)) return false;
       for (int64_t m : opt.ms) {
-        if (m > GemmPlan::kSplitKMaxRows) return false;
+        if (m > kMaxRows) return false;
       }
     } else if (a == "--gemms" && i + 1 < argc) {
       opt.gemms = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
@@ -214,7 +215,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: decode_gemm_bench [--m 1,8 (each at most %lld; past %lld, cuBLASLt's rows alone)] "
                  "[--gemms qkv,o,gate_up,down,lm_head] [--iters N] [--warmup N] [--max-error X]\n",
-                 static_cast<long long>(GemmPlan::kSplitKMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
+                 static_cast<long long>(kMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Open();

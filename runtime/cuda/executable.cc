@@ -170,10 +170,8 @@ absl::Status CudaExecutable::TuneGemm(const ProgramStep& ps, GemmPlan& gemm, con
   // kernels on disk, keyed by the GPU and cuBLASLt's version), so that every run on this
   // machine takes the same algorithms: timing noise must not make two runs of one seed round
   // differently.
-  // v2: a few-row GEMM's candidates include split-K variants after the heuristic's own, so a
-  // v1 rank may name another algorithm.
   const std::string store_key =
-      absl::StrCat("gemm tuning v2: ", key, " on ", device_->name(), ", cublasLt ", cublasLtGetVersion());
+      absl::StrCat("gemm tuning v1: ", key, " on ", device_->name(), ", cublasLt ", cublasLtGetVersion());
   std::optional<std::string> kept = KeptTuning(store_key);
   if (!kept.has_value() && options_.load_tuning) kept = options_.load_tuning(store_key);
   int rank = -1;

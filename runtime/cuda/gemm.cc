@@ -147,62 +147,8 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(const GemmDescription
     if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates_.push_back(results[i]);
   }
   if (plan->candidates_.empty()) return absl::InternalError(absl::StrCat(ctx, ": cuBLASLt's heuristic returned no usable algorithm"));
-  if (g.batch * g.m <= kSplitKMaxRows && !fp8) plan->AddSplitKCandidates();
   RETURN_IF_ERROR(plan->UseCandidate(0));
   return plan;
-}
-
-void GemmPlan::AddSplitKCandidates() {
-  const GemmDescription& g = g_;
-  // The heuristic's own candidates, each split over K as its algorithm allows. Partial sums
-  // are added in f32 (the compute type) in a separate step, deterministically; the in-place
-  // and output-type schemes add them in D's type, an extra rounding for a narrow D, so they
-  // are taken for an f32 D only.
-  const size_t heuristic = candidates_.size();
-  for (size_t i = 0; i < heuristic; ++i) {
-    cublasLtMatmulAlgo_t algo = candidates_[i].algo;
-    int32_t supported = 0, current = 1;
-    uint32_t schemes = 0;
-    size_t written = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &supported, sizeof(supported),
-                                          &written) != CUBLAS_STATUS_SUCCESS ||
-        supported == 0 ||
-        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes),
-                                          &written) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &current, sizeof(current),
-                                             &written) != CUBLAS_STATUS_SUCCESS) {
-      continue;
-    }
-    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) {
-      scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    } else if (g.d_dtype == DType::kF32 && (schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE)) {
-      scheme = CUBLASLT_REDUCTION_SCHEME_INPLACE;
-    } else {
-      continue;
-    }
-    for (const int32_t splits : {2, 4, 8, 16}) {
-      if (splits == current || static_cast<int64_t>(splits) * 64 > g.k) continue;
-      cublasLtMatmulHeuristicResult_t candidate{};
-      candidate.algo = algo;
-      if (cublasLtMatmulAlgoConfigSetAttribute(&candidate.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                               sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&candidate.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                               sizeof(scheme)) != CUBLAS_STATUS_SUCCESS) {
-        continue;
-      }
-      cublasLtMatmulHeuristicResult_t checked{};
-      if (cublasLtMatmulAlgoCheck(handle_, desc_, a_desc_, b_desc_, c_desc_, d_desc_, &candidate.algo, &checked) !=
-              CUBLAS_STATUS_SUCCESS ||
-          checked.workspaceSize > static_cast<size_t>(g.max_workspace_bytes)) {
-        continue;
-      }
-      candidate.workspaceSize = checked.workspaceSize;
-      candidate.wavesCount = checked.wavesCount;
-      candidate.state = CUBLAS_STATUS_SUCCESS;
-      candidates_.push_back(candidate);
-    }
-  }
 }
 
 std::string GemmPlan::CandidateSummary(int rank) const {

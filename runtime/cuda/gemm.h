@@ -112,16 +112,12 @@ class GemmPlan {
   // overwrites `out` and `amax` (and reads the rest), so call it before they hold anything.
   struct Tuning {
     int candidates = 0;        // algorithms timed
-    int chosen = 0;            // the candidate kept (0: the heuristic's first choice)
+    int chosen = 0;            // the heuristic's rank of the one kept (0: its first choice)
     double first_us = 0;       // the heuristic's first choice, per call
     double best_us = 0;        // the one kept, per call
   };
   static constexpr int kCandidates = 8;
-  // A GEMM of at most this many rows (the decode step's, batch x m) also times each heuristic
-  // candidate split over K in 2, 4, 8 and 16 parts where its algorithm allows (f32 partial
-  // sums): with so few rows a weight of 2048 or 4096 columns is too few output tiles to keep
-  // every SM streaming (bench/decode_gemm_bench; bench/RESULTS.md, session 24).
-  static constexpr int64_t kSplitKMaxRows = 64;
+
   absl::StatusOr<Tuning> Autotune(const GemmBuffers& buffers, cudaStream_t stream);
   // Uses the heuristic's candidate `rank` (from a Tuning of a plan of the same description).
   absl::Status UseCandidate(int rank);
@@ -131,7 +127,6 @@ class GemmPlan {
 
  private:
   GemmPlan() = default;
-  void AddSplitKCandidates();
 
   GemmDescription g_;
   cublasLtHandle_t handle_ = nullptr;
@@ -139,7 +134,7 @@ class GemmPlan {
   // cuBLAS's A, B, C and D; d_desc_ is c_desc_ but for an fp8 D (whose C is bf16).
   cublasLtMatrixLayout_t a_desc_ = nullptr, b_desc_ = nullptr, c_desc_ = nullptr, d_desc_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates_;  // the heuristic's ranking, best first, then split-K variants
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates_;  // the heuristic's ranking, best first
   int64_t out_bytes_ = 0;
   int64_t workspace_bytes_ = 0;
 };
