@@ -12,7 +12,8 @@
 // One JSON object a line on stdout, a table on stderr.
 //
 //   decode_gemm_bench [--m 1,8] [--gemms qkv,o,gate_up,down,lm_head] [--iters 50] [--warmup 5]
-//                     [--max-error 0.02]
+//                     [--geometries auto,1x1x8x4] [--in-a-row 16] [--max-error 0.02]
+// (a geometry is SmallMGemm's rows x split x unroll x groups: CodegenOptions::small_m_gemv_geometry)
 //
 // Self-checking: exit 1 when kiln's D differs from cuBLASLt's by more than --max-error (or
 // NaN). Linked like the GPU tests; without a GPU it says so and exits 1.
@@ -61,6 +62,8 @@ struct Options : bench::RunOptions {
   Options() : bench::RunOptions{.iters = 50, .warmup = 5, .rows = 1, .max_error = 0.02} {}
   std::vector<int64_t> ms = {1, 8};
   std::vector<std::string> gemms = {"qkv", "o", "gate_up", "down", "lm_head"};
+  std::vector<std::string> geometries = {"auto"};
+  int in_a_row = 16;
 };
 
 // The gemm of one shape as a module (kept alive: the node is lowered from it).
@@ -162,29 +165,72 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
                (*plan)->CandidateSummary(tuning->chosen).c_str());
   if (m > codegen::kSmallMGemmMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past SmallMGemm's rows
 
-  // kiln's kernel, as codegen lowers the gemm.
-  absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, CodegenOptions{.target = device.target()});
-  if (!lowered.ok()) return lowered.status();
-  if (lowered->kind != LoweringKind::kKernels || lowered->kernels.size() != 1) {
-    return absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": codegen did not give one kiln kernel"));
+  // kiln's kernel, as codegen lowers the gemm, in each geometry asked for ("auto": the one
+  // codegen picks). Timed twice: one launch between two events (the figure the rows above
+  // give cuBLASLt), and --in-a-row launches back to back, programmatic as in the decode graph,
+  // each on another copy of the weight (enough copies that they do not fit in L2 together),
+  // per launch: the kernel's time with its neighbours' ramps overlapping as in the step.
+  const int64_t weight_bytes = s.n * s.k * 2;
+  const int copies = static_cast<int>(std::min<int64_t>(opt.in_a_row, 1 + (int64_t{160} << 20) / weight_bytes));
+  std::vector<const void*> weights = {*db};
+  for (int c = 1; c < copies; ++c) {
+    absl::StatusOr<void*> copy = held.Upload(b.data(), weight_bytes);
+    if (!copy.ok()) return copy.status();
+    weights.push_back(*copy);
   }
-  const std::string& source = lowered->kernels[0].source;
-  const size_t at = source.find("SmallMGemm<");
-  const std::string call = at == std::string::npos ? "" : source.substr(at, source.find(">::Run", at) - at + 1);
-  absl::StatusOr<Loaded> kernel = bench::LoadKernel(lowered->kernels[0], device);
-  if (!kernel.ok()) return kernel.status();
-  const std::vector<void*> args = {*d_kiln, *da, *db};
-  absl::StatusOr<bench::Timing> t =
-      bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
-                       [&] { return EnqueueLaunch(kernel->launch, args, device.stream(), "decode_gemm_bench"); });
-  if (!t.ok()) return t.status();
-  const double err = error_of(Download(*d_kiln, m * s.n));
-  Report(m, s, "kiln SmallMGemm", *t, err);
-  std::fprintf(stderr, "      %s\n", call.c_str());
   absl::Status worst = absl::OkStatus();
-  if (!(err <= opt.max_error)) {  // NaN compares false
-    worst = absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": kiln's D is ", err,
-                                             " of the largest |D| from cuBLASLt's, beyond --max-error ", opt.max_error));
+  for (const std::string& geometry : opt.geometries) {
+    CodegenOptions options{.target = device.target()};
+    if (geometry != "auto") {
+      std::vector<std::string> parts = absl::StrSplit(geometry, 'x');
+      int v[4] = {0, 0, 0, 0};
+      if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &v[0]) || !absl::SimpleAtoi(parts[1], &v[1]) ||
+          !absl::SimpleAtoi(parts[2], &v[2]) || !absl::SimpleAtoi(parts[3], &v[3])) {
+        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG"));
+      }
+      options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
+    }
+    absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, options);
+    if (!lowered.ok()) return lowered.status();
+    if (lowered->kind != LoweringKind::kKernels || lowered->kernels.size() != 1) {
+      return absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": codegen did not give one kiln kernel"));
+    }
+    const std::string& source = lowered->kernels[0].source;
+    const size_t at = source.find("SmallMGemm<");
+    const std::string call = at == std::string::npos ? "" : source.substr(at, source.find(">::Run", at) - at + 1);
+    absl::StatusOr<Loaded> kernel = bench::LoadKernel(lowered->kernels[0], device);
+    if (!kernel.ok()) {
+      std::fprintf(stderr, "m %-3lld %-8s %s: %s\n", static_cast<long long>(m), s.name.c_str(), geometry.c_str(),
+                   std::string(kernel.status().message()).c_str());
+      worst.Update(kernel.status());
+      continue;
+    }
+    std::vector<void*> args = {*d_kiln, *da, const_cast<void*>(weights[0])};
+    absl::StatusOr<bench::Timing> t =
+        bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
+                         [&] { return EnqueueLaunch(kernel->launch, args, device.stream(), "decode_gemm_bench"); });
+    if (!t.ok()) return t.status();
+    const double err = error_of(Download(*d_kiln, m * s.n));
+    absl::StatusOr<bench::Timing> row = bench::TimeCalls(
+        device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "launches in a row", [&]() -> absl::Status {
+          for (int i = 0; i < opt.in_a_row; ++i) {
+            args[2] = const_cast<void*>(weights[i % weights.size()]);
+            RETURN_IF_ERROR(EnqueueLaunch(kernel->launch, args, device.stream(), "decode_gemm_bench"));
+          }
+          return absl::OkStatus();
+        });
+    if (!row.ok()) return row.status();
+    row->median_ms /= opt.in_a_row;
+    row->min_ms /= opt.in_a_row;
+    row->max_ms /= opt.in_a_row;
+    Report(m, s, absl::StrCat("kiln ", geometry), *t, err);
+    Report(m, s, absl::StrCat("kiln ", geometry, " in a row"), *row, err);
+    std::fprintf(stderr, "      %s\n", call.c_str());
+    if (!(err <= opt.max_error)) {  // NaN compares false
+      worst.Update(absl::InternalError(absl::StrCat("m ", m, " ", s.name, " ", geometry, ": kiln's D is ", err,
+                                                    " of the largest |D| from cuBLASLt's, beyond --max-error ",
+                                                    opt.max_error)));
+    }
   }
   return worst;
 }
@@ -202,6 +248,10 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
       }
     } else if (a == "--gemms" && i + 1 < argc) {
       opt.gemms = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+    } else if (a == "--geometries" && i + 1 < argc) {
+      opt.geometries = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+    } else if (a == "--in-a-row" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &opt.in_a_row) || opt.in_a_row < 1) return false;
     } else {
       return false;
     }
@@ -214,7 +264,8 @@ int Main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
                  "usage: decode_gemm_bench [--m 1,8 (each at most %lld; past %lld, cuBLASLt's rows alone)] "
-                 "[--gemms qkv,o,gate_up,down,lm_head] [--iters N] [--warmup N] [--max-error X]\n",
+                 "[--gemms qkv,o,gate_up,down,lm_head] [--geometries auto,RxSxUxG,...] [--in-a-row N] [--iters N] "
+                 "[--warmup N] [--max-error X]\n",
                  static_cast<long long>(kMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
     return 2;
   }

@@ -7,7 +7,8 @@
 // blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
 // CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm, and
 // "+combine" for a PagedAttentionCombine launch after the split kernel instead of the last
-// split adding the partials), so the variants compare in one run; the first is the default.
+// split adding the partials, "+fold" for the fold at every batch: by default it is taken up to
+// fold_max_rows), so the variants compare in one run; the first is the default.
 // Each row: median, min and max us over the timed calls (CUDA events around the launch, after
 // warm-up), the K and V bytes the call reads over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
@@ -17,7 +18,7 @@
 // stdout, a table on stderr.
 //
 //   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768]
-//                         [--geometries 4x5x4x4,4x5x4x4+combine,8x5x4x4] [--iters 50] [--warmup 5]
+//                         [--geometries 4x5x4x4,4x5x4x4+combine,4x5x4x4+fold,8x5x4x4] [--iters 50] [--warmup 5]
 //                         [--max-error 5e-3]
 //
 // Self-checking: exit 1 when a row's O is further than --max-error from the reference (or NaN).
@@ -58,12 +59,14 @@ struct Options : bench::RunOptions {
   std::vector<int64_t> batches = {1, 32};
   int64_t keys = 640, context = 768;
   std::vector<CodegenOptions::PagedAttentionGeometry> geometries = {
-      CodegenOptions::PagedAttentionGeometry{}, {4, 5, 4, 4, /*fold_combine=*/false}, {8, 5, 4, 4}};
+      CodegenOptions::PagedAttentionGeometry{}, {4, 5, 4, 4, /*fold_combine=*/false},
+      {4, 5, 4, 4, /*fold_combine=*/true, /*fold_max_rows=*/1 << 30}, {8, 5, 4, 4}};
 };
 
 std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
+  const CodegenOptions::PagedAttentionGeometry defaults;
   return absl::StrCat(g.warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
-                      g.fold_combine ? "" : "+combine");
+                      !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
 }
 
 using Loaded = bench::LoadedKernel;
@@ -237,9 +240,13 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
       opt.geometries.clear();
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
         const bool separate_combine = absl::ConsumeSuffix(&g, "+combine");
+        const bool always_fold = absl::ConsumeSuffix(&g, "+fold");
         if (!bench::ParsePositiveInts(g, 'x', ints) || ints.size() != 4) return false;
-        opt.geometries.push_back({static_cast<int>(ints[0]), static_cast<int>(ints[1]), static_cast<int>(ints[2]),
-                                  static_cast<int>(ints[3]), !separate_combine});
+        CodegenOptions::PagedAttentionGeometry geometry{static_cast<int>(ints[0]), static_cast<int>(ints[1]),
+                                                        static_cast<int>(ints[2]), static_cast<int>(ints[3]),
+                                                        !separate_combine};
+        if (always_fold) geometry.fold_max_rows = 1 << 30;
+        opt.geometries.push_back(geometry);
       }
       if (opt.geometries.empty()) return false;
     } else {
@@ -253,7 +260,7 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries WxSxMxB[+combine],...] "
+                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries WxSxMxB[+combine|+fold],...] "
                  "[--iters N] [--warmup N] [--max-error X]\n");
     return 2;
   }

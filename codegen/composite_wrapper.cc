@@ -27,6 +27,22 @@ std::string Count(int64_t n, absl::string_view noun) { return absl::StrCat(n, " 
 
 std::string Where(const Node& node) { return absl::StrCat(node.op_name(), " %", node.name()); }
 
+bool IsStepInvariant(const Node& value) {
+  if (value.opcode() != Opcode::kParameter) return false;
+  const Function* f = value.parent();
+  if (f == nullptr || f->owner() != nullptr) return false;  // a fusion body's parameter is any value
+  const absl::StatusOr<int64_t> index = value.attrs().GetInt("index");
+  if (!index.ok()) return false;
+  for (const int64_t aliased : f->output_aliases()) {
+    if (aliased == *index) return false;
+  }
+  return true;
+}
+
+bool EarlyReadsAllowed(const CodegenOptions& options) {
+  return options.programmatic_dependent_launch && options.target.compute_capability >= 90;
+}
+
 absl::StatusOr<double> FiniteFloatAttr(const Node& node, absl::string_view name) {
   ASSIGN_OR_RETURN(double v, node.attrs().GetFloat(name));
   if (!std::isfinite(v)) {

@@ -71,6 +71,16 @@ std::string Where(const Node& node);
 
 absl::StatusOr<double> FiniteFloatAttr(const Node& node, absl::string_view name);
 
+// Whether no kernel of the step writes `value`: a parameter of a module function that no
+// output of it aliases (its buffer is then only ever written by the host, before the step).
+// A kernel may read such a value before waiting for the kernels ahead of it
+// (KernelSpec::waits_itself).
+bool IsStepInvariant(const Node& value);
+
+// Whether a kernel of `options` may read before its grid-dependency wait: programmatic
+// dependent launch on, for a GPU that has griddepcontrol (sm_90 on).
+bool EarlyReadsAllowed(const CodegenOptions& options);
+
 // Elements per 16-byte access of the narrowest dtype, when `length` is a multiple of it
 // (then every row of every dtype starts on a chunk boundary); else 1, the scalar path.
 int ChunkWidth(int64_t length, const std::vector<DType>& dtypes);

@@ -21,6 +21,7 @@ namespace kiln {
 // the kernels before this one to finish and flush their writes; nothing in global memory is
 // read or written before.
 inline constexpr char kGridDependencyWait[] = "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
+inline constexpr char kGridDependencyLaunch[] = "  asm volatile(\"griddepcontrol.launch_dependents;\");\n";
 inline constexpr char kGridDependencyPrologue[] =
     "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
     "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
@@ -41,6 +42,12 @@ struct KernelSpec {
   // the next kernels' blocks, which programmatic launch would make resident early (their
   // shared memory taking L1's share of the SM), off its SMs while it streams.
   bool launches_dependents_itself = false;
+  // The kernel executes griddepcontrol.wait itself (kernels/common.cuh, GridDependencyWait),
+  // after reading only memory that no kernel of the step writes: parameters of the function
+  // that no output aliases (codegen IsStepInvariant), such as a decode step's weights, block
+  // tables and positions. LowerNode's prologue then opens it with launch_dependents alone, and
+  // those reads overlap the kernels ahead instead of following them.
+  bool waits_itself = false;
 };
 
 // A kernel compiled by NVRTC (codegen/nvrtc_compiler.h): what the runtime loads.

@@ -33,7 +33,10 @@ struct Geometry {
   int rows = 1, split = 1, unroll = 8, groups = 4;
 };
 
-Geometry GeometryFor(int64_t m, int64_t chunks) {
+Geometry GeometryFor(int64_t m, int64_t chunks, const CodegenOptions::GemvGeometry& given) {
+  if (given.rows > 0 && given.split > 0 && given.unroll > 0 && given.groups > 0) {
+    return Geometry{given.rows, given.split, given.unroll, given.groups};
+  }
   Geometry g;
   const int cap = m == 1 ? 8 : m <= 4 ? 4 : 2;  // chunks a lane holds of each row
   g.rows = m == 1 ? 1 : m <= 4 ? 2 : 4;
@@ -84,7 +87,7 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
-  const Geometry g = GeometryFor(m, k / vec);
+  const Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
   const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
   const int threads = g.groups * g.split * composite::kWarpSize;
   RETURN_IF_ERROR(composite::CheckGrid(node, blocks));

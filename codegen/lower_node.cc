@@ -146,7 +146,8 @@ absl::StatusOr<LoweredNode> LowerNodeKernels(const Node& node, const CodegenOpti
                                                node.name(), ")"));
 }
 
-// Puts kGridDependencyPrologue first in the body of the source's one kernel. The kernel
+// Puts kGridDependencyPrologue first in the body of the source's one kernel (the part of it
+// the kernel does not do itself: KernelSpec::launches_dependents_itself, waits_itself). The kernel
 // sources come from a dozen emitters (elementwise, fusion, reductions, the composite
 // wrappers); doing it here keeps one place that decides what a kernel waits for.
 absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
@@ -157,8 +158,9 @@ absl::Status OpenWithGridDependencyWait(KernelSpec& spec, const Node& node) {
     return absl::InternalError(absl::StrCat("kernel ", spec.name, " of %", node.name(),
                                             " does not hold exactly one extern \"C\" __global__ function"));
   }
-  spec.source.insert(body + 1, absl::StrCat("\n", spec.launches_dependents_itself ? kGridDependencyWait
-                                                                                 : kGridDependencyPrologue));
+  const char* prologue = spec.launches_dependents_itself ? (spec.waits_itself ? "" : kGridDependencyWait)
+                                                         : (spec.waits_itself ? kGridDependencyLaunch : kGridDependencyPrologue);
+  spec.source.insert(body + 1, absl::StrCat("\n", prologue));
   spec.waits_for_grid_dependency = true;
   return absl::OkStatus();
 }
@@ -170,6 +172,13 @@ absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& op
   // griddepcontrol is PTX for sm_90 and later.
   if (options.programmatic_dependent_launch && options.target.compute_capability >= 90) {
     for (KernelSpec& spec : lowered.kernels) RETURN_IF_ERROR(OpenWithGridDependencyWait(spec, node));
+  } else {
+    for (const KernelSpec& spec : lowered.kernels) {
+      if (spec.waits_itself) {  // a lowering sets it only under the option (EarlyReadsAllowed)
+        return absl::InternalError(absl::StrCat("kernel ", spec.name, " of %", node.name(),
+                                                " waits for its grid dependency itself without programmatic launch"));
+      }
+    }
   }
   return lowered;
 }

@@ -17,6 +17,12 @@ struct CodegenOptions {
   // A gemm of at most 8 rows of A runs kiln's SmallMGemm kernel instead of cuBLASLt where it
   // qualifies (codegen/lower_gemv.h): the decode step's projections.
   bool small_m_gemv = true;
+  // SmallMGemm's geometry (kernels/gemv.cuh: B rows a group of warps computes, the warps
+  // splitting K, 16-byte chunks in flight a lane, groups a block); zeros: chosen from the
+  // shape (codegen/lower_gemv.cc). bench/decode_gemm_bench times others.
+  struct GemvGeometry {
+    int rows = 0, split = 0, unroll = 0, groups = 0;
+  } small_m_gemv_geometry;
   // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
   // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two
@@ -34,13 +40,14 @@ struct CodegenOptions {
   // times others.
   // fold_combine: the last split of each (row, kv head) to finish adds the splits' partials
   // itself (kernels/paged_kv.cuh, CombineIfLastSplit), instead of PagedAttentionCombine after
-  // the split kernel: a launch a layer fewer.
+  // the split kernel: a launch a layer fewer, taken for at most fold_max_rows query rows.
   struct PagedAttentionGeometry {
     int warps = 4;
     int stages = 5;
     int min_split_blocks = 4;
     int blocks_per_sm = 4;
     bool fold_combine = true;
+    int fold_max_rows = 8;  // query rows (batch x tokens) at most for the fold; more: the combine
   } paged_attention;
 };
 

@@ -121,7 +121,10 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   w.comment = absl::StrCat("a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"),
                            " x ", splits, " splits of the row's KV blocks, the group's ", group,
                            " heads sharing each K and V row; ", stages, " KV blocks staged through shared memory");
-  const bool fold = splits > 1 && geometry.fold_combine;
+  // Folded only for few rows: at batch 32 the fences and counts of 512 blocks cost more than
+  // the combine's launch (bench/RESULTS.md, session 24: paged_attention_bench on an H100,
+  // batch 32 45.2 us folded against 40.9 with the combine; batch 1 13.3 against 13.4).
+  const bool fold = splits > 1 && geometry.fold_combine && rows <= geometry.fold_max_rows;
   if (fold) {
     // The count of finished splits per (row, kv head): the module's, zero when it loads, put
     // back to zero by each item's last split (kernels/paged_kv.cuh, CombineIfLastSplit).
@@ -129,11 +132,17 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
                              "static __device__ unsigned int g_splits_done[", items, "];\n\n");
     w.comment += "; the last split of each adds the splits' partials";
   }
+  // The block tables and positions read before the grid-dependency wait where nothing in the
+  // step writes them (the inference functions' parameters).
+  const bool tables_first = EarlyReadsAllowed(options) && IsStepInvariant(*node.operand(3)) &&
+                            IsStepInvariant(*node.operand(4));
+  if (tables_first) w.comment += "; block tables and positions read before the grid-dependency wait";
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
-                        splits, ", ", stages, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr",
-                        fold ? ", g_splits_done" : "", ")");
+                        splits, ", ", stages, tables_first ? ", true" : "", ">", call_args, ", ",
+                        splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
   KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
+  split_kernel.waits_itself = tables_first;
   if (splits == 1) return Kernels({std::move(split_kernel)});
   if (fold) {
     LoweredNode lowered = Kernels({std::move(split_kernel)});

@@ -45,11 +45,24 @@ absl::StatusOr<LoweredNode> LowerRmsNorm(const Node& node, const CodegenOptions&
   const std::string eps_literal = FloatLiteral(eps);
   Wrapper wrapper{"rms_norm", RowComment(rows.count, rows.length, g), "", {}, ""};
   switch (op) {
-    case Opcode::kRmsNorm:
+    case Opcode::kRmsNorm: {
       wrapper.params = {Param(x, "x"), Param(w, "w")};
+      // w read before the wait where nothing in the step writes it (the decode step's norms),
+      // held in registers (kernels/rms_norm.cuh: at most 32 elements a thread, 16-byte loads).
+      const int64_t held = CeilDiv(CeilDiv(rows.length, g.vec), g.threads_per_row) * g.vec;
+      const bool weight_first = EarlyReadsAllowed(options) && IsStepInvariant(*node.operand(w_at)) && g.vec > 1 &&
+                                held <= kRowElementsPerThread;
       wrapper.call = absl::StrCat("RmsNormForward<", CudaTypeName(x), ", ", CudaTypeName(w), ", ", CudaTypeName(y),
-                                  ", ", RowArgs(rows.count, rows.length, g), ">(out, x, w, ", eps_literal, ")");
+                                  ", ", RowArgs(rows.count, rows.length, g),
+                                  weight_first ? ", float, float, true" : "", ">(out, x, w, ", eps_literal, ")");
+      if (weight_first) {
+        wrapper.comment += "; w read before the grid-dependency wait";
+        LoweredNode lowered = Kernels({Emit(node, codegen::KernelName(node), wrapper, g.blocks, g.block_threads())});
+        lowered.kernels[0].waits_itself = true;
+        return lowered;
+      }
       break;
+    }
     case Opcode::kAddRmsNorm: {
       const DType branch = node.operand(1)->type().dtype, sum = node.result_type(0).dtype;
       wrapper.comment += "; writes the residual sum h + branch and its norm";

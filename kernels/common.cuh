@@ -97,14 +97,41 @@ __device__ __forceinline__ void Store128(T* p, const Packed128<T>& packed) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&packed);
 }
 
-// How a 16-byte load may be cached: as usual, or with the evict-first hint (ld.global.cs) for
-// data read for the last time, so that it does not push out of L2 what the next kernel reads.
-enum class LoadHint { kDefault, kEvictFirst };
+// griddepcontrol.wait (sm_90 on; nothing before): for a kernel that waits for the kernels ahead
+// of it itself, after reading what none of them writes (codegen: KernelSpec::waits_itself).
+__device__ __forceinline__ void GridDependencyWait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// 16 bytes at p through L2 (ld.global.cg), in a volatile asm statement with a memory clobber,
+// which the compiler keeps after GridDependencyWait: a plain load of `const __restrict__` data
+// may become ld.global.nc, which the compiler treats as unchanging and may schedule ahead of
+// the wait (architecture.md: reading a weight before the wait made A's .nc reads stale).
+template <typename T>
+__device__ __forceinline__ Packed128<T> Load128AfterWait(const T* p) {
+  int4 v;
+  asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  Packed128<T> packed;
+  *reinterpret_cast<int4*>(&packed) = v;
+  return packed;
+}
+
+// How a 16-byte load may be cached: as usual, with the evict-first hint (ld.global.cs) for
+// data read for the last time, so that it does not push out of L2 what the next kernel reads,
+// or kAfterWait (Load128AfterWait) for what the kernels ahead wrote, in a kernel that read
+// something before its own GridDependencyWait.
+enum class LoadHint { kDefault, kEvictFirst, kAfterWait };
 
 // N consecutive elements at p as floats: whole Packed128 accesses when N > 1 (N * sizeof(T)
 // is then a multiple of 16 and p is 16-byte aligned), one scalar access when N == 1.
 template <LoadHint kHint = LoadHint::kDefault, int N, typename T>
 __device__ __forceinline__ void LoadFloats(const T* p, float (&out)[N]) {
+  static_assert(kHint != LoadHint::kAfterWait || N > 1, "ordered loads are 16-byte ones");
   if constexpr (N == 1) {
     out[0] = ToFloat(*p);
   } else {
@@ -115,6 +142,8 @@ __device__ __forceinline__ void LoadFloats(const T* p, float (&out)[N]) {
       Packed128<T> packed;
       if constexpr (kHint == LoadHint::kEvictFirst) {
         *reinterpret_cast<int4*>(&packed) = __ldcs(reinterpret_cast<const int4*>(p + j));
+      } else if constexpr (kHint == LoadHint::kAfterWait) {
+        packed = Load128AfterWait(p + j);
       } else {
         packed = Load128(p + j);
       }
@@ -269,7 +298,7 @@ struct RowLayout {
 // written by the kernel that norms it, never written by one kernel and read back by the next.
 // The wrappers pass a literal nullptr for a plain norm, so that path compiles away; a null
 // `sum_row` with a branch is a sum no one reads (a multi-result node's unneeded result).
-template <typename Layout, typename TX, typename TB, typename TS>
+template <typename Layout, LoadHint kHint = LoadHint::kDefault, typename TX, typename TB, typename TS>
 __device__ __forceinline__ void LoadRowWithResidual(const TX* x_row, const TB* branch_row, TS* sum_row,
                                                     float (&xs)[Layout::kChunks][Layout::kChunkWidth]) {
   constexpr int kVec = Layout::kChunkWidth;
@@ -277,10 +306,10 @@ __device__ __forceinline__ void LoadRowWithResidual(const TX* x_row, const TB* b
   for (int k = 0; k < Layout::kChunks; ++k) {
     const int i = Layout::ChunkStart(k);
     if (i >= Layout::kRowLength) continue;
-    LoadFloats(x_row + i, xs[k]);
+    LoadFloats<kHint>(x_row + i, xs[k]);
     if (branch_row != nullptr) {
       float bs[kVec];
-      LoadFloats(branch_row + i, bs);
+      LoadFloats<kHint>(branch_row + i, bs);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) xs[k][j] = ToFloat(FromFloat<TS>(xs[k][j] + bs[j]));
       if (sum_row != nullptr) StoreFloats(sum_row + i, xs[k]);

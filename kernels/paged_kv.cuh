@@ -189,8 +189,12 @@ __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials,
 // Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared memory
 // of kStages * 2 * kBs * kD elements of TP (the stages), kMaxBlocks ints (rounded up to 16
 // bytes) and kWarps * kGroup * (kD + 2) floats (codegen/lower_paged_kv.cc sizes it).
+// kTablesBeforeWait (codegen, where the block tables and positions are step-invariant:
+// KernelSpec::waits_itself): those are read before the kernel waits for the kernels ahead
+// (GridDependencyWait, here), q after it through ordered loads, so the K/V copies can start
+// one memory round trip sooner after the wait.
 template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
-          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages>
+          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false>
 __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials, unsigned int* splits_done = nullptr) {
@@ -222,12 +226,14 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
   // The row's whole block table and q's rows load beside the position (one wait on memory for
   // the three, not three in a row; a padding row's are valid memory, loaded and left unused).
   for (int i = threadIdx.x; i < kMaxBlocks; i += kThreads) table[i] = block_tables[b * kMaxBlocks + i];
+  const int position = positions[bt];
+  if constexpr (kTablesBeforeWait) GridDependencyWait();
   float qv[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    LoadFloats(q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
+    LoadFloats<kTablesBeforeWait ? LoadHint::kAfterWait : LoadHint::kDefault>(
+        q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
   }
-  const int position = positions[bt];
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
   // This split's KV blocks: [first_block, first_block + count) of the row's ceil(keys / kBs).
   const int row_blocks = (keys + kBs - 1) / kBs;

@@ -25,8 +25,11 @@ namespace kiln::kernels {
 // y = rms_norm(x, w), or with `branch` (add_rms_norm) sum = x + branch and y = rms_norm(sum,
 // w). Launch: RowLayout's geometry (grid = ceil(kRows / kRowsPerBlock), block =
 // kThreadsPerRow * kRowsPerBlock).
+// kWeightBeforeWait (codegen, where w is step-invariant: KernelSpec::waits_itself): w is read
+// before the kernel waits for the kernels ahead (GridDependencyWait, here), x after it through
+// ordered loads; the read of w then overlaps the kernel ahead.
 template <typename TX, typename TW, typename TY, long long kRows, int kD, int kVec, int kThreadsPerRow,
-          int kRowsPerBlock, typename TB = float, typename TS = float>
+          int kRowsPerBlock, typename TB = float, typename TS = float, bool kWeightBeforeWait = false>
 __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, float eps, const TB* branch = nullptr,
                                                TS* sum = nullptr) {
   using Layout = RowLayout<kRows, kD, kVec, kThreadsPerRow, kRowsPerBlock>;
@@ -38,6 +41,7 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
   // them: 2.9 us a norm in llama-M's decode graph (bench/RESULTS.md, session 22). Codegen gives
   // a thread at most 32 elements (composite_wrapper.h); past that w stays where it is used.
   constexpr bool kWeightFirst = Layout::kChunks * kVec <= 32;
+  static_assert(!kWeightBeforeWait || (kWeightFirst && kVec > 1), "w read before the wait is held in registers");
   float early_ws[kWeightFirst ? Layout::kChunks : 1][kVec];
   if constexpr (kWeightFirst) {
 #pragma unroll
@@ -45,9 +49,10 @@ __device__ __forceinline__ void RmsNormForward(TY* y, const TX* x, const TW* w, 
       if (Layout::ChunkStart(k) < kD) LoadFloats(w + Layout::ChunkStart(k), early_ws[k]);
     }
   }
+  if constexpr (kWeightBeforeWait) GridDependencyWait();
   float xs[Layout::kChunks][kVec];
-  LoadRowWithResidual<Layout>(x + row * kD, branch == nullptr ? nullptr : branch + row * kD,
-                              sum == nullptr ? nullptr : sum + row * kD, xs);
+  LoadRowWithResidual<Layout, kWeightBeforeWait ? LoadHint::kAfterWait : LoadHint::kDefault>(
+      x + row * kD, branch == nullptr ? nullptr : branch + row * kD, sum == nullptr ? nullptr : sum + row * kD, xs);
   float sum_squares = 0.f;
 #pragma unroll
   for (int k = 0; k < Layout::kChunks; ++k) {

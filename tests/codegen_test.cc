@@ -81,12 +81,14 @@ void ExpectCompiles(const KernelSpec& k) {
 }
 
 // Whether the body of the source's kernel starts with kGridDependencyPrologue, before any
-// statement that could touch global memory.
-bool OpensWithGridDependencyWait(const std::string& source) {
-  const size_t entry = source.find("extern \"C\" __global__");
-  const size_t body = entry == std::string::npos ? entry : source.find('{', entry);
-  const std::string prologue = absl::StrCat("\n", kGridDependencyPrologue);
-  return body != std::string::npos && source.compare(body + 1, prologue.size(), prologue) == 0;
+// statement that could touch global memory; a kernel that waits itself (KernelSpec::waits_itself)
+// with launch_dependents alone.
+bool OpensWithGridDependencyWait(const KernelSpec& k) {
+  const size_t entry = k.source.find("extern \"C\" __global__");
+  const size_t body = entry == std::string::npos ? entry : k.source.find('{', entry);
+  const std::string prologue =
+      absl::StrCat("\n", k.waits_itself ? kGridDependencyLaunch : kGridDependencyPrologue);
+  return body != std::string::npos && k.source.compare(body + 1, prologue.size(), prologue) == 0;
 }
 
 TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
@@ -109,7 +111,7 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
     for (const KernelSpec& k : lowered->kernels) {
       // Every kernel may be launched programmatically (codegen/kernel_spec.h): it waits for
       // the kernels before it first thing.
-      if (!k.waits_for_grid_dependency || !OpensWithGridDependencyWait(k.source)) {
+      if (!k.waits_for_grid_dependency || !OpensWithGridDependencyWait(k)) {
         failures.try_emplace(op, absl::StrCat("kernel ", k.name, " does not open with griddepcontrol.wait"));
       }
       absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
@@ -131,6 +133,40 @@ TEST(Codegen, EveryOpOfTheAllOpsModuleLowersAndCompiles) {
   // Every op but dot_general (lowered away) and the four without kernels (parameter,
   // reshape, gemm, get_result) made some.
   EXPECT_EQ(compiled_ops.size() + failures.size(), static_cast<size_t>(kNumOpcodes - 5));
+}
+
+// A kernel reads before its grid-dependency wait only what no kernel of the step writes: the
+// decode step's norm weight, block tables and positions (parameters no output aliases), never
+// a weight the step updates (donated: a training step's), nor anything without programmatic
+// launch.
+TEST(Codegen, OnlyStepInvariantValuesAreReadBeforeTheWait) {
+  for (const bool donated : {false, true}) {
+    SCOPED_TRACE(donated ? "w donated" : "w invariant");
+    absl::StatusOr<std::unique_ptr<Module>> module = ParseModule(
+        "module @m\nfunc @step {\n"
+        "  %x = parameter() {index=0} : f32[1,2048]\n"
+        "  %w = parameter() {index=1} : f32[2048]\n"
+        "  %y = rms_norm(%x, %w) {eps=1e-05, out_dtype=bf16} : bf16[1,2048]\n"
+        "  %w2 = exp(%w) : f32[2048]\n"
+        "  return %y, %w2\n}\n");
+    ASSERT_TRUE(module.ok()) << module.status();
+    Function& f = *(*module)->functions()[0];
+    f.SetOutputs(f.outputs(), donated ? std::vector<int64_t>{-1, 1} : std::vector<int64_t>{});
+    const Node* y = f.outputs()[0];
+    for (const bool pdl : {true, false}) {
+      CodegenOptions options;
+      options.programmatic_dependent_launch = pdl;
+      absl::StatusOr<LoweredNode> lowered = LowerNode(*y, options);
+      ASSERT_TRUE(lowered.ok()) << lowered.status();
+      ASSERT_EQ(lowered->kernels.size(), 1u);
+      const KernelSpec& k = lowered->kernels[0];
+      EXPECT_EQ(k.waits_itself, pdl && !donated);
+      EXPECT_EQ(absl::StrContains(k.source, ", float, float, true>"), pdl && !donated) << k.source;
+      if (pdl) EXPECT_TRUE(OpensWithGridDependencyWait(k)) << k.source;
+      absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+      EXPECT_TRUE(compiled.ok()) << compiled.status();
+    }
+  }
 }
 
 // Without programmatic dependent launch, or for a GPU before sm_90 (griddepcontrol is PTX for
