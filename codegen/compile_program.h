@@ -26,6 +26,7 @@ struct ProgramOptions {
   int compile_threads = 0;     // NVRTC threads; 0: one per core
   // Kernels open with griddepcontrol and launch programmatically (CodegenOptions).
   bool programmatic_dependent_launch = true;
+  bool reads_before_wait = true;  // CodegenOptions::reads_before_wait
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

@@ -40,7 +40,7 @@ bool IsStepInvariant(const Node& value) {
 }
 
 bool EarlyReadsAllowed(const CodegenOptions& options) {
-  return options.programmatic_dependent_launch && options.target.compute_capability >= 90;
+  return options.programmatic_dependent_launch && options.reads_before_wait && options.target.compute_capability >= 90;
 }
 
 absl::StatusOr<double> FiniteFloatAttr(const Node& node, absl::string_view name) {

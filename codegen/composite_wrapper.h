@@ -78,7 +78,8 @@ absl::StatusOr<double> FiniteFloatAttr(const Node& node, absl::string_view name)
 bool IsStepInvariant(const Node& value);
 
 // Whether a kernel of `options` may read before its grid-dependency wait: programmatic
-// dependent launch on, for a GPU that has griddepcontrol (sm_90 on).
+// dependent launch and CodegenOptions::reads_before_wait on, for a GPU that has griddepcontrol
+// (sm_90 on).
 bool EarlyReadsAllowed(const CodegenOptions& options);
 
 // Elements per 16-byte access of the narrowest dtype, when `length` is a multiple of it

@@ -29,6 +29,10 @@ using composite::Wrapper;
 // warps (a power of two, at most 8) whose one round of loads covers the row: every load of a
 // long row is then in flight at once (llama-M's down projection, 11 KB rows, took a warp
 // three rounds before). Blocks are 4 warps where the split leaves room, at least one group.
+// At M = 1, 4 chunks a lane (a row of 2048 bf16 over two warps) and, for a row of more than
+// 512 chunks, 2 rows a group of 6 chunks each: the fastest of 8 geometries for each of
+// llama-M's shapes, launched back to back (bench/decode_gemm_bench on an H100, bench/RESULTS.md
+// session 24: 4.62 against 4.88 us for o, 9.52 against 10.00 for down).
 struct Geometry {
   int rows = 1, split = 1, unroll = 8, groups = 4;
 };
@@ -38,8 +42,9 @@ Geometry GeometryFor(int64_t m, int64_t chunks, const CodegenOptions::GemvGeomet
     return Geometry{given.rows, given.split, given.unroll, given.groups};
   }
   Geometry g;
-  const int cap = m == 1 ? 8 : m <= 4 ? 4 : 2;  // chunks a lane holds of each row
-  g.rows = m == 1 ? 1 : m <= 4 ? 2 : 4;
+  const bool long_row = chunks > 512;
+  const int cap = m == 1 ? (long_row ? 6 : 4) : m <= 4 ? 4 : 2;  // chunks a lane holds of each row
+  g.rows = m == 1 ? (long_row ? 2 : 1) : m <= 4 ? 2 : 4;
   while (g.split < 8 && static_cast<int64_t>(g.split) * composite::kWarpSize * cap < chunks) g.split *= 2;
   g.unroll = static_cast<int>(
       std::min<int64_t>(cap, CeilDiv(chunks, static_cast<int64_t>(g.split) * composite::kWarpSize)));
@@ -101,12 +106,18 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
     w.params.push_back(Param(d, "c"));
     w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
   }
+  // The weight's first round read before the grid-dependency wait where nothing in the step
+  // writes it (kernels/gemv.cuh).
+  const bool weights_first =
+      composite::EarlyReadsAllowed(options) && composite::IsStepInvariant(*node.operand(1));
+  if (weights_first) w.comment += "; its first round of B read before the grid-dependency wait";
   w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", n, "LL, ", k, "LL, ",
                         g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false",
-                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
-                        FloatLiteral(has_c ? beta : 0.0), ")");
+                        weights_first ? ", true" : "", ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ",
+                        FloatLiteral(alpha), ", ", FloatLiteral(has_c ? beta : 0.0), ")");
   LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
   lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
+  lowered.kernels[0].waits_itself = weights_first;
   lowered.label = "gemv";
   return lowered;
 }

@@ -28,6 +28,10 @@ struct CodegenOptions {
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two
   // dependent launches of a CUDA graph mostly disappears (codegen/kernel_spec.h).
   bool programmatic_dependent_launch = true;
+  // With it, a kernel may read what no kernel of the step writes before its grid-dependency
+  // wait (KernelSpec::waits_itself): rms_norm's weight, SmallMGemm's first round of its weight,
+  // paged attention's block tables and positions. Off: every read follows the wait.
+  bool reads_before_wait = true;
   // attention_grad on wgmma at head dim 128 is one kernel that adds dq into a zeroed buffer
   // from its walk over the key blocks (5 matrix products a tile where the separate dq kernel
   // makes 7; dq's last bits then vary between runs with the order of the additions). Off: the

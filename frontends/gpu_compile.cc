@@ -16,6 +16,11 @@ bool ProgrammaticDependentLaunchByDefault() {
   return env == nullptr || std::string(env) != "0";
 }
 
+bool ReadsBeforeWaitByDefault() {
+  const char* env = std::getenv("KILN_PDL");
+  return env == nullptr || (std::string(env) != "0" && std::string(env) != "late");
+}
+
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
                                                               const CudaExecutableOptions& run,
                                                               const GpuCompileOptions& compile) {
@@ -24,7 +29,8 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                                                     .cache_dir = compile.cache_dir,
                                                     .compile_threads = compile.compile_threads,
                                                     .programmatic_dependent_launch =
-                                                        compile.programmatic_dependent_launch}));
+                                                        compile.programmatic_dependent_launch,
+                                                    .reads_before_wait = compile.reads_before_wait}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

@@ -20,13 +20,17 @@
 namespace kiln {
 
 // Whether kernels launch with programmatic dependent launch (codegen/kernel_spec.h): yes,
-// unless $KILN_PDL is "0", the switch that measures what it saves (bench/generate_h200.sh).
+// unless $KILN_PDL is "0", the switch that measures what it saves (bench/generate_h200.sh);
+// and whether they may read step-invariant values before its wait
+// (CodegenOptions::reads_before_wait): yes, unless $KILN_PDL is "0" or "late".
 bool ProgrammaticDependentLaunchByDefault();
+bool ReadsBeforeWaitByDefault();
 
 struct GpuCompileOptions {
   std::string cache_dir;    // kernel cache; empty: its default
   int compile_threads = 0;  // NVRTC threads; 0: one per core
   bool programmatic_dependent_launch = ProgrammaticDependentLaunchByDefault();
+  bool reads_before_wait = ReadsBeforeWaitByDefault();
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

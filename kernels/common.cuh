@@ -121,6 +121,35 @@ __device__ __forceinline__ Packed128<T> Load128AfterWait(const T* p) {
   return packed;
 }
 
+// The same through L1 (ld.global.ca): for data every warp of the SM reads (a GEMV's A), which
+// the wait makes as current as a load after a kernel's first instruction is.
+template <typename T>
+__device__ __forceinline__ Packed128<T> Load128AfterWaitL1(const T* p) {
+  int4 v;
+  asm volatile("ld.global.ca.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  Packed128<T> packed;
+  *reinterpret_cast<int4*>(&packed) = v;
+  return packed;
+}
+// One f32 or 16-bit element, ordered after GridDependencyWait as the loads above.
+__device__ __forceinline__ float ToFloatAfterWait(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ float ToFloatAfterWait(const T* p) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  unsigned short bits;
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(bits) : "l"(p) : "memory");
+  T v;
+  *reinterpret_cast<unsigned short*>(&v) = bits;
+  return ToFloat(v);
+}
+
 // How a 16-byte load may be cached: as usual, with the evict-first hint (ld.global.cs) for
 // data read for the last time, so that it does not push out of L2 what the next kernel reads,
 // or kAfterWait (Load128AfterWait) for what the kernels ahead wrote, in a kernel that read

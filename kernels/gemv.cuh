@@ -27,8 +27,14 @@
 
 namespace kiln::kernels {
 
+// kWeightsBeforeWait (codegen, where B is step-invariant: a decode step's weight): the first
+// round of B's loads is issued before the kernel waits for the kernels ahead
+// (GridDependencyWait, here), and A and C are read after it through ordered loads
+// (common.cuh: a `const __restrict__` read may become ld.global.nc, which the compiler may
+// schedule ahead of the wait). Its blocks become resident while the kernel ahead runs (paged
+// attention, a norm), so their first bytes of B stream then instead of after it.
 template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kSplit, int kUnroll, int kGroups,
-          bool kHasC = false>
+          bool kHasC = false, bool kWeightsBeforeWait = false>
 struct SmallMGemm {
   static constexpr int kVec = Packed128<T>::kSize;
   static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
@@ -70,6 +76,7 @@ struct SmallMGemm {
       }
     };
     load_round(0);
+    if constexpr (kWeightsBeforeWait) GridDependencyWait();
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -77,7 +84,8 @@ struct SmallMGemm {
         if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const Packed128<T> av = Load128(a + m * kK + chunk * kVec);
+          const Packed128<T> av =
+              kWeightsBeforeWait ? Load128AfterWaitL1(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float x = ToFloat(av[j]);
@@ -108,7 +116,9 @@ struct SmallMGemm {
       if (first + r >= kN) return;
       const long long at = m * kN + first + r;
       float t = __fmul_rn(alpha, sum);
-      if constexpr (kHasC) t = __fadd_rn(t, __fmul_rn(beta, ToFloat(c[at])));
+      if constexpr (kHasC) {
+        t = __fadd_rn(t, __fmul_rn(beta, kWeightsBeforeWait ? ToFloatAfterWait(c + at) : ToFloat(c[at])));
+      }
       out[at] = FromFloat<TD>(t);
     };
     if constexpr (kSplit == 1) {

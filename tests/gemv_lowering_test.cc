@@ -65,18 +65,31 @@ TEST(SmallMGemm, LaunchesItsDependentsAfterItsLoop) {
   GemmNode g(GemmCase{.m = 1});
   CodegenOptions options;
   options.target.compute_capability = 90;
+  // Its weight (a parameter nothing writes) is read before the wait, which the kernel then
+  // executes itself: the prologue holds neither instruction.
   absl::StatusOr<LoweredNode> lowered = LowerNode(g.node(), options);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   const KernelSpec& k = lowered->kernels.at(0);
   EXPECT_TRUE(k.waits_for_grid_dependency);
   EXPECT_TRUE(k.launches_dependents_itself);
-  EXPECT_TRUE(absl::StrContains(k.source, kGridDependencyWait)) << k.source;
-  EXPECT_FALSE(absl::StrContains(k.source, "launch_dependents")) << "the prologue's trigger, not the kernel's: " << k.source;
+  EXPECT_TRUE(k.waits_itself);
+  EXPECT_FALSE(absl::StrContains(k.source, "griddepcontrol")) << "the kernel's own, not the prologue's: " << k.source;
+  // With every read after the wait, the prologue holds the wait alone.
+  options.reads_before_wait = false;
+  lowered = LowerNode(g.node(), options);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const KernelSpec& late = lowered->kernels.at(0);
+  EXPECT_FALSE(late.waits_itself);
+  EXPECT_TRUE(absl::StrContains(late.source, kGridDependencyWait)) << late.source;
+  EXPECT_FALSE(absl::StrContains(late.source, "launch_dependents")) << "the prologue's trigger, not the kernel's: "
+                                                                     << late.source;
   // Without programmatic launch, neither.
   options.programmatic_dependent_launch = false;
+  options.reads_before_wait = true;
   lowered = LowerNode(g.node(), options);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_FALSE(absl::StrContains(lowered->kernels.at(0).source, "griddepcontrol"));
+  EXPECT_FALSE(lowered->kernels.at(0).waits_itself);
 }
 
 TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
@@ -145,8 +158,10 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
 
 // A row longer than one round of a warp's loads is split over the fewest warps (a power of
 // two) whose one round covers it, and their sums meet in shared memory: llama-M's down
-// projection (704 chunks of 16 bytes a row) over 4 warps of 6 chunks a lane, a block a row;
-// its q/k/v projection (256 chunks) stays a warp a row, 4 rows a block.
+// projection (704 chunks of 16 bytes a row) over 4 warps of 6 chunks a lane, 2 rows each, a
+// block a group; its q/k/v projection (256 chunks) over 2 warps of 4 chunks, 2 rows a block.
+// (B is a parameter nothing writes: its first round is read before the grid-dependency wait,
+// the template's last argument.)
 TEST(SmallMGemm, SplitsALongRowOverWarps) {
   struct Want {
     GemmCase c;
@@ -154,16 +169,16 @@ TEST(SmallMGemm, SplitsALongRowOverWarps) {
     uint32_t grid, block;
   };
   const std::vector<Want> wants = {
-      {{.m = 1, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 5632LL, 1, 4, 6, 1, false>",
-       2048, 128},
-      {{.m = 1, .n = 4096, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 1, 1, 8, 4, false>",
-       1024, 128},
+      {{.m = 1, .n = 2048, .k = 5632},
+       "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 5632LL, 2, 4, 6, 1, false, true>", 1024, 128},
+      {{.m = 1, .n = 4096, .k = 2048},
+       "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 1, 2, 4, 2, false, true>", 2048, 128},
       // 8 rows of A: 2 chunks a lane of 4 B rows; 256 chunks take 4 warps.
-      {{.m = 8, .n = 1030, .k = 2048}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 1030LL, 2048LL, 4, 4, 2, 1, false>",
-       258, 128},
+      {{.m = 8, .n = 1030, .k = 2048},
+       "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 1030LL, 2048LL, 4, 4, 2, 1, false, true>", 258, 128},
       // Past 8 warps the row takes more rounds: 704 chunks over 8 warps of 2 chunks, 2 rounds.
-      {{.m = 8, .n = 2048, .k = 5632}, "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 2048LL, 5632LL, 4, 8, 2, 1, false>",
-       512, 256},
+      {{.m = 8, .n = 2048, .k = 5632},
+       "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 8, 2048LL, 5632LL, 4, 8, 2, 1, false, true>", 512, 256},
   };
   for (const Want& want : wants) {
     GemmNode g(want.c);
