@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
+#include "codegen/lower_gemv.h"
 #include "codegen/lowerings.h"
 #include "ir/status_macros.h"
 #include "ir/fusion.h"
@@ -531,6 +532,7 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
 absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
   if (kind == FusionKind::kCacheWrite) return LowerCacheWriteFusion(fusion, options);
+  if (kind == FusionKind::kGemvGlu) return LowerGemvGluFusion(fusion, options);
   ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion, kind));
   const Node& root = *group.root;
   if (kind == FusionKind::kReduction) return LowerReductionFusion(group, options);

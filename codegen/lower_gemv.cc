@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
+#include "ir/fusion.h"
 #include "ir/gemm_slots.h"
 #include "ir/status_macros.h"
 
@@ -117,6 +118,59 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
                         FloatLiteral(alpha), ", ", FloatLiteral(has_c ? beta : 0.0), ")");
   LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, threads)});
   lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
+  lowered.kernels[0].waits_itself = weights_first;
+  lowered.label = "gemv";
+  return lowered;
+}
+
+absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options) {
+  const Function* body = fusion.body();
+  const Node* gemm = nullptr;
+  if (body != nullptr) {
+    for (const auto& n : body->nodes()) {
+      if (n->opcode() == Opcode::kGemm) gemm = n.get();
+    }
+  }
+  if (gemm == nullptr || MatchSwiGlu(*body, *gemm).out == nullptr || fusion.operands().size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(),
+                                                   ": its body is not a gemm of two operands followed by its SwiGLU"));
+  }
+  const std::string refusal = SmallMGemmRefusal(*gemm, options);
+  if (!refusal.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(), " (made by fuse-gemv-glu): its ",
+                                                   composite::Where(*gemm), " does not take SmallMGemm: ", refusal,
+                                                   "; compile with --disable-pass fuse-gemv-glu"));
+  }
+  ASSIGN_OR_RETURN(const int64_t m, gemm->attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, gemm->attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, gemm->attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, gemm->attrs().GetFloat("alpha"));
+  const int64_t half = n / 2;
+  const DType t = gemm->operand(0)->type().dtype, d = gemm->type().dtype;
+  if (fusion.type().dtype != d) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(), ": its result is ",
+                                                   DTypeName(fusion.type().dtype), ", its gemm's ", DTypeName(d)));
+  }
+  const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
+  Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
+  g.rows = 2;  // a group's gate row and up row
+  const int64_t blocks = CeilDiv(half, static_cast<int64_t>(g.groups));
+  const int threads = g.groups * g.split * composite::kWarpSize;
+  RETURN_IF_ERROR(composite::CheckGrid(fusion, blocks));
+  const bool weights_first =
+      composite::EarlyReadsAllowed(options) && composite::IsStepInvariant(*fusion.operand(1));
+  Wrapper w;
+  w.header = "gemv";
+  w.comment = absl::StrCat(m, " x ", n, " x ", k, " and silu(gate) * up of its halves: ", Count(g.split, "warp"),
+                           " per gate row and its up row, ", g.unroll, " 16-byte chunks of each in flight a lane; ",
+                           Count(blocks, "block"), " of ", Count(g.groups * g.split, "warp"));
+  if (weights_first) w.comment += "; its first round of B read before the grid-dependency wait";
+  w.params = {Param(t, "a"), Param(t, "b")};
+  w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", half, "LL, ", k, "LL, 2, ",
+                        g.split, ", ", g.unroll, ", ", g.groups, ", false, ", weights_first ? "true" : "false",
+                        ", kiln::kernels::SwiGlu<", CudaTypeName(d), ">>::Run(out, a, b, nullptr, ", FloatLiteral(alpha), ", 0.0f)");
+  LoweredNode lowered = Kernels({Emit(fusion, KernelName(fusion), w, blocks, threads)});
+  lowered.kernels[0].launches_dependents_itself = true;
   lowered.kernels[0].waits_itself = weights_first;
   lowered.label = "gemv";
   return lowered;

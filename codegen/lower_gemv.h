@@ -24,4 +24,9 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options);
 // The one kernel; InvalidArgument with SmallMGemmRefusal's reason for a gemm it does not take.
 absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options);
 
+// A gemv_glu fusion (ir/fusion.h; passes/fuse_gemv_glu.h): SmallMGemm's GLU form, one kernel
+// computing silu(gate) * up of its gemm's two halves. InvalidArgument naming the pass when its
+// gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say).
+absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options);
+
 }  // namespace kiln::codegen

@@ -8,11 +8,34 @@
 namespace kiln {
 namespace {
 
-constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite};
+constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
+                                 FusionKind::kGemvGlu};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
                                                  " (", member.op_name(), ") ", why));
+}
+
+// Whether `s` is slice(x) of x's last dimension [begin, end), every other dimension whole.
+bool IsLastDimSlice(const Node& s, const Node& x, int64_t begin, int64_t end) {
+  if (s.opcode() != Opcode::kSlice || s.operand(0) != &x || s.type().dtype != x.type().dtype) return false;
+  const absl::StatusOr<std::vector<int64_t>> start = s.attrs().GetInts("start"), limit = s.attrs().GetInts("limit"),
+                                            stride = s.attrs().GetInts("stride");
+  const std::vector<int64_t>& dims = x.type().dims;
+  if (!start.ok() || !limit.ok() || !stride.ok() || dims.empty() || start->size() != dims.size() ||
+      limit->size() != dims.size() || stride->size() != dims.size()) {
+    return false;
+  }
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const bool last = d + 1 == dims.size();
+    if ((*stride)[d] != 1 || (*start)[d] != (last ? begin : 0) || (*limit)[d] != (last ? end : dims[d])) return false;
+  }
+  return true;
+}
+
+bool Uses(const Node& user, const Node* a, const Node* b) {
+  return user.operands().size() == 2 &&
+         ((user.operand(0) == a && user.operand(1) == b) || (user.operand(0) == b && user.operand(1) == a));
 }
 
 }  // namespace
@@ -22,6 +45,7 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kLoop: return "loop";
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
+    case FusionKind::kGemvGlu: return "gemv_glu";
   }
   return "?";
 }
@@ -31,7 +55,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -142,6 +166,25 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       }
       return absl::OkStatus();
     }
+    case FusionKind::kGemvGlu: {
+      const Node* gemm = nullptr;
+      for (const auto& n : body->nodes()) {
+        if (n->opcode() != Opcode::kGemm) continue;
+        if (gemm != nullptr) return BodyError(kind, *n, "is a second gemm: a gemv_glu body holds one");
+        gemm = n.get();
+      }
+      if (gemm == nullptr) return absl::InvalidArgumentError("a gemv_glu fusion's body holds a gemm");
+      for (const Node* operand : gemm->operands()) {
+        if (operand->opcode() != Opcode::kParameter) {
+          return BodyError(kind, *gemm, "multiplies a value computed in the body: its operands are parameters");
+        }
+      }
+      if (MatchSwiGlu(*body, *gemm).out == nullptr) {
+        return BodyError(kind, *gemm,
+                         "is not followed by silu(x[.., :F]) * x[.., F:] alone: the body a gemv_glu fusion holds");
+      }
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError("unknown fusion kind");
 }
@@ -168,6 +211,50 @@ std::vector<Node*> AddFusionNode(Function& f, FusionKind kind, std::vector<Node*
   if (results.empty()) return {};
   results[0]->operand(0)->set_body(std::move(body));
   return results;
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+SwiGluOps MatchSwiGlu(const Function& body, const Node& x) {
+  const SwiGluOps none;
+  if (body.outputs().size() != 1 || x.type().dims.empty()) return none;
+  const int64_t width = x.type().dims.back();
+  if (width < 2 || width % 2 != 0) return none;
+  const int64_t half = width / 2;
+  SwiGluOps ops;
+  ops.half = half;
+  ops.out = body.outputs()[0];
+  if (ops.out->opcode() != Opcode::kMul || x.users().size() != 2) return none;
+  for (const Node* s : x.users()) {
+    if (IsLastDimSlice(*s, x, 0, half)) ops.gate = s;
+    if (IsLastDimSlice(*s, x, half, width)) ops.up = s;
+  }
+  if (ops.gate == nullptr || ops.up == nullptr || ops.gate->users().size() != 2) return none;
+  for (const Node* u : ops.gate->users()) {
+    if (u->opcode() == Opcode::kSigmoid) ops.sigmoid = u;
+  }
+  if (ops.sigmoid == nullptr || ops.sigmoid->users().size() != 1) return none;
+  ops.gated = ops.sigmoid->users()[0];
+  if (ops.gated->opcode() != Opcode::kMul || !Uses(*ops.gated, ops.gate, ops.sigmoid) ||
+      ops.gated->users().size() != 1 || ops.gated->users()[0] != ops.out || !Uses(*ops.out, ops.gated, ops.up) ||
+      ops.up->users().size() != 1) {
+    return none;
+  }
+  for (const Node* n : {ops.sigmoid, ops.gated, ops.out}) {
+    if (n->type().dtype != x.type().dtype) return none;
+  }
+  // Nothing else in the body: its parameters (x, when x is one) and these five.
+  int64_t others = 0;
+  for (const auto& n : body.nodes()) {
+    const Node* p = n.get();
+    if (p != &x && p != ops.gate && p != ops.up && p != ops.sigmoid && p != ops.gated && p != ops.out &&
+        p->opcode() != Opcode::kParameter) {
+      ++others;
+    }
+  }
+  return others == 0 ? ops : none;
 }
 
 }  // namespace kiln

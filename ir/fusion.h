@@ -35,12 +35,15 @@
 
 namespace kiln {
 
+// kGemvGlu: a few-row gemm of body parameters (no C) and, of its result x (2F wide), the
+// SwiGLU silu(x[.., :F]) * x[.., F:] (MatchSwiGlu's ops), computed by one kernel: the GEMV
+// streaming the gate and up rows of the joined weight side by side (passes/fuse_gemv_glu.h).
 // kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
 // are body parameters): the kernel that computes a layer's new K (or V) rows stores them
 // straight into their paged-pool slots instead of writing them for a second kernel to copy.
-enum class FusionKind { kLoop, kReduction, kCacheWrite };
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
 
-absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write"
+absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write", "gemv_glu"
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
 // The `kind` attribute of a fusion node.
@@ -66,6 +69,20 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body);
 
 // The name a fusion's body goes by (bodies are not printed with one): "<first result>.body".
 std::string FusionBodyName(absl::string_view first_result);
+
+// The SwiGLU ops of a body whose one output is silu(x[..., :F]) * x[..., F:] for the body
+// value `x` (2F wide in its last dimension), every op of x's dtype: the two slices, the
+// sigmoid and the two muls, and nothing else reading x or the gate. Null members: no match.
+struct SwiGluOps {
+  const Node* gate = nullptr;     // slice [.., 0:F]
+  const Node* up = nullptr;       // slice [.., F:2F]
+  const Node* sigmoid = nullptr;  // sigmoid(gate)
+  const Node* gated = nullptr;    // gate * sigmoid
+  const Node* out = nullptr;      // gated * up: the body's output
+  int64_t half = 0;               // F
+};
+SwiGluOps MatchSwiGlu(const Function& body, const Node& x);
+
 
 // Appends (or, with `before`, inserts) a fusion node of `kind` computing `body` over
 // `operands`: one result per output of `body`, named `result_names` (read through get_result

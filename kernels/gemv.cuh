@@ -33,15 +33,51 @@ namespace kiln::kernels {
 // (common.cuh: a `const __restrict__` read may become ld.global.nc, which the compiler may
 // schedule ahead of the wait). Its blocks become resident while the kernel ahead runs (paged
 // attention, a norm), so their first bytes of B stream then instead of after it.
+// silu(g) * u of a gemm's gate and up sums, rounded where the ops it replaces round (ir/fusion.h,
+// kGemvGlu): the gemm's D (TG), then sigmoid(g), g * sigmoid(g) and that times u, each to TG;
+// sigmoid as codegen's elementwise kernels compute it (codegen/elementwise_lowering.cc).
+template <typename TG>
+struct SwiGlu {
+  static __device__ __forceinline__ TG Apply(float gate_sum, float up_sum) {
+    const float g = ToFloat(FromFloat<TG>(gate_sum)), u = ToFloat(FromFloat<TG>(up_sum));
+    float s;
+    if constexpr (sizeof(TG) < sizeof(float)) {
+      s = __fdividef(1.0f, 1.0f + __expf(-g));
+    } else {
+      s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+    }
+    s = ToFloat(FromFloat<TG>(s));
+    const float t = ToFloat(FromFloat<TG>(__fmul_rn(g, s)));
+    return FromFloat<TG>(__fmul_rn(t, u));
+  }
+};
+
+// The plain form's Glu: none.
+struct NoGlu {};
+template <typename G>
+struct IsGlu {
+  static constexpr bool kValue = true;
+};
+template <>
+struct IsGlu<NoGlu> {
+  static constexpr bool kValue = false;
+};
+
+// Glu (not NoGlu: SwiGlu<TD>): the GLU form (passes/fuse_gemv_glu.h). B holds 2 kN rows, the
+// gate rows then the up rows; a group computes output column j from rows j and kN + j
+// (kRows 2) and stores Glu::Apply of the two sums: D [M, kN].
 template <typename T, typename TD, int kM, long long kN, long long kK, int kRows, int kSplit, int kUnroll, int kGroups,
-          bool kHasC = false, bool kWeightsBeforeWait = false>
+          bool kHasC = false, bool kWeightsBeforeWait = false, typename Glu = NoGlu>
 struct SmallMGemm {
   static constexpr int kVec = Packed128<T>::kSize;
+  static constexpr bool kGlu = IsGlu<Glu>::kValue;
   static_assert(kK % kVec == 0, "K must be whole 16-byte chunks");
   static_assert(kM >= 1 && kRows >= 1 && kUnroll >= 1 && kSplit >= 1 && kGroups >= 1,
                 "at least one row, one B row, one chunk in flight and one warp");
+  static_assert(!kGlu || (kRows == 2 && !kHasC), "a GLU group sums a gate row and an up row, and adds no C");
   static constexpr long long kChunks = kK / kVec;
-  static constexpr long long kRowsPerBlock = static_cast<long long>(kRows) * kGroups;
+  // Columns of D a block computes (a GLU group computes one from its two rows).
+  static constexpr long long kRowsPerBlock = static_cast<long long>(kGlu ? 1 : kRows) * kGroups;
   static constexpr long long kBlocks = CeilDiv(kN, kRowsPerBlock);
   static constexpr long long kRound = static_cast<long long>(kUnroll) * kSplit * kWarpSize;  // chunks a round
 
@@ -50,7 +86,8 @@ struct SmallMGemm {
                                              const TD* __restrict__ c, float alpha, float beta) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int group = warp / kSplit, part = warp % kSplit;
-    const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock + static_cast<long long>(group) * kRows;
+    const long long first =
+        static_cast<long long>(blockIdx.x) * kRowsPerBlock + static_cast<long long>(group) * (kGlu ? 1 : kRows);
     float acc[kM][kRows];
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
@@ -60,8 +97,14 @@ struct SmallMGemm {
     // A B row past N (the last block's, when its rows do not divide N) reads row N - 1 again
     // and is not stored: every warp stays in the loop, the shuffles and the barrier.
     const T* rows[kRows];
+    if constexpr (kGlu) {
+      const long long column = first < kN ? first : kN - 1;
+      rows[0] = b + column * kK;         // gate
+      rows[1] = b + (kN + column) * kK;  // up
+    } else {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) rows[r] = b + (first + r < kN ? first + r : kN - 1) * kK;
+      for (int r = 0; r < kRows; ++r) rows[r] = b + (first + r < kN ? first + r : kN - 1) * kK;
+    }
     Packed128<T> bv[kUnroll][kRows];
     auto load_round = [&](long long base) {
 #pragma unroll
@@ -112,6 +155,11 @@ struct SmallMGemm {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[m][r] = WarpReduce(acc[m][r], SumOp{});
     }
+    // A GLU group's column from its two sums.
+    auto store_glu = [&](int m, float gate, float up) {
+      if (first >= kN) return;
+      if constexpr (kGlu) out[m * kN + first] = Glu::Apply(__fmul_rn(alpha, gate), __fmul_rn(alpha, up));
+    };
     auto store = [&](int m, int r, float sum) {
       if (first + r >= kN) return;
       const long long at = m * kN + first + r;
@@ -125,8 +173,12 @@ struct SmallMGemm {
       if (lane == 0) {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
+          if constexpr (kGlu) {
+            store_glu(m, acc[m][0], acc[m][1]);
+          } else {
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) store(m, r, acc[m][r]);
+            for (int r = 0; r < kRows; ++r) store(m, r, acc[m][r]);
+          }
         }
       }
     } else {
@@ -141,11 +193,20 @@ struct SmallMGemm {
       }
       __syncthreads();
       if (part == 0) {
-        for (int i = lane; i < kM * kRows; i += kWarpSize) {
-          float sum = sums[group][0][i];
+        if constexpr (kGlu) {
+          for (int m = lane; m < kM; m += kWarpSize) {
+            float gate = sums[group][0][m * kRows], up = sums[group][0][m * kRows + 1];
 #pragma unroll
-          for (int p = 1; p < kSplit; ++p) sum += sums[group][p][i];
-          store(i / kRows, i % kRows, sum);
+            for (int p = 1; p < kSplit; ++p) gate += sums[group][p][m * kRows], up += sums[group][p][m * kRows + 1];
+            store_glu(m, gate, up);
+          }
+        } else {
+          for (int i = lane; i < kM * kRows; i += kWarpSize) {
+            float sum = sums[group][0][i];
+#pragma unroll
+            for (int p = 1; p < kSplit; ++p) sum += sums[group][p][i];
+            store(i / kRows, i % kRows, sum);
+          }
         }
       }
     }

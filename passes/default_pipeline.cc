@@ -12,6 +12,7 @@
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
+#include "passes/fuse_gemv_glu.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -91,6 +92,9 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // rows into their pool slots (inference: a layer's K and V); after fusion, whose fusions
   // it extends.
   p.Add(std::make_unique<FuseCacheWritePass>());
+  // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
+  // fusion, whose loop fusion it takes in.
+  p.Add(std::make_unique<FuseGemvGluPass>());
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

@@ -13,6 +13,7 @@
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
+#include "passes/fuse_gemv_glu.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -63,6 +64,8 @@ constexpr PassInfo kPasses[] = {
      Make<FuseCacheWritePass>},
     {FuseFp8ScaleUpdatePass::kName, "fp8_scale_update of a quantize's amax -> computed by that quantize's kernel",
      Make<FuseFp8ScaleUpdatePass>},
+    {FuseGemvGluPass::kName, "silu(gate) * up of a few-row gemm's halves -> computed by the GEMV that makes them",
+     Make<FuseGemvGluPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,

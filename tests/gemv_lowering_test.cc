@@ -10,6 +10,7 @@
 #include "codegen/lower_gemv.h"
 #include "codegen/lower_node.h"
 #include "frontends/llama_inference.h"
+#include "ir/fusion.h"
 #include "frontends/model_config.h"
 #include "ir/builder.h"
 
@@ -145,14 +146,23 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
                          Phase{InferencePhase::kPrefill, 16, false}}) {
     std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, p.phase, p.size);
     ASSERT_TRUE(CompileInferenceModule(*m, {}).ok());
-    int gemms = 0;
-    for (const auto& n : m->functions()[0]->nodes()) {
+    int gemms = 0, glus = 0;
+    for (const auto& node : m->functions()[0]->nodes()) {
+      const Node* n = node.get();
+      // A gemv_glu fusion's gemm (passes/fuse_gemv_glu.h: the gate/up projection) counts too.
+      if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu) {
+        ++glus;
+        for (const auto& b : n->body()->nodes()) {
+          if (b->opcode() == Opcode::kGemm) n = b.get();
+        }
+      }
       if (n->opcode() != Opcode::kGemm) continue;
       ++gemms;
       EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.gemv)
           << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
     }
     EXPECT_EQ(gemms, 4 * config.n_layers + 1) << "qkv, o, gate_up, down a layer (joined weights), and the LM head";
+    EXPECT_EQ(glus, p.gemv ? config.n_layers : 0) << "the MLP's SwiGLU computed by its gate/up GEMV";
   }
 }
 

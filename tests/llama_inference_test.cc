@@ -188,7 +188,11 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_EQ(ops[Opcode::kDotGeneral], 0) << "lower-gemm ran";
     // qkv, o, gate_up, down; the head (merge-sibling-gemms is off: it would copy the bf16
     // weight parameters into one every call; the joint weights are joined once, at bind)
-    EXPECT_EQ(ops[Opcode::kGemm], 4 * config.n_layers + 1);
+    // (Four rows: each layer's gate/up GEMV computes its SwiGLU, a gemv_glu fusion holding it.)
+    int glus = 0;
+    for (const auto& n : f->nodes()) glus += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu;
+    EXPECT_EQ(glus, config.n_layers) << "fuse-gemv-glu";
+    EXPECT_EQ(ops[Opcode::kGemm] + glus, 4 * config.n_layers + 1);
     EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     // Each layer's K and V rows are stored into the pools by the kernel that computes them

@@ -1,0 +1,157 @@
+// fuse-gemv-glu (passes/fuse_gemv_glu.h): a decode step's SwiGLU is computed by the GEMV that
+// makes the gate and up halves. The pass changes no value (the reference backend gives the
+// decode function's every output the same bits with it and without it), takes only the few
+// rows SmallMGemm streams, the gemv_glu kind is checked by the verifier and round-trips as
+// text, and codegen lowers it to SmallMGemm's GLU form or says which pass to disable.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "codegen/lower_node.h"
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+#include "ir/fusion.h"
+#include "ir/reference_backend.h"
+#include "ir/text_format.h"
+
+#ifdef KILN_WITH_CUDA
+#include "codegen/nvrtc_compiler.h"
+#endif
+
+namespace kiln {
+namespace {
+
+const PagedKvLayout kLayout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+
+std::unique_ptr<Module> Decode(int64_t batch, const std::vector<std::string>& disabled) {
+  std::unique_ptr<Module> m = *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), kLayout, Precision::kBf16,
+                                                         InferencePhase::kDecode, batch);
+  CompileOptions options;
+  options.disabled_passes = disabled;
+  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  return m;
+}
+
+std::vector<const Node*> Glus(const Function& f) {
+  std::vector<const Node*> glus;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu) glus.push_back(n.get());
+  }
+  return glus;
+}
+
+// Four sequences, one of them padding, as tests/fuse_cache_write_test.cc decodes them.
+std::vector<HostTensor> DecodeArgs(const Function& f) {
+  const std::vector<Node*> params = f.parameters();
+  std::vector<HostTensor> args;
+  args.push_back(HostTensor::FromValues(params[0]->type(), {3, 17, 0, 200}));  // tokens
+  args.push_back(HostTensor::FromValues(params[1]->type(), {2, 5, -1, 0}));    // positions
+  args.push_back(HostTensor::FromValues(params[2]->type(), {2, 13, -1, 20}));  // slots
+  args.push_back(HostTensor::FromValues(params[3]->type(), {0, 1, 2, 3, 4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0}));
+  for (size_t i = 4; i < params.size(); ++i) args.push_back(HostTensor::Random(params[i]->type(), 100 + i));
+  return args;
+}
+
+TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
+  std::unique_ptr<Module> fused = Decode(4, {});
+  std::unique_ptr<Module> plain = Decode(4, {"fuse-gemv-glu"});
+  const Function& f = *fused->functions()[0];
+  const int layers = PresetConfig("llama-tiny")->n_layers;
+  ASSERT_EQ(Glus(f).size(), static_cast<size_t>(layers)) << "one a layer: its MLP's gate/up projection";
+  EXPECT_TRUE(Glus(*plain->functions()[0]).empty());
+  EXPECT_EQ(f.num_nodes() + layers, plain->functions()[0]->num_nodes()) << "each gemm and its loop fusion: one node";
+  for (const Node* glu : Glus(f)) {
+    EXPECT_EQ(glu->operands().size(), 2u);
+    EXPECT_EQ(glu->operand(1)->opcode(), Opcode::kParameter) << "the joined gate/up weight";
+  }
+
+  const std::vector<HostTensor> args = DecodeArgs(f);
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(f, args);
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*plain->functions()[0], args);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t o = 0; o < got->size(); ++o) {
+    ASSERT_EQ((*got)[o].type(), (*want)[o].type());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < (*got)[o].type().num_elements(); ++i) differ += (*got)[o][i] != (*want)[o][i];
+    EXPECT_EQ(differ, 0) << "output " << o;
+  }
+
+  const std::string text = PrintModule(*fused);
+  absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(PrintModule(**parsed), text);
+  EXPECT_NE(text.find("{kind=gemv_glu}"), std::string::npos);
+}
+
+// A batch of 16 is cuBLASLt's (more rows than SmallMGemm takes): its SwiGLU stays a loop
+// kernel.
+TEST(FuseGemvGlu, LeavesCublasLtGemmsAlone) {
+  std::unique_ptr<Module> m = Decode(16, {});
+  EXPECT_TRUE(Glus(*m->functions()[0]).empty());
+}
+
+// The verifier holds the kind to its body: a gemm of parameters and its SwiGLU, nothing else.
+TEST(FuseGemvGlu, TheVerifierWantsTheGemmAndItsSwiGlu) {
+  const std::string head = R"(module @m
+func @main {
+  %x = parameter() {index=0} : bf16[1,8]
+  %w = parameter() {index=1} : bf16[8,8]
+  %y = fusion(%x, %w) {kind=gemv_glu} : bf16[1,4] {
+    %x = parameter() {index=0} : bf16[1,8]
+    %w = parameter() {index=1} : bf16[8,8]
+    %gu = gemm(%x, %w) {a_layout=mk, alpha=1.0, b_layout=nk, batch=1, beta=0.0, epilogue=none, k=8, m=1, n=8} : bf16[1,8]
+    %g = slice(%gu) {limit=[1,4], start=[0,0], stride=[1,1]} : bf16[1,4]
+    %u = slice(%gu) {limit=[1,8], start=[0,4], stride=[1,1]} : bf16[1,4]
+    %s = sigmoid(%g) : bf16[1,4]
+)";
+  const std::string tail = R"(    return %h
+  }
+  return %y
+}
+)";
+  absl::StatusOr<std::unique_ptr<Module>> good =
+      ParseModule(head + "    %t = mul(%g, %s) : bf16[1,4]\n    %h = mul(%t, %u) : bf16[1,4]\n" + tail);
+  ASSERT_TRUE(good.ok()) << good.status();
+  // silu(gate) + up is not the SwiGLU.
+  absl::StatusOr<std::unique_ptr<Module>> bad =
+      ParseModule(head + "    %t = mul(%g, %s) : bf16[1,4]\n    %h = add(%t, %u) : bf16[1,4]\n" + tail);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "is not followed by silu(x[.., :F]) * x[.., F:] alone"))
+      << bad.status();
+
+  // Without SmallMGemm (CodegenOptions::small_m_gemv off), codegen names the pass to disable.
+  const Node* glu = (*good)->functions()[0]->outputs()[0];
+  CodegenOptions no_gemv;
+  no_gemv.small_m_gemv = false;
+  absl::StatusOr<LoweredNode> refused = LowerNode(*glu, no_gemv);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "--disable-pass fuse-gemv-glu")) << refused.status();
+}
+
+#ifdef KILN_WITH_CUDA
+// One kernel, SmallMGemm's GLU form, compiled for sm_90a.
+TEST(FuseGemvGlu, LowersToTheGemvsGluForm) {
+  std::unique_ptr<Module> m = Decode(4, {});
+  for (const Node* n : Glus(*m->functions()[0])) {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    ASSERT_EQ(lowered->kernels.size(), 1u);
+    EXPECT_EQ(lowered->label, "gemv");
+    const KernelSpec& k = lowered->kernels[0];
+    EXPECT_TRUE(absl::StrContains(k.source, "SwiGlu<__nv_bfloat16>>::Run")) << k.source;
+    absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
+    ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace kiln
