@@ -105,35 +105,31 @@ __device__ __forceinline__ void GridDependencyWait() {
 #endif
 }
 
-// 16 bytes at p through L2 (ld.global.cg), in a volatile asm statement with a memory clobber,
-// which the compiler keeps after GridDependencyWait: a plain load of `const __restrict__` data
-// may become ld.global.nc, which the compiler treats as unchanging and may schedule ahead of
-// the wait (architecture.md: reading a weight before the wait made A's .nc reads stale).
-template <typename T>
+// 16 bytes at p in a volatile asm statement with a memory clobber, which the compiler keeps
+// after GridDependencyWait: a plain load of `const __restrict__` data may become ld.global.nc,
+// which the compiler treats as unchanging and may schedule ahead of the wait (architecture.md:
+// reading a weight before the wait made A's .nc reads stale). Through L2 (ld.global.cg), or
+// with kThroughL1 through L1 as well (ld.global.ca: for data every warp of the SM reads, a
+// GEMV's A, which the wait makes as current as a load after a kernel's first instruction is).
+template <bool kThroughL1 = false, typename T>
 __device__ __forceinline__ Packed128<T> Load128AfterWait(const T* p) {
   int4 v;
-  asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
+  if constexpr (kThroughL1) {
+    asm volatile("ld.global.ca.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+  } else {
+    asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+  }
   Packed128<T> packed;
   *reinterpret_cast<int4*>(&packed) = v;
   return packed;
 }
 
-// The same through L1 (ld.global.ca): for data every warp of the SM reads (a GEMV's A), which
-// the wait makes as current as a load after a kernel's first instruction is.
-template <typename T>
-__device__ __forceinline__ Packed128<T> Load128AfterWaitL1(const T* p) {
-  int4 v;
-  asm volatile("ld.global.ca.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  Packed128<T> packed;
-  *reinterpret_cast<int4*>(&packed) = v;
-  return packed;
-}
 // One f32 or 16-bit element, ordered after GridDependencyWait as the loads above.
 __device__ __forceinline__ float ToFloatAfterWait(const float* p) {
   float v;

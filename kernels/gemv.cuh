@@ -128,7 +128,7 @@ struct SmallMGemm {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           const Packed128<T> av =
-              kWeightsBeforeWait ? Load128AfterWaitL1(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
+              kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float x = ToFloat(av[j]);

@@ -18,6 +18,7 @@
 #include "ir/fusion.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
+#include "tests/testing/tiny_decode.h"
 #include "ir/verifier.h"
 
 #ifdef KILN_WITH_CUDA
@@ -27,18 +28,6 @@
 namespace kiln {
 namespace {
 
-const PagedKvLayout kLayout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
-
-std::unique_ptr<Module> Decode(const std::vector<std::string>& disabled) {
-  std::unique_ptr<Module> m =
-      *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), kLayout, Precision::kBf16, InferencePhase::kDecode, 4);
-  CompileOptions options;
-  options.disabled_passes = disabled;
-  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
-  EXPECT_TRUE(report.ok()) << report.status();
-  return m;
-}
-
 std::vector<const Node*> CacheWrites(const Function& f) {
   std::vector<const Node*> writes;
   for (const auto& n : f.nodes()) {
@@ -47,29 +36,16 @@ std::vector<const Node*> CacheWrites(const Function& f) {
   return writes;
 }
 
-// Four sequences, one of them padding (position and slot -1), one whose slot is in the
-// second block of its table.
-std::vector<HostTensor> DecodeArgs(const Function& f) {
-  const std::vector<Node*> params = f.parameters();
-  std::vector<HostTensor> args;
-  args.push_back(HostTensor::FromValues(params[0]->type(), {3, 17, 0, 200}));  // tokens
-  args.push_back(HostTensor::FromValues(params[1]->type(), {2, 5, -1, 0}));    // positions
-  args.push_back(HostTensor::FromValues(params[2]->type(), {2, 13, -1, 20}));  // slots
-  args.push_back(HostTensor::FromValues(params[3]->type(), {0, 1, 2, 3, 4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0}));
-  for (size_t i = 4; i < params.size(); ++i) args.push_back(HostTensor::Random(params[i]->type(), 100 + i));
-  return args;
-}
-
 TEST(FuseCacheWrite, DecodeWritesKAndVFromTheKernelsThatComputeThemWithTheSameBits) {
-  std::unique_ptr<Module> fused = Decode({});
-  std::unique_ptr<Module> plain = Decode({"fuse-cache-write"});
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
+  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-cache-write"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
   EXPECT_EQ(CacheWrites(f).size(), static_cast<size_t>(2 * layers));
   EXPECT_TRUE(CacheWrites(*plain->functions()[0]).empty());
   for (const auto& n : f.nodes()) EXPECT_NE(n->opcode(), Opcode::kKvCacheWrite) << n->name();
 
-  const std::vector<HostTensor> args = DecodeArgs(f);
+  const std::vector<HostTensor> args = testing::TinyDecodeArgs(f);
   absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(f, args);
   absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*plain->functions()[0], args);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -124,7 +100,7 @@ func @main {
 // A cache_write fusion is two kernels, the pool copy (left out when the plan updates the pool
 // in place, its in-place operand) and the rows' kernel; both compile for sm_90a.
 TEST(FuseCacheWrite, LowersToThePoolsInPlaceUpdate) {
-  std::unique_ptr<Module> m = Decode({});
+  std::unique_ptr<Module> m = testing::TinyDecode(4, {});
   for (const Node* n : CacheWrites(*m->functions()[0])) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();

@@ -18,6 +18,7 @@
 #include "ir/fusion.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
+#include "tests/testing/tiny_decode.h"
 
 #ifdef KILN_WITH_CUDA
 #include "codegen/nvrtc_compiler.h"
@@ -25,18 +26,6 @@
 
 namespace kiln {
 namespace {
-
-const PagedKvLayout kLayout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
-
-std::unique_ptr<Module> Decode(int64_t batch, const std::vector<std::string>& disabled) {
-  std::unique_ptr<Module> m = *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), kLayout, Precision::kBf16,
-                                                         InferencePhase::kDecode, batch);
-  CompileOptions options;
-  options.disabled_passes = disabled;
-  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
-  EXPECT_TRUE(report.ok()) << report.status();
-  return m;
-}
 
 std::vector<const Node*> Glus(const Function& f) {
   std::vector<const Node*> glus;
@@ -46,21 +35,9 @@ std::vector<const Node*> Glus(const Function& f) {
   return glus;
 }
 
-// Four sequences, one of them padding, as tests/fuse_cache_write_test.cc decodes them.
-std::vector<HostTensor> DecodeArgs(const Function& f) {
-  const std::vector<Node*> params = f.parameters();
-  std::vector<HostTensor> args;
-  args.push_back(HostTensor::FromValues(params[0]->type(), {3, 17, 0, 200}));  // tokens
-  args.push_back(HostTensor::FromValues(params[1]->type(), {2, 5, -1, 0}));    // positions
-  args.push_back(HostTensor::FromValues(params[2]->type(), {2, 13, -1, 20}));  // slots
-  args.push_back(HostTensor::FromValues(params[3]->type(), {0, 1, 2, 3, 4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0}));
-  for (size_t i = 4; i < params.size(); ++i) args.push_back(HostTensor::Random(params[i]->type(), 100 + i));
-  return args;
-}
-
 TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
-  std::unique_ptr<Module> fused = Decode(4, {});
-  std::unique_ptr<Module> plain = Decode(4, {"fuse-gemv-glu"});
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
+  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
   ASSERT_EQ(Glus(f).size(), static_cast<size_t>(layers)) << "one a layer: its MLP's gate/up projection";
@@ -71,7 +48,7 @@ TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
     EXPECT_EQ(glu->operand(1)->opcode(), Opcode::kParameter) << "the joined gate/up weight";
   }
 
-  const std::vector<HostTensor> args = DecodeArgs(f);
+  const std::vector<HostTensor> args = testing::TinyDecodeArgs(f);
   absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(f, args);
   absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*plain->functions()[0], args);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -94,7 +71,7 @@ TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
 // A batch of 16 is cuBLASLt's (more rows than SmallMGemm takes): its SwiGLU stays a loop
 // kernel.
 TEST(FuseGemvGlu, LeavesCublasLtGemmsAlone) {
-  std::unique_ptr<Module> m = Decode(16, {});
+  std::unique_ptr<Module> m = testing::TinyDecode(16, {});
   EXPECT_TRUE(Glus(*m->functions()[0]).empty());
 }
 
@@ -139,7 +116,7 @@ func @main {
 #ifdef KILN_WITH_CUDA
 // One kernel, SmallMGemm's GLU form, compiled for sm_90a.
 TEST(FuseGemvGlu, LowersToTheGemvsGluForm) {
-  std::unique_ptr<Module> m = Decode(4, {});
+  std::unique_ptr<Module> m = testing::TinyDecode(4, {});
   for (const Node* n : Glus(*m->functions()[0])) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();

@@ -1,0 +1,32 @@
+#include "tests/testing/tiny_decode.h"
+
+#include <gtest/gtest.h>
+
+#include "frontends/llama_inference.h"
+#include "frontends/model_config.h"
+
+namespace kiln::testing {
+
+std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes) {
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
+  std::unique_ptr<Module> m =
+      *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), layout, Precision::kBf16, InferencePhase::kDecode, batch);
+  CompileOptions options;
+  options.disabled_passes = disabled_passes;
+  absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  return m;
+}
+
+std::vector<HostTensor> TinyDecodeArgs(const Function& f) {
+  const std::vector<Node*> params = f.parameters();
+  std::vector<HostTensor> args;
+  args.push_back(HostTensor::FromValues(params[0]->type(), {3, 17, 0, 200}));  // tokens
+  args.push_back(HostTensor::FromValues(params[1]->type(), {2, 5, -1, 0}));    // positions
+  args.push_back(HostTensor::FromValues(params[2]->type(), {2, 13, -1, 20}));  // slots
+  args.push_back(HostTensor::FromValues(params[3]->type(), {0, 1, 2, 3, 4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0}));
+  for (size_t i = 4; i < params.size(); ++i) args.push_back(HostTensor::Random(params[i]->type(), 100 + i));
+  return args;
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,23 @@
+// llama-tiny's @decode function compiled as kiln generate compiles it (the inference
+// pipeline, some passes disabled), and arguments for a batch of four: the shared fixture of
+// the decode passes' tests (tests/fuse_cache_write_test.cc, tests/fuse_gemv_glu_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/host_tensor.h"
+
+namespace kiln::testing {
+
+// Blocks of 4 tokens, 8 of them, 4 a sequence at most; `batch` sequences a call.
+std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes);
+
+// Four sequences, one of them padding (position and slot -1), one whose slot is in the
+// second block of its table; random weights and pools (a decode function of batch 4).
+std::vector<HostTensor> TinyDecodeArgs(const Function& f);
+
+}  // namespace kiln::testing
