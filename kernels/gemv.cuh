@@ -27,12 +27,6 @@
 
 namespace kiln::kernels {
 
-// kWeightsBeforeWait (codegen, where B is step-invariant: a decode step's weight): the first
-// round of B's loads is issued before the kernel waits for the kernels ahead
-// (GridDependencyWait, here), and A and C are read after it through ordered loads
-// (common.cuh: a `const __restrict__` read may become ld.global.nc, which the compiler may
-// schedule ahead of the wait). Its blocks become resident while the kernel ahead runs (paged
-// attention, a norm), so their first bytes of B stream then instead of after it.
 // silu(g) * u of a gemm's gate and up sums, rounded where the ops it replaces round (ir/fusion.h,
 // kGemvGlu): the gemm's D (TG), then sigmoid(g), g * sigmoid(g) and that times u, each to TG;
 // sigmoid as codegen's elementwise kernels compute it (codegen/elementwise_lowering.cc).
@@ -63,6 +57,12 @@ struct IsGlu<NoGlu> {
   static constexpr bool kValue = false;
 };
 
+// kWeightsBeforeWait (codegen, where B is step-invariant: a decode step's weight): the first
+// round of B's loads is issued before the kernel waits for the kernels ahead
+// (GridDependencyWait, here), and A and C are read after it through ordered loads
+// (common.cuh: a `const __restrict__` read may become ld.global.nc, which the compiler may
+// schedule ahead of the wait). Its blocks become resident while the kernel ahead runs (paged
+// attention, a norm), so their first bytes of B stream then instead of after it.
 // Glu (not NoGlu: SwiGlu<TD>): the GLU form (passes/fuse_gemv_glu.h). B holds 2 kN rows, the
 // gate rows then the up rows; a group computes output column j from rows j and kN + j
 // (kRows 2) and stores Glu::Apply of the two sums: D [M, kN].
