@@ -36,6 +36,8 @@
 #include "passes/fusion.h"
 #include "passes/training_step.h"
 #include "tests/testing/all_ops.h"
+#include "tests/testing/tiny_decode.h"
+#include "tests/testing/training_steps.h"
 
 namespace kiln {
 namespace {
@@ -167,6 +169,37 @@ TEST(Codegen, OnlyStepInvariantValuesAreReadBeforeTheWait) {
       EXPECT_TRUE(compiled.ok()) << compiled.status();
     }
   }
+}
+
+// On whole functions: llama-tiny's decode step reads its norm weights, block tables,
+// positions and projection weights before the waits of its norms, attention and GEMVs (all of
+// them parameters nothing writes); its training step, whose weights the step updates (donated),
+// reads nothing before any wait.
+TEST(Codegen, TheDecodeStepReadsItsInvariantsEarlyAndTheTrainingStepNothing) {
+  std::unique_ptr<Module> decode = testing::TinyDecode(1, {});
+  const int layers = PresetConfig("llama-tiny")->n_layers;
+  std::map<std::string, int> early;  // kernel label (op or group) -> kernels that wait themselves
+  for (const auto& n : decode->functions()[0]->nodes()) {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
+    ASSERT_TRUE(lowered.ok()) << n->name() << ": " << lowered.status();
+    for (const KernelSpec& k : lowered->kernels) {
+      if (k.waits_itself) ++early[n->opcode() == Opcode::kFusion ? lowered->label : std::string(n->op_name())];
+    }
+  }
+  EXPECT_EQ(early["rms_norm"], 2 * layers + 1);
+  EXPECT_EQ(early["paged_attention"], layers);
+  EXPECT_EQ(early["gemm"], 3 * layers + 1) << "qkv, o, down and the LM head";
+  EXPECT_EQ(early["gemv"], layers) << "the gate/up GEMV computing the SwiGLU (a gemv_glu fusion)";
+
+  testing::CompiledTrainingStep training =
+      testing::CompileLlamaTinyStepWithoutMergedGemms(2, 16, Precision::kBf16, /*clip_norm=*/1.0);
+  int training_early = 0;
+  for (const auto& n : training.step->nodes()) {
+    absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
+    ASSERT_TRUE(lowered.ok()) << n->name() << ": " << lowered.status();
+    for (const KernelSpec& k : lowered->kernels) training_early += k.waits_itself;
+  }
+  EXPECT_EQ(training_early, 0);
 }
 
 // Without programmatic dependent launch, or for a GPU before sm_90 (griddepcontrol is PTX for
