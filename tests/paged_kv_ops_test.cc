@@ -218,18 +218,27 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks; a block of 4
   // warps stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) through shared memory; the
   // last split of each row and kv head adds the splits' partials (scratch: 64 x 4 x 4 heads x
-  // (128 + 2) floats; the counts of finished splits are the module's 64).
+  // (128 + 2) floats; the counts of finished splits are the module's 64: 8 rows, at most
+  // fold_max_rows); the tables and positions, parameters nothing writes, are read before the
+  // grid-dependency wait (the template's last argument).
   ASSERT_EQ(attention->kernels.size(), 1u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
   EXPECT_EQ(attention->kernels[0].block[0], 128u);
   EXPECT_EQ(attention->kernels[0].shared_bytes, 5u * 2u * 16u * 128u * 2u + 16u * 4u + 4u * 4u * (128u + 2u) * 4u);
   EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
-                                              "16, 16, 4, 4, 5>"),
+                                              "16, 16, 4, 4, 5, true>"),
             std::string::npos)
       << attention->kernels[0].source;
   EXPECT_NE(attention->kernels[0].source.find("static __device__ unsigned int g_splits_done[64];"), std::string::npos);
   EXPECT_NE(attention->kernels[0].source.find("partials, g_splits_done)"), std::string::npos);
   EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
+  EXPECT_TRUE(attention->kernels[0].waits_itself);
+  // More rows than fold_max_rows take the combine kernel, as does the fold turned off.
+  CodegenOptions fewer_rows;
+  fewer_rows.paged_attention.fold_max_rows = 4;
+  auto past_fold = LowerNode(*o, fewer_rows);
+  ASSERT_TRUE(past_fold.ok()) << past_fold.status();
+  EXPECT_EQ(past_fold->kernels.size(), 2u);
   // Without the fold, a combine kernel after the split kernel adds the partials.
   CodegenOptions separate;
   separate.paged_attention.fold_combine = false;
