@@ -25,7 +25,9 @@ HF=${HF:-1}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT_DIR"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
-echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+# The binary's own commit (`kiln version`): carried binaries run in a checkout of another commit.
+built=$("$KILN" version 2>/dev/null | awk 'NR == 1 { print $2 }')
+echo "commit: ${KILN_COMMIT:-${built:-unknown (a kiln without its version)}}"
 echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
 COPY_TBS=${COPY_TBS:-$("$PYTHON" bench/copy_bandwidth.py 2>/dev/null || echo nan)}
 echo "copy bandwidth for the floor: $COPY_TBS TB/s"

@@ -26,5 +26,6 @@ if ! "$NCU" --clock-control none --csv --print-units base \
     --max-running "$BATCH" --context $((PROMPT + 256)) > "$csv" 2> "$OUT_DIR/ncu.log"; then
   echo "ncu failed (log: $OUT_DIR/ncu.log):"; tail -5 "$OUT_DIR/ncu.log"; exit 1
 fi
-echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, $PRESET batch $BATCH, prompt $PROMPT"
+built=$("$KILN" version 2>/dev/null | awk 'NR == 1 { print $2 }')  # the binary's own commit
+echo "commit: ${KILN_COMMIT:-${built:-unknown (a kiln without its version)}}, $PRESET batch $BATCH, prompt $PROMPT"
 "$PYTHON" bench/ncu_summary.py "$csv"

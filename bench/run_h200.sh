@@ -38,10 +38,14 @@ rm -f "$OUT_DIR"/kiln_*.log "$OUT_DIR"/kilnfp8_*.log "$OUT_DIR"/torch_*.json "$O
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$OUT_DIR/kernel-cache}
 export PYTHONUNBUFFERED=1
 
+# The commit kiln was built from (`kiln version`; "-dirty" with uncommitted changes): a
+# carried binary runs in a checkout of another commit. The checkout's for a kiln without it.
 if [ -n "${KILN_COMMIT:-}" ]; then
   commit=$KILN_COMMIT
+elif commit=$("$KILN" version 2>/dev/null | awk 'NR == 1 { print $2 }') && [ -n "$commit" ]; then
+  :
 else
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (the checkout's)"
   if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit (with uncommitted changes)"; fi
 fi
 {

@@ -67,7 +67,9 @@ run shared "$OUT_DIR/shared.jsonl" $((PREFIX + SUFFIX + SHARED_OUTPUT)) --max-ru
 run shared_nocache "$OUT_DIR/shared.jsonl" $((PREFIX + SUFFIX + SHARED_OUTPUT)) --max-running "$MAX_RUNNING" \
   --no-prefix-cache
 {
-  echo "commit: ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  # The binary's own commit (`kiln version`): carried binaries run in a checkout of another commit.
+  built=$("$KILN" version 2>/dev/null | awk 'NR == 1 { print $2 }')
+  echo "commit: ${KILN_COMMIT:-${built:-unknown (a kiln without its version)}}"
   echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
   echo "$PRESET, backend $BACKEND, seed $SEED, block $BLOCK; prefill: $PREFILL_REQUESTS requests a length; mixed: $REQUESTS requests, prompts $PROMPT, outputs" \
     "$OUTPUT, max running $MAX_RUNNING; shared: $SHARED requests, prefix $PREFIX + $SUFFIX own, $SHARED_OUTPUT new"

@@ -54,10 +54,25 @@ class CliTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+// `kiln version` names the commit the binary was built from (what the benchmark scripts
+// record), "-dirty" with uncommitted changes, or "unknown" where the build had no git.
+TEST_F(CliTest, VersionNamesTheCommitItWasBuiltFrom) {
+  auto version = RunCommand(Kiln() + " version");
+  ASSERT_EQ(version.exit_code, 0) << version.output;
+  const std::string first = version.output.substr(0, version.output.find('\n'));
+  ASSERT_TRUE(absl::StartsWith(first, "kiln ")) << version.output;
+  const std::string commit = first.substr(5);
+  std::string hex = commit;
+  if (absl::EndsWith(hex, "-dirty")) hex.resize(hex.size() - 6);
+  const bool is_hex = hex.size() >= 7 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+  EXPECT_TRUE(is_hex || commit == "unknown") << version.output;
+  EXPECT_TRUE(absl::StrContains(version.output, "built with")) << version.output;
+}
+
 TEST_F(CliTest, HelpAndUsageErrors) {
   auto top = RunCommand(Kiln() + " --help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"models", "dump", "verify", "train", "eval", "compile", "check"}) {
+  for (const char* command : {"models", "dump", "verify", "train", "eval", "compile", "check", "version"}) {
     EXPECT_TRUE(absl::StrContains(top.output, command)) << top.output;
     auto help = RunCommand(absl::StrCat(Kiln(), " ", command, " --help"));
     EXPECT_EQ(help.exit_code, 0) << command;

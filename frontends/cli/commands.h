@@ -25,5 +25,6 @@ Command CompileCommand();
 Command CheckCommand();
 Command ExportInputsCommand();
 Command GenerateCommand();
+Command VersionCommand();
 
 }  // namespace kiln::cli

@@ -16,7 +16,7 @@ std::vector<kiln::cli::Command> AllCommands() {
   return {kiln::cli::ModelsCommand(), kiln::cli::DumpCommand(), kiln::cli::VerifyCommand(),
           kiln::cli::TrainCommand(), kiln::cli::EvalCommand(),
           kiln::cli::CompileCommand(), kiln::cli::CheckCommand(), kiln::cli::ExportInputsCommand(),
-          kiln::cli::GenerateCommand()};
+          kiln::cli::GenerateCommand(), kiln::cli::VersionCommand()};
 }
 
 void PrintTopLevelHelp(const std::vector<kiln::cli::Command>& commands) {
