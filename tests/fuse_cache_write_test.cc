@@ -18,8 +18,8 @@
 #include "ir/fusion.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
-#include "tests/testing/tiny_decode.h"
 #include "ir/verifier.h"
+#include "tests/testing/tiny_decode.h"
 
 #ifdef KILN_WITH_CUDA
 #include "codegen/nvrtc_compiler.h"
@@ -28,21 +28,13 @@
 namespace kiln {
 namespace {
 
-std::vector<const Node*> CacheWrites(const Function& f) {
-  std::vector<const Node*> writes;
-  for (const auto& n : f.nodes()) {
-    if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kCacheWrite) writes.push_back(n.get());
-  }
-  return writes;
-}
-
 TEST(FuseCacheWrite, DecodeWritesKAndVFromTheKernelsThatComputeThemWithTheSameBits) {
   std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
   std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-cache-write"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
-  EXPECT_EQ(CacheWrites(f).size(), static_cast<size_t>(2 * layers));
-  EXPECT_TRUE(CacheWrites(*plain->functions()[0]).empty());
+  EXPECT_EQ(testing::FusionsOfKind(f, FusionKind::kCacheWrite).size(), static_cast<size_t>(2 * layers));
+  EXPECT_TRUE(testing::FusionsOfKind(*plain->functions()[0], FusionKind::kCacheWrite).empty());
   for (const auto& n : f.nodes()) EXPECT_NE(n->opcode(), Opcode::kKvCacheWrite) << n->name();
 
   const std::vector<HostTensor> args = testing::TinyDecodeArgs(f);
@@ -51,12 +43,7 @@ TEST(FuseCacheWrite, DecodeWritesKAndVFromTheKernelsThatComputeThemWithTheSameBi
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(got->size(), want->size());
-  for (size_t o = 0; o < got->size(); ++o) {
-    ASSERT_EQ((*got)[o].type(), (*want)[o].type());
-    int64_t differ = 0;
-    for (int64_t i = 0; i < (*got)[o].type().num_elements(); ++i) differ += (*got)[o][i] != (*want)[o][i];
-    EXPECT_EQ(differ, 0) << "output " << o;
-  }
+  testing::ExpectSameBits(*got, *want);
   // The pools took the new rows (output 1 is the K pool): the write is not a no-op.
   int64_t changed = 0;
   for (int64_t i = 0; i < (*got)[1].type().num_elements(); ++i) changed += (*got)[1][i] != args[kInferenceKPoolParameter][i];
@@ -101,7 +88,7 @@ func @main {
 // in place, its in-place operand) and the rows' kernel; both compile for sm_90a.
 TEST(FuseCacheWrite, LowersToThePoolsInPlaceUpdate) {
   std::unique_ptr<Module> m = testing::TinyDecode(4, {});
-  for (const Node* n : CacheWrites(*m->functions()[0])) {
+  for (const Node* n : testing::FusionsOfKind(*m->functions()[0], FusionKind::kCacheWrite)) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     ASSERT_EQ(lowered->kernels.size(), 2u);

@@ -27,23 +27,16 @@
 namespace kiln {
 namespace {
 
-std::vector<const Node*> Glus(const Function& f) {
-  std::vector<const Node*> glus;
-  for (const auto& n : f.nodes()) {
-    if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu) glus.push_back(n.get());
-  }
-  return glus;
-}
-
 TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
   std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
   std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
-  ASSERT_EQ(Glus(f).size(), static_cast<size_t>(layers)) << "one a layer: its MLP's gate/up projection";
-  EXPECT_TRUE(Glus(*plain->functions()[0]).empty());
+  ASSERT_EQ(testing::FusionsOfKind(f, FusionKind::kGemvGlu).size(), static_cast<size_t>(layers))
+      << "one a layer: its MLP's gate/up projection";
+  EXPECT_TRUE(testing::FusionsOfKind(*plain->functions()[0], FusionKind::kGemvGlu).empty());
   EXPECT_EQ(f.num_nodes() + layers, plain->functions()[0]->num_nodes()) << "each gemm and its loop fusion: one node";
-  for (const Node* glu : Glus(f)) {
+  for (const Node* glu : testing::FusionsOfKind(f, FusionKind::kGemvGlu)) {
     EXPECT_EQ(glu->operands().size(), 2u);
     EXPECT_EQ(glu->operand(1)->opcode(), Opcode::kParameter) << "the joined gate/up weight";
   }
@@ -54,12 +47,7 @@ TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(got->size(), want->size());
-  for (size_t o = 0; o < got->size(); ++o) {
-    ASSERT_EQ((*got)[o].type(), (*want)[o].type());
-    int64_t differ = 0;
-    for (int64_t i = 0; i < (*got)[o].type().num_elements(); ++i) differ += (*got)[o][i] != (*want)[o][i];
-    EXPECT_EQ(differ, 0) << "output " << o;
-  }
+  testing::ExpectSameBits(*got, *want);
 
   const std::string text = PrintModule(*fused);
   absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
@@ -72,7 +60,7 @@ TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
 // kernel.
 TEST(FuseGemvGlu, LeavesCublasLtGemmsAlone) {
   std::unique_ptr<Module> m = testing::TinyDecode(16, {});
-  EXPECT_TRUE(Glus(*m->functions()[0]).empty());
+  EXPECT_TRUE(testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvGlu).empty());
 }
 
 // The verifier holds the kind to its body: a gemm of parameters and its SwiGLU, nothing else.
@@ -117,7 +105,7 @@ func @main {
 // One kernel, SmallMGemm's GLU form, compiled for sm_90a.
 TEST(FuseGemvGlu, LowersToTheGemvsGluForm) {
   std::unique_ptr<Module> m = testing::TinyDecode(4, {});
-  for (const Node* n : Glus(*m->functions()[0])) {
+  for (const Node* n : testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvGlu)) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     ASSERT_EQ(lowered->kernels.size(), 1u);

@@ -29,4 +29,24 @@ std::vector<HostTensor> TinyDecodeArgs(const Function& f) {
   return args;
 }
 
+std::vector<const Node*> FusionsOfKind(const Function& f, FusionKind kind) {
+  std::vector<const Node*> found;
+  for (const auto& n : f.nodes()) {
+    if (n->opcode() != Opcode::kFusion) continue;
+    const absl::StatusOr<FusionKind> k = FusionKindOf(*n);
+    if (k.ok() && *k == kind) found.push_back(n.get());
+  }
+  return found;
+}
+
+void ExpectSameBits(const std::vector<HostTensor>& got, const std::vector<HostTensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t o = 0; o < got.size(); ++o) {
+    ASSERT_EQ(got[o].type(), want[o].type()) << "output " << o;
+    int64_t differ = 0;
+    for (int64_t i = 0; i < got[o].type().num_elements(); ++i) differ += got[o][i] != want[o][i];
+    EXPECT_EQ(differ, 0) << "output " << o;
+  }
+}
+
 }  // namespace kiln::testing

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/fusion.h"
 #include "ir/graph.h"
 #include "ir/host_tensor.h"
 
@@ -19,5 +20,11 @@ std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>
 // Four sequences, one of them padding (position and slot -1), one whose slot is in the
 // second block of its table; random weights and pools (a decode function of batch 4).
 std::vector<HostTensor> TinyDecodeArgs(const Function& f);
+
+// `f`'s fusion nodes of `kind`, in order.
+std::vector<const Node*> FusionsOfKind(const Function& f, FusionKind kind);
+
+// A test failure for each output of `got` whose type or any element differs from `want`'s.
+void ExpectSameBits(const std::vector<HostTensor>& got, const std::vector<HostTensor>& want);
 
 }  // namespace kiln::testing
