@@ -65,7 +65,10 @@ struct Options : bench::RunOptions {
 
 std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
   const CodegenOptions::PagedAttentionGeometry defaults;
-  return absl::StrCat(g.warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
+  // "4(8)x...": 4 warps, 8 at up to fold_max_rows rows (CodegenOptions' few_rows_warps).
+  const std::string warps = g.few_rows_warps == g.warps ? absl::StrCat(g.warps)
+                                                        : absl::StrCat(g.warps, "(", g.few_rows_warps, ")");
+  return absl::StrCat(warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
                       !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
 }
 
@@ -246,6 +249,7 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
                                                         static_cast<int>(ints[2]), static_cast<int>(ints[3]),
                                                         !separate_combine};
         if (always_fold) geometry.fold_max_rows = 1 << 30;
+        geometry.few_rows_warps = geometry.warps;  // the warps named, at every batch
         opt.geometries.push_back(geometry);
       }
       if (opt.geometries.empty()) return false;

@@ -93,15 +93,19 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   // keys): batch 32 35.7 us, the fastest of eight geometries (36.1-50.3); batch 1 11.5 us, all
   // eight within 11.1-13.2.
   const CodegenOptions::PagedAttentionGeometry& geometry = options.paged_attention;
-  if (geometry.warps < 1 || geometry.warps > 32 || geometry.stages < 2 || geometry.min_split_blocks < 1 ||
+  if (geometry.warps < 1 || geometry.warps > 32 || geometry.few_rows_warps < 1 || geometry.few_rows_warps > 32 ||
+      geometry.stages < 2 || geometry.min_split_blocks < 1 ||
       geometry.blocks_per_sm < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(node), ": CodegenOptions::paged_attention wants 1-32 warps, at least 2 stages, a split of at least one "
                      "block and at least one block an SM; got ",
-        geometry.warps, " warps, ", geometry.stages, " stages, ", geometry.min_split_blocks, " blocks a split, ",
+        geometry.warps, " (", geometry.few_rows_warps, " for few rows) warps, ", geometry.stages, " stages, ", geometry.min_split_blocks, " blocks a split, ",
         geometry.blocks_per_sm, " blocks an SM"));
   }
-  const int warps = geometry.warps, stages = geometry.stages;
+  // 8 warps at batch 1: 11.7 against 12.5 us with 4 (bench/RESULTS.md, session 25,
+  // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0).
+  const int warps = rows <= geometry.fold_max_rows ? geometry.few_rows_warps : geometry.warps;
+  const int stages = geometry.stages;
   const int64_t items = rows * kv_heads;
   const int64_t wanted_blocks = geometry.blocks_per_sm * int64_t{std::max(1, options.target.sm_count)};
   // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
