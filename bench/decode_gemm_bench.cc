@@ -1,9 +1,8 @@
-// decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernels
-// (kernels/gemv.cuh's SmallMGemm up to 8 rows, kernels/few_row_gemm.cuh's FewRowMmaGemm for 9
-// to 64, exactly as codegen lowers the gemm: codegen/lower_gemv.cc, lower_few_row_gemm.cc)
+// decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernel
+// (kernels/gemv.cuh's SmallMGemm, exactly as codegen lowers the gemm: codegen/lower_gemv.cc)
 // against cuBLASLt (GemmPlan: its heuristic's first choice, and autotuned over the heuristic's
 // candidates as CudaExecutable does), on llama-M's shapes at each --m (the decode batch, at
-// most kMaxRows):
+// most kMaxRows; past kSmallMGemmMaxRows, cuBLASLt's two rows alone, e.g. --m 32):
 // qkv N 4096 K 2048, o N 2048 K 2048, gate_up N 11264 K 2048, down N 2048 K 5632, lm_head
 // N 32000 K 2048; bf16 operands and D, no C.
 // Each row: median, min and max us over the timed calls (CUDA events around each call, after
@@ -13,10 +12,8 @@
 // One JSON object a line on stdout, a table on stderr.
 //
 //   decode_gemm_bench [--m 1,8] [--gemms qkv,o,gate_up,down,lm_head] [--iters 50] [--warmup 5]
-//                     [--geometries auto,1x1x8x4,4x8x2] [--in-a-row 16] [--max-error 0.02]
-// (a geometry is SmallMGemm's rows x split x unroll x groups, CodegenOptions::small_m_gemv_geometry,
-// for m <= 8, or FewRowMmaGemm's warps x unroll x slices, CodegenOptions::few_row_mma_geometry,
-// past 8; each m takes the geometries of its kernel's form)
+//                     [--geometries auto,1x1x8x4] [--in-a-row 16] [--max-error 0.02]
+// (a geometry is SmallMGemm's rows x split x unroll x groups: CodegenOptions::small_m_gemv_geometry)
 //
 // Self-checking: exit 1 when kiln's D differs from cuBLASLt's by more than --max-error (or
 // NaN). Linked like the GPU tests; without a GPU it says so and exits 1.
@@ -36,7 +33,6 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "codegen/compile_program.h"
-#include "codegen/lower_few_row_gemm.h"
 #include "codegen/lower_gemv.h"
 #include "codegen/lower_node.h"
 #include "codegen/nvrtc_compiler.h"
@@ -167,8 +163,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   Report(m, s, "cublaslt (autotuned)", *t_blas, 0.0);
   std::fprintf(stderr, "      candidate %d of %d: %s\n", tuning->chosen, (*plan)->num_candidates(),
                (*plan)->CandidateSummary(tuning->chosen).c_str());
-  if (m > codegen::kFewRowMmaMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past kiln's few-row kernels
-  const bool mma = m > codegen::kSmallMGemmMaxRows;  // FewRowMmaGemm's rows, else SmallMGemm's
+  if (m > codegen::kSmallMGemmMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past SmallMGemm's rows
 
   // kiln's kernel, as codegen lowers the gemm, in each geometry asked for ("auto": the one
   // codegen picks). Timed twice: one launch between two events (the figure the rows above
@@ -187,21 +182,13 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   for (const std::string& geometry : opt.geometries) {
     CodegenOptions options{.target = device.target()};
     if (geometry != "auto") {
-      // RxSxUxG for SmallMGemm (m <= 8), WxUxS for FewRowMmaGemm; a geometry of the other
-      // kernel's form is skipped.
       std::vector<std::string> parts = absl::StrSplit(geometry, 'x');
       int v[4] = {0, 0, 0, 0};
-      bool numbers = true;
-      for (size_t i = 0; i < parts.size() && i < 4; ++i) numbers = numbers && absl::SimpleAtoi(parts[i], &v[i]);
-      if (!numbers || (parts.size() != 4 && parts.size() != 3)) {
-        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG or WxUxS"));
+      if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &v[0]) || !absl::SimpleAtoi(parts[1], &v[1]) ||
+          !absl::SimpleAtoi(parts[2], &v[2]) || !absl::SimpleAtoi(parts[3], &v[3])) {
+        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG"));
       }
-      if ((parts.size() == 3) != mma) continue;
-      if (mma) {
-        options.few_row_mma_geometry = {v[0], v[1], v[2]};
-      } else {
-        options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
-      }
+      options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
     }
     absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, options);
     if (!lowered.ok()) return lowered.status();
@@ -209,7 +196,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
       return absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": codegen did not give one kiln kernel"));
     }
     const std::string& source = lowered->kernels[0].source;
-    const size_t at = source.find(mma ? "FewRowMmaGemm<" : "SmallMGemm<");
+    const size_t at = source.find("SmallMGemm<");
     const std::string call = at == std::string::npos ? "" : source.substr(at, source.find(">::Run", at) - at + 1);
     absl::StatusOr<Loaded> kernel = bench::LoadKernel(lowered->kernels[0], device);
     if (!kernel.ok()) {
@@ -219,11 +206,6 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
       continue;
     }
     std::vector<void*> args = {*d_kiln, *da, const_cast<void*>(weights[0])};
-    if (lowered->scratch_bytes > 0) {  // the slices' partials
-      absl::StatusOr<void*> partials = held.Upload(nullptr, lowered->scratch_bytes);
-      if (!partials.ok()) return partials.status();
-      args.push_back(*partials);
-    }
     absl::StatusOr<bench::Timing> t =
         bench::TimeCalls(device.stream(), opt.warmup, opt.iters, "decode_gemm_bench", "a call",
                          [&] { return EnqueueLaunch(kernel->launch, args, device.stream(), "decode_gemm_bench"); });
@@ -281,9 +263,9 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: decode_gemm_bench [--m 1,8 (each at most %lld)] "
-                 "[--gemms qkv,o,gate_up,down,lm_head] [--geometries auto,RxSxUxG (m <= %lld),WxUxS (past it),...] "
-                 "[--in-a-row N] [--iters N] [--warmup N] [--max-error X]\n",
+                 "usage: decode_gemm_bench [--m 1,8 (each at most %lld; past %lld, cuBLASLt's rows alone)] "
+                 "[--gemms qkv,o,gate_up,down,lm_head] [--geometries auto,RxSxUxG,...] [--in-a-row N] [--iters N] "
+                 "[--warmup N] [--max-error X]\n",
                  static_cast<long long>(kMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
     return 2;
   }

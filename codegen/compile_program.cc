@@ -118,7 +118,6 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   absl::StatusOr<KernelCache> cache = KernelCache::Open(options.cache_dir);
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
   const CodegenOptions codegen{.target = options.target,
-                               .few_row_mma = options.few_row_mma,
                                .programmatic_dependent_launch = options.programmatic_dependent_launch,
                                .reads_before_wait = options.reads_before_wait};
   ASSIGN_OR_RETURN(KernelCompileReport report,

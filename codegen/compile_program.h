@@ -27,7 +27,6 @@ struct ProgramOptions {
   // Kernels open with griddepcontrol and launch programmatically (CodegenOptions).
   bool programmatic_dependent_launch = true;
   bool reads_before_wait = true;  // CodegenOptions::reads_before_wait
-  bool few_row_mma = true;        // CodegenOptions::few_row_mma
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

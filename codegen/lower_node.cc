@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "codegen/lower_composite.h"
 #include "codegen/lower_fusion.h"
-#include "codegen/lower_few_row_gemm.h"
 #include "codegen/lower_gemv.h"
 #include "codegen/lowerings.h"
 #include "ir/status_macros.h"
@@ -117,7 +116,6 @@ absl::StatusOr<LoweredNode> LowerNodeKernels(const Node& node, const CodegenOpti
       return LoweredNode{LoweringKind::kAlias, {}};
     case Lowering::kGemm:
       if (codegen::SmallMGemmRefusal(node, options).empty()) return codegen::LowerSmallMGemm(node, options);
-      if (codegen::FewRowMmaRefusal(node, options).empty()) return codegen::LowerFewRowMmaGemm(node, options);
       return LoweredNode{LoweringKind::kGemm, {}};
     case Lowering::kResult:
       return LoweredNode{LoweringKind::kResult, {}};

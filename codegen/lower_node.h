@@ -23,14 +23,6 @@ struct CodegenOptions {
   struct GemvGeometry {
     int rows = 0, split = 0, unroll = 0, groups = 0;
   } small_m_gemv_geometry;
-  // A gemm of 9 to 64 rows of A (the decode step's at batch 16, 32, 64) runs kiln's
-  // FewRowMmaGemm on tensor cores instead of cuBLASLt where it qualifies
-  // (codegen/lower_few_row_gemm.h). Its geometry: warps a block (16 rows of B each),
-  // 32-element chunks of B in flight a lane, slices of K; zeros: chosen from the shape.
-  bool few_row_mma = true;
-  struct FewRowMmaGeometry {
-    int warps = 0, unroll = 0, slices = 0;
-  } few_row_mma_geometry;
   // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
   // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two

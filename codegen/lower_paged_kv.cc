@@ -94,13 +94,12 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   // eight within 11.1-13.2.
   const CodegenOptions::PagedAttentionGeometry& geometry = options.paged_attention;
   if (geometry.warps < 1 || geometry.warps > 32 || geometry.few_rows_warps < 1 || geometry.few_rows_warps > 32 ||
-      geometry.stages < 2 || geometry.min_split_blocks < 1 ||
-      geometry.blocks_per_sm < 1) {
+      geometry.stages < 2 || geometry.min_split_blocks < 1 || geometry.blocks_per_sm < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(node), ": CodegenOptions::paged_attention wants 1-32 warps, at least 2 stages, a split of at least one "
                      "block and at least one block an SM; got ",
-        geometry.warps, " (", geometry.few_rows_warps, " for few rows) warps, ", geometry.stages, " stages, ", geometry.min_split_blocks, " blocks a split, ",
-        geometry.blocks_per_sm, " blocks an SM"));
+        geometry.warps, " (", geometry.few_rows_warps, " for few rows) warps, ", geometry.stages, " stages, ",
+        geometry.min_split_blocks, " blocks a split, ", geometry.blocks_per_sm, " blocks an SM"));
   }
   // 8 warps at batch 1: 11.7 against 12.5 us with 4 (bench/RESULTS.md, session 25,
   // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0).

@@ -21,11 +21,6 @@ bool ReadsBeforeWaitByDefault() {
   return env == nullptr || (std::string(env) != "0" && std::string(env) != "late");
 }
 
-bool FewRowMmaByDefault() {
-  const char* env = std::getenv("KILN_FEW_ROW_MMA");
-  return env == nullptr || std::string(env) != "0";
-}
-
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
                                                               const CudaExecutableOptions& run,
                                                               const GpuCompileOptions& compile) {
@@ -35,8 +30,7 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                                                     .compile_threads = compile.compile_threads,
                                                     .programmatic_dependent_launch =
                                                         compile.programmatic_dependent_launch,
-                                                    .reads_before_wait = compile.reads_before_wait,
-                                                    .few_row_mma = compile.few_row_mma}));
+                                                    .reads_before_wait = compile.reads_before_wait}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

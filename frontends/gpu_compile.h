@@ -25,16 +25,12 @@ namespace kiln {
 // (CodegenOptions::reads_before_wait): yes, unless $KILN_PDL is "0" or "late".
 bool ProgrammaticDependentLaunchByDefault();
 bool ReadsBeforeWaitByDefault();
-// Whether gemms of 9-64 rows run kiln's FewRowMmaGemm (CodegenOptions::few_row_mma): yes,
-// unless $KILN_FEW_ROW_MMA is "0" (cuBLASLt then, to measure what the kernel saves).
-bool FewRowMmaByDefault();
 
 struct GpuCompileOptions {
   std::string cache_dir;    // kernel cache; empty: its default
   int compile_threads = 0;  // NVRTC threads; 0: one per core
   bool programmatic_dependent_launch = ProgrammaticDependentLaunchByDefault();
   bool reads_before_wait = ReadsBeforeWaitByDefault();
-  bool few_row_mma = FewRowMmaByDefault();
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

@@ -1,15 +1,12 @@
-// The few-row gemm kernels, SmallMGemm (kernels/gemv.cuh, codegen/lower_gemv.h: 1-8 rows) and
-// FewRowMmaGemm (kernels/few_row_gemm.cuh, codegen/lower_few_row_gemm.h: 9-64 rows): which
-// gemms take them instead of cuBLASLt, their geometry, and that their kernels compile for
-// sm_90a without spilling. Their values against the reference run on the GPU
-// (tests/gpu_gemv_test.cc).
+// The small-M gemm kernel (kernels/gemv.cuh, codegen/lower_gemv.h): which gemms take it
+// instead of cuBLASLt, and that its kernels compile for sm_90a without spilling. Its values
+// against the reference run on the GPU (tests/gpu_ops_test.cc, SmallMGemmMatchesTheReference).
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "codegen/lower_few_row_gemm.h"
 #include "codegen/lower_gemv.h"
 #include "codegen/lower_node.h"
 #include "frontends/llama_inference.h"
@@ -127,10 +124,7 @@ TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
     const std::string why = codegen::SmallMGemmRefusal(g.node(), {});
     EXPECT_TRUE(absl::StrContains(why, r.reason)) << why << " (expected: " << r.reason << ")";
     absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    // cuBLASLt's, but where FewRowMmaGemm takes it (m 9).
-    if (lowered.ok() && !codegen::FewRowMmaRefusal(g.node(), {}).empty()) {
-      EXPECT_EQ(lowered->kind, LoweringKind::kGemm) << r.reason;
-    }
+    if (lowered.ok()) EXPECT_EQ(lowered->kind, LoweringKind::kGemm) << r.reason;  // cuBLASLt's
   }
   GemmNode off(GemmCase{});
   CodegenOptions no_gemv;
@@ -207,125 +201,6 @@ TEST(SmallMGemm, SplitsALongRowOverWarps) {
   }
 }
 
-TEST(FewRowMmaGemm, TakesGemmsOfNineToSixtyFourRowsOfMmaOperands) {
-  for (int64_t m : {9, 16, 17, 32, 64}) {
-    GemmNode g(GemmCase{.m = m});
-    EXPECT_EQ(codegen::FewRowMmaRefusal(g.node(), {}), "") << "m " << m;
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    EXPECT_EQ(lowered->kind, LoweringKind::kKernels);
-    EXPECT_EQ(lowered->label, "few-row gemm");
-    ASSERT_EQ(lowered->kernels.size(), 1u);
-    EXPECT_TRUE(absl::StrContains(lowered->kernels[0].source, "FewRowMmaGemm<__nv_bfloat16, __nv_bfloat16, ")) << m;
-  }
-  GemmNode with_c(GemmCase{.m = 32, .d = DType::kF32, .beta = 1.0});
-  EXPECT_EQ(codegen::FewRowMmaRefusal(with_c.node(), {}), "");
-  EXPECT_TRUE(absl::StrContains(LowerNode(with_c.node())->kernels.at(0).source, ">::Run(out, a, b, c, "));
-  struct Refused {
-    GemmCase c;
-    std::string reason;
-  };
-  const std::vector<Refused> refused = {
-      {{.m = 8}, "m 8 is not in [9, 64]"},  // SmallMGemm's
-      {{.m = 65}, "m 65 is not in [9, 64]"},
-      {{.batch = 2, .m = 16}, "batch 2"},
-      {{.m = 16, .a_layout = "km"}, "layouts other than a_layout=mk, b_layout=nk"},
-      {{.m = 16, .k = 48}, "K 48 is not a multiple of 32"},
-      {{.m = 16, .ab = DType::kF32, .d = DType::kF32}, "f32 x f32 -> f32"},
-  };
-  for (const Refused& r : refused) {
-    GemmNode g(r.c);
-    const std::string why = codegen::FewRowMmaRefusal(g.node(), {});
-    EXPECT_TRUE(absl::StrContains(why, r.reason)) << why << " (expected: " << r.reason << ")";
-    if (r.c.m > codegen::kSmallMGemmMaxRows) {
-      absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-      if (lowered.ok()) EXPECT_EQ(lowered->kind, LoweringKind::kGemm) << r.reason;  // cuBLASLt's
-    }
-  }
-  GemmNode g(GemmCase{.m = 32});
-  CodegenOptions off;
-  off.few_row_mma = false;
-  EXPECT_EQ(codegen::FewRowMmaRefusal(g.node(), off), "CodegenOptions::few_row_mma is off");
-  EXPECT_EQ(LowerNode(g.node(), off)->kind, LoweringKind::kGemm);
-  CodegenOptions turing;
-  turing.target.compute_capability = 75;
-  EXPECT_TRUE(absl::StrContains(codegen::FewRowMmaRefusal(g.node(), turing), "sm_75"));
-}
-
-// K is split into the fewest slices that make about two blocks an SM, each slice at least one
-// chunk and A's slice at most 72 KB of shared memory; the last slice of a row block adds the
-// partials (scratch of [block][warp][fragment][lane] floats). llama-M's shapes at batch 32 on
-// 132 SMs, and an N and K that leave the last block and the last slice short.
-TEST(FewRowMmaGemm, SplitsKIntoSlicesThatKeepEverySmStreaming) {
-  struct Want {
-    int64_t m, n, k;
-    int64_t row_blocks, slices, slice_chunks;
-  };
-  const std::vector<Want> wants = {
-      {32, 2048, 2048, 32, 8, 8},      // o: 256 blocks
-      {32, 4096, 2048, 64, 5, 13},     // qkv: the last slice 12 chunks
-      {32, 11264, 2048, 176, 2, 32},   // gate_up: 66 KB of A a block
-      {32, 2048, 5632, 32, 9, 20},     // down: the last slice 16 chunks
-      {32, 32000, 2048, 500, 2, 32},   // lm_head: one slice would want 133 KB of A
-      {64, 32000, 2048, 500, 4, 16},   // 64 rows: A's slice within 72 KB
-      {9, 1030, 96, 17, 3, 1},         // 3 chunks, a slice each
-  };
-  CodegenOptions options;
-  options.target.sm_count = 132;
-  for (const Want& w : wants) {
-    SCOPED_TRACE(absl::StrCat("m ", w.m, " n ", w.n, " k ", w.k));
-    absl::StatusOr<codegen::FewRowMmaGeometry> g = codegen::FewRowMmaGeometryFor(w.m, w.n, w.k, options);
-    ASSERT_TRUE(g.ok()) << g.status();
-    EXPECT_EQ(g->row_blocks, w.row_blocks);
-    EXPECT_EQ(g->slices, w.slices);
-    EXPECT_EQ(g->slice_chunks, w.slice_chunks);
-    EXPECT_GE(g->slices * g->slice_chunks, w.k / 32) << "the slices cover K";
-    EXPECT_LT((g->slices - 1) * g->slice_chunks, w.k / 32) << "every slice has a chunk";
-    EXPECT_LE(g->shared_bytes, 72 * 1024);
-    EXPECT_EQ(g->unroll, std::min<int64_t>(8, g->slice_chunks));
-    EXPECT_EQ(g->scratch_bytes, g->slices > 1 ? g->row_blocks * g->slices * 4 * ((w.m + 7) / 8) * 4 * 32 * 4 : 0);
-    GemmNode node(GemmCase{.m = w.m, .n = w.n, .k = w.k});
-    absl::StatusOr<LoweredNode> lowered = LowerNode(node.node(), options);
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    const KernelSpec& k = lowered->kernels.at(0);
-    EXPECT_EQ(k.grid[0], static_cast<uint32_t>(w.row_blocks * w.slices));
-    EXPECT_EQ(k.block[0], 128u);
-    EXPECT_EQ(k.shared_bytes, static_cast<uint32_t>(g->shared_bytes));
-    EXPECT_EQ(lowered->scratch_bytes, g->scratch_bytes);
-    EXPECT_EQ(absl::StrContains(k.source, "g_slices_done["), w.slices > 1) << k.source;
-    EXPECT_TRUE(k.launches_dependents_itself);
-  }
-}
-
-// The decode step's gemms at batch 16, 32 and 64 take it (the LM head too); batch 8 stays
-// SmallMGemm's and a prefill of 128 tokens cuBLASLt's.
-TEST(FewRowMmaGemm, TakesTheDecodeStepsGemmsAtBatchSixteenToSixtyFour) {
-  const ModelConfig config = *PresetConfig("llama-tiny");
-  const PagedKvLayout layout{.num_blocks = 40, .block_size = 16, .max_blocks_per_sequence = 8};
-  struct Phase {
-    InferencePhase phase;
-    int64_t size;
-    bool mma;
-  };
-  for (const Phase& p : {Phase{InferencePhase::kDecode, 16, true}, Phase{InferencePhase::kDecode, 32, true},
-                         Phase{InferencePhase::kDecode, 64, true}, Phase{InferencePhase::kDecode, 8, false},
-                         Phase{InferencePhase::kPrefill, 128, false}}) {
-    SCOPED_TRACE(absl::StrCat(p.phase == InferencePhase::kDecode ? "decode " : "prefill ", p.size));
-    std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, p.phase, p.size);
-    ASSERT_TRUE(CompileInferenceModule(*m, {}).ok());
-    int gemms = 0, taken = 0;
-    for (const auto& node : m->functions()[0]->nodes()) {
-      if (node->opcode() != Opcode::kGemm) continue;
-      ++gemms;
-      const std::string why = codegen::FewRowMmaRefusal(*node, {});
-      if (why.empty()) ++taken;
-      if (p.mma) EXPECT_EQ(why, "") << node->name();
-    }
-    EXPECT_GT(gemms, 0);
-    EXPECT_EQ(taken, p.mma ? gemms : 0);
-  }
-}
-
 #ifdef KILN_WITH_CUDA
 // Every geometry the lowering picks (m 1, 2-4, 5-8), each operand dtype, an f32 D, a
 // non-unit alpha and an N that leaves the last warp's rows partly past the end: the kernels
@@ -357,33 +232,6 @@ TEST(SmallMGemm, KernelsCompileWithoutSpills) {
                 compiled->log.substr(compiled->log.find("Used"), compiled->log.find('\n', compiled->log.find("Used")) -
                                                                       compiled->log.find("Used"))
                     .c_str());
-  }
-}
-
-// llama-M's decode shapes at 16, 32 and 64 rows, with and without C (f32 D), and a ragged one:
-// the kernels compile for sm_90a with every fragment and chunk in registers.
-TEST(FewRowMmaGemm, KernelsCompileWithoutSpills) {
-  std::vector<GemmCase> cases;
-  for (int64_t m : {16, 32, 64}) {
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632}}) {
-      cases.push_back({.m = m, .n = n, .k = k});
-    }
-    cases.push_back({.m = m, .n = 2048, .k = 5632, .d = DType::kF32, .beta = 1.0});
-  }
-  cases.push_back({.m = 9, .n = 1030, .k = 96, .ab = DType::kF16, .d = DType::kF16, .alpha = 0.5});
-  for (const GemmCase& c : cases) {
-    GemmNode g(c);
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    ASSERT_EQ(lowered->kind, LoweringKind::kKernels) << codegen::FewRowMmaRefusal(g.node(), {});
-    const KernelSpec& k = lowered->kernels.at(0);
-    absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{.ptxas_info = true});
-    ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
-    EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores")) << compiled->log;
-    EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes stack frame")) << compiled->log;
-    const size_t used = compiled->log.find("Used");
-    std::printf("[ m %lld n %lld k %lld ] %s\n", static_cast<long long>(c.m), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
   }
 }
 #endif

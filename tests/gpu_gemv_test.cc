@@ -1,5 +1,4 @@
-// kernels/gemv.cuh's SmallMGemm and kernels/few_row_gemm.cuh's FewRowMmaGemm on the GPU against
-// the reference's gemm (ir/op_table.h):
+// kernels/gemv.cuh's SmallMGemm on the GPU against the reference's gemm (ir/op_table.h):
 // exactly, where the operands are small integers (every f32 sum is then exact, whatever its
 // order); within the f32 accumulation bound, where they are random. Every geometry the
 // lowering picks (m 1, 2-4, 5-8), each operand dtype, an f32 D, alpha, and N and K that
@@ -12,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "codegen/lower_few_row_gemm.h"
 #include "codegen/lower_gemv.h"
 #include "ir/builder.h"
 #include "ir/reference_backend.h"
@@ -72,10 +70,6 @@ double UlpOf(DType dtype, double v) {
   return std::ldexp(1.0, std::ilogb(std::max(std::abs(v), 1e-30)) - mantissa);
 }
 
-// `c` on the GPU against the reference, on integer operands (exactly) and random ones (within
-// the f32 accumulation bound); `refusal` says why a gemm would not take the kernel under test.
-void ExpectMatchesTheReference(const Case& c, std::string (*refusal)(const Node&, const CodegenOptions&));
-
 TEST(GpuGemv, SmallMGemmMatchesTheReference) {
   KILN_REQUIRE_GPU();
   const std::vector<Case> cases = {
@@ -89,36 +83,13 @@ TEST(GpuGemv, SmallMGemmMatchesTheReference) {
       {8, 2048, 5632, DType::kBF16, DType::kF32, 1.0, 1.0},  // the down projection at batch 8
       {2, 33, 64, DType::kF16, DType::kF16, 0.5, -2.0},
   };
-  for (const Case& c : cases) ExpectMatchesTheReference(c, codegen::SmallMGemmRefusal);
-}
-
-// FewRowMmaGemm (kernels/few_row_gemm.cuh) at 9-64 rows: one n-tile partly past M (9, 17),
-// the last block's rows partly past N (1030), a K of one chunk a slice (96) and of a short last
-// slice (5632: 9 slices of 20 chunks, the last 16), f16, an f32 D, C, alpha; llama-M's o and
-// down projections at batch 32 and 64 with the residual.
-TEST(GpuGemv, FewRowMmaGemmMatchesTheReference) {
-  KILN_REQUIRE_GPU();
-  const std::vector<Case> cases = {
-      {9, 1030, 96, DType::kBF16, DType::kBF16, 1.0},
-      {16, 4096, 2048, DType::kBF16, DType::kBF16, 1.0},
-      {17, 300, 2560, DType::kF16, DType::kF32, 0.5},
-      {32, 2048, 2048, DType::kBF16, DType::kF32, 1.0, 1.0},  // o adding into the f32 residual
-      {32, 2048, 5632, DType::kBF16, DType::kBF16, 1.0, 1.0},
-      {32, 4000, 2048, DType::kBF16, DType::kBF16, 1.0},  // 63 row blocks of 5 slices
-      {64, 2600, 2048, DType::kBF16, DType::kBF16, 1.0},
-      {64, 2048, 5632, DType::kF16, DType::kF16, 0.5, -2.0},
-  };
-  for (const Case& c : cases) ExpectMatchesTheReference(c, codegen::FewRowMmaRefusal);
-}
-
-void ExpectMatchesTheReference(const Case& c, std::string (*refusal)(const Node&, const CodegenOptions&)) {
-  {
+  for (const Case& c : cases) {
     SCOPED_TRACE(Name(c));
     std::unique_ptr<Module> module = GemmModule(c);
     const Function& f = *module->functions()[0];
     std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
     for (const auto& n : lowered->functions()[0]->nodes()) {
-      if (n->opcode() == Opcode::kGemm) EXPECT_EQ(refusal(*n, {}), "") << "runs on cuBLASLt";
+      if (n->opcode() == Opcode::kGemm) EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}), "") << "runs on cuBLASLt";
     }
     for (bool integers : {true, false}) {
       std::vector<HostTensor> args = {Values({c.ab, {c.m, c.k}}, 11, integers), Values({c.ab, {c.n, c.k}}, 12, integers)};

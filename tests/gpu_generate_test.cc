@@ -139,8 +139,9 @@ TEST(GpuGenerate, GreedyPickedOnTheDeviceMatchesTheReference) {
   EXPECT_EQ(gpu.stats.sample_seconds, 0.0) << "no logits were sampled on the host";
 }
 
-// Sixteen requests decoded together (the decode bucket of 16, whose gemms run FewRowMmaGemm:
-// kernels/few_row_gemm.cuh) give the reference backend's logits at every step, bf16.
+// Sixteen requests decoded together (the decode bucket of 16: cuBLASLt's few-row GEMMs and the
+// paged attention's combine kernel, past fold_max_rows) give the reference backend's logits at
+// every step, bf16.
 Generation GenerateSixteen(CudaDevice* device) {
   const ModelConfig config = *PresetConfig("llama-tiny");
   Generation g;

@@ -216,10 +216,10 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   // 8 sequences x 8 kv heads = 64 blocks would leave most of 132 SMs idle: the keys split
   // up to 4 blocks per SM (528 / 64 = 8, rounded down: one wave), but no split is shorter
   // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks; a block of 8
-  // warps (few_rows_warps: 8 rows are at most fold_max_rows) stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) through shared memory; the
-  // last split of each row and kv head adds the splits' partials (scratch: 64 x 4 x 4 heads x
-  // (128 + 2) floats; the counts of finished splits are the module's 64: 8 rows, at most
-  // fold_max_rows); the tables and positions, parameters nothing writes, are read before the
+  // warps (few_rows_warps: 8 rows are at most fold_max_rows) stages 5 KV blocks of K and V
+  // (5 x 2 x 16 x 128 bf16) through shared memory; the last split of each row and kv head
+  // adds the splits' partials (scratch: 64 x 4 x 4 heads x (128 + 2) floats; the counts of
+  // finished splits are the module's 64: 8 rows, at most fold_max_rows); the tables and positions, parameters nothing writes, are read before the
   // grid-dependency wait (the template's last argument).
   ASSERT_EQ(attention->kernels.size(), 1u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
