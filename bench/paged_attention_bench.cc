@@ -8,7 +8,9 @@
 // CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm, and
 // "+combine" for a PagedAttentionCombine launch after the split kernel instead of the last
 // split adding the partials, "+fold" for the fold at every batch: by default it is taken up to
-// fold_max_rows), so the variants compare in one run; the first is the default.
+// fold_max_rows; the warps named serve every batch, where the default, printed "4(8)x5x4x4",
+// takes few_rows_warps (8) up to fold_max_rows rows), so the variants compare in one run; the
+// first is the default.
 // Each row: median, min and max us over the timed calls (CUDA events around the launch, after
 // warm-up), the K and V bytes the call reads over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
