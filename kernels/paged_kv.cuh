@@ -116,16 +116,22 @@ __device__ __forceinline__ void PagedAttention(TO* out, const TP* q, const TP* k
   }
 }
 
-// exp(m - m_new), the factor that moves a running sum from max m to max m_new >= m; 0 for a
-// sum that has seen no key yet (m = -inf), where the difference would be NaN.
+// PagedAttentionSplit keeps its scores, and so its running maxima, in base-2 units (S times
+// log2(e)): exp(S - max) is then exp2f of the difference, one MUFU.EX2 where expf is a
+// sequence of about eight instructions, and the kernel's issue slots are half its time at
+// batch 32 (ncu, bench/RESULTS.md session 25).
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 2^(m - m_new), the factor that moves a running sum from max m to max m_new >= m (base-2
+// units); 0 for a sum that has seen no key yet (m = -inf), where the difference would be NaN.
 __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
-  return m == -CUDART_INF_F ? 0.0f : expf(m - m_new);
+  return m == -CUDART_INF_F ? 0.0f : exp2f(m - m_new);
 }
 
 // Element (g, d) of one (row, kv head) from its kSplits partials `p` (PagedAttentionSplit's
-// layout): the splits' sums rescaled to the largest max and added in split order, over the
-// rescaled sum of exp, rounded once to TO; zero when no split saw a key (a padding row).
-// `Load` reads a float of the partials (through L2 where other blocks wrote them).
+// layout, maxima in base-2 units): the splits' sums rescaled to the largest max and added in
+// split order, over the rescaled sum of exp, rounded once to TO; zero when no split saw a key
+// (a padding row). `Load` reads a float of the partials (through L2 where other blocks wrote them).
 template <typename TO, int kGroup, int kD, int kSplits, typename Load>
 __device__ __forceinline__ TO CombinedElement(const float* p, int g, int d, Load load) {
   float m = -CUDART_INF_F;
@@ -134,7 +140,7 @@ __device__ __forceinline__ TO CombinedElement(const float* p, int g, int d, Load
   float total = 0.0f, sum = 0.0f;
   for (int split = 0; split < kSplits; ++split) {
     const float* s = p + split * kGroup * (kD + 2);
-    const float scale = expf(load(s + 2 * g) - m);  // 0 for a split without keys (max -inf)
+    const float scale = exp2f(load(s + 2 * g) - m);  // 0 for a split without keys (max -inf)
     sum += scale * load(s + 2 * g + 1);
     total += scale * load(s + 2 * kGroup + g * kD + d);
   }
@@ -183,8 +189,8 @@ __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials,
 // exp(S - max), and the sum of exp(S - max) V over its kVec dims. Threads of the same dims
 // then merge their running sums (a shuffle within the warp, shared memory across warps), in a
 // fixed order. With kSplits == 1 the block writes O (as TO, the f32 value rounded once);
-// otherwise (max, sum, unnormalized sum of V) per head, f32, to `partials`, which
-// PagedAttentionCombine merges in split order. A table entry outside [0, kBlocks) reads as
+// otherwise (max in base-2 units, sum, unnormalized sum of V) per head, f32, to `partials`,
+// which PagedAttentionCombine merges in split order. A table entry outside [0, kBlocks) reads as
 // zeros (memory-safe; the block manager never writes one inside a row's keys).
 // Launch: grid = kB * kT * kHkv * kSplits blocks of kWarps * 32 threads; dynamic shared memory
 // of kStages * 2 * kBs * kD elements of TP (the stages), kMaxBlocks ints (rounded up to 16
@@ -198,6 +204,7 @@ template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, 
 __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials, unsigned int* splits_done = nullptr) {
+  const float scale2 = scale * kLog2E;  // scores in base-2 units (RescaleFactor)
   constexpr int kGroup = kH / kHkv;
   constexpr int kMaxKeys = kMaxBlocks * kBs;
   constexpr int kVec = Packed128<TP>::kSize;
@@ -324,18 +331,22 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
         }
 #pragma unroll
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        s[p] = live ? dot * scale : -CUDART_INF_F;
+        s[p] = live ? dot * scale2 : -CUDART_INF_F;
         m_new = fmaxf(m_new, s[p]);
       }
       if (m_new == -CUDART_INF_F) continue;  // none of these keys is this thread's
-      const float c = RescaleFactor(m[g], m_new);
-      l[g] *= c;
+      // Rescaled only when the max grew (most stages after the first few keep it): a factor
+      // of 2^0 = 1 would leave every bit as it is.
+      if (m_new > m[g]) {
+        const float c = RescaleFactor(m[g], m_new);
+        l[g] *= c;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[g][e] *= c;
+        for (int e = 0; e < kVec; ++e) acc[g][e] *= c;
+      }
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
         if (s[p] == -CUDART_INF_F) continue;
-        const float weight = expf(s[p] - m_new);
+        const float weight = exp2f(s[p] - m_new);
         l[g] += weight;
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[g][e] += weight * ToFloat(v[p][e]);
