@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "codegen/composite_lowerings.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
 #include "codegen/lower_gemv.h"
@@ -529,8 +530,74 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   return lowered;
 }
 
+// An attention_q fusion (ir/fusion.h): paged attention's kernels (codegen/lower_paged_kv.cc)
+// reading q through a GroupInput, the reduction fusion's functor, which computes each element
+// from the fusion's inputs as the loop fusion's kernel computed it.
+absl::StatusOr<LoweredNode> LowerAttentionQFusion(const Node& fusion, const CodegenOptions& options) {
+  const Function* body = fusion.body();
+  if (body == nullptr || body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kPagedAttention) {
+    return absl::InvalidArgumentError(absl::StrCat("attention_q fusion %", fusion.name(),
+                                                   " does not end in a paged_attention"));
+  }
+  const Node& attention = *body->outputs()[0];
+  const Node* q = attention.operand(0);
+  KernelGroup group;
+  group.root = q;
+  group.roots = {q};
+  for (const Node* p : body->parameters()) group.inputs.push_back(p);
+  for (const auto& n : body->nodes()) {
+    if (n->opcode() != Opcode::kParameter && n.get() != &attention) group.members.push_back(n.get());
+  }
+  GroupEmitter emitter(group);
+  ASSIGN_OR_RETURN(const std::string value, emitter.Value(q, "i"));
+  std::vector<DType> dtypes = {attention.type().dtype, q->type().dtype};
+  composite::PagedAttentionInputs inputs;
+  std::string fields, names;
+  auto param_index = [](const Node* p) { return p->attrs().GetInt("index").value_or(-1); };
+  for (size_t i = 0; i < group.inputs.size(); ++i) {
+    const char* type = CudaTypeName(group.inputs[i]->type().dtype);
+    dtypes.push_back(group.inputs[i]->type().dtype);
+    if (param_index(group.inputs[i]) != static_cast<int64_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_q fusion %", fusion.name(), ": body parameter %",
+                                                     group.inputs[i]->name(), " is not parameter ", i));
+    }
+    // No __restrict__: the kernel may read the tables before its grid-dependency wait, and q's
+    // loads must stay after it (kernels/paged_kv.cuh, IsPointer).
+    inputs.params.push_back(absl::StrCat("const ", type, "* in", i));
+    absl::StrAppend(&fields, "  const ", type, "* in", i, ";\n");
+    absl::StrAppend(&names, "in", i, ", ");
+  }
+  for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
+  inputs.globals = absl::StrCat(FusionSourceOpening("attention_q fusion", group, fusion, dtypes),
+                                "// q, computed element by element from the fusion's inputs.\n"
+                                "struct GroupInput {\n"
+                                "  typedef long long Index;\n",
+                                fields,
+                                "  Index base;\n"
+                                "  __device__ __forceinline__ ",
+                                CudaTypeName(q->type().dtype),
+                                " operator[](Index j) const {\n"
+                                "    const Index i = base + j;\n",
+                                emitter.code(), "    return ", value,
+                                ";\n"
+                                "  }\n"
+                                "};\n\n");
+  inputs.q = absl::StrCat("GroupInput{", names, "0}");
+  inputs.q_source = "GroupInput";
+  inputs.k_pool = absl::StrCat("in", param_index(attention.operand(1)));
+  inputs.v_pool = absl::StrCat("in", param_index(attention.operand(2)));
+  inputs.block_tables = absl::StrCat("in", param_index(attention.operand(3)));
+  inputs.positions = absl::StrCat("in", param_index(attention.operand(4)));
+  inputs.tables_value = fusion.operand(static_cast<int>(param_index(attention.operand(3))));
+  inputs.positions_value = fusion.operand(static_cast<int>(param_index(attention.operand(4))));
+  ASSIGN_OR_RETURN(LoweredNode lowered, composite::LowerPagedAttentionFrom(attention, fusion, inputs, options));
+  lowered.label = "fused paged_attention";
+  return lowered;
+}
+
 absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
+  if (kind == FusionKind::kAttentionQ) return LowerAttentionQFusion(fusion, options);
   if (kind == FusionKind::kCacheWrite) return LowerCacheWriteFusion(fusion, options);
   if (kind == FusionKind::kGemvGlu) return LowerGemvGluFusion(fusion, options);
   ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion, kind));

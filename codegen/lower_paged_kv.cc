@@ -58,6 +58,17 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
 // adds their partials (fold_combine), or PagedAttentionCombine does after the split kernel;
 // otherwise a warp per (query row, head), one key at a time (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
+  PagedAttentionInputs inputs;
+  inputs.tables_value = node.operand(3);
+  inputs.positions_value = node.operand(4);
+  inputs.params = {Param(node.operand(0)->type().dtype, "q"), Param(node.operand(1)->type().dtype, "k_pool"),
+                   Param(node.operand(2)->type().dtype, "v_pool"), Param(DType::kI32, "block_tables"),
+                   Param(DType::kI32, "positions")};
+  return LowerPagedAttentionFrom(node, node, inputs, options);
+}
+
+absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node& emitted_as,
+                                                    const PagedAttentionInputs& inputs, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
   const TensorType& q = node.operand(0)->type();
@@ -71,19 +82,23 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const std::string out_type = CudaTypeName(node.type().dtype);
   Wrapper w;
   w.header = "paged_kv";
-  w.params = {Param(q.dtype, "q"), Param(pool.dtype, "k_pool"), Param(pool.dtype, "v_pool"),
-              Param(DType::kI32, "block_tables"), Param(DType::kI32, "positions")};
+  w.params = inputs.params;
+  w.globals = inputs.globals;
+  const bool computed_q = !inputs.q_source.empty();
   const std::string args = absl::StrCat(q.dims[0], "LL, ", q.dims[1], "LL, ", heads, ", ", head_dim, ", ", layer, ", ",
                                         pool.dims[1], "LL, ", kv_heads, ", ", block_size, ", ", max_blocks);
-  const std::string call_args = absl::StrCat("(out, q, k_pool, v_pool, block_tables, positions, ", FloatLiteral(scale));
+  const std::string call_args =
+      absl::StrCat("(out, ", inputs.q, ", ", inputs.k_pool, ", ", inputs.v_pool, ", ", inputs.block_tables, ", ",
+                   inputs.positions, ", ", FloatLiteral(scale));
   const int64_t vec = 16 / DTypeBytes(pool.dtype);
   const int64_t lanes_per_row = head_dim % vec == 0 ? head_dim / vec : 0;
   if (q.dtype != pool.dtype || lanes_per_row < 1 || lanes_per_row > kWarpSize || kWarpSize % lanes_per_row != 0) {
     const int64_t items = q.num_elements() / std::max<int64_t>(1, head_dim);
     RETURN_IF_ERROR(CheckGrid(node, items));
     w.comment = absl::StrCat("a warp per (query, head): ", Count(items, "warp"), ", two passes over the keys");
-    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ">", call_args, ")");
-    return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
+    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args,
+                          computed_q ? ", " + inputs.q_source : "", ">", call_args, ")");
+    return Kernels({Emit(emitted_as, codegen::KernelName(emitted_as), w, items, kWarpSize)});
   }
   // CodegenOptions::paged_attention. Its defaults: 4 warps and 5 stages, four KV blocks in
   // flight while one is scored (32 KB a block at bf16 and head dim 128; the 45 KB of shared
@@ -131,19 +146,21 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   if (fold) {
     // The count of finished splits per (row, kv head): the module's, zero when it loads, put
     // back to zero by each item's last split (kernels/paged_kv.cuh, CombineIfLastSplit).
-    w.globals = absl::StrCat("// Finished splits per (row, kv head), zero at load; the last one resets its count.\n",
-                             "static __device__ unsigned int g_splits_done[", items, "];\n\n");
+    w.globals += absl::StrCat("// Finished splits per (row, kv head), zero at load; the last one resets its count.\n",
+                              "static __device__ unsigned int g_splits_done[", items, "];\n\n");
     w.comment += "; the last split of each adds the splits' partials";
   }
   // The block tables and positions read before the grid-dependency wait where nothing in the
-  // step writes them (the inference functions' parameters).
-  const bool tables_first = EarlyReadsAllowed(options) && IsStepInvariant(*node.operand(3)) &&
-                            IsStepInvariant(*node.operand(4));
+  // step writes them (the inference functions' parameters; an attention_q fusion's operands
+  // 3 and 4 are the same values).
+  const bool tables_first = EarlyReadsAllowed(options) && IsStepInvariant(*inputs.tables_value) &&
+                            IsStepInvariant(*inputs.positions_value);
   if (tables_first) w.comment += "; block tables and positions read before the grid-dependency wait";
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
-                        splits, ", ", stages, tables_first ? ", true" : "", ">", call_args, ", ",
+                        splits, ", ", stages, tables_first || computed_q ? tables_first ? ", true" : ", false" : "",
+                        computed_q ? ", " + inputs.q_source : "", ">", call_args, ", ",
                         splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
-  KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, warps * kWarpSize);
+  KernelSpec split_kernel = Emit(emitted_as, codegen::KernelName(emitted_as), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   split_kernel.waits_itself = tables_first;
   if (splits == 1) return Kernels({std::move(split_kernel)});
@@ -153,12 +170,13 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
     return lowered;
   }
   Wrapper combine = w;
+  combine.globals.clear();  // the combine reads only the partials
   combine.comment = absl::StrCat("adds the ", splits, " splits' partial outputs, a thread per element");
   combine.call = absl::StrCat("PagedAttentionCombine<", out_type, ", ", rows, "LL, ", heads, ", ", head_dim, ", ",
                               kv_heads, ", ", splits, ">(out, partials)");
   const int threads = options.threads_per_block;
   LoweredNode lowered =
-      Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,
+      Kernels({std::move(split_kernel), Emit(emitted_as, codegen::KernelName(emitted_as) + "_combine", combine,
                                              CeilDiv(q.num_elements(), threads), threads)});
   lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
   return lowered;

@@ -41,9 +41,14 @@ namespace kiln {
 // kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
 // are body parameters): the kernel that computes a layer's new K (or V) rows stores them
 // straight into their paged-pool slots instead of writing them for a second kernel to copy.
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
+// kAttentionQ: a loop body computing a paged_attention's q (a layer's RoPE of its slice of the
+// q/k/v projection) and that paged_attention, whose other operands are body parameters: the
+// attention kernel computes each q element as it loads it, and q is never stored
+// (passes/fuse_attention_q.h).
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu, kAttentionQ };
 
-absl::string_view FusionKindName(FusionKind kind);  // "loop", "reduction", "cache_write", "gemv_glu"
+// "loop", "reduction", "cache_write", "gemv_glu", "attention_q"
+absl::string_view FusionKindName(FusionKind kind);
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
 // The `kind` attribute of a fusion node.
