@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "codegen/composite_lowerings.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
@@ -396,28 +397,29 @@ class GroupEmitter {
   int next_var_ = 0;
 };
 
-// A reduction fusion: the reduction's kernel (reduction_lowering.cc) reads its operand
-// through a GroupInput that computes each element from the fusion's inputs.
-absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const CodegenOptions& options) {
-  const Node& root = *group.root;
-  const Node* operand = root.operand(0);
+// A GroupInput: a pointer-like functor computing element i of `value` from the group's inputs
+// (inK), as a loop kernel computes it: `in + d` moves it, `in[j]` reads element base + j. Its
+// input pointers, and the kernel parameters in `params`, are __restrict__ where `restrict`.
+struct GroupInputSource {
+  std::string definition;   // the struct, at module scope
+  std::string params;       // the kernel's input parameters, ", const T* <restrict>in0, ..."
+  std::string initializer;  // "{in0, in1, 0}": a GroupInput at element 0
+};
+absl::StatusOr<GroupInputSource> GroupInputFor(const KernelGroup& group, const Node& value, absl::string_view what,
+                                               bool restrict) {
   GroupEmitter emitter(group);
-  ASSIGN_OR_RETURN(const std::string value, emitter.Value(operand, "i"));
-  std::vector<DType> dtypes = {root.type().dtype};
-  FusedReduceInput fused;
-  fused.kernel_name = absl::StrCat(KernelName(root), "_fusion");
+  ASSIGN_OR_RETURN(const std::string element, emitter.Value(&value, "i"));
+  const std::string qualifier = restrict ? "* __restrict__ in" : "* in";
+  GroupInputSource source;
   std::string fields, names;
   for (size_t i = 0; i < group.inputs.size(); ++i) {
     const char* type = CudaTypeName(group.inputs[i]->type().dtype);
-    dtypes.push_back(group.inputs[i]->type().dtype);
-    absl::StrAppend(&fused.params, ", const ", type, "* __restrict__ in", i);
-    absl::StrAppend(&fields, "  const ", type, "* __restrict__ in", i, ";\n");
+    absl::StrAppend(&source.params, ", const ", type, qualifier, i);
+    absl::StrAppend(&fields, "  const ", type, qualifier, i, ";\n");
     absl::StrAppend(&names, "in", i, ", ");
   }
-  for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
-  fused.opening = FusionSourceOpening("fusion", group, root, dtypes);
-  fused.definition = absl::StrCat(
-      "// The reduced operand, computed element by element from the group's inputs.\n"
+  source.definition = absl::StrCat(
+      "// ", what, ", computed element by element from the group's inputs.\n"
       "struct GroupInput {\n"
       "  typedef long long Index;\n",
       fields,
@@ -427,13 +429,36 @@ absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const
       "    g.base += d;\n"
       "    return g;\n"
       "  }\n"
-      "  __device__ __forceinline__ ", CudaTypeName(operand->type().dtype), " operator[](Index j) const {\n"
+      "  __device__ __forceinline__ ", CudaTypeName(value.type().dtype), " operator[](Index j) const {\n"
       "    const Index i = base + j;\n",
       emitter.code(),
-      "    return ", value, ";\n"
+      "    return ", element, ";\n"
       "  }\n"
       "};\n\n");
-  fused.construct = absl::StrCat("  const GroupInput in{", names, "0};\n");
+  source.initializer = absl::StrCat("{", names, "0}");
+  return source;
+}
+
+// The dtypes a group's kernel source needs headers and helpers for: `extra`, its inputs' and
+// its members'.
+std::vector<DType> GroupDTypes(const KernelGroup& group, std::vector<DType> extra) {
+  for (const Node* in : group.inputs) extra.push_back(in->type().dtype);
+  for (const Node* m : group.members) extra.push_back(m->type().dtype);
+  return extra;
+}
+
+// A reduction fusion: the reduction's kernel (reduction_lowering.cc) reads its operand
+// through a GroupInput that computes each element from the fusion's inputs.
+absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const CodegenOptions& options) {
+  const Node& root = *group.root;
+  ASSIGN_OR_RETURN(GroupInputSource source,
+                   GroupInputFor(group, *root.operand(0), "The reduced operand", /*restrict=*/true));
+  FusedReduceInput fused;
+  fused.kernel_name = absl::StrCat(KernelName(root), "_fusion");
+  fused.params = source.params;
+  fused.opening = FusionSourceOpening("fusion", group, root, GroupDTypes(group, {root.type().dtype}));
+  fused.definition = source.definition;
+  fused.construct = absl::StrCat("  const GroupInput in", source.initializer, ";\n");
   ASSIGN_OR_RETURN(LoweredNode lowered, LowerReduce(root, options, &fused));
   lowered.label = absl::StrCat("fused ", root.op_name());
   return lowered;
@@ -548,41 +573,22 @@ absl::StatusOr<LoweredNode> LowerAttentionQFusion(const Node& fusion, const Code
   for (const auto& n : body->nodes()) {
     if (n->opcode() != Opcode::kParameter && n.get() != &attention) group.members.push_back(n.get());
   }
-  GroupEmitter emitter(group);
-  ASSIGN_OR_RETURN(const std::string value, emitter.Value(q, "i"));
-  std::vector<DType> dtypes = {attention.type().dtype, q->type().dtype};
-  composite::PagedAttentionInputs inputs;
-  std::string fields, names;
   auto param_index = [](const Node* p) { return p->attrs().GetInt("index").value_or(-1); };
   for (size_t i = 0; i < group.inputs.size(); ++i) {
-    const char* type = CudaTypeName(group.inputs[i]->type().dtype);
-    dtypes.push_back(group.inputs[i]->type().dtype);
     if (param_index(group.inputs[i]) != static_cast<int64_t>(i)) {
       return absl::InvalidArgumentError(absl::StrCat("attention_q fusion %", fusion.name(), ": body parameter %",
                                                      group.inputs[i]->name(), " is not parameter ", i));
     }
-    // No __restrict__: the kernel may read the tables before its grid-dependency wait, and q's
-    // loads must stay after it (kernels/paged_kv.cuh, IsPointer).
-    inputs.params.push_back(absl::StrCat("const ", type, "* in", i));
-    absl::StrAppend(&fields, "  const ", type, "* in", i, ";\n");
-    absl::StrAppend(&names, "in", i, ", ");
   }
-  for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
-  inputs.globals = absl::StrCat(FusionSourceOpening("attention_q fusion", group, fusion, dtypes),
-                                "// q, computed element by element from the fusion's inputs.\n"
-                                "struct GroupInput {\n"
-                                "  typedef long long Index;\n",
-                                fields,
-                                "  Index base;\n"
-                                "  __device__ __forceinline__ ",
-                                CudaTypeName(q->type().dtype),
-                                " operator[](Index j) const {\n"
-                                "    const Index i = base + j;\n",
-                                emitter.code(), "    return ", value,
-                                ";\n"
-                                "  }\n"
-                                "};\n\n");
-  inputs.q = absl::StrCat("GroupInput{", names, "0}");
+  // No __restrict__: the kernel may read the tables before its grid-dependency wait, and q's
+  // loads must stay after it (kernels/paged_kv.cuh, IsPointer).
+  ASSIGN_OR_RETURN(GroupInputSource source, GroupInputFor(group, *q, "q", /*restrict=*/false));
+  composite::PagedAttentionInputs inputs;
+  inputs.params = absl::StrSplit(source.params.substr(2), ", ");
+  inputs.globals = absl::StrCat(
+      FusionSourceOpening("attention_q fusion", group, fusion, GroupDTypes(group, {attention.type().dtype})),
+      source.definition);
+  inputs.q = absl::StrCat("GroupInput", source.initializer);
   inputs.q_source = "GroupInput";
   inputs.k_pool = absl::StrCat("in", param_index(attention.operand(1)));
   inputs.v_pool = absl::StrCat("in", param_index(attention.operand(2)));
