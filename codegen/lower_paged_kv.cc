@@ -156,9 +156,12 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
   const bool tables_first = EarlyReadsAllowed(options) && IsStepInvariant(*inputs.tables_value) &&
                             IsStepInvariant(*inputs.positions_value);
   if (tables_first) w.comment += "; block tables and positions read before the grid-dependency wait";
+  // The template's trailing arguments: kTablesBeforeWait where true or followed by QSource.
+  std::string trailing;
+  if (tables_first || computed_q) trailing = tables_first ? ", true" : ", false";
+  if (computed_q) absl::StrAppend(&trailing, ", ", inputs.q_source);
   w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
-                        splits, ", ", stages, tables_first || computed_q ? tables_first ? ", true" : ", false" : "",
-                        computed_q ? ", " + inputs.q_source : "", ">", call_args, ", ",
+                        splits, ", ", stages, trailing, ">", call_args, ", ",
                         splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
   KernelSpec split_kernel = Emit(emitted_as, codegen::KernelName(emitted_as), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);

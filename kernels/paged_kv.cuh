@@ -145,7 +145,8 @@ __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
 // Element (g, d) of one (row, kv head) from its kSplits partials `p` (PagedAttentionSplit's
 // layout, maxima in base-2 units): the splits' sums rescaled to the largest max and added in
 // split order, over the rescaled sum of exp, rounded once to TO; zero when no split saw a key
-// (a padding row). `Load` reads a float of the partials (through L2 where other blocks wrote them).
+// (a padding row). `Load` reads a float of the partials (through L2 where other blocks wrote
+// them).
 template <typename TO, int kGroup, int kD, int kSplits, typename Load>
 __device__ __forceinline__ TO CombinedElement(const float* p, int g, int d, Load load) {
   float m = -CUDART_INF_F;
