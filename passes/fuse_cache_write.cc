@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "ir/node_predicates.h"
 #include "ir/status_macros.h"
+#include "passes/extend_fusion.h"
 
 namespace kiln {
 namespace {
@@ -28,30 +29,14 @@ Node* RowsFusion(const Node& write) {
 
 absl::Status Fuse(Function& f, Node* write, Node* rows) {
   const Function& old_body = *rows->body();
-  const std::vector<Node*> old_params = old_body.parameters();
   auto body = std::make_unique<Function>(FusionBodyName(write->name()));
   absl::flat_hash_map<const Node*, Node*> copy_of;
-  auto add_param = [&](int64_t index, const Node& like, const std::string& name) -> Node* {
-    return body->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", index}}, like.type(), name, like.scope());
-  };
-  for (size_t i = 0; i < old_params.size(); ++i) {
-    Node* p = add_param(static_cast<int64_t>(i), *old_params[i], old_params[i]->name());
-    if (p == nullptr) return absl::InternalError(absl::StrCat("fuse-cache-write: cannot copy %", old_params[i]->name()));
-    copy_of[old_params[i]] = p;
-  }
-  const int64_t pool_index = static_cast<int64_t>(old_params.size());
-  Node* pool = add_param(pool_index, *write->operand(0), body->UniqueName(write->operand(0)->name()));
-  Node* slots = add_param(pool_index + 1, *write->operand(2), body->UniqueName(write->operand(2)->name()));
-  if (pool == nullptr || slots == nullptr) return absl::InternalError("fuse-cache-write: cannot add the pool and slots");
-  for (const auto& n : old_body.nodes()) {
-    if (n->opcode() == Opcode::kParameter) continue;
-    std::vector<Node*> operands;
-    for (Node* o : n->operands()) operands.push_back(copy_of.at(o));
-    Node* copy = body->AppendNode(n->opcode(), std::move(operands), n->attrs(), n->type(), n->name(), n->scope());
-    if (copy == nullptr) return absl::InternalError(absl::StrCat("fuse-cache-write: cannot copy %", n->name()));
-    copy_of[n.get()] = copy;
-  }
-  Node* written = body->AppendNode(Opcode::kKvCacheWrite, {pool, copy_of.at(old_body.outputs()[0]), slots},
+  RETURN_IF_ERROR(CopyBodyParameters(old_body, *body, copy_of, FuseCacheWritePass::kName));
+  const int64_t pool_index = static_cast<int64_t>(old_body.parameters().size());
+  ASSIGN_OR_RETURN(Node* pool, AppendBodyParameter(*body, pool_index, *write->operand(0), FuseCacheWritePass::kName));
+  ASSIGN_OR_RETURN(Node* slots, AppendBodyParameter(*body, pool_index + 1, *write->operand(2), FuseCacheWritePass::kName));
+  ASSIGN_OR_RETURN(Node* rows_copy, CopyBodyOps(old_body, *body, copy_of, FuseCacheWritePass::kName));
+  Node* written = body->AppendNode(Opcode::kKvCacheWrite, {pool, rows_copy, slots},
                                    write->attrs(), write->type(), body->UniqueName(write->name()), write->scope());
   if (written == nullptr) return absl::InternalError(absl::StrCat("fuse-cache-write: cannot copy %", write->name()));
   body->SetOutputs({written});
@@ -59,17 +44,8 @@ absl::Status Fuse(Function& f, Node* write, Node* rows) {
   std::vector<Node*> operands = rows->operands();
   operands.push_back(write->operand(0));
   operands.push_back(write->operand(2));
-  const std::string name = write->name();
-  if (!f.RenameNode(write, f.UniqueName(absl::StrCat(name, ".unfused")))) {
-    return absl::InternalError(absl::StrCat("fuse-cache-write: cannot rename %", name));
-  }
-  std::vector<Node*> fusion =
-      AddFusionNode(f, FusionKind::kCacheWrite, std::move(operands), std::move(body), {name}, write->scope(), write);
-  if (fusion.empty()) return absl::InternalError(absl::StrCat("fuse-cache-write: cannot add the fusion %", name));
-  write->ReplaceAllUsesWith(fusion[0]);
-  f.RemoveNode(write);
-  f.RemoveNode(rows);
-  return absl::OkStatus();
+  return ReplaceWithFusion(f, write, rows, FusionKind::kCacheWrite, std::move(operands), std::move(body),
+                           FuseCacheWritePass::kName);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "ir/gemm_slots.h"
 #include "ir/node_predicates.h"
 #include "ir/status_macros.h"
+#include "passes/extend_fusion.h"
 
 namespace kiln {
 namespace {
@@ -22,39 +23,18 @@ absl::Status Fuse(Function& f, Node* gemm, Node* loop) {
   auto body = std::make_unique<Function>(FusionBodyName(loop->name()));
   absl::flat_hash_map<const Node*, Node*> copy_of;
   std::vector<Node*> params;
-  for (size_t i = 0; i < gemm->operands().size(); ++i) {
-    const Node& operand = *gemm->operand(i);
-    Node* p = body->AppendNode(Opcode::kParameter, {}, AttrMap{{"index", static_cast<int64_t>(i)}}, operand.type(),
-                               body->UniqueName(operand.name()), operand.scope());
-    if (p == nullptr) return absl::InternalError(absl::StrCat("fuse-gemv-glu: cannot copy %", operand.name()));
+  for (int i = 0; i < gemm->num_operands(); ++i) {
+    ASSIGN_OR_RETURN(Node* p, AppendBodyParameter(*body, i, *gemm->operand(i), FuseGemvGluPass::kName));
     params.push_back(p);
   }
   Node* product = body->AppendNode(Opcode::kGemm, params, gemm->attrs(), gemm->type(), body->UniqueName(gemm->name()),
                                    gemm->scope());
   if (product == nullptr) return absl::InternalError(absl::StrCat("fuse-gemv-glu: cannot copy %", gemm->name()));
   copy_of[old_body.parameters()[0]] = product;
-  for (const auto& n : old_body.nodes()) {
-    if (n->opcode() == Opcode::kParameter) continue;
-    std::vector<Node*> operands;
-    for (Node* o : n->operands()) operands.push_back(copy_of.at(o));
-    Node* copy = body->AppendNode(n->opcode(), std::move(operands), n->attrs(), n->type(), body->UniqueName(n->name()),
-                                  n->scope());
-    if (copy == nullptr) return absl::InternalError(absl::StrCat("fuse-gemv-glu: cannot copy %", n->name()));
-    copy_of[n.get()] = copy;
-  }
-  body->SetOutputs({copy_of.at(old_body.outputs()[0])});
-
-  const std::string name = loop->name();
-  if (!f.RenameNode(loop, f.UniqueName(absl::StrCat(name, ".unfused")))) {
-    return absl::InternalError(absl::StrCat("fuse-gemv-glu: cannot rename %", name));
-  }
-  std::vector<Node*> fused =
-      AddFusionNode(f, FusionKind::kGemvGlu, gemm->operands(), std::move(body), {name}, loop->scope(), loop);
-  if (fused.empty()) return absl::InternalError(absl::StrCat("fuse-gemv-glu: cannot add the fusion %", name));
-  loop->ReplaceAllUsesWith(fused[0]);
-  f.RemoveNode(loop);
-  f.RemoveNode(gemm);
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(Node* out, CopyBodyOps(old_body, *body, copy_of, FuseGemvGluPass::kName));
+  body->SetOutputs({out});
+  return ReplaceWithFusion(f, loop, gemm, FusionKind::kGemvGlu, gemm->operands(), std::move(body),
+                           FuseGemvGluPass::kName);
 }
 
 }  // namespace
