@@ -138,7 +138,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   absl::StatusOr<bench::Timing> t_first = time_blas();
   if (!t_first.ok()) return t_first.status();
   const std::vector<float> first = Download(*d_blas, m * s.n);
-  absl::StatusOr<GemmPlan::Tuning> tuning = (*plan)->Autotune(buffers, device.stream());
+  absl::StatusOr<GemmPlan::Tuning> tuning = (*plan)->Autotune(buffers, device.stream(), /*l2_flush=*/{});
   if (!tuning.ok()) return tuning.status();
   absl::StatusOr<bench::Timing> t_blas = time_blas();
   if (!t_blas.ok()) return t_blas.status();

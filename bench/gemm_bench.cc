@@ -175,10 +175,10 @@ absl::Status RunShape(const GemmShape& s, CudaDevice& device, const Options& opt
   const GemmBuffers fp8_buffers{.out = *d8, .a = *a8, .b = *b8, .a_scale = *sa, .b_scale = *sb, .scratch = *scratch};
   GemmPlan::Tuning bf16_tuning, fp8_tuning;
   if (opt.autotune) {
-    absl::StatusOr<GemmPlan::Tuning> t = (*bf16)->Autotune(bf16_buffers, device.stream());
+    absl::StatusOr<GemmPlan::Tuning> t = (*bf16)->Autotune(bf16_buffers, device.stream(), /*l2_flush=*/{});
     if (!t.ok()) return t.status();
     bf16_tuning = *t;
-    t = (*fp8)->Autotune(fp8_buffers, device.stream());
+    t = (*fp8)->Autotune(fp8_buffers, device.stream(), /*l2_flush=*/{});
     if (!t.ok()) return t.status();
     fp8_tuning = *t;
   }

@@ -152,6 +152,10 @@ class CudaExecutable {
   // their records in stats_.gemm_tuning.
   absl::Status TuneGemm(const ProgramStep& ps, GemmPlan& gemm, const GemmBuffers& buffers,
                         absl::flat_hash_map<std::string, int>* tuned);
+  // What autotuning writes between timed calls so that each starts from a cold L2 (twice
+  // L2's size, allocated at the first tuning and freed when BuildSteps ends); empty (timed
+  // warm) where the device has no memory to spare for it.
+  GemmL2Flush AutotuneL2Flush();
   absl::Status EnqueueStep(const Step& step) const;
   static std::string StepContext(const Step& step);  // "%h (exp)" or the copy's purpose
   char* BufferAddress(int64_t buffer) const { return buffer_address_[buffer]; }
@@ -173,6 +177,8 @@ class CudaExecutable {
   CompiledProgram program_;
   const BufferPlan& plan_ = program_.plan;
   DeviceMemory arena_;
+  DeviceMemory gemm_l2_flush_;  // see AutotuneL2Flush
+  int64_t gemm_l2_flush_bytes_ = -1;  // -1: not yet tried
   std::vector<char*> buffer_address_;  // by plan_.buffers index
   std::vector<std::unique_ptr<KernelLibrary>> libraries_;
   std::vector<std::unique_ptr<KernelLaunch>> launches_;

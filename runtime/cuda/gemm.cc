@@ -175,7 +175,8 @@ absl::Status GemmPlan::UseCandidate(int rank) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(const GemmBuffers& buffers, cudaStream_t stream) {
+absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(const GemmBuffers& buffers, cudaStream_t stream,
+                                                    const GemmL2Flush& l2_flush) {
   Tuning tuning;
   if (candidates_.size() <= 1) return tuning;
   const std::string& ctx = g_.context;
@@ -196,6 +197,9 @@ absl::StatusOr<GemmPlan::Tuning> GemmPlan::Autotune(const GemmBuffers& buffers, 
     if (!Enqueue(buffers, stream).ok()) continue;  // an algorithm may refuse the buffers
     double fastest = 0;
     for (int call = 0; call < kTimedCalls; ++call) {
+      if (l2_flush.buffer != nullptr) {  // outside the events: L2 cold, the write itself untimed
+        KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(l2_flush.buffer, call, l2_flush.bytes, stream), ctx);
+      }
       KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(start, stream), ctx);
       RETURN_IF_ERROR(Enqueue(buffers, stream));
       KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(stop, stream), ctx);
