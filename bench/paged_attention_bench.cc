@@ -1,11 +1,12 @@
 // paged_attention_bench: times the decode step's paged attention on the GPU, the kernels exactly
-// as codegen emits them (codegen/lower_paged_kv.cc: kernels/paged_kv.cuh's PagedAttentionSplit
-// whose last split adds the partials when the keys split), at llama-M's heads (16 query heads, 8 kv
+// as codegen emits them (codegen/lower_paged_kv.cc: kernels/paged_kv.cuh's PagedAttentionSplitMma
+// or PagedAttentionSplit, whose last split adds the partials when the keys split), at llama-M's heads (16 query heads, 8 kv
 // heads, head dim 128, a bf16 pool of 16-token blocks, O stored bf16 as the decode step stores
 // it) for each --batches B: B sequences of one new token, each over --keys keys (the decode
 // benchmark's sequences are all one length: prompts of 512, then decoded in lockstep) in
 // blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
-// CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm, and
+// CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm; a "tc"
+// prefix for the tensor-core kernel, PagedAttentionSplitMma, whose stages are each warp's; and
 // "+combine" for a PagedAttentionCombine launch after the split kernel instead of the last
 // split adding the partials, "+fold" for the fold at every batch: by default it is taken up to
 // fold_max_rows; the warps named serve every batch, where the default, printed "4(8)x5x4x4",
@@ -20,7 +21,8 @@
 // stdout, a table on stderr.
 //
 //   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768]
-//                         [--geometries 4x5x4x4,4x5x4x4+combine,4x5x4x4+fold,8x5x4x4] [--iters 50] [--warmup 5]
+//                         [--geometries tc4x3x4x4,tc4x3x4x2,4x5x4x4,4x5x4x4+combine,8x5x4x4] [--iters 50]
+//                         [--warmup 5]
 //                         [--max-error 5e-3]
 //
 // Self-checking: exit 1 when a row's O is further than --max-error from the reference (or NaN).
@@ -60,9 +62,18 @@ struct Options : bench::RunOptions {
   Options() : bench::RunOptions{.iters = 50, .warmup = 5, .rows = 1, .max_error = 5e-3} {}
   std::vector<int64_t> batches = {1, 32};
   int64_t keys = 640, context = 768;
-  std::vector<CodegenOptions::PagedAttentionGeometry> geometries = {
-      CodegenOptions::PagedAttentionGeometry{}, {4, 5, 4, 4, /*fold_combine=*/false},
-      {4, 5, 4, 4, /*fold_combine=*/true, /*fold_max_rows=*/1 << 30}, {8, 5, 4, 4}};
+  std::vector<CodegenOptions::PagedAttentionGeometry> geometries = DefaultGeometries();
+
+  // The default, the tensor-core kernel's neighbours and the CUDA-core kernel's default.
+  static std::vector<CodegenOptions::PagedAttentionGeometry> DefaultGeometries() {
+    std::vector<CodegenOptions::PagedAttentionGeometry> all(6);
+    all[1].blocks_per_sm = 2;
+    all[2].warp_stages = 2;
+    all[3].warps = 8, all[3].warp_stages = 2;
+    all[4].warps = 2, all[4].blocks_per_sm = 8;
+    all[5].tensor_cores = false;
+    return all;
+  }
 };
 
 std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
@@ -70,6 +81,10 @@ std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
   // "4(8)x...": 4 warps, 8 at up to fold_max_rows rows (CodegenOptions' few_rows_warps).
   const std::string warps = g.few_rows_warps == g.warps ? absl::StrCat(g.warps)
                                                         : absl::StrCat(g.warps, "(", g.few_rows_warps, ")");
+  if (g.tensor_cores) {  // "tc4x3x4x4": warps x warp_stages x ... (few_rows_warps unused)
+    return absl::StrCat("tc", g.warps, "x", g.warp_stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
+                        !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
+  }
   return absl::StrCat(warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
                       !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
 }
@@ -246,10 +261,13 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
         const bool separate_combine = absl::ConsumeSuffix(&g, "+combine");
         const bool always_fold = absl::ConsumeSuffix(&g, "+fold");
+        const bool tensor_cores = absl::ConsumePrefix(&g, "tc");
         if (!bench::ParsePositiveInts(g, 'x', ints) || ints.size() != 4) return false;
         CodegenOptions::PagedAttentionGeometry geometry{static_cast<int>(ints[0]), static_cast<int>(ints[1]),
                                                         static_cast<int>(ints[2]), static_cast<int>(ints[3]),
                                                         !separate_combine};
+        geometry.tensor_cores = tensor_cores;
+        if (tensor_cores) geometry.warp_stages = geometry.stages, geometry.stages = CodegenOptions::PagedAttentionGeometry{}.stages;
         if (always_fold) geometry.fold_max_rows = 1 << 30;
         geometry.few_rows_warps = geometry.warps;  // the warps named, at every batch
         opt.geometries.push_back(geometry);
@@ -266,7 +284,7 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries WxSxMxB[+combine|+fold],...] "
+                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries [tc]WxSxMxB[+combine|+fold],...] "
                  "[--iters N] [--warmup N] [--max-error X]\n");
     return 2;
   }

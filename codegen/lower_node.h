@@ -55,6 +55,13 @@ struct CodegenOptions {
     // Warps a block for at most fold_max_rows query rows (`warps` past them): at batch 1 a
     // block's few KV blocks are scored by more warps at once.
     int few_rows_warps = 8;
+    // The tensor-core kernel (PagedAttentionSplitMma) where the shape allows it (a bf16 pool
+    // and q, head dim a multiple of 16 up to 256, KV blocks of whole 16-key tiles, at most 8
+    // query heads a kv head): `warps` warps a block at every batch, each streaming its own KV
+    // blocks through at most warp_stages stages of shared memory; `stages` and
+    // few_rows_warps are the CUDA-core kernel's.
+    bool tensor_cores = true;
+    int warp_stages = 3;
   } paged_attention;
 };
 

@@ -116,29 +116,44 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
         geometry.warps, " (", geometry.few_rows_warps, " for few rows) warps, ", geometry.stages, " stages, ",
         geometry.min_split_blocks, " blocks a split, ", geometry.blocks_per_sm, " blocks an SM"));
   }
+  if (geometry.tensor_cores && geometry.warp_stages < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(node), ": CodegenOptions::paged_attention wants at least 2 warp stages; got ", geometry.warp_stages));
+  }
+  const bool tensor_cores = geometry.tensor_cores && !computed_q && pool.dtype == DType::kBF16 &&
+                            head_dim % 16 == 0 && head_dim <= 256 && block_size % 16 == 0 && group <= 8;
   // 8 warps at batch 1: 11.7 against 12.5 us with 4 (bench/RESULTS.md, session 25,
-  // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0).
-  const int warps = rows <= geometry.fold_max_rows ? geometry.few_rows_warps : geometry.warps;
-  const int stages = geometry.stages;
+  // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0). The
+  // tensor-core kernel's warps each take whole KV blocks: `warps` at every batch.
+  const int warps = !tensor_cores && rows <= geometry.fold_max_rows ? geometry.few_rows_warps : geometry.warps;
   const int64_t items = rows * kv_heads;
   const int64_t wanted_blocks = geometry.blocks_per_sm * int64_t{std::max(1, options.target.sm_count)};
-  // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
-  const int64_t shared_bytes = stages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
-                               CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4};
-  if (shared_bytes > options.target.shared_memory_per_block) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
-                                                   " bytes of shared memory, beyond the target's ",
-                                                   options.target.shared_memory_per_block));
-  }
   // The splits divide each row's actual blocks at run time; this is their count, rounded down
   // so that the launch stays one wave.
   const int64_t splits =
       std::max<int64_t>(1, std::min(wanted_blocks / items, CeilDiv(max_blocks, int64_t{geometry.min_split_blocks})));
   RETURN_IF_ERROR(CheckGrid(node, items * splits));
+  // The CUDA-core kernel's stages are the block's; the tensor-core kernel's are each warp's,
+  // no more than a warp has KV blocks to take plus one (at batch 1 a warp takes one or two).
+  const int64_t warp_blocks = CeilDiv(CeilDiv(max_blocks, splits), warps);
+  const int stages = tensor_cores ? static_cast<int>(std::clamp<int64_t>(warp_blocks + 1, 2, geometry.warp_stages))
+                                  : geometry.stages;
+  // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
+  const int64_t shared_bytes =
+      (tensor_cores ? warps : 1) * stages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
+      CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4};
+  if (shared_bytes > options.target.shared_memory_per_block) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
+                                                   " bytes of shared memory, beyond the target's ",
+                                                   options.target.shared_memory_per_block));
+  }
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
-  w.comment = absl::StrCat("a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"),
-                           " x ", splits, " splits of the row's KV blocks, the group's ", group,
-                           " heads sharing each K and V row; ", stages, " KV blocks staged through shared memory");
+  w.comment = absl::StrCat(
+      "a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"), " x ", splits,
+      " splits of the row's KV blocks, the group's ", group, " heads sharing each K and V row; ",
+      tensor_cores ? absl::StrCat("bf16 tensor cores, each warp its own KV blocks through ", stages,
+                                  " stages of shared memory")
+                   : absl::StrCat(stages, " KV blocks staged through shared memory"));
   // Folded only for few rows: at batch 32 the fences and counts of 512 blocks cost more than
   // the combine's launch (bench/RESULTS.md, session 24: paged_attention_bench on an H100,
   // batch 32 45.2 us folded against 40.9 with the combine; batch 1 13.3 against 13.4).
@@ -160,9 +175,13 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
   std::string trailing;
   if (tables_first || computed_q) trailing = tables_first ? ", true" : ", false";
   if (computed_q) absl::StrAppend(&trailing, ", ", inputs.q_source);
-  w.call = absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ", warps, ", ",
-                        splits, ", ", stages, trailing, ">", call_args, ", ",
-                        splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
+  w.call = tensor_cores
+               ? absl::StrCat("PagedAttentionSplitMma<", out_type, ", ", args, ", ", warps, ", ", splits, ", ", stages,
+                              tables_first ? ", true" : "", ">", call_args, ", ", splits > 1 ? "partials" : "nullptr",
+                              fold ? ", g_splits_done" : "", ")")
+               : absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ",
+                              warps, ", ", splits, ", ", stages, trailing, ">", call_args, ", ",
+                              splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
   KernelSpec split_kernel = Emit(emitted_as, codegen::KernelName(emitted_as), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   split_kernel.waits_itself = tables_first;

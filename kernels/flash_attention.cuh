@@ -261,42 +261,14 @@ using kernels::CpAsyncCommit;
 using kernels::CpAsyncWaitAll;
 using kernels::SharedAddress;
 
-__device__ __forceinline__ void LdMatrixX4(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(smem)));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(smem)));
-}
-
-// c (16x8, fp32) += a (16x16, bf16, row-major) * b (16x8, bf16, column-major).
-__device__ __forceinline__ void Mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats rounded once (nearest-even) to a bf16 pair; `lo` in the low half, which is
-// the lower column index in mma fragments.
-__device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&pair);
-}
+using kernels::LdMatrixX4;
+using kernels::LdMatrixX4Trans;
+using kernels::Mma;
+using kernels::PackBf16;
 
 __device__ __forceinline__ float RoundThroughBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// The element index of (row, col) in a tile whose rows are kD bf16 elements: 16-byte
-// chunk c of row r is stored at chunk c ^ (r % 8), so the 8 rows one ldmatrix phase reads
-// (consecutive rows, same logical chunk) fall in 8 distinct bank groups.
-template <int kD>
-__device__ __forceinline__ int Swizzle(int row, int col) {
-  return row * kD + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
-}
+using kernels::Swizzle;
 
 // kRows x kD bf16 from global (rows contiguous, kD apart) into a swizzled tile, with
 // cp.async by all threads of the block; the caller commits and waits.

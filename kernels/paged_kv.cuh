@@ -185,6 +185,61 @@ __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials,
   if (threadIdx.x == 0) splits_done[item] = 0;
 }
 
+// The end of a split block of either kernel below: the warps' partial sums (`partial`
+// [kWarps][kGroup][kD], their (max, sum) pairs in `warp_stats`, maxima in base-2 units, -inf
+// for a warp that saw no key) moved to the block's max and added in warp order; O itself with
+// kSplits == 1, else the split's partials at `stats` (then, with splits_done, the combine of
+// the item's last split).
+template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits>
+__device__ __forceinline__ void MergeWarpsAndStore(TO* o, float* stats, const float* partial, const float* warp_stats,
+                                                   const float* partials, long long item, unsigned int* splits_done) {
+  constexpr int kGroup = kH / kHkv;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
+    const int g = i / kD;
+    float block_max = -CUDART_INF_F;
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_stats[2 * (w * kGroup + g)]);
+    float total = 0.0f, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = RescaleFactor(warp_stats[2 * (w * kGroup + g)], block_max);
+      total += c * partial[w * kGroup * kD + i];
+      sum += c * warp_stats[2 * (w * kGroup + g) + 1];
+    }
+    if constexpr (kSplits == 1) {
+      o[i] = FromFloat<TO>(total / sum);
+    } else {
+      stats[2 * kGroup + i] = total;
+      if (i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
+    }
+  }
+  if constexpr (kSplits > 1) {
+    if (splits_done != nullptr) {
+      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize>(o, partials, item, splits_done);
+    }
+  }
+}
+
+// What a split block without keys (a padding row, or a split past the row's keys) writes:
+// zeros for O, or an empty partial (max -inf, sum 0) and then the combine as above.
+template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits>
+__device__ __forceinline__ void StoreEmptySplit(TO* o, float* stats, const float* partials, long long item,
+                                                unsigned int* splits_done) {
+  constexpr int kGroup = kH / kHkv;
+  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
+    if constexpr (kSplits == 1) {
+      o[i] = FromFloat<TO>(0.0f);
+    } else {
+      stats[2 * kGroup + i] = 0.0f;
+    }
+  }
+  if constexpr (kSplits > 1) {
+    if (threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
+    if (splits_done != nullptr) {
+      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize>(o, partials, item, splits_done);
+    }
+  }
+}
+
 // Attention as PagedAttention computes it, split over the keys (flash-decoding): a block of
 // kWarps warps per (b, t, kv head, split), the group's kGroup query heads sharing every K and
 // V row the block loads. The splits divide the row's actual KV blocks (ceil((position + 1) /
@@ -272,21 +327,8 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, QSource q, const TP
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
   // Where the block's kGroup x kD values go: O itself, or the partial sums after the stats.
   TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
-  auto store = [&](int i, float value) {
-    if constexpr (kSplits == 1) {
-      o[i] = FromFloat<TO>(value);
-    } else {
-      stats[2 * kGroup + i] = value;
-    }
-  };
   if (count <= 0) {  // a padding row, or a split past the row's keys: it adds nothing
-    for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) store(i, 0.0f);
-    if (kSplits > 1 && threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
-    if constexpr (kSplits > 1) {
-      if (splits_done != nullptr) {
-        CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
-      }
-    }
+    StoreEmptySplit<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partials, item, splits_done);
     return;
   }
   __syncthreads();
@@ -399,24 +441,212 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, QSource q, const TP
       if (sub == 0) warp_stats[2 * (warp * kGroup + g)] = m[g], warp_stats[2 * (warp * kGroup + g) + 1] = l[g];
     }
   }
-  __syncthreads();
-  // The warps' sums moved to the block's max and added in warp order.
-  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
-    const int g = i / kD;
-    float block_max = -CUDART_INF_F;
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_stats[2 * (w * kGroup + g)]);
-    float total = 0.0f, sum = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = RescaleFactor(warp_stats[2 * (w * kGroup + g)], block_max);
-      total += c * partial[w * kGroup * kD + i];
-      sum += c * warp_stats[2 * (w * kGroup + g) + 1];
+  MergeWarpsAndStore<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partial, warp_stats, partials, item, splits_done);
+}
+
+// PagedAttentionSplit on bf16 tensor cores, for a bf16 pool and q whose head dim is a multiple
+// of 16 (at most 256), KV blocks of a multiple of 16 keys and groups of at most 8 query heads:
+// the same splits, partials and combine, with a KV block's scores and its P V as mma.sync
+// m16n8k16 products instead of a thread's dot products and shuffles. ncu put the CUDA-core
+// kernel's issue slots at 63% of its cycles at batch 32 (bench/RESULTS.md, session 25): its
+// lanes split each K row, so every score took a dot product of kVec and a shuffle tree of
+// four steps; here a warp scores 16 keys for the whole group with kD / 8 instructions.
+//
+// Each warp streams its own KV blocks of the split (warp w takes blocks w, w + kWarps, ...)
+// through kStages stages of its own shared memory (cp.async, 16-byte chunks XOR-swizzled for
+// ldmatrix), so no block-wide barrier paces the loop. Per 16-key tile:
+//   S (16 x 16: the group's query heads in rows 0..kGroup-1, the rest zero) = Q K^T, with Q's
+//     A fragments in registers for the whole kernel and K's B fragments by ldmatrix;
+//   the online softmax in base-2 units on S's accumulator fragments (a row's 16 keys are in
+//     the 4 lanes of a quad: two shuffles for its max);
+//   O += P V, with S's accumulators reused as P's A fragments (flash attention's register
+//     layout) and V's B fragments by ldmatrix.trans. P stays f32 in meaning: it goes in as
+//     two bf16 products, hi = bf16(P) and lo = bf16(P - hi), which leave P within 2^-16 of
+//     itself (relative), where one bf16 P would be 2^-9.
+// Q is rounded to bf16 for the products: q is bf16 here, so that changes nothing.
+// Launch and partials as PagedAttentionSplit; dynamic shared memory of kWarps * kStages * 2 *
+// kBs * kD bf16 (each warp's stages), kMaxBlocks ints (rounded up to 16 bytes) and kWarps *
+// kGroup * (kD + 2) floats (codegen/lower_paged_kv.cc sizes it).
+template <typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
+          int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false>
+__device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloat16* q, const __nv_bfloat16* k_pool,
+                                                       const __nv_bfloat16* v_pool, const int* block_tables,
+                                                       const int* positions, float scale, float* partials,
+                                                       unsigned int* splits_done = nullptr) {
+  using TP = __nv_bfloat16;
+  constexpr int kGroup = kH / kHkv;
+  static_assert(kGroup >= 1 && kGroup <= 8, "the group's heads are rows 0..7 of the m16 tile");
+  static_assert(kD % 16 == 0 && kD <= 256, "head dim: whole k16 steps, at most 256");
+  static_assert(kBs % 16 == 0, "KV blocks of whole 16-key tiles");
+  static_assert(kStages >= 2, "one KV block scored while the next is in flight");
+  constexpr int kMaxKeys = kMaxBlocks * kBs;
+  constexpr int kDSteps = kD / 16;  // k16 steps of Q K^T
+  constexpr int kDTiles = kD / 8;   // n8 tiles of O
+  constexpr int kTile = kBs * kD;   // elements of one KV block's K (and of its V)
+  constexpr int kChunksPerLane = kTile / 8 / kWarpSize;
+  static_assert(kTile % (8 * kWarpSize) == 0, "a KV block is whole rounds of a warp's 16-byte copies");
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  TP* tiles = reinterpret_cast<TP*>(shared_bytes);                                 // [kWarps][kStages][2][kTile]
+  int* table = reinterpret_cast<int*>(tiles + kWarps * kStages * 2 * kTile);       // [kMaxBlocks]
+  float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
+  float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
+
+  const int split = static_cast<int>(blockIdx.x % kSplits);
+  const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
+  const long long bt = item / kHkv;
+  const int head = static_cast<int>(item % kHkv);
+  const long long b = bt / kT;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
+  for (int i = threadIdx.x; i < kMaxBlocks; i += kWarps * kWarpSize) table[i] = block_tables[b * kMaxBlocks + i];
+  const int position = positions[bt];
+  if constexpr (kTablesBeforeWait) GridDependencyWait();
+  const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
+  const int row_blocks = (keys + kBs - 1) / kBs;
+  const int per_split = (row_blocks + kSplits - 1) / kSplits;
+  const int first_block = min(row_blocks, split * per_split);
+  const int count = min(row_blocks, first_block + per_split) - first_block;
+  float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
+  TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
+  if (count <= 0) {
+    StoreEmptySplit<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partials, item, splits_done);
+    return;
+  }
+  __syncthreads();  // the table
+  // This warp's KV blocks of the split: first_block + warp + j * kWarps for j < mine.
+  const int mine = count > warp ? (count - warp + kWarps - 1) / kWarps : 0;
+  TP* my_tiles = tiles + warp * kStages * 2 * kTile;
+  auto issue = [&](int j) {
+    if (j < mine) {
+      const int id = table[first_block + warp + j * kWarps];
+      const bool valid = id >= 0 && id < kBlocks;
+      const long long at = ((static_cast<long long>(kLayer) * kBlocks + (valid ? id : 0)) * kHkv + head) * kTile;
+      TP* k_tile = my_tiles + (j % kStages) * 2 * kTile;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const int e = (c * kWarpSize + lane) * 8;  // element of the block's K (and V) rows
+        const int swizzled = Swizzle<kD>(e / kD, e % kD);
+        CpAsync16OrZero(k_tile + swizzled, k_pool + at + e, valid);
+        CpAsync16OrZero(k_tile + kTile + swizzled, v_pool + at + e, valid);
+      }
     }
-    store(i, kSplits == 1 ? total / sum : total);
-    if (kSplits > 1 && i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
+    CpAsyncCommit();
+  };
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+
+  // Q's A fragments, rows quad_row (< kGroup) of the group: columns 16s + 2 quad_lane (+1) and
+  // 8 more; rows 8-15 are zero.
+  unsigned qa[kDSteps][2];
+  {
+    const TP* q_row = q + (bt * kH + static_cast<long long>(head) * kGroup + min(quad_row, kGroup - 1)) * kD;
+#pragma unroll
+    for (int s = 0; s < kDSteps; ++s) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const TP* p = q_row + 16 * s + 8 * half + 2 * quad_lane;
+        unsigned pair;
+        if constexpr (kTablesBeforeWait) {  // ordered after the wait (Load128AfterWait's reason)
+          asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(pair) : "l"(p) : "memory");
+        } else {
+          pair = *reinterpret_cast<const unsigned*>(p);
+        }
+        qa[s][half] = quad_row < kGroup ? pair : 0u;
+      }
+    }
   }
-  if constexpr (kSplits > 1) {
-    if (splits_done != nullptr) CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kThreads>(o, partials, item, splits_done);
+  // Row quad_row's running max (base-2 units; the same in the quad's four lanes), this lane's
+  // part of its sum of exp, and O's accumulators: tile n holds row quad_row's columns 8n + 2
+  // quad_lane (+1) in [0], [1] (and rows 8-15, unused, in [2], [3]).
+  float m = -CUDART_INF_F, l = 0.0f;
+  float acc[kDTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  const float scale2 = scale * kLog2E;
+  for (int j = 0; j < mine; ++j) {
+    CpAsyncWait<kStages - 2>();  // this lane's copies of block j have landed
+    __syncwarp();                // the warp's have; and block j - 1's stage is read
+    issue(j + kStages - 1);
+    const TP* k_tile = my_tiles + (j % kStages) * 2 * kTile;
+    const TP* v_tile = k_tile + kTile;
+    const int block_key0 = (first_block + warp + j * kWarps) * kBs;
+#pragma unroll
+    for (int tile = 0; tile < kBs / 16; ++tile) {
+      const int key0 = block_key0 + tile * 16;
+      if (key0 >= keys) break;  // warp-uniform
+      // S: [0] keys 0-7 of the tile, [1] keys 8-15; this lane's are row quad_row, keys
+      // 2 quad_lane (+1) of each.
+      float s[2][4] = {};
+#pragma unroll
+      for (int step = 0; step < kDSteps; ++step) {
+        // Matrices 0-3: keys 0-7 then 8-15 (rows), head dims 16 step + 0-7 then 8-15.
+        const int matrix = lane / 8;
+        const int key = tile * 16 + (matrix / 2) * 8 + lane % 8;
+        unsigned kb[4];
+        LdMatrixX4(kb, k_tile + Swizzle<kD>(key, 16 * step + 8 * (matrix % 2)));
+        const unsigned a[4] = {qa[step][0], 0u, qa[step][1], 0u};
+        Mma(s[0], a, kb[0], kb[1]);
+        Mma(s[1], a, kb[2], kb[3]);
+      }
+      float tile_max = -CUDART_INF_F;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool live = key0 + 8 * n + 2 * quad_lane + e < keys;
+          s[n][e] = live ? s[n][e] * scale2 : -CUDART_INF_F;
+          tile_max = fmaxf(tile_max, s[n][e]);
+        }
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      if (tile_max > m) {  // rescaled only when the max grew: a factor of 2^0 changes no bit
+        const float c = RescaleFactor(m, tile_max);
+        l *= c;
+#pragma unroll
+        for (int n = 0; n < kDTiles; ++n) acc[n][0] *= c, acc[n][1] *= c;
+        m = tile_max;
+      }
+      float p[2][2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          p[n][e] = exp2f(s[n][e] - m);  // 0 for a key past the row's
+          l += p[n][e];
+        }
+      }
+      unsigned hi[4] = {PackBf16(p[0][0], p[0][1]), 0u, PackBf16(p[1][0], p[1][1]), 0u};
+      unsigned lo[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const __nv_bfloat162 rounded = *reinterpret_cast<const __nv_bfloat162*>(&hi[2 * n]);
+        lo[2 * n] = PackBf16(p[n][0] - __low2float(rounded), p[n][1] - __high2float(rounded));
+      }
+#pragma unroll
+      for (int pair = 0; pair < kDTiles / 2; ++pair) {
+        // Matrices 0-3: keys 0-7, 8-15 of head dims 16 pair + 0-7, then of 16 pair + 8-15.
+        const int matrix = lane / 8;
+        const int key = tile * 16 + (matrix % 2) * 8 + lane % 8;
+        unsigned vb[4];
+        LdMatrixX4Trans(vb, v_tile + Swizzle<kD>(key, 16 * pair + 8 * (matrix / 2)));
+        Mma(acc[2 * pair], hi, vb[0], vb[1]);
+        Mma(acc[2 * pair], lo, vb[0], vb[1]);
+        Mma(acc[2 * pair + 1], hi, vb[2], vb[3]);
+        Mma(acc[2 * pair + 1], lo, vb[2], vb[3]);
+      }
+    }
   }
+  CpAsyncWait<0>();  // no copy outlives the block (the last issues were empty commits)
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (quad_row < kGroup) {
+    float* row = partial + (warp * kGroup + quad_row) * kD + 2 * quad_lane;
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) row[8 * n] = acc[n][0], row[8 * n + 1] = acc[n][1];
+    if (quad_lane == 0) warp_stats[2 * (warp * kGroup + quad_row)] = m, warp_stats[2 * (warp * kGroup + quad_row) + 1] = l;
+  }
+  MergeWarpsAndStore<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partial, warp_stats, partials, item, splits_done);
 }
 
 // out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the

@@ -215,24 +215,40 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   ASSERT_TRUE(attention.ok()) << attention.status();
   // 8 sequences x 8 kv heads = 64 blocks would leave most of 132 SMs idle: the keys split
   // up to 4 blocks per SM (528 / 64 = 8, rounded down: one wave), but no split is shorter
-  // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks; a block of 8
-  // warps (few_rows_warps: 8 rows are at most fold_max_rows) stages 5 KV blocks of K and V
-  // (5 x 2 x 16 x 128 bf16) through shared memory; the last split of each row and kv head
-  // adds the splits' partials (scratch: 64 x 4 x 4 heads x (128 + 2) floats; the counts of
-  // finished splits are the module's 64: 8 rows, at most fold_max_rows); the tables and positions, parameters nothing writes, are read before the
-  // grid-dependency wait (the template's last argument).
+  // than four KV blocks (16 / 4 = 4): 4 splits of a row's (at most 16) blocks. The bf16 pool
+  // takes the tensor-core kernel: a block of 4 warps, each taking whole KV blocks (at most
+  // one of its split's four) through 2 stages of K and V (2 x 2 x 16 x 128 bf16) of its own
+  // shared memory; the last split of each row and kv head adds the splits' partials
+  // (scratch: 64 x 4 x 4 heads x (128 + 2) floats; the counts of finished splits are the
+  // module's 64: 8 rows, at most fold_max_rows); the tables and positions, parameters
+  // nothing writes, are read before the grid-dependency wait (the template's last argument).
   ASSERT_EQ(attention->kernels.size(), 1u);
   EXPECT_EQ(attention->kernels[0].grid[0], 64u * 4u);
-  EXPECT_EQ(attention->kernels[0].block[0], 256u);
-  EXPECT_EQ(attention->kernels[0].shared_bytes, 5u * 2u * 16u * 128u * 2u + 16u * 4u + 8u * 4u * (128u + 2u) * 4u);
-  EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
-                                              "16, 16, 8, 4, 5, true>"),
+  EXPECT_EQ(attention->kernels[0].block[0], 128u);
+  EXPECT_EQ(attention->kernels[0].shared_bytes, 4u * 2u * 2u * 16u * 128u * 2u + 16u * 4u + 4u * 4u * (128u + 2u) * 4u);
+  EXPECT_NE(attention->kernels[0].source.find("PagedAttentionSplitMma<float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
+                                              "16, 16, 4, 4, 2, true>"),
             std::string::npos)
       << attention->kernels[0].source;
   EXPECT_NE(attention->kernels[0].source.find("static __device__ unsigned int g_splits_done[64];"), std::string::npos);
   EXPECT_NE(attention->kernels[0].source.find("partials, g_splits_done)"), std::string::npos);
   EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
   EXPECT_TRUE(attention->kernels[0].waits_itself);
+  // The CUDA-core kernel: a block of 8 warps (few_rows_warps: 8 rows are at most
+  // fold_max_rows) stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) for the whole block.
+  CodegenOptions cuda_cores;
+  cuda_cores.paged_attention.tensor_cores = false;
+  auto scalar = LowerNode(*o, cuda_cores);
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  ASSERT_EQ(scalar->kernels.size(), 1u);
+  EXPECT_EQ(scalar->kernels[0].grid[0], 64u * 4u);
+  EXPECT_EQ(scalar->kernels[0].block[0], 256u);
+  EXPECT_EQ(scalar->kernels[0].shared_bytes, 5u * 2u * 16u * 128u * 2u + 16u * 4u + 8u * 4u * (128u + 2u) * 4u);
+  EXPECT_NE(scalar->kernels[0].source.find("PagedAttentionSplit<__nv_bfloat16, float, 8LL, 1LL, 32, 128, 3, 64LL, 8, "
+                                           "16, 16, 8, 4, 5, true>"),
+            std::string::npos)
+      << scalar->kernels[0].source;
+  EXPECT_EQ(scalar->scratch_bytes, attention->scratch_bytes);
   // More rows than fold_max_rows take the combine kernel, as does the fold turned off.
   CodegenOptions fewer_rows;
   fewer_rows.paged_attention.fold_max_rows = 4;
@@ -248,7 +264,7 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_EQ(combined->kernels[0].source.find("g_splits_done"), std::string::npos);
   EXPECT_NE(combined->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
   EXPECT_EQ(combined->scratch_bytes, attention->scratch_bytes);
-  for (const LoweredNode* lowered : {&*write, &*attention, &*combined}) {
+  for (const LoweredNode* lowered : {&*write, &*attention, &*scalar, &*combined}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
@@ -272,7 +288,8 @@ TEST(PagedKvOps, BadSplitGeometryIsAClearError) {
   ASSERT_TRUE(b.Return({o}).ok());
   for (const CodegenOptions::PagedAttentionGeometry& bad :
        {CodegenOptions::PagedAttentionGeometry{.stages = 1}, CodegenOptions::PagedAttentionGeometry{.warps = 0},
-        CodegenOptions::PagedAttentionGeometry{.min_split_blocks = 0}}) {
+        CodegenOptions::PagedAttentionGeometry{.min_split_blocks = 0},
+        CodegenOptions::PagedAttentionGeometry{.warp_stages = 1}}) {
     CodegenOptions options;
     options.paged_attention = bad;
     auto lowered = LowerNode(*o, options);
@@ -280,18 +297,26 @@ TEST(PagedKvOps, BadSplitGeometryIsAClearError) {
     EXPECT_TRUE(absl::StrContains(lowered.status().message(), "CodegenOptions::paged_attention")) << lowered.status();
     EXPECT_TRUE(absl::StrContains(lowered.status().message(), "%")) << "names the node: " << lowered.status();
   }
-  // 64 stages of 8 KB do not fit the target's shared memory.
-  CodegenOptions options;
-  options.paged_attention.stages = 64;
-  auto lowered = LowerNode(*o, options);
-  ASSERT_FALSE(lowered.ok());
-  EXPECT_TRUE(absl::StrContains(lowered.status().message(), "shared memory")) << lowered.status();
+  // 64 stages of 8 KB do not fit the target's shared memory (the CUDA-core kernel's, for
+  // the block), nor do 32 warps of 2 stages each (the tensor-core kernel's, a warp's).
+  CodegenOptions deep;
+  deep.paged_attention.tensor_cores = false;
+  deep.paged_attention.stages = 64;
+  CodegenOptions wide;
+  wide.paged_attention.warps = 32;
+  for (const CodegenOptions& options : {deep, wide}) {
+    auto lowered = LowerNode(*o, options);
+    ASSERT_FALSE(lowered.ok());
+    EXPECT_TRUE(absl::StrContains(lowered.status().message(), "shared memory")) << lowered.status();
+  }
 }
 
-// The split kernel keeps each head of the group's running output in registers (kVec floats a
-// head a thread): every GQA ratio kiln's presets and HF checkpoints use compiles without
-// spilling, at head dims 64 and 128.
+// The split kernels keep each head of the group's running output in registers (the CUDA-core
+// kernel kVec floats a head a thread, the tensor-core kernel O's accumulator fragments): every
+// GQA ratio kiln's presets and HF checkpoints use compiles without spilling, at head dims 64
+// and 128, on either kernel.
 TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
+  for (const bool tensor_cores : {true, false}) {
   for (const int64_t head_dim : {64, 128}) {
     for (const int64_t group : {1, 2, 3, 4, 8}) {
       Module m("m");
@@ -305,16 +330,21 @@ TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
       Node* o = *b.Op(Opcode::kPagedAttention, {q, pool, pool, tables, positions},
                       AttrMap{{"layer", int64_t{1}}, {"scale", 0.125}});
       ASSERT_TRUE(b.Return({o}).ok());
-      auto attention = LowerNode(*o);
+      CodegenOptions options;
+      options.paged_attention.tensor_cores = tensor_cores;
+      auto attention = LowerNode(*o, options);
       ASSERT_TRUE(attention.ok()) << attention.status();
+      EXPECT_EQ(absl::StrContains(attention->kernels.at(0).source, "PagedAttentionSplitMma<"), tensor_cores);
       auto compiled = CompileKernel(attention->kernels.at(0), NvrtcOptions{.ptxas_info = true});
       ASSERT_TRUE(compiled.ok()) << compiled.status();
       EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores"))
           << "group " << group << ", head dim " << head_dim << ": " << compiled->log;
       const size_t used = compiled->log.find("Used");
-      std::printf("[ group %lld head dim %lld ] %s\n", static_cast<long long>(group), static_cast<long long>(head_dim),
+      std::printf("[ %s group %lld head dim %lld ] %s\n", tensor_cores ? "tensor cores" : "CUDA cores",
+                  static_cast<long long>(group), static_cast<long long>(head_dim),
                   compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
     }
+  }
   }
 }
 #endif
