@@ -5,13 +5,10 @@
 // it) for each --batches B: B sequences of one new token, each over --keys keys (the decode
 // benchmark's sequences are all one length: prompts of 512, then decoded in lockstep) in
 // blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
-// CodegenOptions::paged_attention (warps x stages x min_split_blocks x blocks_per_sm; a "tc"
-// prefix for the tensor-core kernel, PagedAttentionSplitMma, whose stages are each warp's; and
-// "+combine" for a PagedAttentionCombine launch after the split kernel instead of the last
-// split adding the partials, "+fold" for the fold at every batch: by default it is taken up to
-// fold_max_rows; the warps named serve every batch, where the default, printed "4(8)x5x4x4",
-// takes few_rows_warps (8) up to fold_max_rows rows), so the variants compare in one run; the
-// first is the default.
+// CodegenOptions::paged_attention as ParsePagedAttentionGeometry reads it (codegen/lower_node.h:
+// "tc4x3x4x2", the default, is the tensor-core kernel PagedAttentionSplitMma; "4(8)x5x4x4" the
+// CUDA-core PagedAttentionSplit; "+combine" and "+fold"), so the variants compare in one run;
+// the first is the default.
 // Each row: median, min and max us over the timed calls (CUDA events around the launch, after
 // warm-up), the K and V bytes the call reads over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
@@ -21,7 +18,7 @@
 // stdout, a table on stderr.
 //
 //   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768]
-//                         [--geometries tc4x3x4x4,tc4x3x4x2,4x5x4x4,4x5x4x4+combine,8x5x4x4] [--iters 50]
+//                         [--geometries tc4x3x4x2,tc4x3x4x4,4(8)x5x4x4,4x5x4x4+combine] [--iters 50]
 //                         [--warmup 5]
 //                         [--max-error 5e-3]
 //
@@ -67,27 +64,15 @@ struct Options : bench::RunOptions {
   // The default, the tensor-core kernel's neighbours and the CUDA-core kernel's default.
   static std::vector<CodegenOptions::PagedAttentionGeometry> DefaultGeometries() {
     std::vector<CodegenOptions::PagedAttentionGeometry> all(6);
-    all[1].blocks_per_sm = 2;
-    all[2].warp_stages = 2;
-    all[3].warps = 8, all[3].warp_stages = 2;
-    all[4].warps = 2, all[4].blocks_per_sm = 8;
+    all[1].tensor_core_blocks_per_sm = 4;
+    all[2].warp_stages = 4;
+    all[3].min_split_blocks = 8;
+    all[4].warps = 2, all[4].tensor_core_blocks_per_sm = 4;
     all[5].tensor_cores = false;
     return all;
   }
 };
 
-std::string GeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
-  const CodegenOptions::PagedAttentionGeometry defaults;
-  // "4(8)x...": 4 warps, 8 at up to fold_max_rows rows (CodegenOptions' few_rows_warps).
-  const std::string warps = g.few_rows_warps == g.warps ? absl::StrCat(g.warps)
-                                                        : absl::StrCat(g.warps, "(", g.few_rows_warps, ")");
-  if (g.tensor_cores) {  // "tc4x3x4x4": warps x warp_stages x ... (few_rows_warps unused)
-    return absl::StrCat("tc", g.warps, "x", g.warp_stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
-                        !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
-  }
-  return absl::StrCat(warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm,
-                      !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "");
-}
 
 using Loaded = bench::LoadedKernel;
 
@@ -195,7 +180,7 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
   }
   absl::Status worst = absl::OkStatus();
   for (const CodegenOptions::PagedAttentionGeometry& geometry : opt.geometries) {
-    const std::string name = GeometryName(geometry);
+    const std::string name = PagedAttentionGeometryName(geometry);
     int64_t scratch_bytes = 0;
     absl::StatusOr<std::vector<KernelSpec>> specs = Lower(in, device.target(), geometry, scratch_bytes);
     if (!specs.ok()) return specs.status();
@@ -259,18 +244,12 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
     } else if (a == "--geometries" && i + 1 < argc) {
       opt.geometries.clear();
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
-        const bool separate_combine = absl::ConsumeSuffix(&g, "+combine");
-        const bool always_fold = absl::ConsumeSuffix(&g, "+fold");
-        const bool tensor_cores = absl::ConsumePrefix(&g, "tc");
-        if (!bench::ParsePositiveInts(g, 'x', ints) || ints.size() != 4) return false;
-        CodegenOptions::PagedAttentionGeometry geometry{static_cast<int>(ints[0]), static_cast<int>(ints[1]),
-                                                        static_cast<int>(ints[2]), static_cast<int>(ints[3]),
-                                                        !separate_combine};
-        geometry.tensor_cores = tensor_cores;
-        if (tensor_cores) geometry.warp_stages = geometry.stages, geometry.stages = CodegenOptions::PagedAttentionGeometry{}.stages;
-        if (always_fold) geometry.fold_max_rows = 1 << 30;
-        geometry.few_rows_warps = geometry.warps;  // the warps named, at every batch
-        opt.geometries.push_back(geometry);
+        absl::StatusOr<CodegenOptions::PagedAttentionGeometry> geometry = ParsePagedAttentionGeometry(g);
+        if (!geometry.ok()) {
+          std::fprintf(stderr, "paged_attention_bench: %s\n", std::string(geometry.status().message()).c_str());
+          return false;
+        }
+        opt.geometries.push_back(*geometry);
       }
       if (opt.geometries.empty()) return false;
     } else {

@@ -117,9 +117,10 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   // compiles every time; a directory the caller named must work.
   absl::StatusOr<KernelCache> cache = KernelCache::Open(options.cache_dir);
   if (!cache.ok() && !options.cache_dir.empty()) return cache.status();
-  const CodegenOptions codegen{.target = options.target,
-                               .programmatic_dependent_launch = options.programmatic_dependent_launch,
-                               .reads_before_wait = options.reads_before_wait};
+  CodegenOptions codegen{.target = options.target,
+                         .programmatic_dependent_launch = options.programmatic_dependent_launch,
+                         .reads_before_wait = options.reads_before_wait};
+  codegen.paged_attention = options.paged_attention;
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
                                           options.compile_threads, codegen));

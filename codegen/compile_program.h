@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "codegen/lower_node.h"
 #include "codegen/program.h"
 #include "ir/graph.h"
 #include "passes/target.h"
@@ -27,6 +28,7 @@ struct ProgramOptions {
   // Kernels open with griddepcontrol and launch programmatically (CodegenOptions).
   bool programmatic_dependent_launch = true;
   bool reads_before_wait = true;  // CodegenOptions::reads_before_wait
+  CodegenOptions::PagedAttentionGeometry paged_attention;  // CodegenOptions::paged_attention
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

@@ -3,7 +3,10 @@
 // lowering, or LowerNode fails and tests/op_table_test.cc says which op lacks one.
 #pragma once
 
+#include <string>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "codegen/kernel_spec.h"
 #include "ir/graph.h"
 #include "passes/target.h"
@@ -60,10 +63,27 @@ struct CodegenOptions {
     // query heads a kv head): `warps` warps a block at every batch, each streaming its own KV
     // blocks through at most warp_stages stages of shared memory; `stages` and
     // few_rows_warps are the CUDA-core kernel's.
+    // The tensor-core kernel's blocks an SM for its split count: its ~100 KB of shared memory
+    // at 4 warps of 3 stages lets an SM hold 2 (blocks_per_sm is the CUDA-core kernel's).
     bool tensor_cores = true;
     int warp_stages = 3;
+    int tensor_core_blocks_per_sm = 2;
+    // A promise of the caller's (the inference engine's, not ParsePagedAttentionGeometry's):
+    // in one step, no kernel writes a KV block that ends before the block of a row's position
+    // (kiln's decode writes only each row's own position's slot). With it, the tensor-core
+    // kernel at one query row a sequence starts copying those blocks before its
+    // grid-dependency wait, while the kernels ahead (the layer's cache writes) still run.
+    bool complete_blocks_step_invariant = false;
   } paged_attention;
 };
+
+// A paged attention geometry as text, as bench/paged_attention_bench and $KILN_PAGED_ATTENTION
+// take it: "tc4x3x4x2" is the tensor-core kernel with 4 warps, 3 stages a warp, splits of at
+// least 4 KV blocks and 2 blocks an SM; "4(8)x5x4x4" the CUDA-core kernel with 4 warps (8 at
+// up to fold_max_rows rows), 5 stages, 4 and 4; "+combine" keeps the combine kernel at every
+// batch, "+fold" folds it at every batch. Unnamed fields keep their defaults.
+std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& geometry);
+absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text);
 
 absl::StatusOr<LoweredNode> LowerNode(const Node& node, const CodegenOptions& options = {});
 

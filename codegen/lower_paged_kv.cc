@@ -1,7 +1,13 @@
 // Lowering of kv_cache_write and paged_attention to the templates of kernels/paged_kv.cuh.
 #include <algorithm>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "codegen/composite_lowerings.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
@@ -116,9 +122,10 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
         geometry.warps, " (", geometry.few_rows_warps, " for few rows) warps, ", geometry.stages, " stages, ",
         geometry.min_split_blocks, " blocks a split, ", geometry.blocks_per_sm, " blocks an SM"));
   }
-  if (geometry.tensor_cores && geometry.warp_stages < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(node), ": CodegenOptions::paged_attention wants at least 2 warp stages; got ", geometry.warp_stages));
+  if (geometry.tensor_cores && (geometry.warp_stages < 2 || geometry.tensor_core_blocks_per_sm < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(node), ": CodegenOptions::paged_attention wants at least 2 warp stages and a block an SM; got ",
+                     geometry.warp_stages, " and ", geometry.tensor_core_blocks_per_sm));
   }
   const bool tensor_cores = geometry.tensor_cores && !computed_q && pool.dtype == DType::kBF16 &&
                             head_dim % 16 == 0 && head_dim <= 256 && block_size % 16 == 0 && group <= 8;
@@ -127,7 +134,8 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
   // tensor-core kernel's warps each take whole KV blocks: `warps` at every batch.
   const int warps = !tensor_cores && rows <= geometry.fold_max_rows ? geometry.few_rows_warps : geometry.warps;
   const int64_t items = rows * kv_heads;
-  const int64_t wanted_blocks = geometry.blocks_per_sm * int64_t{std::max(1, options.target.sm_count)};
+  const int64_t wanted_blocks = (tensor_cores ? geometry.tensor_core_blocks_per_sm : geometry.blocks_per_sm) *
+                                int64_t{std::max(1, options.target.sm_count)};
   // The splits divide each row's actual blocks at run time; this is their count, rounded down
   // so that the launch stays one wave.
   const int64_t splits =
@@ -175,10 +183,15 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
   std::string trailing;
   if (tables_first || computed_q) trailing = tables_first ? ", true" : ", false";
   if (computed_q) absl::StrAppend(&trailing, ", ", inputs.q_source);
+  // The KV blocks before each row's position's block copied before the wait too (the caller's
+  // promise; one query row a sequence, so no other row of the step writes them either).
+  const bool complete_blocks_first = tensor_cores && tables_first && geometry.complete_blocks_step_invariant &&
+                                     q.dims[1] == 1;
+  if (complete_blocks_first) w.comment += ", and the KV blocks before each row's position's block";
   w.call = tensor_cores
                ? absl::StrCat("PagedAttentionSplitMma<", out_type, ", ", args, ", ", warps, ", ", splits, ", ", stages,
-                              tables_first ? ", true" : "", ">", call_args, ", ", splits > 1 ? "partials" : "nullptr",
-                              fold ? ", g_splits_done" : "", ")")
+                              tables_first ? ", true" : "", complete_blocks_first ? ", true" : "", ">", call_args,
+                              ", ", splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")")
                : absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ",
                               warps, ", ", splits, ", ", stages, trailing, ">", call_args, ", ",
                               splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
@@ -205,3 +218,62 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
 }
 
 }  // namespace kiln::codegen::composite
+
+namespace kiln {
+
+std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
+  const CodegenOptions::PagedAttentionGeometry defaults;
+  const std::string combine =
+      !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "";
+  if (g.tensor_cores) {
+    return absl::StrCat("tc", g.warps, "x", g.warp_stages, "x", g.min_split_blocks, "x", g.tensor_core_blocks_per_sm,
+                        combine);
+  }
+  const std::string warps =
+      g.few_rows_warps == g.warps ? absl::StrCat(g.warps) : absl::StrCat(g.warps, "(", g.few_rows_warps, ")");
+  return absl::StrCat(warps, "x", g.stages, "x", g.min_split_blocks, "x", g.blocks_per_sm, combine);
+}
+
+absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text) {
+  absl::string_view rest = text;
+  CodegenOptions::PagedAttentionGeometry g;
+  const bool separate_combine = absl::ConsumeSuffix(&rest, "+combine");
+  const bool always_fold = absl::ConsumeSuffix(&rest, "+fold");
+  g.tensor_cores = absl::ConsumePrefix(&rest, "tc");
+  std::vector<int> values;
+  int few_rows_warps = -1;
+  for (absl::string_view field : absl::StrSplit(rest, 'x')) {
+    int value = 0;
+    // The CUDA-core kernel's warps may name few_rows_warps: "4(8)".
+    if (values.empty() && !g.tensor_cores && absl::ConsumeSuffix(&field, ")")) {
+      const size_t open = field.find('(');
+      if (open == absl::string_view::npos || !absl::SimpleAtoi(field.substr(open + 1), &few_rows_warps) ||
+          few_rows_warps < 1) {
+        values.clear();
+        break;
+      }
+      field = field.substr(0, open);
+    }
+    if (!absl::SimpleAtoi(field, &value) || value < 1) {
+      values.clear();
+      break;
+    }
+    values.push_back(value);
+  }
+  if (values.size() != 4 || (separate_combine && always_fold)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "paged attention geometry '", text,
+        "': want [tc]WARPSxSTAGESxMIN_SPLIT_BLOCKSxBLOCKS_PER_SM[+combine|+fold] of positive integers, e.g. ",
+        PagedAttentionGeometryName(CodegenOptions::PagedAttentionGeometry{}), " or 4(8)x5x4x4"));
+  }
+  g.warps = values[0];
+  g.few_rows_warps = few_rows_warps > 0 ? few_rows_warps : values[0];
+  (g.tensor_cores ? g.warp_stages : g.stages) = values[1];
+  g.min_split_blocks = values[2];
+  (g.tensor_cores ? g.tensor_core_blocks_per_sm : g.blocks_per_sm) = values[3];
+  g.fold_combine = !separate_combine;
+  if (always_fold) g.fold_max_rows = 1 << 30;
+  return g;
+}
+
+}  // namespace kiln

@@ -50,7 +50,11 @@ class CudaInferenceEngine : public InferenceEngine {
 
   absl::Status Load(const Function& f) override {
     if (executables_.contains(&f)) return absl::OkStatus();
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutable> exe, CompileForGpu(f, *device_, run_));
+    // The inference functions write each row's KV at its own position's slot and nowhere else
+    // (frontends/llama_inference.cc): the blocks before it are the earlier steps'.
+    GpuCompileOptions compile;
+    compile.paged_attention.complete_blocks_step_invariant = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutable> exe, CompileForGpu(f, *device_, run_, compile));
     executables_.emplace(&f, std::move(exe));
     return absl::OkStatus();
   }

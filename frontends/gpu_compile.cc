@@ -24,13 +24,22 @@ bool ReadsBeforeWaitByDefault() {
 absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f, CudaDevice& device,
                                                               const CudaExecutableOptions& run,
                                                               const GpuCompileOptions& compile) {
+  CodegenOptions::PagedAttentionGeometry paged_attention = compile.paged_attention;
+  if (const char* env = std::getenv("KILN_PAGED_ATTENTION"); env != nullptr && *env != '\0') {
+    absl::StatusOr<CodegenOptions::PagedAttentionGeometry> parsed = ParsePagedAttentionGeometry(env);
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("$KILN_PAGED_ATTENTION: ", parsed.status().message()));
+    paged_attention = *parsed;
+    // Not a geometry: what the caller knows of its function stays.
+    paged_attention.complete_blocks_step_invariant = compile.paged_attention.complete_blocks_step_invariant;
+  }
   ASSIGN_OR_RETURN(CompiledProgram program,
                    CompileProgram(f, ProgramOptions{.target = device.target(),
                                                     .cache_dir = compile.cache_dir,
                                                     .compile_threads = compile.compile_threads,
                                                     .programmatic_dependent_launch =
                                                         compile.programmatic_dependent_launch,
-                                                    .reads_before_wait = compile.reads_before_wait}));
+                                                    .reads_before_wait = compile.reads_before_wait,
+                                                    .paged_attention = paged_attention}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

@@ -31,6 +31,9 @@ struct GpuCompileOptions {
   int compile_threads = 0;  // NVRTC threads; 0: one per core
   bool programmatic_dependent_launch = ProgrammaticDependentLaunchByDefault();
   bool reads_before_wait = ReadsBeforeWaitByDefault();
+  // CodegenOptions::paged_attention; CompileForGpu takes $KILN_PAGED_ATTENTION in its place
+  // where set (ParsePagedAttentionGeometry's text, e.g. "tc4x3x4x4": for measuring variants).
+  CodegenOptions::PagedAttentionGeometry paged_attention;
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

@@ -464,11 +464,15 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, QSource q, const TP
 //     two bf16 products, hi = bf16(P) and lo = bf16(P - hi), which leave P within 2^-16 of
 //     itself (relative), where one bf16 P would be 2^-9.
 // Q is rounded to bf16 for the products: q is bf16 here, so that changes nothing.
+// kCompleteBlocksBeforeWait (with kTablesBeforeWait; codegen's CodegenOptions::paged_attention
+// complete_blocks_step_invariant at kT == 1): the first stages of KV blocks that end before the
+// block of the row's position are issued before the grid-dependency wait.
 // Launch and partials as PagedAttentionSplit; dynamic shared memory of kWarps * kStages * 2 *
 // kBs * kD bf16 (each warp's stages), kMaxBlocks ints (rounded up to 16 bytes) and kWarps *
 // kGroup * (kD + 2) floats (codegen/lower_paged_kv.cc sizes it).
 template <typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
-          int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false>
+          int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false,
+          bool kCompleteBlocksBeforeWait = false>
 __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloat16* q, const __nv_bfloat16* k_pool,
                                                        const __nv_bfloat16* v_pool, const int* block_tables,
                                                        const int* positions, float scale, float* partials,
@@ -500,7 +504,6 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
   for (int i = threadIdx.x; i < kMaxBlocks; i += kWarps * kWarpSize) table[i] = block_tables[b * kMaxBlocks + i];
   const int position = positions[bt];
-  if constexpr (kTablesBeforeWait) GridDependencyWait();
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
   const int row_blocks = (keys + kBs - 1) / kBs;
   const int per_split = (row_blocks + kSplits - 1) / kSplits;
@@ -509,6 +512,7 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
   TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
   if (count <= 0) {
+    if constexpr (kTablesBeforeWait) GridDependencyWait();  // what the kernels ahead read is written after it
     StoreEmptySplit<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partials, item, splits_done);
     return;
   }
@@ -532,8 +536,17 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
     }
     CpAsyncCommit();
   };
-#pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  int issued = 0;
+  if constexpr (kTablesBeforeWait) {
+    if constexpr (kCompleteBlocksBeforeWait) {
+      // Blocks [0, position / kBs) hold only keys before the row's newest, which earlier steps
+      // wrote (the codegen caller's promise): their copies start while the kernels ahead run.
+      const int complete = position / kBs;
+      while (issued < kStages - 1 && issued < mine && first_block + warp + issued * kWarps < complete) issue(issued++);
+    }
+    GridDependencyWait();
+  }
+  for (; issued < kStages - 1; ++issued) issue(issued);
 
   // Q's A fragments, rows quad_row (< kGroup) of the group: columns 16s + 2 quad_lane (+1) and
   // 8 more; rows 8-15 are zero.

@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "ir/builder.h"
@@ -191,6 +194,37 @@ func @f {
 }
 
 #ifdef KILN_WITH_CUDA
+// The geometry's text ($KILN_PAGED_ATTENTION, bench/paged_attention_bench) names every field
+// it sets and reads back to the same geometry; text that is not one says what it wants.
+TEST(PagedKvOps, GeometryTextRoundTrips) {
+  CodegenOptions::PagedAttentionGeometry scalar;
+  scalar.tensor_cores = false;
+  CodegenOptions::PagedAttentionGeometry few_splits;
+  few_splits.min_split_blocks = 8;
+  few_splits.fold_combine = false;
+  for (const auto& [geometry, text] : std::vector<std::pair<CodegenOptions::PagedAttentionGeometry, std::string>>{
+           {CodegenOptions::PagedAttentionGeometry{}, "tc4x3x4x2"}, {scalar, "4(8)x5x4x4"},
+           {few_splits, "tc4x3x8x2+combine"}}) {
+    EXPECT_EQ(PagedAttentionGeometryName(geometry), text);
+    auto parsed = ParsePagedAttentionGeometry(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(PagedAttentionGeometryName(*parsed), text);
+    EXPECT_EQ(parsed->tensor_cores, geometry.tensor_cores);
+    EXPECT_EQ(parsed->min_split_blocks, geometry.min_split_blocks);
+    EXPECT_EQ(parsed->fold_combine, geometry.fold_combine);
+  }
+  auto fold = ParsePagedAttentionGeometry("8x5x4x4+fold");
+  ASSERT_TRUE(fold.ok()) << fold.status();
+  EXPECT_EQ(fold->few_rows_warps, 8);  // the warps named serve every batch
+  EXPECT_FALSE(fold->tensor_cores);
+  EXPECT_GT(fold->fold_max_rows, 1 << 20);
+  for (const char* bad : {"", "tc4x3x4", "tc4x3x4x2x1", "tc0x3x4x2", "4(x)x5x4x4", "tc4xthreex4x2", "4x5x4x4+fold+combine"}) {
+    auto parsed = ParsePagedAttentionGeometry(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_TRUE(absl::StrContains(parsed.status().message(), "WARPSxSTAGES")) << parsed.status();
+  }
+}
+
 // The kernels compile for sm_90a (they are not run here: no GPU in CI); kv_cache_write's copy
 // is skipped when the result is given the pool's own buffer.
 TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
@@ -234,6 +268,14 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_NE(attention->kernels[0].source.find("partials, g_splits_done)"), std::string::npos);
   EXPECT_EQ(attention->scratch_bytes, 64 * 4 * 4 * (128 + 2) * 4);
   EXPECT_TRUE(attention->kernels[0].waits_itself);
+  // With the caller's promise that no kernel of the step writes the blocks before a row's
+  // position's block (kiln's decode), their first copies go before the grid-dependency wait.
+  CodegenOptions promised;
+  promised.paged_attention.complete_blocks_step_invariant = true;
+  auto early = LowerNode(*o, promised);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_NE(early->kernels[0].source.find("16, 16, 4, 4, 2, true, true>"), std::string::npos) << early->kernels[0].source;
+  EXPECT_EQ(attention->kernels[0].source.find("2, true, true>"), std::string::npos);
   // The CUDA-core kernel: a block of 8 warps (few_rows_warps: 8 rows are at most
   // fold_max_rows) stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) for the whole block.
   CodegenOptions cuda_cores;
@@ -264,7 +306,7 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_EQ(combined->kernels[0].source.find("g_splits_done"), std::string::npos);
   EXPECT_NE(combined->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
   EXPECT_EQ(combined->scratch_bytes, attention->scratch_bytes);
-  for (const LoweredNode* lowered : {&*write, &*attention, &*scalar, &*combined}) {
+  for (const LoweredNode* lowered : {&*write, &*attention, &*early, &*scalar, &*combined}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
