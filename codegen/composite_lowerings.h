@@ -58,22 +58,4 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
 absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options);
 
-// Where a paged attention kernel's operands come from: its parameters after `out` (in the
-// order of the emitted node's operands), module-scope declarations, and the expressions the
-// template is called with. LowerPagedAttention's are its operands; an attention_q fusion's
-// (codegen/lower_fusion.cc) compute q element by element from the fusion's inputs.
-struct PagedAttentionInputs {
-  std::vector<std::string> params;
-  std::string globals;
-  std::string q = "q", k_pool = "k_pool", v_pool = "v_pool", block_tables = "block_tables", positions = "positions";
-  std::string q_source;  // the template's QSource when q is computed ("GroupInput"); empty: a pointer
-  // The block tables and positions as values of the function (IsStepInvariant: read before the
-  // grid-dependency wait when nothing in the step writes them).
-  const Node* tables_value = nullptr;
-  const Node* positions_value = nullptr;
-};
-// `attention`'s kernels, emitted for `emitted_as` (the node itself, or the fusion holding it).
-absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& attention, const Node& emitted_as,
-                                                    const PagedAttentionInputs& inputs, const CodegenOptions& options);
-
 }  // namespace kiln::codegen::composite

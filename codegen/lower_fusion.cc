@@ -8,7 +8,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "codegen/composite_lowerings.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
@@ -398,18 +397,16 @@ class GroupEmitter {
 };
 
 // A GroupInput: a pointer-like functor computing element i of `value` from the group's inputs
-// (inK), as a loop kernel computes it: `in + d` moves it, `in[j]` reads element base + j. Its
-// input pointers, and the kernel parameters in `params`, are __restrict__ where `restrict`.
+// (inK), as a loop kernel computes it: `in + d` moves it, `in[j]` reads element base + j.
 struct GroupInputSource {
   std::string definition;   // the struct, at module scope
-  std::string params;       // the kernel's input parameters, ", const T* <restrict>in0, ..."
+  std::string params;       // the kernel's input parameters, ", const T* __restrict__ in0, ..."
   std::string initializer;  // "{in0, in1, 0}": a GroupInput at element 0
 };
-absl::StatusOr<GroupInputSource> GroupInputFor(const KernelGroup& group, const Node& value, absl::string_view what,
-                                               bool restrict) {
+absl::StatusOr<GroupInputSource> GroupInputFor(const KernelGroup& group, const Node& value, absl::string_view what) {
   GroupEmitter emitter(group);
   ASSIGN_OR_RETURN(const std::string element, emitter.Value(&value, "i"));
-  const std::string qualifier = restrict ? "* __restrict__ in" : "* in";
+  const std::string qualifier = "* __restrict__ in";
   GroupInputSource source;
   std::string fields, names;
   for (size_t i = 0; i < group.inputs.size(); ++i) {
@@ -451,8 +448,7 @@ std::vector<DType> GroupDTypes(const KernelGroup& group, std::vector<DType> extr
 // through a GroupInput that computes each element from the fusion's inputs.
 absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const CodegenOptions& options) {
   const Node& root = *group.root;
-  ASSIGN_OR_RETURN(GroupInputSource source,
-                   GroupInputFor(group, *root.operand(0), "The reduced operand", /*restrict=*/true));
+  ASSIGN_OR_RETURN(GroupInputSource source, GroupInputFor(group, *root.operand(0), "The reduced operand"));
   FusedReduceInput fused;
   fused.kernel_name = absl::StrCat(KernelName(root), "_fusion");
   fused.params = source.params;
@@ -555,55 +551,8 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   return lowered;
 }
 
-// An attention_q fusion (ir/fusion.h): paged attention's kernels (codegen/lower_paged_kv.cc)
-// reading q through a GroupInput, the reduction fusion's functor, which computes each element
-// from the fusion's inputs as the loop fusion's kernel computed it.
-absl::StatusOr<LoweredNode> LowerAttentionQFusion(const Node& fusion, const CodegenOptions& options) {
-  const Function* body = fusion.body();
-  if (body == nullptr || body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kPagedAttention) {
-    return absl::InvalidArgumentError(absl::StrCat("attention_q fusion %", fusion.name(),
-                                                   " does not end in a paged_attention"));
-  }
-  const Node& attention = *body->outputs()[0];
-  const Node* q = attention.operand(0);
-  KernelGroup group;
-  group.root = q;
-  group.roots = {q};
-  for (const Node* p : body->parameters()) group.inputs.push_back(p);
-  for (const auto& n : body->nodes()) {
-    if (n->opcode() != Opcode::kParameter && n.get() != &attention) group.members.push_back(n.get());
-  }
-  auto param_index = [](const Node* p) { return p->attrs().GetInt("index").value_or(-1); };
-  for (size_t i = 0; i < group.inputs.size(); ++i) {
-    if (param_index(group.inputs[i]) != static_cast<int64_t>(i)) {
-      return absl::InvalidArgumentError(absl::StrCat("attention_q fusion %", fusion.name(), ": body parameter %",
-                                                     group.inputs[i]->name(), " is not parameter ", i));
-    }
-  }
-  // No __restrict__: the kernel may read the tables before its grid-dependency wait, and q's
-  // loads must stay after it (kernels/paged_kv.cuh, IsPointer).
-  ASSIGN_OR_RETURN(GroupInputSource source, GroupInputFor(group, *q, "q", /*restrict=*/false));
-  composite::PagedAttentionInputs inputs;
-  inputs.params = absl::StrSplit(source.params.substr(2), ", ");
-  inputs.globals = absl::StrCat(
-      FusionSourceOpening("attention_q fusion", group, fusion, GroupDTypes(group, {attention.type().dtype})),
-      source.definition);
-  inputs.q = absl::StrCat("GroupInput", source.initializer);
-  inputs.q_source = "GroupInput";
-  inputs.k_pool = absl::StrCat("in", param_index(attention.operand(1)));
-  inputs.v_pool = absl::StrCat("in", param_index(attention.operand(2)));
-  inputs.block_tables = absl::StrCat("in", param_index(attention.operand(3)));
-  inputs.positions = absl::StrCat("in", param_index(attention.operand(4)));
-  inputs.tables_value = fusion.operand(static_cast<int>(param_index(attention.operand(3))));
-  inputs.positions_value = fusion.operand(static_cast<int>(param_index(attention.operand(4))));
-  ASSIGN_OR_RETURN(LoweredNode lowered, composite::LowerPagedAttentionFrom(attention, fusion, inputs, options));
-  lowered.label = "fused paged_attention";
-  return lowered;
-}
-
 absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
-  if (kind == FusionKind::kAttentionQ) return LowerAttentionQFusion(fusion, options);
   if (kind == FusionKind::kCacheWrite) return LowerCacheWriteFusion(fusion, options);
   if (kind == FusionKind::kGemvGlu) return LowerGemvGluFusion(fusion, options);
   ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion, kind));

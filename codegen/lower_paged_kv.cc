@@ -58,23 +58,13 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
   return lowered;
 }
 
-// PagedAttentionSplit where a K/V row is whole 16-byte loads over a power of two of lanes,
-// split over the keys up to CodegenOptions::paged_attention's blocks per SM (each split at
-// least its min_split_blocks KV blocks); with several splits, the last of each row and head
-// adds their partials (fold_combine), or PagedAttentionCombine does after the split kernel;
-// otherwise a warp per (query row, head), one key at a time (PagedAttention).
+// PagedAttentionSplitMma (bf16 tensor cores) or PagedAttentionSplit where a K/V row is whole
+// 16-byte loads over a power of two of lanes, split over the keys up to
+// CodegenOptions::paged_attention's blocks per SM (each split at least its min_split_blocks KV
+// blocks); with several splits, the last of each row and head adds their partials
+// (fold_combine), or PagedAttentionCombine does after the split kernel; otherwise a warp per
+// (query row, head), one key at a time (PagedAttention).
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options) {
-  PagedAttentionInputs inputs;
-  inputs.tables_value = node.operand(3);
-  inputs.positions_value = node.operand(4);
-  inputs.params = {Param(node.operand(0)->type().dtype, "q"), Param(node.operand(1)->type().dtype, "k_pool"),
-                   Param(node.operand(2)->type().dtype, "v_pool"), Param(DType::kI32, "block_tables"),
-                   Param(DType::kI32, "positions")};
-  return LowerPagedAttentionFrom(node, node, inputs, options);
-}
-
-absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node& emitted_as,
-                                                    const PagedAttentionInputs& inputs, const CodegenOptions& options) {
   ASSIGN_OR_RETURN(int64_t layer, node.attrs().GetInt("layer"));
   ASSIGN_OR_RETURN(double scale, FiniteFloatAttr(node, "scale"));
   const TensorType& q = node.operand(0)->type();
@@ -88,23 +78,19 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
   const std::string out_type = CudaTypeName(node.type().dtype);
   Wrapper w;
   w.header = "paged_kv";
-  w.params = inputs.params;
-  w.globals = inputs.globals;
-  const bool computed_q = !inputs.q_source.empty();
+  w.params = {Param(q.dtype, "q"), Param(pool.dtype, "k_pool"), Param(node.operand(2)->type().dtype, "v_pool"),
+              Param(DType::kI32, "block_tables"), Param(DType::kI32, "positions")};
   const std::string args = absl::StrCat(q.dims[0], "LL, ", q.dims[1], "LL, ", heads, ", ", head_dim, ", ", layer, ", ",
                                         pool.dims[1], "LL, ", kv_heads, ", ", block_size, ", ", max_blocks);
-  const std::string call_args =
-      absl::StrCat("(out, ", inputs.q, ", ", inputs.k_pool, ", ", inputs.v_pool, ", ", inputs.block_tables, ", ",
-                   inputs.positions, ", ", FloatLiteral(scale));
+  const std::string call_args = absl::StrCat("(out, q, k_pool, v_pool, block_tables, positions, ", FloatLiteral(scale));
   const int64_t vec = 16 / DTypeBytes(pool.dtype);
   const int64_t lanes_per_row = head_dim % vec == 0 ? head_dim / vec : 0;
   if (q.dtype != pool.dtype || lanes_per_row < 1 || lanes_per_row > kWarpSize || kWarpSize % lanes_per_row != 0) {
     const int64_t items = q.num_elements() / std::max<int64_t>(1, head_dim);
     RETURN_IF_ERROR(CheckGrid(node, items));
     w.comment = absl::StrCat("a warp per (query, head): ", Count(items, "warp"), ", two passes over the keys");
-    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args,
-                          computed_q ? ", " + inputs.q_source : "", ">", call_args, ")");
-    return Kernels({Emit(emitted_as, codegen::KernelName(emitted_as), w, items, kWarpSize)});
+    w.call = absl::StrCat("PagedAttention<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ">", call_args, ")");
+    return Kernels({Emit(node, codegen::KernelName(node), w, items, kWarpSize)});
   }
   // CodegenOptions::paged_attention. Its defaults: 4 warps and 5 stages, four KV blocks in
   // flight while one is scored (32 KB a block at bf16 and head dim 128; the 45 KB of shared
@@ -127,7 +113,7 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
         absl::StrCat(Where(node), ": CodegenOptions::paged_attention wants at least 2 warp stages and a block an SM; got ",
                      geometry.warp_stages, " and ", geometry.tensor_core_blocks_per_sm));
   }
-  const bool tensor_cores = geometry.tensor_cores && !computed_q && pool.dtype == DType::kBF16 &&
+  const bool tensor_cores = geometry.tensor_cores && pool.dtype == DType::kBF16 &&
                             head_dim % 16 == 0 && head_dim <= 256 && block_size % 16 == 0 && group <= 8;
   // 8 warps at batch 1: 11.7 against 12.5 us with 4 (bench/RESULTS.md, session 25,
   // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0). The
@@ -174,15 +160,10 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
     w.comment += "; the last split of each adds the splits' partials";
   }
   // The block tables and positions read before the grid-dependency wait where nothing in the
-  // step writes them (the inference functions' parameters; an attention_q fusion's operands
-  // 3 and 4 are the same values).
-  const bool tables_first = EarlyReadsAllowed(options) && IsStepInvariant(*inputs.tables_value) &&
-                            IsStepInvariant(*inputs.positions_value);
+  // step writes them (the inference functions' parameters).
+  const bool tables_first =
+      EarlyReadsAllowed(options) && IsStepInvariant(*node.operand(3)) && IsStepInvariant(*node.operand(4));
   if (tables_first) w.comment += "; block tables and positions read before the grid-dependency wait";
-  // The template's trailing arguments: kTablesBeforeWait where true or followed by QSource.
-  std::string trailing;
-  if (tables_first || computed_q) trailing = tables_first ? ", true" : ", false";
-  if (computed_q) absl::StrAppend(&trailing, ", ", inputs.q_source);
   // The KV blocks before each row's position's block copied before the wait too (the caller's
   // promise; one query row a sequence, so no other row of the step writes them either).
   const bool complete_blocks_first = tensor_cores && tables_first && geometry.complete_blocks_step_invariant &&
@@ -193,9 +174,9 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
                               tables_first ? ", true" : "", complete_blocks_first ? ", true" : "", ">", call_args,
                               ", ", splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")")
                : absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ",
-                              warps, ", ", splits, ", ", stages, trailing, ">", call_args, ", ",
+                              warps, ", ", splits, ", ", stages, tables_first ? ", true" : "", ">", call_args, ", ",
                               splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
-  KernelSpec split_kernel = Emit(emitted_as, codegen::KernelName(emitted_as), w, items * splits, warps * kWarpSize);
+  KernelSpec split_kernel = Emit(node, codegen::KernelName(node), w, items * splits, warps * kWarpSize);
   split_kernel.shared_bytes = static_cast<uint32_t>(shared_bytes);
   split_kernel.waits_itself = tables_first;
   if (splits == 1) return Kernels({std::move(split_kernel)});
@@ -211,7 +192,7 @@ absl::StatusOr<LoweredNode> LowerPagedAttentionFrom(const Node& node, const Node
                               kv_heads, ", ", splits, ">(out, partials)");
   const int threads = options.threads_per_block;
   LoweredNode lowered =
-      Kernels({std::move(split_kernel), Emit(emitted_as, codegen::KernelName(emitted_as) + "_combine", combine,
+      Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,
                                              CeilDiv(q.num_elements(), threads), threads)});
   lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
   return lowered;

@@ -157,21 +157,12 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
   return module;
 }
 
-bool FuseAttentionQRequested() {
-  const char* env = std::getenv("KILN_FUSE_ATTENTION_Q");
-  return env != nullptr && std::string(env) == "1";
-}
-
 absl::StatusOr<PipelineReport> CompileInferenceModule(Module& module, const CompileOptions& options) {
   CompileOptions all = options;
   // The weights are parameters in the GEMM dtype here, with no convert kernel for fuse-loops
   // to join merge-sibling-gemms' concatenate into: it would copy the q/k and gate/up weights
   // every call (0.62 of llama-M's 2.9 ms decode step on the H200) to save two launches.
   all.disabled_passes.push_back("merge-sibling-gemms");
-  // fuse-attention-q (q's RoPE computed by the attention kernel) is off unless
-  // $KILN_FUSE_ATTENTION_Q is "1": it gives the same bits on the reference backend and its
-  // kernels compile, but it has not yet run on a GPU (bench/RESULTS.md, session 25).
-  if (!FuseAttentionQRequested()) all.disabled_passes.push_back("fuse-attention-q");
   const Pipeline forward_pipeline = BuildForwardPipeline(all), rest_pipeline = BuildDefaultPipeline(all);
   // One compile of two pipelines, as the training compile is: a disabled pass need be in one
   // of them, and the dumps are numbered through both.

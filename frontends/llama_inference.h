@@ -103,12 +103,8 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
                                                                   InferencePhase phase, int64_t size);
 
 // The forward pipeline, then the default pipeline (passes/default_pipeline.h) without
-// merge-sibling-gemms (its concatenate of weight parameters would be a copy every call), and
-// without fuse-attention-q unless FuseAttentionQRequested(), on an inference module.
+// merge-sibling-gemms (its concatenate of weight parameters would be a copy every call), on an
+// inference module.
 absl::StatusOr<PipelineReport> CompileInferenceModule(Module& module, const CompileOptions& options);
-
-// Whether $KILN_FUSE_ATTENTION_Q is "1": fuse-attention-q (passes/fuse_attention_q.h) then
-// runs in CompileInferenceModule. Off by default until it has run on a GPU.
-bool FuseAttentionQRequested();
 
 }  // namespace kiln

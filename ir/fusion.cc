@@ -9,7 +9,7 @@ namespace kiln {
 namespace {
 
 constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
-                                 FusionKind::kGemvGlu, FusionKind::kAttentionQ};
+                                 FusionKind::kGemvGlu};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -46,7 +46,6 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
     case FusionKind::kGemvGlu: return "gemv_glu";
-    case FusionKind::kAttentionQ: return "attention_q";
   }
   return "?";
 }
@@ -183,30 +182,6 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       if (MatchSwiGlu(*body, *gemm).out == nullptr) {
         return BodyError(kind, *gemm,
                          "is not followed by silu(x[.., :F]) * x[.., F:] alone: the body a gemv_glu fusion holds");
-      }
-      return absl::OkStatus();
-    }
-    case FusionKind::kAttentionQ: {
-      if (body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kPagedAttention) {
-        return absl::InvalidArgumentError("an attention_q fusion's body returns one paged_attention");
-      }
-      const Node* attention = body->outputs()[0];
-      for (int i = 1; i < attention->num_operands(); ++i) {
-        if (attention->operand(i)->opcode() != Opcode::kParameter) {
-          return BodyError(kind, *attention, "reads pools, tables or positions that are not the body's parameters");
-        }
-      }
-      if (attention->operand(0)->opcode() == Opcode::kParameter) {
-        return BodyError(kind, *attention, "reads q from a parameter: an attention_q fusion computes it");
-      }
-      for (const auto& n : body->nodes()) {
-        if (n.get() == attention || n->opcode() == Opcode::kParameter) continue;
-        if (!IsLoopOp(*n)) return BodyError(kind, *n, "cannot be computed element by element for attention's q");
-        for (const Node* user : n->users()) {
-          if (user == attention && attention->operand(0) != n.get()) {
-            return BodyError(kind, *n, "is read by the attention as other than q");
-          }
-        }
       }
       return absl::OkStatus();
     }

@@ -41,13 +41,9 @@ namespace kiln {
 // kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
 // are body parameters): the kernel that computes a layer's new K (or V) rows stores them
 // straight into their paged-pool slots instead of writing them for a second kernel to copy.
-// kAttentionQ: a loop body computing a paged_attention's q (a layer's RoPE of its slice of the
-// q/k/v projection) and that paged_attention, whose other operands are body parameters: the
-// attention kernel computes each q element as it loads it, and q is never stored
-// (passes/fuse_attention_q.h).
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu, kAttentionQ };
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
 
-// "loop", "reduction", "cache_write", "gemv_glu", "attention_q"
+// "loop", "reduction", "cache_write", "gemv_glu"
 absl::string_view FusionKindName(FusionKind kind);
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);

@@ -21,20 +21,6 @@ namespace kiln::kernels {
 
 // ------------------------------------------------------------------------------- kernels
 
-// q is either a pointer to its rows or a source that computes each element (an attention_q
-// fusion's GroupInput: codegen/lower_fusion.cc), read as q[i]. A source reads what the kernels
-// ahead wrote through pointers without __restrict__, which the compiler keeps after
-// GridDependencyWait's memory clobber (a `const __restrict__` read may become an
-// ld.global.nc scheduled ahead of it).
-template <typename T>
-struct IsPointer {
-  static constexpr bool kValue = false;
-};
-template <typename T>
-struct IsPointer<T*> {
-  static constexpr bool kValue = true;
-};
-
 // out = pool, element by element; nothing when out is pool (the result written in place).
 // Launch: any grid of any block size (grid-stride).
 template <typename TP, long long kN>
@@ -70,8 +56,8 @@ __device__ __forceinline__ void KvCacheWrite(TP* out, const TX* x, const int* sl
 // warp per (b, t, h): grid = kB * kT * kH blocks of 32 threads. Lane l holds dims l, l + 32,
 // ... of the query and of the output accumulator.
 template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
-          int kBs, int kMaxBlocks, typename QSource = const TP*>
-__device__ __forceinline__ void PagedAttention(TO* out, QSource q, const TP* k_pool, const TP* v_pool,
+          int kBs, int kMaxBlocks>
+__device__ __forceinline__ void PagedAttention(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                const int* block_tables, const int* positions, float scale) {
   constexpr int kPerLane = (kD + kWarpSize - 1) / kWarpSize;
   constexpr int kGroup = kH / kHkv;
@@ -270,9 +256,8 @@ __device__ __forceinline__ void StoreEmptySplit(TO* o, float* stats, const float
 // (GridDependencyWait, here), q after it through ordered loads, so the K/V copies can start
 // one memory round trip sooner after the wait.
 template <typename TP, typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv,
-          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false,
-          typename QSource = const TP*>
-__device__ __forceinline__ void PagedAttentionSplit(TO* out, QSource q, const TP* k_pool, const TP* v_pool,
+          int kBs, int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false>
+__device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const TP* k_pool, const TP* v_pool,
                                                     const int* block_tables, const int* positions, float scale,
                                                     float* partials, unsigned int* splits_done = nullptr) {
   const float scale2 = scale * kLog2E;  // scores in base-2 units (RescaleFactor)
@@ -309,13 +294,8 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, QSource q, const TP
   float qv[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    const long long at = (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec;
-    if constexpr (IsPointer<QSource>::kValue) {
-      LoadFloats<kTablesBeforeWait ? LoadHint::kAfterWait : LoadHint::kDefault>(q + at, qv[g]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) qv[g][e] = ToFloat(q[at + e]);
-    }
+    LoadFloats<kTablesBeforeWait ? LoadHint::kAfterWait : LoadHint::kDefault>(
+        q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
   }
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
   // This split's KV blocks: [first_block, first_block + count) of the row's ceil(keys / kBs).

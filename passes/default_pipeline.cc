@@ -11,7 +11,6 @@
 #include "passes/dce.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
-#include "passes/fuse_attention_q.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_gemv_glu.h"
 #include "passes/fuse_fp8_scale_update.h"
@@ -95,7 +94,6 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   p.Add(std::make_unique<FuseCacheWritePass>());
   // A paged_attention's q computed by the attention kernel as it loads it (inference: a
   // layer's q RoPE); after fusion, whose loop fusion it takes in.
-  p.Add(std::make_unique<FuseAttentionQPass>());
   // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
   // fusion, whose loop fusion it takes in.
   p.Add(std::make_unique<FuseGemvGluPass>());

@@ -12,7 +12,6 @@
 #include "passes/default_pipeline.h"
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
-#include "passes/fuse_attention_q.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_gemv_glu.h"
 #include "passes/fuse_fp8_scale_update.h"
@@ -61,8 +60,6 @@ constexpr PassInfo kPasses[] = {
      Make<ElideGradZeroingPass>},
     {ExpandRopePass::kName, "rope -> the f32 ops it is (one rope_table per positions), for fuse-loops",
      Make<ExpandRopePass>},
-    {FuseAttentionQPass::kName, "paged_attention of a loop fusion's q -> one kernel computing q as it loads it",
-     Make<FuseAttentionQPass>},
     {FuseCacheWritePass::kName, "kv_cache_write of a loop fusion's rows -> one kernel storing them into their slots",
      Make<FuseCacheWritePass>},
     {FuseFp8ScaleUpdatePass::kName, "fp8_scale_update of a quantize's amax -> computed by that quantize's kernel",

@@ -62,7 +62,7 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "unknown pass 'bogus' (known: default, " + RegisteredPassNames() + ")");
   EXPECT_EQ(RegisteredPassNames(),
-            "canonicalize, chunk-lm-head, cse, dce, elide-grad-zeroing, expand-rope, fuse-attention-q, fuse-cache-write, "
+            "canonicalize, chunk-lm-head, cse, dce, elide-grad-zeroing, expand-rope, fuse-cache-write, "
             "fuse-fp8-scale-update, fuse-gemv-glu, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, "
             "group-optimizer-updates, lower-gemm, "
             "merge-sibling-gemms, narrow-activations-bf16, rematerialize, "
