@@ -74,6 +74,9 @@ struct CodegenOptions {
     // kernel at one query row a sequence starts copying those blocks before its
     // grid-dependency wait, while the kernels ahead (the layer's cache writes) still run.
     bool complete_blocks_step_invariant = false;
+    // The tensor-core kernel's stages filled by cp.async.bulk, a copy per K or V row, instead of
+    // 16-byte cp.async copies ("+bulk" in the geometry's text).
+    bool bulk_copies = false;
   } paged_attention;
 };
 
@@ -81,7 +84,8 @@ struct CodegenOptions {
 // take it: "tc4x3x4x2" is the tensor-core kernel with 4 warps, 3 stages a warp, splits of at
 // least 4 KV blocks and 2 blocks an SM; "4(8)x5x4x4" the CUDA-core kernel with 4 warps (8 at
 // up to fold_max_rows rows), 5 stages, 4 and 4; "+combine" keeps the combine kernel at every
-// batch, "+fold" folds it at every batch. Unnamed fields keep their defaults.
+// batch, "+fold" folds it at every batch, "+bulk" fills the tensor-core kernel's stages with
+// bulk copies. Unnamed fields keep their defaults.
 std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& geometry);
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text);
 

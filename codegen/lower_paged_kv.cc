@@ -133,9 +133,13 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const int stages = tensor_cores ? static_cast<int>(std::clamp<int64_t>(warp_blocks + 1, 2, geometry.warp_stages))
                                   : geometry.stages;
   // The stages, the block table row, the warps' partial outputs and their (max, sum) pairs.
+  // The CUDA-core kernel's stages are the block's; the tensor-core kernel's each warp's, with
+  // bulk copies rows of head_dim + 8 and a barrier a stage.
+  const bool bulk = tensor_cores && geometry.bulk_copies;
   const int64_t shared_bytes =
-      (tensor_cores ? warps : 1) * stages * 2 * block_size * head_dim * int64_t{DTypeBytes(pool.dtype)} +
-      CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4};
+      (tensor_cores ? warps : 1) * stages * 2 * block_size * (head_dim + (bulk ? 8 : 0)) *
+          int64_t{DTypeBytes(pool.dtype)} +
+      CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4} + (bulk ? warps * stages * 8 : 0);
   if (shared_bytes > options.target.shared_memory_per_block) {
     return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
                                                    " bytes of shared memory, beyond the target's ",
@@ -169,10 +173,20 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const bool complete_blocks_first = tensor_cores && tables_first && geometry.complete_blocks_step_invariant &&
                                      q.dims[1] == 1;
   if (complete_blocks_first) w.comment += ", and the KV blocks before each row's position's block";
+  if (bulk) w.comment += "; K and V rows by bulk copies";
+  // The tensor-core template's trailing flags (kTablesBeforeWait, kCompleteBlocksBeforeWait,
+  // kBulkCopies), written up to the last that is set.
+  std::string flags;
+  {
+    const bool set[] = {tables_first, complete_blocks_first, bulk};
+    int last = -1;
+    for (int i = 0; i < 3; ++i) last = set[i] ? i : last;
+    for (int i = 0; i <= last; ++i) absl::StrAppend(&flags, set[i] ? ", true" : ", false");
+  }
   w.call = tensor_cores
                ? absl::StrCat("PagedAttentionSplitMma<", out_type, ", ", args, ", ", warps, ", ", splits, ", ", stages,
-                              tables_first ? ", true" : "", complete_blocks_first ? ", true" : "", ">", call_args,
-                              ", ", splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")")
+                              flags, ">", call_args, ", ", splits > 1 ? "partials" : "nullptr",
+                              fold ? ", g_splits_done" : "", ")")
                : absl::StrCat("PagedAttentionSplit<", CudaTypeName(pool.dtype), ", ", out_type, ", ", args, ", ",
                               warps, ", ", splits, ", ", stages, tables_first ? ", true" : "", ">", call_args, ", ",
                               splits > 1 ? "partials" : "nullptr", fold ? ", g_splits_done" : "", ")");
@@ -205,7 +219,8 @@ namespace kiln {
 std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& g) {
   const CodegenOptions::PagedAttentionGeometry defaults;
   const std::string combine =
-      !g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "";
+      absl::StrCat(!g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "",
+                   g.tensor_cores && g.bulk_copies ? "+bulk" : "");
   if (g.tensor_cores) {
     return absl::StrCat("tc", g.warps, "x", g.warp_stages, "x", g.min_split_blocks, "x", g.tensor_core_blocks_per_sm,
                         combine);
@@ -218,6 +233,7 @@ std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeome
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text) {
   absl::string_view rest = text;
   CodegenOptions::PagedAttentionGeometry g;
+  const bool bulk_copies = absl::ConsumeSuffix(&rest, "+bulk");
   const bool separate_combine = absl::ConsumeSuffix(&rest, "+combine");
   const bool always_fold = absl::ConsumeSuffix(&rest, "+fold");
   g.tensor_cores = absl::ConsumePrefix(&rest, "tc");
@@ -241,10 +257,11 @@ absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeomet
     }
     values.push_back(value);
   }
-  if (values.size() != 4 || (separate_combine && always_fold)) {
+  if (values.size() != 4 || (separate_combine && always_fold) || (bulk_copies && !g.tensor_cores)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "paged attention geometry '", text,
-        "': want [tc]WARPSxSTAGESxMIN_SPLIT_BLOCKSxBLOCKS_PER_SM[+combine|+fold] of positive integers, e.g. ",
+        "': want [tc]WARPSxSTAGESxMIN_SPLIT_BLOCKSxBLOCKS_PER_SM[+combine|+fold][+bulk] of positive integers (+bulk "
+        "only with tc), e.g. ",
         PagedAttentionGeometryName(CodegenOptions::PagedAttentionGeometry{}), " or 4(8)x5x4x4"));
   }
   g.warps = values[0];
@@ -254,6 +271,7 @@ absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeomet
   (g.tensor_cores ? g.tensor_core_blocks_per_sm : g.blocks_per_sm) = values[3];
   g.fold_combine = !separate_combine;
   if (always_fold) g.fold_max_rows = 1 << 30;
+  g.bulk_copies = bulk_copies;
   return g;
 }
 

@@ -51,6 +51,47 @@ __device__ __forceinline__ void CpAsyncWait() {
 __device__ __forceinline__ void CpAsyncWaitAll() { CpAsyncWait<0>(); }
 
 // ---------------------------------------------------------------------------------------
+// mbarriers and bulk copies (sm_90): `bar` is the barrier's shared-memory address
+// (SharedAddress), 8 bytes, 8-byte aligned.
+
+__device__ __forceinline__ void BarrierInit(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void BarrierArrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void BarrierWait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Makes this thread's generic-proxy writes to shared memory (its completed cp.async copies)
+// visible to the async proxy, through which wgmma reads its shared-memory operands.
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Arrives on the barrier and adds `bytes` to the transaction count its phase waits for (the
+// bulk copies that complete on it).
+__device__ __forceinline__ void BarrierArriveExpectTx(unsigned bar, unsigned bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// Makes barriers this thread initialized visible to the other threads and to the async proxy.
+__device__ __forceinline__ void FenceBarrierInit() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared through the
+// copy engine (cp.async.bulk, no tensor map), completing `bytes` of the barrier's
+// transaction count.
+__device__ __forceinline__ void BulkCopyToShared(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
 // bf16 tensor cores through mma.sync (sm_80 and later): fragments loaded with ldmatrix from
 // swizzled shared-memory tiles (flash attention, paged attention).
 

@@ -214,24 +214,10 @@ namespace flash_attention_wgmma {
 
 // ------------------------------------------------------------------ mbarriers, copies
 
-__device__ __forceinline__ void BarrierInit(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void BarrierArrive(unsigned bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void BarrierWait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// Makes this thread's generic-proxy writes to shared memory (its completed cp.async copies)
-// visible to the async proxy, through which wgmma reads its shared-memory operands.
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using kernels::BarrierArrive;
+using kernels::BarrierInit;
+using kernels::BarrierWait;
+using kernels::FenceProxyAsync;
 
 // Byte offset of element (row, col) in a swizzled tile of kRows rows (see the top comment).
 template <int kRows>

@@ -447,12 +447,16 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
 // kCompleteBlocksBeforeWait (with kTablesBeforeWait; codegen's CodegenOptions::paged_attention
 // complete_blocks_step_invariant at kT == 1): the first stages of KV blocks that end before the
 // block of the row's position are issued before the grid-dependency wait.
+// kBulkCopies: a warp's stages are filled by cp.async.bulk, a copy per K or V row (one
+// instruction a lane where cp.async takes 16), completing on the stage's mbarrier; rows are
+// padded to kD + 8 elements instead of swizzled.
 // Launch and partials as PagedAttentionSplit; dynamic shared memory of kWarps * kStages * 2 *
-// kBs * kD bf16 (each warp's stages), kMaxBlocks ints (rounded up to 16 bytes) and kWarps *
-// kGroup * (kD + 2) floats (codegen/lower_paged_kv.cc sizes it).
+// kBs * kD bf16 (each warp's stages; kD + 8 a row with kBulkCopies), kMaxBlocks ints (rounded
+// up to 16 bytes), kWarps * kGroup * (kD + 2) floats (rounded up to 8 bytes) and, with
+// kBulkCopies, kWarps * kStages 8-byte barriers (codegen/lower_paged_kv.cc sizes it).
 template <typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
           int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false,
-          bool kCompleteBlocksBeforeWait = false>
+          bool kCompleteBlocksBeforeWait = false, bool kBulkCopies = false>
 __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloat16* q, const __nv_bfloat16* k_pool,
                                                        const __nv_bfloat16* v_pool, const int* block_tables,
                                                        const int* positions, float scale, float* partials,
@@ -466,14 +470,21 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   constexpr int kMaxKeys = kMaxBlocks * kBs;
   constexpr int kDSteps = kD / 16;  // k16 steps of Q K^T
   constexpr int kDTiles = kD / 8;   // n8 tiles of O
-  constexpr int kTile = kBs * kD;   // elements of one KV block's K (and of its V)
-  constexpr int kChunksPerLane = kTile / 8 / kWarpSize;
-  static_assert(kTile % (8 * kWarpSize) == 0, "a KV block is whole rounds of a warp's 16-byte copies");
+  // A staged row is kD elements, swizzled (cp.async), or kD + 8 (bulk copies: a row lands as
+  // it is, and the 16 bytes of padding put the 8 rows of an ldmatrix phase in distinct banks).
+  constexpr int kRowStride = kBulkCopies ? kD + 8 : kD;
+  constexpr int kTile = kBs * kRowStride;  // staged elements of one KV block's K (and of its V)
+  constexpr int kChunksPerLane = kBs * kD / 8 / kWarpSize;
+  static_assert(kBs * kD % (8 * kWarpSize) == 0, "a KV block is whole rounds of a warp's 16-byte copies");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TP* tiles = reinterpret_cast<TP*>(shared_bytes);                                 // [kWarps][kStages][2][kTile]
   int* table = reinterpret_cast<int*>(tiles + kWarps * kStages * 2 * kTile);       // [kMaxBlocks]
   float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
   float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
+  // Bulk copies: each warp's stages complete on barriers of their own, [kWarps][kStages].
+  unsigned long long* barriers =
+      reinterpret_cast<unsigned long long*>(warp_stats + ((2 * kWarps * kGroup + 1) / 2) * 2);
+  auto staged = [](int row, int col) { return kBulkCopies ? row * kRowStride + col : Swizzle<kD>(row, col); };
 
   const int split = static_cast<int>(blockIdx.x % kSplits);
   const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
@@ -483,6 +494,12 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
   for (int i = threadIdx.x; i < kMaxBlocks; i += kWarps * kWarpSize) table[i] = block_tables[b * kMaxBlocks + i];
+  if constexpr (kBulkCopies) {
+    if (lane == 0) {
+      for (int stage = 0; stage < kStages; ++stage) BarrierInit(SharedAddress(barriers + warp * kStages + stage), 1);
+      FenceBarrierInit();
+    }
+  }
   const int position = positions[bt];
   const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
   const int row_blocks = (keys + kBs - 1) / kBs;
@@ -504,17 +521,34 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
     if (j < mine) {
       const int id = table[first_block + warp + j * kWarps];
       const bool valid = id >= 0 && id < kBlocks;
-      const long long at = ((static_cast<long long>(kLayer) * kBlocks + (valid ? id : 0)) * kHkv + head) * kTile;
+      const long long at = ((static_cast<long long>(kLayer) * kBlocks + (valid ? id : 0)) * kHkv + head) * kBs * kD;
       TP* k_tile = my_tiles + (j % kStages) * 2 * kTile;
+      if constexpr (kBulkCopies) {
+        // Lane 0 arms the stage's barrier for the block's bytes, then the lanes copy its 2 kBs
+        // rows (K's, then V's) a row a copy; a block outside the pool is zeros, stored by hand.
+        const unsigned bar = SharedAddress(barriers + warp * kStages + j % kStages);
+        if (lane == 0) BarrierArriveExpectTx(bar, valid ? 2 * kBs * kD * 2 : 0);
+        __syncwarp();  // armed before any copy completes on it; block j - 1's stage is read
+        for (int r = lane; r < 2 * kBs; r += kWarpSize) {
+          const TP* src = (r < kBs ? k_pool : v_pool) + at + (r % kBs) * kD;
+          TP* dst = k_tile + (r / kBs) * kTile + (r % kBs) * kRowStride;
+          if (valid) {
+            BulkCopyToShared(SharedAddress(dst), src, kD * 2, bar);
+          } else {
+            for (int c = 0; c < kD; c += 8) *reinterpret_cast<uint4*>(dst + c) = make_uint4(0, 0, 0, 0);
+          }
+        }
+      } else {
 #pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        const int e = (c * kWarpSize + lane) * 8;  // element of the block's K (and V) rows
-        const int swizzled = Swizzle<kD>(e / kD, e % kD);
-        CpAsync16OrZero(k_tile + swizzled, k_pool + at + e, valid);
-        CpAsync16OrZero(k_tile + kTile + swizzled, v_pool + at + e, valid);
+        for (int c = 0; c < kChunksPerLane; ++c) {
+          const int e = (c * kWarpSize + lane) * 8;  // element of the block's K (and V) rows
+          const int swizzled = Swizzle<kD>(e / kD, e % kD);
+          CpAsync16OrZero(k_tile + swizzled, k_pool + at + e, valid);
+          CpAsync16OrZero(k_tile + kTile + swizzled, v_pool + at + e, valid);
+        }
       }
     }
-    CpAsyncCommit();
+    if constexpr (!kBulkCopies) CpAsyncCommit();
   };
   int issued = 0;
   if constexpr (kTablesBeforeWait) {
@@ -557,8 +591,13 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   for (int n = 0; n < kDTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   const float scale2 = scale * kLog2E;
   for (int j = 0; j < mine; ++j) {
-    CpAsyncWait<kStages - 2>();  // this lane's copies of block j have landed
-    __syncwarp();                // the warp's have; and block j - 1's stage is read
+    if constexpr (kBulkCopies) {
+      BarrierWait(SharedAddress(barriers + warp * kStages + j % kStages), (j / kStages) & 1);
+      __syncwarp();  // a zero block's stores, by every lane, are visible to every lane
+    } else {
+      CpAsyncWait<kStages - 2>();  // this lane's copies of block j have landed
+      __syncwarp();                // the warp's have; and block j - 1's stage is read
+    }
     issue(j + kStages - 1);
     const TP* k_tile = my_tiles + (j % kStages) * 2 * kTile;
     const TP* v_tile = k_tile + kTile;
@@ -576,7 +615,7 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
         const int matrix = lane / 8;
         const int key = tile * 16 + (matrix / 2) * 8 + lane % 8;
         unsigned kb[4];
-        LdMatrixX4(kb, k_tile + Swizzle<kD>(key, 16 * step + 8 * (matrix % 2)));
+        LdMatrixX4(kb, k_tile + staged(key, 16 * step + 8 * (matrix % 2)));
         const unsigned a[4] = {qa[step][0], 0u, qa[step][1], 0u};
         Mma(s[0], a, kb[0], kb[1]);
         Mma(s[1], a, kb[2], kb[3]);
@@ -622,7 +661,7 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
         const int matrix = lane / 8;
         const int key = tile * 16 + (matrix % 2) * 8 + lane % 8;
         unsigned vb[4];
-        LdMatrixX4Trans(vb, v_tile + Swizzle<kD>(key, 16 * pair + 8 * (matrix / 2)));
+        LdMatrixX4Trans(vb, v_tile + staged(key, 16 * pair + 8 * (matrix / 2)));
         Mma(acc[2 * pair], hi, vb[0], vb[1]);
         Mma(acc[2 * pair], lo, vb[0], vb[1]);
         Mma(acc[2 * pair + 1], hi, vb[2], vb[3]);
@@ -630,7 +669,7 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
       }
     }
   }
-  CpAsyncWait<0>();  // no copy outlives the block (the last issues were empty commits)
+  if constexpr (!kBulkCopies) CpAsyncWait<0>();  // no copy outlives the block (the last issues were empty commits)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (quad_row < kGroup) {

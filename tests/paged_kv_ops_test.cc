@@ -199,12 +199,14 @@ func @f {
 TEST(PagedKvOps, GeometryTextRoundTrips) {
   CodegenOptions::PagedAttentionGeometry scalar;
   scalar.tensor_cores = false;
+  CodegenOptions::PagedAttentionGeometry bulk;
+  bulk.bulk_copies = true;
   CodegenOptions::PagedAttentionGeometry few_splits;
   few_splits.min_split_blocks = 8;
   few_splits.fold_combine = false;
   for (const auto& [geometry, text] : std::vector<std::pair<CodegenOptions::PagedAttentionGeometry, std::string>>{
            {CodegenOptions::PagedAttentionGeometry{}, "tc4x3x4x2"}, {scalar, "4(8)x5x4x4"},
-           {few_splits, "tc4x3x8x2+combine"}}) {
+           {few_splits, "tc4x3x8x2+combine"}, {bulk, "tc4x3x4x2+bulk"}}) {
     EXPECT_EQ(PagedAttentionGeometryName(geometry), text);
     auto parsed = ParsePagedAttentionGeometry(text);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -212,13 +214,15 @@ TEST(PagedKvOps, GeometryTextRoundTrips) {
     EXPECT_EQ(parsed->tensor_cores, geometry.tensor_cores);
     EXPECT_EQ(parsed->min_split_blocks, geometry.min_split_blocks);
     EXPECT_EQ(parsed->fold_combine, geometry.fold_combine);
+    EXPECT_EQ(parsed->bulk_copies, geometry.bulk_copies);
   }
   auto fold = ParsePagedAttentionGeometry("8x5x4x4+fold");
   ASSERT_TRUE(fold.ok()) << fold.status();
   EXPECT_EQ(fold->few_rows_warps, 8);  // the warps named serve every batch
   EXPECT_FALSE(fold->tensor_cores);
   EXPECT_GT(fold->fold_max_rows, 1 << 20);
-  for (const char* bad : {"", "tc4x3x4", "tc4x3x4x2x1", "tc0x3x4x2", "4(x)x5x4x4", "tc4xthreex4x2", "4x5x4x4+fold+combine"}) {
+  for (const char* bad : {"", "tc4x3x4", "tc4x3x4x2x1", "tc0x3x4x2", "4(x)x5x4x4", "tc4xthreex4x2", "4x5x4x4+fold+combine",
+                          "4x5x4x4+bulk"}) {
     auto parsed = ParsePagedAttentionGeometry(bad);
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_TRUE(absl::StrContains(parsed.status().message(), "WARPSxSTAGES")) << parsed.status();
@@ -276,6 +280,15 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   ASSERT_TRUE(early.ok()) << early.status();
   EXPECT_NE(early->kernels[0].source.find("16, 16, 4, 4, 2, true, true>"), std::string::npos) << early->kernels[0].source;
   EXPECT_EQ(attention->kernels[0].source.find("2, true, true>"), std::string::npos);
+  // Bulk copies: rows of 128 + 8 and a barrier a stage in shared memory.
+  CodegenOptions bulk_options = promised;
+  bulk_options.paged_attention.bulk_copies = true;
+  auto bulk = LowerNode(*o, bulk_options);
+  ASSERT_TRUE(bulk.ok()) << bulk.status();
+  EXPECT_NE(bulk->kernels[0].source.find("16, 16, 4, 4, 2, true, true, true>"), std::string::npos)
+      << bulk->kernels[0].source;
+  EXPECT_EQ(bulk->kernels[0].shared_bytes,
+            4u * 2u * 2u * 16u * 136u * 2u + 16u * 4u + 4u * 4u * (128u + 2u) * 4u + 4u * 2u * 8u);
   // The CUDA-core kernel: a block of 8 warps (few_rows_warps: 8 rows are at most
   // fold_max_rows) stages 5 KV blocks of K and V (5 x 2 x 16 x 128 bf16) for the whole block.
   CodegenOptions cuda_cores;
@@ -306,7 +319,7 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
   EXPECT_EQ(combined->kernels[0].source.find("g_splits_done"), std::string::npos);
   EXPECT_NE(combined->kernels[1].source.find("PagedAttentionCombine<float, 8LL, 32, 128, 8, 4>"), std::string::npos);
   EXPECT_EQ(combined->scratch_bytes, attention->scratch_bytes);
-  for (const LoweredNode* lowered : {&*write, &*attention, &*early, &*scalar, &*combined}) {
+  for (const LoweredNode* lowered : {&*write, &*attention, &*early, &*bulk, &*scalar, &*combined}) {
     for (const KernelSpec& k : lowered->kernels) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
@@ -356,9 +369,9 @@ TEST(PagedKvOps, BadSplitGeometryIsAClearError) {
 // The split kernels keep each head of the group's running output in registers (the CUDA-core
 // kernel kVec floats a head a thread, the tensor-core kernel O's accumulator fragments): every
 // GQA ratio kiln's presets and HF checkpoints use compiles without spilling, at head dims 64
-// and 128, on either kernel.
+// and 128, on either kernel (the tensor-core one with either way of copying).
 TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
-  for (const bool tensor_cores : {true, false}) {
+  for (const auto& [tensor_cores, bulk_copies] : {std::pair{true, false}, std::pair{true, true}, std::pair{false, false}}) {
   for (const int64_t head_dim : {64, 128}) {
     for (const int64_t group : {1, 2, 3, 4, 8}) {
       Module m("m");
@@ -374,6 +387,7 @@ TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
       ASSERT_TRUE(b.Return({o}).ok());
       CodegenOptions options;
       options.paged_attention.tensor_cores = tensor_cores;
+      options.paged_attention.bulk_copies = bulk_copies;
       auto attention = LowerNode(*o, options);
       ASSERT_TRUE(attention.ok()) << attention.status();
       EXPECT_EQ(absl::StrContains(attention->kernels.at(0).source, "PagedAttentionSplitMma<"), tensor_cores);
@@ -382,7 +396,8 @@ TEST(PagedKvOps, PagedAttentionCompilesWithoutSpillsForEveryGroupSize) {
       EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores"))
           << "group " << group << ", head dim " << head_dim << ": " << compiled->log;
       const size_t used = compiled->log.find("Used");
-      std::printf("[ %s group %lld head dim %lld ] %s\n", tensor_cores ? "tensor cores" : "CUDA cores",
+      std::printf("[ %s group %lld head dim %lld ] %s\n",
+                  tensor_cores ? (bulk_copies ? "tensor cores, bulk copies" : "tensor cores") : "CUDA cores",
                   static_cast<long long>(group), static_cast<long long>(head_dim),
                   compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
     }
