@@ -63,10 +63,10 @@ struct CodegenOptions {
     // query heads a kv head): `warps` warps a block at every batch, each streaming its own KV
     // blocks through at most warp_stages stages of shared memory; `stages` and
     // few_rows_warps are the CUDA-core kernel's.
-    // The tensor-core kernel's blocks an SM for its split count: its ~100 KB of shared memory
-    // at 4 warps of 3 stages lets an SM hold 2 (blocks_per_sm is the CUDA-core kernel's).
     bool tensor_cores = true;
     int warp_stages = 3;
+    // The tensor-core kernel's blocks an SM for its split count: its ~100 KB of shared memory
+    // at 4 warps of 3 stages lets an SM hold 2 (blocks_per_sm is the CUDA-core kernel's).
     int tensor_core_blocks_per_sm = 2;
     // A promise of the caller's (the inference engine's, not ParsePagedAttentionGeometry's):
     // in one step, no kernel writes a KV block that ends before the block of a row's position

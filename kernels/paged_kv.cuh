@@ -171,6 +171,34 @@ __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials,
   if (threadIdx.x == 0) splits_done[item] = 0;
 }
 
+// What a split kernel's block computes: split `split` of (query row bt = b * kT + t, kv head
+// `head`), item (b * kT + t) * kHkv + head.
+struct SplitBlock {
+  int split, head;
+  long long item, bt, b;
+};
+template <long long kT, int kHkv, int kSplits>
+__device__ __forceinline__ SplitBlock SplitBlockOf() {
+  const long long item = blockIdx.x / kSplits;
+  const long long bt = item / kHkv;
+  return {static_cast<int>(blockIdx.x % kSplits), static_cast<int>(item % kHkv), item, bt, bt / kT};
+}
+
+// The keys of a query row at `position` (none for a negative one: a padding row) and split
+// `split`'s share of its KV blocks, [first_block, first_block + count) of ceil(keys / kBs),
+// divided as evenly as whole blocks allow (count <= 0: the split has none).
+struct RowSplit {
+  int keys, first_block, count;
+};
+template <int kBs, int kSplits, int kMaxKeys>
+__device__ __forceinline__ RowSplit SplitOfRow(int position, int split) {
+  const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
+  const int row_blocks = (keys + kBs - 1) / kBs;
+  const int per_split = (row_blocks + kSplits - 1) / kSplits;
+  const int first_block = min(row_blocks, split * per_split);
+  return {keys, first_block, min(row_blocks, first_block + per_split) - first_block};
+}
+
 // The end of a split block of either kernel below: the warps' partial sums (`partial`
 // [kWarps][kGroup][kD], their (max, sum) pairs in `warp_stats`, maxima in base-2 units, -inf
 // for a warp that saw no key) moved to the block's max and added in warp order; O itself with
@@ -279,11 +307,9 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
   float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
   float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
 
-  const int split = static_cast<int>(blockIdx.x % kSplits);
-  const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
-  const long long bt = item / kHkv;
-  const int head = static_cast<int>(item % kHkv);
-  const long long b = bt / kT;
+  const SplitBlock block = SplitBlockOf<kT, kHkv, kSplits>();
+  const int split = block.split, head = block.head;
+  const long long item = block.item, bt = block.bt, b = block.b;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int row_in_warp = lane / kLanesPerRow, sub = lane % kLanesPerRow;
   // The row's whole block table and q's rows load beside the position (one wait on memory for
@@ -297,12 +323,8 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
     LoadFloats<kTablesBeforeWait ? LoadHint::kAfterWait : LoadHint::kDefault>(
         q + (bt * kH + static_cast<long long>(head) * kGroup + g) * kD + sub * kVec, qv[g]);
   }
-  const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
-  // This split's KV blocks: [first_block, first_block + count) of the row's ceil(keys / kBs).
-  const int row_blocks = (keys + kBs - 1) / kBs;
-  const int per_split = (row_blocks + kSplits - 1) / kSplits;
-  const int first_block = min(row_blocks, split * per_split);
-  const int count = min(row_blocks, first_block + per_split) - first_block;
+  const RowSplit range = SplitOfRow<kBs, kSplits, kMaxKeys>(position, split);
+  const int keys = range.keys, first_block = range.first_block, count = range.count;
   // Partials: [item][split] of kGroup (max, sum) pairs, then kGroup x kD sums.
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
   // Where the block's kGroup x kD values go: O itself, or the partial sums after the stats.
@@ -481,16 +503,14 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   int* table = reinterpret_cast<int*>(tiles + kWarps * kStages * 2 * kTile);       // [kMaxBlocks]
   float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
   float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
-  // Bulk copies: each warp's stages complete on barriers of their own, [kWarps][kStages].
-  unsigned long long* barriers =
-      reinterpret_cast<unsigned long long*>(warp_stats + ((2 * kWarps * kGroup + 1) / 2) * 2);
+  // Bulk copies: each warp's stages complete on barriers of their own, [kWarps][kStages] (8-byte
+  // aligned: everything before is a whole number of 8 bytes, kD being even).
+  unsigned long long* barriers = reinterpret_cast<unsigned long long*>(warp_stats + 2 * kWarps * kGroup);
   auto staged = [](int row, int col) { return kBulkCopies ? row * kRowStride + col : Swizzle<kD>(row, col); };
 
-  const int split = static_cast<int>(blockIdx.x % kSplits);
-  const long long item = blockIdx.x / kSplits;  // (b * kT + t) * kHkv + head
-  const long long bt = item / kHkv;
-  const int head = static_cast<int>(item % kHkv);
-  const long long b = bt / kT;
+  const SplitBlock block = SplitBlockOf<kT, kHkv, kSplits>();
+  const int split = block.split, head = block.head;
+  const long long item = block.item, bt = block.bt, b = block.b;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
   for (int i = threadIdx.x; i < kMaxBlocks; i += kWarps * kWarpSize) table[i] = block_tables[b * kMaxBlocks + i];
@@ -501,11 +521,8 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
     }
   }
   const int position = positions[bt];
-  const int keys = position < 0 ? 0 : min(position + 1, kMaxKeys);
-  const int row_blocks = (keys + kBs - 1) / kBs;
-  const int per_split = (row_blocks + kSplits - 1) / kSplits;
-  const int first_block = min(row_blocks, split * per_split);
-  const int count = min(row_blocks, first_block + per_split) - first_block;
+  const RowSplit range = SplitOfRow<kBs, kSplits, kMaxKeys>(position, split);
+  const int keys = range.keys, first_block = range.first_block, count = range.count;
   float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
   TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
   if (count <= 0) {
