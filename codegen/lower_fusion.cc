@@ -406,13 +406,12 @@ struct GroupInputSource {
 absl::StatusOr<GroupInputSource> GroupInputFor(const KernelGroup& group, const Node& value, absl::string_view what) {
   GroupEmitter emitter(group);
   ASSIGN_OR_RETURN(const std::string element, emitter.Value(&value, "i"));
-  const std::string qualifier = "* __restrict__ in";
   GroupInputSource source;
   std::string fields, names;
   for (size_t i = 0; i < group.inputs.size(); ++i) {
     const char* type = CudaTypeName(group.inputs[i]->type().dtype);
-    absl::StrAppend(&source.params, ", const ", type, qualifier, i);
-    absl::StrAppend(&fields, "  const ", type, qualifier, i, ";\n");
+    absl::StrAppend(&source.params, ", const ", type, "* __restrict__ in", i);
+    absl::StrAppend(&fields, "  const ", type, "* __restrict__ in", i, ";\n");
     absl::StrAppend(&names, "in", i, ", ");
   }
   source.definition = absl::StrCat(

@@ -3,16 +3,18 @@
 // tables. The pool is [L, NB, Hkv, BS, D] (layers, blocks, kv heads, block size, head dim);
 // a flat slot s is offset s % BS of block s / BS. Semantics as in ir/op_table.h and
 // ir/reference/paged_kv_ops.cc: P stays f32 (not rounded), so a split of the keys over
-// blocks changes only the order of f32 sums.
+// blocks changes only the order of f32 sums (the tensor-core kernel's P is bf16 hi + lo, within
+// 2^-16 of it).
 //
-// PagedAttentionSplit (its last split of each row and head adding the splits' partials, or
-// with PagedAttentionCombine after it) is the kernel codegen picks: blocks per
-// (query row, kv head, key range), so that the group's query heads share every K and V row
-// a block loads and a batch of one still spreads over the SMs (flash-decoding's split), with
-// 16-byte loads spread over the lanes of a row, the rows over the warps, several loads in
-// flight per thread. PagedAttention (a warp per query head, one key at a time) stays for
-// shapes that kernel does not take (a head dim whose rows are not whole 16-byte loads for a
-// power of two of lanes).
+// The split kernels (each split's partials added by the last split of each row and head, or
+// by PagedAttentionCombine after them) are what codegen picks: blocks per (query row, kv head,
+// key range), so that the group's query heads share every K and V row a block loads and a
+// batch of one still spreads over the SMs (flash-decoding's split). PagedAttentionSplitMma, for
+// bf16 pools, scores and sums a 16-key tile with mma.sync, each warp streaming its own KV
+// blocks; PagedAttentionSplit, for the shapes it does not take, spreads 16-byte loads over the
+// lanes of a row and the rows over the warps. PagedAttention (a warp per query head, one key
+// at a time) stays for head dims whose rows are not whole 16-byte loads for a power of two of
+// lanes.
 #pragma once
 
 #include "kernels/common.cuh"
