@@ -220,10 +220,23 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
       args.push_back(i);
     }
     for (const Node* input : node.operands()) args.push_back(index_of.at(input));
-    const bool copy_is_a_no_op =
-        nk.lowered.first_kernel_copies_in_place_operand && nk.lowered.in_place_operand >= 0 &&
-        program.plan.node_buffer[i] == program.plan.node_buffer[index_of.at(node.operand(nk.lowered.in_place_operand))];
-    for (size_t k = copy_is_a_no_op ? 1 : 0; k < nk.lowered.kernels.size(); ++k) {
+    // A leading copy of an in-place operand into a result is left out where the plan gave the
+    // result that operand's buffer (or no buffer: nothing reads it).
+    auto copy_is_a_no_op = [&](size_t k) {
+      if (k >= nk.lowered.copy_kernel_results.size()) return false;
+      const int r = nk.lowered.copy_kernel_results[k];
+      const int operand = node.has_multiple_results()
+                              ? (r < static_cast<int>(nk.lowered.in_place_operand_of_results.size())
+                                     ? nk.lowered.in_place_operand_of_results[r]
+                                     : -1)
+                              : nk.lowered.in_place_operand;
+      const int64_t result = node.has_multiple_results() ? args[r] : i;
+      if (result < 0) return true;
+      return operand >= 0 && operand < node.num_operands() &&
+             program.plan.node_buffer[result] == program.plan.node_buffer[index_of.at(node.operand(operand))];
+    };
+    for (size_t k = 0; k < nk.lowered.kernels.size(); ++k) {
+      if (copy_is_a_no_op(k)) continue;
       ProgramStep step{.kind = ProgramStep::Kind::kKernel, .node = &node, .kernel = nk.compiled[k]};
       step.launch = std::move(nk.lowered.kernels[k]);
       step.launch.source.clear();

@@ -92,15 +92,18 @@ struct LoweredNode {
   // operand's buffer where the operand dies at this node and has the result's size
   // (cross_entropy_grad's dlogits over the logits, as llm.c writes them).
   int in_place_operand = -1;
-  // With in_place_operand: the first kernel only copies that operand into the result
-  // (kv_cache_write's pool copy), so the launch list leaves it out where the plan gives the
-  // result the operand's buffer.
-  bool first_kernel_copies_in_place_operand = false;
-  // With elementwise_in_place, for a node of several results: one entry per result, the one
-  // operand whose buffer that result may take (the operand it is computed from element by
-  // element at the same index), or -1 for none. A grouped adamw_update's result 3i+j is
-  // group i's p, m or v (operand 4i+{0,2,3}); another group's operand is still being read by
-  // other blocks of the same launch. Empty: any operand.
+  // The first copy_kernel_results.size() kernels only copy an in-place operand into a result
+  // (kv_cache_write's pool copy): kernel j fills result copy_kernel_results[j] from
+  // in_place_operand (a node of one result) or in_place_operand_of_results[that result], and
+  // the launch list leaves it out where the plan gives the result that operand's buffer.
+  std::vector<int> copy_kernel_results;
+  // For a node of several results: one entry per result, the one operand whose buffer that
+  // result may take, or -1 for none. With elementwise_in_place, the result is computed from it
+  // element by element at the same index and may take it when donated: a grouped
+  // adamw_update's result 3i+j is group i's p, m or v (operand 4i+{0,2,3}); another group's
+  // operand is still being read by other blocks of the same launch. Without, as
+  // in_place_operand is for one result (a cache_write fusion's pools, each written in place
+  // by its own kv_cache_write). Empty: any operand (elementwise_in_place), or none.
   std::vector<int> in_place_operand_of_results;
 };
 

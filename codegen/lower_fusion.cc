@@ -461,60 +461,119 @@ absl::StatusOr<LoweredNode> LowerReductionFusion(const KernelGroup& group, const
 
 }  // namespace
 
-// A cache_write fusion (ir/fusion.h): its body's rows computed element by element, each stored
-// at its slot of the paged pool as kernels/paged_kv.cuh's KvCacheWrite stores it (a slot
+// A cache_write fusion (ir/fusion.h): one kernel computing each of its body's outputs element
+// by element over one index space, output after output. A kv_cache_write's rows are stored at
+// their slots of the paged pool as kernels/paged_kv.cuh's KvCacheWrite stores them (a slot
 // outside the pool, padding's -1, writes nothing), the pool updated in place like
-// kv_cache_write's: first a kernel copying the pool into the result, left out where the plan
-// gives the result the pool's buffer (the fusion's in-place operand).
+// kv_cache_write's: before the kernel, a kernel copying the pool into the result, left out
+// where the plan gives the result the pool's buffer (its in-place operand). A loop output is
+// stored as a loop fusion stores it.
 absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const CodegenOptions& options) {
   const Function* body = fusion.body();
-  if (body == nullptr || body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kKvCacheWrite) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_write fusion %", fusion.name(), " does not end in a kv_cache_write"));
+  if (body == nullptr || body->outputs().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_write fusion %", fusion.name(), " has no body outputs"));
   }
-  const Node& write = *body->outputs()[0];
-  const Node* rows = write.operand(1);
   const std::vector<Node*> params = body->parameters();
-  const int pool_input = static_cast<int>(write.operand(0)->attrs().GetInt("index").value_or(-1));
-  const int slots_input = static_cast<int>(write.operand(2)->attrs().GetInt("index").value_or(-1));
-  const TensorType& pool = write.type();
-  if (rows->type().dtype != pool.dtype || pool_input < 0 || slots_input < 0 || rows->type().dims.size() != 3 ||
-      pool.dims.size() != 5) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_write fusion %", fusion.name(), ": rows ",
-                                                   rows->type().ToString(), " into pool ", pool.ToString()));
-  }
-  ASSIGN_OR_RETURN(const int64_t layer, write.attrs().GetInt("layer"));
+  const std::vector<Node*>& outputs = body->outputs();
+  const bool several = outputs.size() > 1;
   KernelGroup group;
-  group.root = rows;
-  group.roots = {rows};
+  group.root = outputs[0];
   for (const Node* p : params) group.inputs.push_back(p);
   for (const auto& n : body->nodes()) {
-    if (n->opcode() != Opcode::kParameter && n.get() != &write) group.members.push_back(n.get());
+    if (n->opcode() != Opcode::kParameter && n->opcode() != Opcode::kKvCacheWrite) group.members.push_back(n.get());
   }
-  GroupEmitter emitter(group);
-  std::string value = "in" + std::to_string(std::find(params.begin(), params.end(), rows) - params.begin()) + "[i]";
-  if (rows->opcode() != Opcode::kParameter) {
-    ASSIGN_OR_RETURN(value, emitter.Value(rows, "i"));
-  }
-
-  std::vector<DType> dtypes = {pool.dtype};
+  std::vector<DType> dtypes;
   for (const Node* m : group.members) dtypes.push_back(m->type().dtype);
-  std::string params_text = absl::StrCat(CudaTypeName(pool.dtype), "* out0");
+  std::string params_text;
+  std::vector<std::string> copy_outputs;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const DType t = outputs[r]->type().dtype;
+    dtypes.push_back(t);
+    absl::StrAppend(&params_text, r == 0 ? "" : ", ", CudaTypeName(t), "* out", r);
+    copy_outputs.push_back(absl::StrCat(CudaTypeName(t), "* out", r));
+  }
   std::vector<std::string> copy_params;
   for (size_t i = 0; i < params.size(); ++i) {
     dtypes.push_back(params[i]->type().dtype);
     absl::StrAppend(&params_text, ", const ", CudaTypeName(params[i]->type().dtype), "* __restrict__ in", i);
     copy_params.push_back(composite::Param(params[i]->type().dtype, absl::StrCat("in", i)));
   }
-  const int64_t count = rows->type().num_elements();
-  const int64_t heads = pool.dims[2], block_size = pool.dims[3], head_dim = pool.dims[4], blocks = pool.dims[1];
-  if (rows->type().dims[1] != heads || rows->type().dims[2] != head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_write fusion %", fusion.name(), ": rows ",
-                                                   rows->type().ToString(), " do not match pool ", pool.ToString()));
-  }
+
+  LoweredNode lowered{LoweringKind::kKernels, {}, several ? "fused cache writes" : "fused cache write"};
   const int threads = options.threads_per_block;
-  const std::array<uint32_t, 3> grid = GridFor(std::max<int64_t>(count, 1), threads, options.target);
   const std::string name = absl::StrCat(KernelName(fusion), "_fusion");
-  std::string source = FusionSourceOpening("cache_write fusion", group, write, dtypes);
+  std::string sections;
+  int64_t end = 0;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const Node& out = *outputs[r];
+    const bool write = out.opcode() == Opcode::kKvCacheWrite;
+    const Node* value = write ? out.operand(1) : &out;
+    const int64_t count = value->type().num_elements();
+    if (count == 0) continue;
+    GroupEmitter emitter(group);
+    std::string element;
+    if (value->opcode() == Opcode::kParameter) {
+      element = absl::StrCat("in", std::find(params.begin(), params.end(), value) - params.begin(), "[i]");
+    } else {
+      ASSIGN_OR_RETURN(element, emitter.Value(value, "i"));
+    }
+    std::string store;
+    if (write) {
+      const int pool_input = static_cast<int>(out.operand(0)->attrs().GetInt("index").value_or(-1));
+      const int slots_input = static_cast<int>(out.operand(2)->attrs().GetInt("index").value_or(-1));
+      const TensorType& pool = out.type();
+      if (value->type().dtype != pool.dtype || pool_input < 0 || slots_input < 0 || value->type().dims.size() != 3 ||
+          pool.dims.size() != 5 || value->type().dims[1] != pool.dims[2] || value->type().dims[2] != pool.dims[4]) {
+        return absl::InvalidArgumentError(absl::StrCat("cache_write fusion %", fusion.name(), ": rows ",
+                                                       value->type().ToString(), " into pool ", pool.ToString()));
+      }
+      ASSIGN_OR_RETURN(const int64_t layer, out.attrs().GetInt("layer"));
+      const int64_t heads = pool.dims[2], block_size = pool.dims[3], head_dim = pool.dims[4], blocks = pool.dims[1];
+      store = absl::StrFormat(
+          "      const Index row = i / %d, h = i / %d %% %d, d = i %% %d;\n"
+          "      const long long slot = in%d[row];\n"
+          "      if (slot < 0 || slot >= %dLL) continue;  // padding, or outside the pool\n"
+          "      out%d[(((%dLL + slot / %d) * %d + h) * %d + slot %% %d) * %d + d] = %s;\n",
+          heads * head_dim, head_dim, heads, head_dim, slots_input, blocks * block_size, r, layer * blocks,
+          block_size, heads, block_size, block_size, head_dim, element);
+      // The pool copy, a kernel of its own ahead of the rows' kernel.
+      composite::Wrapper copy;
+      copy.header = "paged_kv";
+      copy.comment = absl::StrCat("copies the pool (", composite::Count(pool.num_elements(), "element"),
+                                  ") into the result unless it is the pool's own buffer; grid-stride");
+      copy.params = copy_params;
+      if (several) copy.outputs = copy_outputs;
+      copy.call = absl::StrCat("PoolCopy<", CudaTypeName(pool.dtype), ", ", pool.num_elements(), "LL>(",
+                               several ? absl::StrCat("out", r) : std::string("out"), ", in", pool_input, ")");
+      const int64_t copy_blocks = std::min<int64_t>(composite::CeilDiv(pool.num_elements(), threads),
+                                                    int64_t{8} * std::max(1, options.target.sm_count));
+      lowered.kernels.push_back(composite::Emit(fusion, absl::StrCat(name, "_copy", several ? absl::StrCat(r) : ""),
+                                                copy, copy_blocks, threads));
+      lowered.copy_kernel_results.push_back(static_cast<int>(r));
+      if (several) {
+        lowered.in_place_operand_of_results.resize(outputs.size(), -1);
+        lowered.in_place_operand_of_results[r] = pool_input;
+      } else {
+        lowered.in_place_operand = pool_input;
+      }
+    } else {
+      store = absl::StrFormat("      out%d[i] = %s;\n", r, element);
+    }
+    absl::StrAppendFormat(&sections,
+                          "    %sif (t < %dLL) {  // %s%%%s\n"
+                          "      if (out%d == nullptr) continue;  // a result nothing reads\n"
+                          "      const Index i = t - %dLL;\n"
+                          "%s%s"
+                          "    }",
+                          sections.empty() ? "" : " else ", end + count, write ? "the rows of " : "",
+                          fusion.has_multiple_results() ? fusion.result(static_cast<int>(r))->name() : fusion.name(), r,
+                          end, emitter.code(), store);
+    end += count;
+  }
+  if (end == 0) return lowered;
+  std::string source = FusionSourceOpening(several ? "cache_write fusion (several results)" : "cache_write fusion",
+                                           group, *outputs[0], dtypes);
+  const std::array<uint32_t, 3> grid = GridFor(end, threads, options.target);
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
@@ -522,31 +581,12 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
                         "  constexpr Index kCount = %d;\n"
                         "  const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
                         "  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;\n"
-                        "  for (Index i = first; i < kCount; i += stride) {\n"
-                        "%s"
-                        "    const Index row = i / %d, h = i / %d %% %d, d = i %% %d;\n"
-                        "    const long long slot = in%d[row];\n"
-                        "    if (slot < 0 || slot >= %dLL) continue;  // padding, or outside the pool\n"
-                        "    out0[(((%dLL + slot / %d) * %d + h) * %d + slot %% %d) * %d + d] = %s;\n"
+                        "  for (Index t = first; t < kCount; t += stride) {\n"
+                        "%s\n"
                         "  }\n"
                         "}\n",
-                        threads, name, params_text, count, emitter.code(), heads * head_dim, head_dim, heads, head_dim,
-                        slots_input, blocks * block_size, layer * blocks, block_size, heads, block_size, block_size,
-                        head_dim, value);
-  LoweredNode lowered{LoweringKind::kKernels, {}, "fused cache write"};
-  composite::Wrapper copy;
-  copy.header = "paged_kv";
-  copy.comment = absl::StrCat("copies the pool (", composite::Count(pool.num_elements(), "element"),
-                              ") into the result unless it is the pool's own buffer; grid-stride");
-  copy.params = copy_params;
-  copy.call = absl::StrCat("PoolCopy<", CudaTypeName(pool.dtype), ", ", pool.num_elements(), "LL>(out, in", pool_input,
-                           ")");
-  const int64_t copy_blocks = std::min<int64_t>(composite::CeilDiv(pool.num_elements(), threads),
-                                                int64_t{8} * std::max(1, options.target.sm_count));
-  lowered.kernels.push_back(composite::Emit(fusion, name + "_copy", copy, copy_blocks, threads));
+                        threads, name, params_text, end, sections);
   lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
-  lowered.in_place_operand = pool_input;
-  lowered.first_kernel_copies_in_place_operand = true;
   return lowered;
 }
 

@@ -54,7 +54,7 @@ absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOpt
   // writes from the pool parameter to its donated output), and the copy is then left out.
   LoweredNode lowered = Kernels(std::move(kernels));
   lowered.in_place_operand = 0;
-  lowered.first_kernel_copies_in_place_operand = true;
+  lowered.copy_kernel_results = {0};
   return lowered;
 }
 

@@ -124,6 +124,7 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
                      BuildLlamaInferenceModule(config_, layout_, options_.precision, phase, size));
     CompileOptions compile;
     compile.precision = options_.precision;
+    compile.disabled_passes = options_.disabled_passes;
 #ifdef KILN_WITH_CUDA
     if (options_.device != nullptr) compile.target = options_.device->target();
 #endif

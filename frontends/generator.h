@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +51,9 @@ struct GeneratorOptions {
   int64_t max_context = 0;
   int64_t max_prefill_tokens = 8192;
   bool enable_prefix_caching = true;
+  // Passes the prefill and decode compiles skip (names as `kiln compile --help` lists them), on
+  // top of those CompileInferenceModule always skips: for A/B runs of one pass.
+  std::vector<std::string> disabled_passes;
   std::optional<inference::TokenId> eos_token;
   // Run on this GPU (it outlives the Generator); null: on the CPU reference backend. A build
   // without CUDA refuses a device.

@@ -1,5 +1,7 @@
 #include "ir/fusion.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "ir/node_predicates.h"
 #include "ir/status_macros.h"
@@ -150,19 +152,39 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       return absl::OkStatus();
     }
     case FusionKind::kCacheWrite: {
-      if (body->outputs().size() != 1 || body->outputs()[0]->opcode() != Opcode::kKvCacheWrite) {
-        return absl::InvalidArgumentError("a cache_write fusion's body returns one kv_cache_write");
+      // One or more outputs: kv_cache_writes (at least one), each into a pool parameter that
+      // nothing else in the body reads, and loop values.
+      int writes = 0;
+      for (const Node* out : body->outputs()) {
+        if (out->opcode() != Opcode::kKvCacheWrite) continue;
+        ++writes;
+        const Node* pool = out->operand(0);
+        if (pool->opcode() != Opcode::kParameter || out->operand(2)->opcode() != Opcode::kParameter) {
+          return BodyError(kind, *out, "writes a pool or reads slots that are not the body's parameters");
+        }
+        for (const Node* user : pool->users()) {
+          if (user != out) {
+            return BodyError(kind, *user, absl::StrCat("reads the pool %", pool->name(),
+                                                       " that the body writes in place: only its write may"));
+          }
+        }
+        if (out->operand(1) == pool) return BodyError(kind, *out, "writes its pool's own elements as rows");
       }
-      const Node* write = body->outputs()[0];
-      if (write->operand(0)->opcode() != Opcode::kParameter || write->operand(2)->opcode() != Opcode::kParameter) {
-        return BodyError(kind, *write, "writes a pool or reads slots that are not the body's parameters");
+      if (writes == 0) {
+        return absl::InvalidArgumentError("a cache_write fusion's body returns a kv_cache_write (and may return loop values)");
       }
       for (const auto& n : body->nodes()) {
-        if (n.get() == write || n->opcode() == Opcode::kParameter) continue;
+        if (n->opcode() == Opcode::kParameter) continue;
+        if (n->opcode() == Opcode::kKvCacheWrite) {
+          if (std::find(body->outputs().begin(), body->outputs().end(), n.get()) == body->outputs().end()) {
+            return BodyError(kind, *n, "is a cache write the body does not return");
+          }
+          for (const Node* user : n->users()) {
+            return BodyError(kind, *user, "uses the cache write: a cache_write fusion ends at it");
+          }
+          continue;
+        }
         if (!IsLoopOp(*n)) return BodyError(kind, *n, "cannot be computed element by element for the cache write");
-      }
-      for (const Node* user : write->users()) {
-        return BodyError(kind, *user, "uses the cache write: a cache_write fusion ends at it");
       }
       return absl::OkStatus();
     }

@@ -41,6 +41,9 @@ namespace kiln {
 // kCacheWrite: a loop body that ends in a kv_cache_write of its computed rows (pool and slots
 // are body parameters): the kernel that computes a layer's new K (or V) rows stores them
 // straight into their paged-pool slots instead of writing them for a second kernel to copy.
+// It may return several values (passes/merge_cache_write_siblings.h): kv_cache_writes, each
+// of its own pool, and loop values, all computed by one kernel; a pool parameter is read by
+// its write alone (the write is in place).
 enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
 
 // "loop", "reduction", "cache_write", "gemv_glu"

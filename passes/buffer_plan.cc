@@ -105,48 +105,69 @@ bool UpdatesOperand(const BufferPlanRequest& request, int64_t w, const Node& wri
          std::count(operands.begin(), operands.end(), param) == 1;
 }
 
-// The nodes from a parameter to the output donated to it when each takes its predecessor
-// in_place_operand and so all of them may live in the parameter's buffer (kv_cache_write,
-// layer after layer, into the KV pool): each link single-result, of its predecessor's size,
-// reading no other link, and run after every other reader of its predecessor; no link but
-// the last returned. Empty when `out` is not such a chain's end.
+// The node whose kernels write `link` (itself, or a result's multi-result node) and the operand
+// of that node whose buffer `link` may take in place (in_place_operand, or for a result
+// in_place_operand_of_results of its node), or {nullptr, -1}.
+std::pair<const Node*, int> InPlaceLink(const BufferPlanRequest& request,
+                                        const absl::flat_hash_map<const Node*, int64_t>& index_of, const Node& link) {
+  const int64_t i = index_of.at(&link);
+  if (request.roles[i] == BufferRole::kOwn) {
+    const int k = request.in_place_operand.empty() ? -1 : request.in_place_operand[i];
+    if (k >= 0 && k < link.num_operands()) return {&link, k};
+  } else if (request.roles[i] == BufferRole::kResult && !request.in_place_operand_of_results.empty()) {
+    const Node* writer = link.operand(0);
+    const int64_t w = index_of.at(writer);
+    const std::vector<int>& per_result = request.in_place_operand_of_results[w];
+    const int r = link.result_index();
+    if (!request.elementwise_in_place[w] && r >= 0 && r < static_cast<int>(per_result.size()) && per_result[r] >= 0 &&
+        per_result[r] < writer->num_operands()) {
+      return {writer, per_result[r]};
+    }
+  }
+  return {nullptr, -1};
+}
+
+// The nodes from a parameter to the output donated to it when each takes its predecessor's
+// buffer in place and so all of them may live in the parameter's buffer (kv_cache_write, or a
+// cache_write fusion's result, layer after layer, into the KV pool): each link a value of its
+// own or a result, of its predecessor's size, its kernels reading no other link, and run after
+// every other reader of its predecessor; no link but the last returned. Empty when `out` is
+// not such a chain's end.
 std::vector<int64_t> UpdateChain(const Function& f, const BufferPlanRequest& request,
                                  const absl::flat_hash_map<const Node*, int64_t>& index_of,
                                  const absl::flat_hash_map<const Node*, int>& returned, const Node& param,
                                  const Node& out) {
-  if (request.in_place_operand.empty()) return {};
+  if (request.in_place_operand.empty() && request.in_place_operand_of_results.empty()) return {};
   auto step_of = [&](int64_t i) { return request.run_step.empty() ? i : request.run_step[i]; };
-  std::vector<int64_t> chain;  // from `out` back towards `param`
+  std::vector<int64_t> chain;                                  // from `out` back towards `param`
+  std::vector<std::pair<const Node*, int>> writers;            // each link's writer and in-place operand
   for (const Node* link = &out; link != &param;) {
     const int64_t i = index_of.at(link);
-    const int k = request.in_place_operand[i];
-    if (request.roles[i] != BufferRole::kOwn || k < 0 || k >= link->num_operands()) return {};
-    const Node* prev = link->operand(k);
+    const auto [writer, k] = InPlaceLink(request, index_of, *link);
+    if (writer == nullptr) return {};
+    const Node* prev = writer->operand(k);
     if (prev->type().num_bytes() != link->type().num_bytes() ||
         prev->type().num_elements() != link->type().num_elements() || (prev != &param && returned.contains(prev))) {
       return {};
     }
-    for (int j = 0; j < link->num_operands(); ++j) {
-      if (j != k && link->operand(j) == prev) return {};
+    for (int j = 0; j < writer->num_operands(); ++j) {
+      if (j != k && writer->operand(j) == prev) return {};
     }
     for (const Node* user : prev->users()) {
       const int64_t u = index_of.at(user);
-      if (user == link || request.roles[u] == BufferRole::kNone) continue;
+      if (user == writer || request.roles[u] == BufferRole::kNone) continue;
       if (request.roles[u] == BufferRole::kAlias || step_of(u) >= step_of(i)) return {};
     }
     chain.push_back(i);
+    writers.emplace_back(writer, k);
     if (prev != &param && prev->opcode() == Opcode::kParameter) return {};
     link = prev;
   }
-  // No link may be read by a later link as a second operand (checked above against its
-  // predecessor only): the chain's values are one buffer, overwritten link by link.
-  for (int64_t i : chain) {
-    for (const Node* operand : f.nodes()[i]->operands()) {
-      const int64_t o = index_of.at(operand);
-      if (operand != f.nodes()[i]->operand(request.in_place_operand[i]) &&
-          std::find(chain.begin(), chain.end(), o) != chain.end()) {
-        return {};
-      }
+  // No link may be read by a later link's kernels as another operand (checked above against
+  // its predecessor only): the chain's values are one buffer, overwritten link by link.
+  for (const auto& [writer, k] : writers) {
+    for (int j = 0; j < writer->num_operands(); ++j) {
+      if (j != k && std::find(chain.begin(), chain.end(), index_of.at(writer->operand(j))) != chain.end()) return {};
     }
   }
   return chain;

@@ -12,6 +12,7 @@
 #include "passes/elide_grad_zeroing.h"
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
+#include "passes/merge_cache_write_siblings.h"
 #include "passes/fuse_gemv_glu.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
@@ -92,8 +93,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // rows into their pool slots (inference: a layer's K and V); after fusion, whose fusions
   // it extends.
   p.Add(std::make_unique<FuseCacheWritePass>());
-  // A paged_attention's q computed by the attention kernel as it loads it (inference: a
-  // layer's q RoPE); after fusion, whose loop fusion it takes in.
+  // The cache writes and loop fusions reading one value in one kernel (inference: a layer's
+  // K write, V write and q RoPE, all of the qkv projection); after fuse-cache-write, whose
+  // fusions it merges.
+  p.Add(std::make_unique<MergeCacheWriteSiblingsPass>());
   // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
   // fusion, whose loop fusion it takes in.
   p.Add(std::make_unique<FuseGemvGluPass>());

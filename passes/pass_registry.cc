@@ -20,6 +20,7 @@
 #include "passes/gemm_bias_epilogue.h"
 #include "passes/group_optimizer_updates.h"
 #include "passes/lower_gemm.h"
+#include "passes/merge_cache_write_siblings.h"
 #include "passes/merge_sibling_gemms.h"
 #include "passes/narrow_activations.h"
 #include "passes/rematerialize.h"
@@ -78,6 +79,9 @@ constexpr PassInfo kPasses[] = {
      Make<GroupOptimizerUpdatesPass>},
     {LowerGemmPass::kName, "dot_general -> gemm, the op cuBLASLt runs (transposing an operand that needs it)",
      Make<LowerGemmPass>},
+    {MergeCacheWriteSiblingsPass::kName,
+     "cache writes + loop fusions reading one value -> one kernel",
+     Make<MergeCacheWriteSiblingsPass>},
     {MergeSiblingGemmsPass::kName,
      "sibling gemms (shared operand, or a chain through C) -> one gemm of concatenates",
      Make<MergeSiblingGemmsPass>, /*reassociates_f32_sums=*/true},

@@ -181,25 +181,34 @@ TEST(CompileProgram, TheKvPoolIsWrittenInPlaceLayerAfterLayer) {
     const Function& f = *m->functions()[0];
     absl::StatusOr<CompiledProgram> program = CompileProgram(f, {.target = TargetForArch("sm_90a").value()});
     ASSERT_TRUE(program.ok()) << program.status();
-    int writes = 0;
+    int pools_written = 0, write_launches = 0;
     for (const ProgramStep& s : program->steps) {
       EXPECT_NE(s.kind, ProgramStep::Kind::kCopy) << s.what;
       if (s.kind != ProgramStep::Kind::kKernel) continue;
-      // A kv_cache_write's pool is its operand 0; fuse-cache-write's fusion (the kernel that
-      // computes the rows stores them) takes it as the body's write takes it.
-      int64_t pool_operand = -1;
-      if (s.node->opcode() == Opcode::kKvCacheWrite) pool_operand = 0;
-      if (s.node->opcode() == Opcode::kFusion && FusionKindOf(*s.node).value_or(FusionKind::kLoop) ==
-                                                     FusionKind::kCacheWrite) {
-        pool_operand = *s.node->body()->outputs()[0]->operand(0)->attrs().GetInt("index");
+      // Per result, the operand whose pool it writes: a kv_cache_write's operand 0; a
+      // cache_write fusion's (one kernel for a layer's K, V and q: merge-cache-write-siblings)
+      // as each of its body's writes takes it. The step's args are its results, then operands.
+      std::vector<std::pair<int, int64_t>> writes;  // (result, pool operand)
+      if (s.node->opcode() == Opcode::kKvCacheWrite) writes.emplace_back(0, 0);
+      if (s.node->opcode() == Opcode::kFusion &&
+          FusionKindOf(*s.node).value_or(FusionKind::kLoop) == FusionKind::kCacheWrite) {
+        const std::vector<Node*>& outs = s.node->body()->outputs();
+        for (size_t r = 0; r < outs.size(); ++r) {
+          if (outs[r]->opcode() != Opcode::kKvCacheWrite) continue;
+          writes.emplace_back(static_cast<int>(r), *outs[r]->operand(0)->attrs().GetInt("index"));
+        }
       }
-      if (pool_operand < 0) continue;
-      ++writes;
-      EXPECT_FALSE(absl::EndsWith(s.launch.name, "_copy")) << s.launch.name;
-      EXPECT_EQ(program->plan.node_buffer[s.args[0]], program->plan.node_buffer[s.args[1 + pool_operand]])
-          << s.node->name();
+      if (writes.empty()) continue;
+      ++write_launches;
+      EXPECT_FALSE(absl::StrContains(s.launch.name, "_copy")) << s.launch.name;
+      for (const auto& [r, pool] : writes) {
+        ++pools_written;
+        EXPECT_EQ(program->plan.node_buffer[s.args[r]], program->plan.node_buffer[s.args[s.node->num_results() + pool]])
+            << s.node->name() << " result " << r;
+      }
     }
-    EXPECT_EQ(writes, 2 * config.n_layers);  // K and V of every layer, one launch each
+    EXPECT_EQ(pools_written, 2 * config.n_layers);  // K and V of every layer
+    EXPECT_EQ(write_launches, config.n_layers);      // one launch a layer for both
     EXPECT_EQ(program->plan.in_place_outputs, 2);
     int64_t k_pool = 0;
     while (f.nodes()[k_pool].get() != f.parameters()[kInferenceKPoolParameter]) ++k_pool;

@@ -29,7 +29,9 @@ namespace kiln {
 namespace {
 
 TEST(FuseCacheWrite, DecodeWritesKAndVFromTheKernelsThatComputeThemWithTheSameBits) {
-  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
+  // One cache_write fusion a write: merge-cache-write-siblings, which joins a layer's into
+  // one kernel, is tested on its own (tests/merge_cache_write_siblings_test.cc).
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {"merge-cache-write-siblings"});
   std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-cache-write"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
@@ -87,12 +89,12 @@ func @main {
 // A cache_write fusion is two kernels, the pool copy (left out when the plan updates the pool
 // in place, its in-place operand) and the rows' kernel; both compile for sm_90a.
 TEST(FuseCacheWrite, LowersToThePoolsInPlaceUpdate) {
-  std::unique_ptr<Module> m = testing::TinyDecode(4, {});
+  std::unique_ptr<Module> m = testing::TinyDecode(4, {"merge-cache-write-siblings"});
   for (const Node* n : testing::FusionsOfKind(*m->functions()[0], FusionKind::kCacheWrite)) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     ASSERT_EQ(lowered->kernels.size(), 2u);
-    EXPECT_TRUE(lowered->first_kernel_copies_in_place_operand);
+    EXPECT_EQ(lowered->copy_kernel_results, std::vector<int>{0});
     EXPECT_EQ(lowered->in_place_operand, *n->body()->outputs()[0]->operand(0)->attrs().GetInt("index"));
     EXPECT_TRUE(absl::EndsWith(lowered->kernels[0].name, "_copy"));
     for (const KernelSpec& k : lowered->kernels) {

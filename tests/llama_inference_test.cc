@@ -198,11 +198,15 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     // Each layer's K and V rows are stored into the pools by the kernel that computes them
     // (fuse-cache-write): no kv_cache_write is left on its own.
     EXPECT_EQ(ops[Opcode::kKvCacheWrite], 0);
-    int cache_writes = 0;
+    // And one kernel a layer writes both (merge-cache-write-siblings).
+    int cache_write_fusions = 0, cache_writes = 0;
     for (const auto& n : f->nodes()) {
-      cache_writes += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kCacheWrite;
+      if (n->opcode() != Opcode::kFusion || *FusionKindOf(*n) != FusionKind::kCacheWrite) continue;
+      ++cache_write_fusions;
+      for (const Node* out : n->body()->outputs()) cache_writes += out->opcode() == Opcode::kKvCacheWrite;
     }
     EXPECT_EQ(cache_writes, 2 * config.n_layers);
+    EXPECT_EQ(cache_write_fusions, config.n_layers);
     EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);
     EXPECT_EQ(f->output_aliases(),
               (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));

@@ -254,6 +254,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   if (trace) RETURN_IF_ERROR(CheckOutputPath(args.Get("trace"), "--trace"));
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
   if (args.Has("no-decode-lookahead")) options.decode_lookahead = false;
+  if (args.Has("disable-pass")) options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
   options.time_decode_calls = report;
@@ -508,6 +509,9 @@ Command GenerateCommand() {
                {.name = "no-decode-lookahead",
                 .help = "wait for each decode step's tokens before starting the next (cuda; to measure what "
                         "starting it ahead saves)"},
+               {.name = "disable-pass", .value_name = "NAME,...",
+                .help = "skip these compiler passes in the prefill and decode compiles (to measure what one "
+                        "saves; names: kiln compile --help)"},
            }},
           RunGenerate};
 }
