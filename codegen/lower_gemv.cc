@@ -176,4 +176,81 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
   return lowered;
 }
 
+absl::StatusOr<LoweredNode> LowerGemvNormFusion(const Node& fusion, const CodegenOptions& options) {
+  const Function* body = fusion.body();
+  const Node* gemm = nullptr;
+  const Node* norm = nullptr;
+  if (body != nullptr) {
+    for (const auto& n : body->nodes()) {
+      if (n->opcode() == Opcode::kGemm) gemm = n.get();
+      if (n->opcode() == Opcode::kRmsNorm) norm = n.get();
+    }
+  }
+  if (gemm == nullptr || norm == nullptr || gemm->operand(0) != norm || fusion.operands().size() < 3 ||
+      body->outputs().size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv_norm fusion %", fusion.name(), ": its body is not an rms_norm feeding a gemm's A"));
+  }
+  const bool glu = body->outputs()[0] != gemm;
+  if (glu && MatchSwiGlu(*body, *gemm, norm).out != body->outputs()[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv_norm fusion %", fusion.name(), ": its gemm is followed by other than its SwiGLU"));
+  }
+  const std::string refusal = SmallMGemmRefusal(*gemm, options);
+  if (!refusal.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_norm fusion %", fusion.name(), " (made by fuse-norm-gemv): its ",
+                                                   composite::Where(*gemm), " does not take SmallMGemm: ", refusal,
+                                                   "; compile with --disable-pass fuse-norm-gemv"));
+  }
+  ASSIGN_OR_RETURN(const int64_t m, gemm->attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, gemm->attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, gemm->attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, gemm->attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta, gemm->attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const double eps, composite::FiniteFloatAttr(*norm, "eps"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(gemm->attrs()));
+  const bool has_c = slots.c >= 0;
+  const DType t = gemm->operand(0)->type().dtype, d = gemm->type().dtype;
+  const DType tx = norm->operand(0)->type().dtype, tw = norm->operand(1)->type().dtype;
+  const TensorType& x_type = norm->operand(0)->type();
+  if (x_type.dims.empty() || x_type.dims.back() != k || x_type.num_elements() != m * k ||
+      norm->operand(1)->type().num_elements() != k || !IsGemvDType(tx) || !IsGemvDType(tw) ||
+      (glu && (has_c || n % 2 != 0)) || fusion.type().dtype != body->outputs()[0]->type().dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_norm fusion %", fusion.name(), ": rms_norm of ",
+                                                   x_type.ToString(), " and ", norm->operand(1)->type().ToString(),
+                                                   " as the A of ", gemm->type().ToString(), glu ? " and its SwiGLU" : ""));
+  }
+  const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
+  Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
+  if (glu) g.rows = 2;  // a group's gate row and up row
+  const int64_t columns = glu ? n / 2 : n;
+  const int64_t blocks = CeilDiv(columns, static_cast<int64_t>(glu ? 1 : g.rows) * g.groups);
+  const int threads = g.groups * g.split * composite::kWarpSize;
+  RETURN_IF_ERROR(composite::CheckGrid(fusion, blocks));
+  // The weight is body operand 2 (after x and the norm's weight).
+  const bool weights_first = composite::EarlyReadsAllowed(options) && composite::IsStepInvariant(*fusion.operand(2));
+  Wrapper w;
+  w.header = "gemv";
+  w.comment = absl::StrCat(m, " x ", n, " x ", k, glu ? " and silu(gate) * up of its halves" : "",
+                           ", A = rms_norm(x, w) formed as it is read (each block sums x's rows): ",
+                           Count(g.split, "warp"), " per ", glu ? "gate row and its up row" : Count(g.rows, "row"),
+                           ", ", g.unroll, " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"), " of ",
+                           Count(g.groups * g.split, "warp"));
+  if (weights_first) w.comment += "; its first round of B read before the grid-dependency wait";
+  w.params = {Param(tx, "x"), Param(tw, "norm_w"), Param(t, "b")};
+  if (has_c) w.params.push_back(Param(d, "c"));
+  w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", ", CudaTypeName(d), ", ", m, ", ", columns, "LL, ", k, "LL, ",
+                        g.rows, ", ", g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false", ", ",
+                        weights_first ? "true" : "false",
+                        glu ? absl::StrCat(", kiln::kernels::SwiGlu<", CudaTypeName(d), ">") : "", ">::RunWith(out, ",
+                        "kiln::kernels::RmsNormA<", CudaTypeName(t), ", ", CudaTypeName(tx), ", ", CudaTypeName(tw),
+                        ", ", weights_first ? "true" : "false", ">{x, norm_w, ", FloatLiteral(eps), "}, b, ",
+                        has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ", FloatLiteral(has_c ? beta : 0.0), ")");
+  LoweredNode lowered = Kernels({Emit(fusion, KernelName(fusion), w, blocks, threads)});
+  lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
+  lowered.kernels[0].waits_itself = weights_first;
+  lowered.label = "gemv";
+  return lowered;
+}
+
 }  // namespace kiln::codegen
