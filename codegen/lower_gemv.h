@@ -29,8 +29,4 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
 // gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say).
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options);
 
-// A gemv_norm fusion (ir/fusion.h, passes/fuse_norm_gemv.h): SmallMGemm (its GLU form when the
-// body ends in the SwiGLU) reading A through RmsNormA, each block summing x's rows itself.
-absl::StatusOr<LoweredNode> LowerGemvNormFusion(const Node& fusion, const CodegenOptions& options);
-
 }  // namespace kiln::codegen

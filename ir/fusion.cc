@@ -11,7 +11,7 @@ namespace kiln {
 namespace {
 
 constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
-                                 FusionKind::kGemvGlu, FusionKind::kGemvNorm};
+                                 FusionKind::kGemvGlu};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -48,7 +48,6 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
     case FusionKind::kGemvGlu: return "gemv_glu";
-    case FusionKind::kGemvNorm: return "gemv_norm";
   }
   return "?";
 }
@@ -58,7 +57,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu, gemv_norm)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -208,49 +207,6 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       }
       return absl::OkStatus();
     }
-    case FusionKind::kGemvNorm: {
-      const Node* gemm = nullptr;
-      const Node* norm = nullptr;
-      for (const auto& n : body->nodes()) {
-        if (n->opcode() == Opcode::kGemm) {
-          if (gemm != nullptr) return BodyError(kind, *n, "is a second gemm: a gemv_norm body holds one");
-          gemm = n.get();
-        } else if (n->opcode() == Opcode::kRmsNorm) {
-          if (norm != nullptr) return BodyError(kind, *n, "is a second rms_norm: a gemv_norm body holds one");
-          norm = n.get();
-        }
-      }
-      if (gemm == nullptr || norm == nullptr) {
-        return absl::InvalidArgumentError("a gemv_norm fusion's body holds an rms_norm and the gemm it feeds");
-      }
-      for (const Node* operand : norm->operands()) {
-        if (operand->opcode() != Opcode::kParameter) {
-          return BodyError(kind, *norm, "normalizes a value computed in the body: its operands are parameters");
-        }
-      }
-      if (norm->users().size() != 1 || norm->users()[0] != gemm || gemm->operand(0) != norm) {
-        return BodyError(kind, *norm, "is not the gemm's A alone: a gemv_norm's norm feeds its gemm's A and nothing else");
-      }
-      for (int i = 1; i < gemm->num_operands(); ++i) {
-        if (gemm->operand(i)->opcode() != Opcode::kParameter) {
-          return BodyError(kind, *gemm, "multiplies a value computed in the body past its A: those are parameters");
-        }
-      }
-      if (body->outputs().size() != 1) return absl::InvalidArgumentError("a gemv_norm fusion's body returns one value");
-      if (body->outputs()[0] == gemm) {
-        for (const auto& n : body->nodes()) {
-          if (n->opcode() != Opcode::kParameter && n.get() != gemm && n.get() != norm) {
-            return BodyError(kind, *n, "follows the gemm a gemv_norm body returns");
-          }
-        }
-        return absl::OkStatus();
-      }
-      if (MatchSwiGlu(*body, *gemm, norm).out != body->outputs()[0]) {
-        return BodyError(kind, *gemm,
-                         "is followed by other than silu(x[.., :F]) * x[.., F:] alone: what a gemv_norm body may hold");
-      }
-      return absl::OkStatus();
-    }
   }
   return absl::InternalError("unknown fusion kind");
 }
@@ -283,7 +239,7 @@ std::vector<Node*> AddFusionNode(Function& f, FusionKind kind, std::vector<Node*
 
 namespace kiln {
 
-SwiGluOps MatchSwiGlu(const Function& body, const Node& x, const Node* prologue) {
+SwiGluOps MatchSwiGlu(const Function& body, const Node& x) {
   const SwiGluOps none;
   if (body.outputs().size() != 1 || x.type().dims.empty()) return none;
   const int64_t width = x.type().dims.back();
@@ -311,12 +267,12 @@ SwiGluOps MatchSwiGlu(const Function& body, const Node& x, const Node* prologue)
   for (const Node* n : {ops.sigmoid, ops.gated, ops.out}) {
     if (n->type().dtype != x.type().dtype) return none;
   }
-  // Nothing else in the body: its parameters (x, when x is one), these five and the prologue.
+  // Nothing else in the body: its parameters (x, when x is one) and these five.
   int64_t others = 0;
   for (const auto& n : body.nodes()) {
     const Node* p = n.get();
     if (p != &x && p != ops.gate && p != ops.up && p != ops.sigmoid && p != ops.gated && p != ops.out &&
-        p != prologue && p->opcode() != Opcode::kParameter) {
+        p->opcode() != Opcode::kParameter) {
       ++others;
     }
   }

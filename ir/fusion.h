@@ -44,13 +44,9 @@ namespace kiln {
 // It may return several values (passes/merge_cache_write_siblings.h): kv_cache_writes, each
 // of its own pool, and loop values, all computed by one kernel; a pool parameter is read by
 // its write alone (the write is in place).
-// kGemvNorm: a few-row gemm whose A is rms_norm(x, w) of body parameters (its other operands
-// parameters too), alone or followed by its SwiGLU as in kGemvGlu: the GEMV computes each A
-// chunk from x and w as it reads it, every block summing x's rows itself
-// (passes/fuse_norm_gemv.h): a decode step's norms leave their own kernels.
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu, kGemvNorm };
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
 
-// "loop", "reduction", "cache_write", "gemv_glu", "gemv_norm"
+// "loop", "reduction", "cache_write", "gemv_glu"
 absl::string_view FusionKindName(FusionKind kind);
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
@@ -89,8 +85,7 @@ struct SwiGluOps {
   const Node* out = nullptr;      // gated * up: the body's output
   int64_t half = 0;               // F
 };
-// `prologue`, when not null, is one more node the body may hold (a gemv_norm's rms_norm).
-SwiGluOps MatchSwiGlu(const Function& body, const Node& x, const Node* prologue = nullptr);
+SwiGluOps MatchSwiGlu(const Function& body, const Node& x);
 
 
 // Appends (or, with `before`, inserts) a fusion node of `kind` computing `body` over

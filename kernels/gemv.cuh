@@ -57,120 +57,6 @@ struct IsGlu<NoGlu> {
   static constexpr bool kValue = false;
 };
 
-// Where SmallMGemm's A chunks come from: A itself (PlainA), or the rms_norm that computes it
-// (RmsNormA, kGemvNorm: passes/fuse_norm_gemv.h). Prepare runs once a block, by every thread,
-// after the grid-dependency wait; Chunk is the 16 bytes of row m at chunk `chunk`.
-template <typename T, bool kAfterWait>
-struct PlainA {
-  const T* a;
-  static constexpr int kVec = Packed128<T>::kSize;
-  template <int kM, long long kK>
-  __device__ __forceinline__ void Prepare() {}
-  template <int kM, long long kK>
-  __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
-    return kAfterWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
-  }
-};
-
-// A = T(x * r * w) of rms_norm(x, w) {eps} (TX x [M, K], TW w [K]) as kernels/rms_norm.cuh's
-// RmsNormForward computes and rounds it: r = 1 / sqrt(sum_k x^2 / K + eps) of each row, then x
-// times r times w, rounded to T once. Each block computes all of A before its loop (x's rows
-// read twice through L1, 8 KB a row at llama-M's 2048: the blocks of an SM share them) into
-// shared memory, where the loop reads it; past kMaxTileBytes each chunk is formed as the loop
-// reads it (correct, and more instructions in the loop). The row's sum is this block's, added in a fixed order (the block's threads, then
-// its warps in order), which is not the norm kernel's: the two differ in the sum's last bits.
-// x is what the kernels ahead wrote: read after the wait through ordered loads.
-template <typename T, typename TX, typename TW, bool kAfterWait>
-struct RmsNormA {
-  const TX* x;
-  const TW* w;
-  float eps;
-  static constexpr int kVec = Packed128<T>::kSize;
-  static constexpr int kMaxRows = 8;
-  // A block's tile of A: at most 8 KB (batch 1 and 2 at llama-M's 2048), so that the GEMV keeps
-  // its many blocks an SM (passes/fuse_norm_gemv.cc fuses only these).
-  static constexpr long long kMaxTileBytes = 8 * 1024;
-  float r[kMaxRows];
-  const Packed128<T>* tile;
-
-  // N elements of x's row m at i, ordered after the wait, through L1 (every block of the SM
-  // reads them).
-  template <long long kK, int N>
-  __device__ __forceinline__ void LoadX(int m, long long i, float (&out)[N]) const {
-    constexpr int kPer = Packed128<TX>::kSize;
-    static_assert(N % kPer == 0, "whole 16-byte chunks of x");
-#pragma unroll
-    for (int j = 0; j < N; j += kPer) {
-      const Packed128<TX> packed = kAfterWait ? Load128AfterWait<true>(x + m * kK + i + j) : Load128(x + m * kK + i + j);
-#pragma unroll
-      for (int q = 0; q < kPer; ++q) out[j + q] = ToFloat(packed[q]);
-    }
-  }
-  template <long long kK>
-  __device__ __forceinline__ Packed128<T> Form(int m, long long chunk) const {
-    float xs[kVec], ws[kVec];
-    LoadX<kK>(m, chunk * kVec, xs);
-    LoadFloats(w + chunk * kVec, ws);
-    Packed128<T> out;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) out[j] = FromFloat<T>(xs[j] * r[m] * ws[j]);
-    return out;
-  }
-
-  template <int kM, long long kK>
-  __device__ __forceinline__ void Prepare() {
-    static_assert(kM <= kMaxRows, "SmallMGemm's rows");
-    static_assert(kK % kVec == 0 && kK % Packed128<TX>::kSize == 0, "whole 16-byte chunks");
-    constexpr int kXVec = Packed128<TX>::kSize;
-    constexpr int kMaxWarps = 32;
-    constexpr long long kChunks = kK / kVec;
-    constexpr bool kTiled = kM * kK * static_cast<long long>(sizeof(T)) <= kMaxTileBytes;
-    __shared__ float warp_sums[kMaxWarps][kMaxRows];
-    __shared__ Packed128<T> a_tile[kTiled ? kM * kChunks : 1];
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
-    float sums[kM];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) sums[m] = 0.f;
-    for (long long i = static_cast<long long>(threadIdx.x) * kXVec; i < kK; i += static_cast<long long>(blockDim.x) * kXVec) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float xs[kXVec];
-        LoadX<kK>(m, i, xs);
-#pragma unroll
-        for (int j = 0; j < kXVec; ++j) sums[m] += xs[j] * xs[j];
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      const float s = WarpReduce(sums[m], SumOp{});
-      if (lane == 0) warp_sums[warp][m] = s;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      float total = 0.f;
-      for (int p = 0; p < warps; ++p) total += warp_sums[p][m];
-      r[m] = 1.f / sqrtf(total / kK + eps);
-    }
-    tile = a_tile;
-    if constexpr (kTiled) {
-      for (long long c = threadIdx.x; c < kM * kChunks; c += blockDim.x) {
-        a_tile[c] = Form<kK>(static_cast<int>(c / kChunks), c % kChunks);
-      }
-      __syncthreads();
-    }
-  }
-  template <int kM, long long kK>
-  __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
-    constexpr long long kChunks = kK / kVec;
-    if constexpr (kM * kK * static_cast<long long>(sizeof(T)) <= kMaxTileBytes) {
-      return tile[m * kChunks + chunk];
-    } else {
-      return Form<kK>(m, chunk);
-    }
-  }
-};
-
 // kWeightsBeforeWait (codegen, where B is step-invariant: a decode step's weight): the first
 // round of B's loads is issued before the kernel waits for the kernels ahead
 // (GridDependencyWait, here), and A and C are read after it through ordered loads
@@ -198,13 +84,6 @@ struct SmallMGemm {
   // c: null unless kHasC.
   static __device__ __forceinline__ void Run(TD* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
                                              const TD* __restrict__ c, float alpha, float beta) {
-    RunWith(out, PlainA<T, kWeightsBeforeWait>{a}, b, c, alpha, beta);
-  }
-
-  // A's chunks from `a_source` (PlainA, RmsNormA).
-  template <typename ASource>
-  static __device__ __forceinline__ void RunWith(TD* __restrict__ out, ASource a_source, const T* __restrict__ b,
-                                                 const TD* __restrict__ c, float alpha, float beta) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int group = warp / kSplit, part = warp % kSplit;
     const long long first =
@@ -241,7 +120,6 @@ struct SmallMGemm {
     };
     load_round(0);
     if constexpr (kWeightsBeforeWait) GridDependencyWait();
-    a_source.template Prepare<kM, kK>();
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -249,7 +127,8 @@ struct SmallMGemm {
         if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const Packed128<T> av = a_source.template Chunk<kM, kK>(m, chunk);
+          const Packed128<T> av =
+              kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float x = ToFloat(av[j]);

@@ -28,10 +28,8 @@ namespace kiln {
 namespace {
 
 TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
-  // fuse-norm-gemv, which takes each gemv_glu fusion into a gemv_norm one, is tested on its
-  // own (tests/fuse_norm_gemv_test.cc).
-  std::unique_ptr<Module> fused = testing::TinyDecode(4, {"fuse-norm-gemv"});
-  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu", "fuse-norm-gemv"});
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
+  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
   ASSERT_EQ(testing::FusionsOfKind(f, FusionKind::kGemvGlu).size(), static_cast<size_t>(layers))

@@ -112,11 +112,8 @@ TEST(LlamaInference, CompileDisablesAPassOfEitherPipeline) {
     options.disabled_passes = {pass};
     absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
     ASSERT_TRUE(report.ok()) << pass << ": " << report.status();
-    // fuse-norm-gemv's fusions need no loop fusion: the others do.
     int fusions = 0;
-    for (const auto& n : m->functions()[0]->nodes()) {
-      fusions += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) != FusionKind::kGemvNorm;
-    }
+    for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
     EXPECT_EQ(fusions == 0, pass == "fuse-loops") << pass;
   }
   std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, InferencePhase::kDecode, 2);
@@ -192,19 +189,10 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     // qkv, o, gate_up, down; the head (merge-sibling-gemms is off: it would copy the bf16
     // weight parameters into one every call; the joint weights are joined once, at bind)
     // (Four rows: each layer's gate/up GEMV computes its SwiGLU, a gemv_glu fusion holding it.)
-    // fuse-norm-gemv then takes each norm into the GEMV reading it: the gate/up GEMVs become
-    // gemv_norm fusions (their SwiGLU with them), and so do the qkv projections and the head.
-    int glus = 0, normed = 0;
-    for (const auto& n : f->nodes()) {
-      if (n->opcode() != Opcode::kFusion) continue;
-      const FusionKind kind = *FusionKindOf(*n);
-      glus += kind == FusionKind::kGemvGlu;
-      normed += kind == FusionKind::kGemvNorm;
-    }
-    EXPECT_EQ(glus, 0) << "fuse-gemv-glu, then fuse-norm-gemv";
-    EXPECT_EQ(normed, 2 * config.n_layers + 1);
-    EXPECT_EQ(ops[Opcode::kRmsNorm], 0);
-    EXPECT_EQ(ops[Opcode::kGemm] + normed, 4 * config.n_layers + 1);
+    int glus = 0;
+    for (const auto& n : f->nodes()) glus += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu;
+    EXPECT_EQ(glus, config.n_layers) << "fuse-gemv-glu";
+    EXPECT_EQ(ops[Opcode::kGemm] + glus, 4 * config.n_layers + 1);
     EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     // Each layer's K and V rows are stored into the pools by the kernel that computes them
