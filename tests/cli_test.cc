@@ -326,6 +326,9 @@ TEST_F(CliTest, CompileInferenceBuildsTheDecodeAndPrefillFunctions) {
   ASSERT_EQ(decode.exit_code, 0) << decode.output;
   EXPECT_TRUE(absl::StrContains(decode.output, "compiled llama-tiny (@decode)")) << decode.output;
   EXPECT_TRUE(absl::StrContains(decode.output, "kernels for sm_90a:")) << decode.output;
+  // The launch list a call runs: the pool copies are left out (the pools are written in place).
+  EXPECT_TRUE(absl::StrContains(decode.output, "@decode a call: ")) << decode.output;
+  EXPECT_TRUE(absl::StrContains(decode.output, "(the memory plan leaves out 4 of the")) << decode.output;
   auto verified = RunCommand(Kiln() + " verify " + Path("decode.kir"));
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   std::ifstream in(Path("decode.kir"));

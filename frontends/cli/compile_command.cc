@@ -18,6 +18,7 @@
 #ifdef KILN_WITH_CUDA
 #include "codegen/capabilities.h"
 #include "codegen/compile_function.h"
+#include "codegen/compile_program.h"
 #include "runtime/cuda/device.h"
 #endif
 
@@ -50,8 +51,11 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
 namespace {
 
 // Code generation for --target (or the device's architecture when a GPU is usable): every
-// kernel lowered and compiled with NVRTC, through the kernel cache.
-absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
+// kernel lowered and compiled with NVRTC, through the kernel cache. With `launch_lists` (an
+// inference function, which kiln generate runs as one program) also each function's launch
+// list: the kernels a call runs once the memory plan has left out the copies it made no-ops
+// (a KV pool written in place), and its cuBLASLt GEMMs.
+absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool launch_lists) {
 #ifdef KILN_WITH_CUDA
   CodegenOptions codegen;
   if (args.Has("target")) {
@@ -71,11 +75,23 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args) {
   ASSIGN_OR_RETURN(KernelCompileReport kernels, CompileModuleKernels(module, nvrtc, &cache, 0, codegen));
   int64_t gemms = 0;
   for (const NodeKernels& n : kernels.nodes) gemms += n.lowered.kind == LoweringKind::kGemm;
-  std::printf("kernels for %s: %lld launches, %lld distinct (%lld from the cache in %s), %lld cuBLASLt GEMMs; "
+  std::printf("kernels for %s: %lld listed, %lld distinct (%lld from the cache in %s), %lld cuBLASLt GEMMs; "
               "NVRTC %.1fs over threads, %.1fs wall\n",
               nvrtc.arch.c_str(), static_cast<long long>(kernels.num_kernels), static_cast<long long>(kernels.num_distinct),
               static_cast<long long>(kernels.cache_hits), cache.dir().c_str(), static_cast<long long>(gemms),
               kernels.nvrtc_seconds, kernels.wall_seconds);
+  if (launch_lists) {
+    int64_t launches = 0;
+    for (const auto& f : module.functions()) {
+      ASSIGN_OR_RETURN(const CompiledProgram program, CompileProgram(*f, ProgramOptions{.target = codegen.target}));
+      std::printf("@%s a call: %lld kernel launches and %lld cuBLASLt GEMMs\n", f->name().c_str(),
+                  static_cast<long long>(program.num_launches), static_cast<long long>(program.num_gemms));
+      launches += program.num_launches;
+    }
+    std::printf("(the memory plan leaves out %lld of the %lld kernels listed: copies into a result that takes its "
+                "operand's buffer, as a KV pool written in place)\n",
+                static_cast<long long>(kernels.num_kernels - launches), static_cast<long long>(kernels.num_kernels));
+  }
   return absl::OkStatus();
 #else
   if (args.Has("target")) {
@@ -174,7 +190,7 @@ absl::Status RunCompile(const ParsedArgs& args) {
   std::printf("compiled %s (%s): %lld -> %lld nodes in %.1f ms\n", loaded.module->name().c_str(), functions.c_str(),
               static_cast<long long>(nodes_before), static_cast<long long>(CountNodes(*loaded.module)), total_ms);
   if (!options.dump_dir.empty()) std::printf("IR dumps in %s\n", options.dump_dir.c_str());
-  RETURN_IF_ERROR(GenerateKernels(*loaded.module, args));
+  RETURN_IF_ERROR(GenerateKernels(*loaded.module, args, /*launch_lists=*/inference));
   if (args.Has("output")) RETURN_IF_ERROR(WriteFileAtomically(args.Get("output"), PrintModule(*loaded.module)));
   return absl::OkStatus();
 }
