@@ -509,7 +509,6 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
     const bool write = out.opcode() == Opcode::kKvCacheWrite;
     const Node* value = write ? out.operand(1) : &out;
     const int64_t count = value->type().num_elements();
-    if (count == 0) continue;
     GroupEmitter emitter(group);
     std::string element;
     if (value->opcode() == Opcode::kParameter) {
@@ -559,6 +558,7 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
     } else {
       store = absl::StrFormat("      out%d[i] = %s;\n", r, element);
     }
+    if (count == 0) continue;  // no section; a pool it writes still has its copy, above
     absl::StrAppendFormat(&sections,
                           "    %sif (t < %dLL) {  // %s%%%s\n"
                           "      if (out%d == nullptr) continue;  // a result nothing reads\n"
