@@ -133,7 +133,7 @@ std::pair<const Node*, int> InPlaceLink(const BufferPlanRequest& request,
 // own or a result, of its predecessor's size, its kernels reading no other link, and run after
 // every other reader of its predecessor; no link but the last returned. Empty when `out` is
 // not such a chain's end.
-std::vector<int64_t> UpdateChain(const Function& f, const BufferPlanRequest& request,
+std::vector<int64_t> UpdateChain(const BufferPlanRequest& request,
                                  const absl::flat_hash_map<const Node*, int64_t>& index_of,
                                  const absl::flat_hash_map<const Node*, int>& returned, const Node& param,
                                  const Node& out) {
@@ -203,7 +203,7 @@ std::vector<int64_t> InPlaceDonations(const Function& f, const BufferPlanRequest
         out->type().num_bytes() != param->type().num_bytes() ||
         !UpdatesOperand(request, index_of.at(writer), *writer, role == BufferRole::kResult ? out->result_index() : 0,
                         param)) {
-      for (int64_t link : UpdateChain(f, request, index_of, returned, *param, *out)) in_place[link] = index_of.at(param);
+      for (int64_t link : UpdateChain(request, index_of, returned, *param, *out)) in_place[link] = index_of.at(param);
       continue;
     }
     // Every reader of the parameter (or of an alias of it) runs before this node's kernel,
