@@ -477,7 +477,8 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   const std::vector<Node*>& outputs = body->outputs();
   const bool several = outputs.size() > 1;
   KernelGroup group;
-  group.root = outputs[0];
+  group.roots.assign(outputs.begin(), outputs.end());
+  group.root = group.roots[0];
   for (const Node* p : params) group.inputs.push_back(p);
   for (const auto& n : body->nodes()) {
     if (n->opcode() != Opcode::kParameter && n->opcode() != Opcode::kKvCacheWrite) group.members.push_back(n.get());

@@ -1,6 +1,6 @@
 // What the passes that take a fusion's body into a new, larger fusion share
-// (fuse-cache-write, fuse-gemv-glu): copying a body's ops into the new body,
-// and putting the new fusion node in place of the node it replaces.
+// (fuse-cache-write, merge-cache-write-siblings, fuse-gemv-glu): copying a body's ops into
+// the new body, and putting the new fusion node in place of the node it replaces.
 #pragma once
 
 #include <cstdint>
