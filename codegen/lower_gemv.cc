@@ -55,41 +55,6 @@ Geometry GeometryFor(int64_t m, int64_t chunks, const CodegenOptions::GemvGeomet
 
 bool IsGemvDType(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
 
-// What both few-row kernels ask of a gemm besides its rows and dtypes: batch 1, a non-empty
-// product, both operands K-inner, no bias epilogue, FP8 scales or amax ("" when it has that form).
-std::string FewRowFormRefusal(const Node& node) {
-  if (node.opcode() != Opcode::kGemm) return "not a gemm";
-  const AttrMap& attrs = node.attrs();
-  const int64_t batch = attrs.GetInt("batch").value_or(-1), n = attrs.GetInt("n").value_or(-1),
-                k = attrs.GetInt("k").value_or(-1);
-  if (batch != 1) return absl::StrCat("batch ", batch, " (batched GEMMs stay cuBLASLt's)");
-  if (n < 1 || k < 1) return "an empty product";
-  if (attrs.GetSymbol("a_layout").value_or("") != "mk" || attrs.GetSymbol("b_layout").value_or("") != "nk") {
-    return "layouts other than a_layout=mk, b_layout=nk";
-  }
-  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(attrs);
-  if (!slots.ok() || slots->bias >= 0 || slots->a_scale >= 0 || slots->amax) return "an epilogue, FP8 scales or an amax";
-  return "";
-}
-
-// A few-row gemm's attributes, as both kernels' lowerings read them.
-struct FewRowGemm {
-  int64_t m = 0, n = 0, k = 0;
-  double alpha = 1, beta = 0;
-  bool has_c = false;
-};
-absl::StatusOr<FewRowGemm> FewRowGemmOf(const Node& node) {
-  FewRowGemm g;
-  ASSIGN_OR_RETURN(g.m, node.attrs().GetInt("m"));
-  ASSIGN_OR_RETURN(g.n, node.attrs().GetInt("n"));
-  ASSIGN_OR_RETURN(g.k, node.attrs().GetInt("k"));
-  ASSIGN_OR_RETURN(g.alpha, node.attrs().GetFloat("alpha"));
-  ASSIGN_OR_RETURN(g.beta, node.attrs().GetFloat("beta"));
-  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
-  g.has_c = slots.c >= 0;
-  return g;
-}
-
 }  // namespace
 
 std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
@@ -97,10 +62,15 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
   if (!options.small_m_gemv) return "CodegenOptions::small_m_gemv is off";
   const AttrMap& attrs = node.attrs();
   const int64_t batch = attrs.GetInt("batch").value_or(-1), m = attrs.GetInt("m").value_or(-1),
-                k = attrs.GetInt("k").value_or(-1);
+                n = attrs.GetInt("n").value_or(-1), k = attrs.GetInt("k").value_or(-1);
   if (batch != 1) return absl::StrCat("batch ", batch, " (batched GEMMs stay cuBLASLt's)");
   if (m < 1 || m > kSmallMGemmMaxRows) return absl::StrCat("m ", m, " is not in [1, ", kSmallMGemmMaxRows, "]");
-  if (std::string form = FewRowFormRefusal(node); !form.empty()) return form;
+  if (n < 1 || k < 1) return "an empty product";
+  if (attrs.GetSymbol("a_layout").value_or("") != "mk" || attrs.GetSymbol("b_layout").value_or("") != "nk") {
+    return "layouts other than a_layout=mk, b_layout=nk";
+  }
+  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(attrs);
+  if (!slots.ok() || slots->bias >= 0 || slots->a_scale >= 0 || slots->amax) return "an epilogue, FP8 scales or an amax";
   const DType a = node.operand(0)->type().dtype, b = node.operand(1)->type().dtype, d = node.type().dtype;
   if (a != b || !IsGemvDType(a) || (d != a && d != DType::kF32)) {
     return absl::StrCat(DTypeName(a), " x ", DTypeName(b), " -> ", DTypeName(d),
@@ -114,10 +84,13 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options) {
 absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options) {
   const std::string refusal = SmallMGemmRefusal(node, options);
   if (!refusal.empty()) return absl::InvalidArgumentError(absl::StrCat(composite::Where(node), ": ", refusal));
-  ASSIGN_OR_RETURN(const FewRowGemm few, FewRowGemmOf(node));
-  const int64_t m = few.m, n = few.n, k = few.k;
-  const double alpha = few.alpha, beta = few.beta;
-  const bool has_c = few.has_c;
+  ASSIGN_OR_RETURN(const int64_t m, node.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, node.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, node.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, node.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta, node.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
+  const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
   const Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
@@ -242,12 +215,18 @@ std::string FewRowClusterGemmRefusal(const Node& node, const CodegenOptions& opt
   if (!options.few_row_cluster_gemm) return "CodegenOptions::few_row_cluster_gemm is off";
   if (options.target.compute_capability < 90) return absl::StrCat(options.target.arch, " has no thread-block clusters");
   const AttrMap& attrs = node.attrs();
-  const int64_t m = attrs.GetInt("m").value_or(-1), n = attrs.GetInt("n").value_or(-1),
-                k = attrs.GetInt("k").value_or(-1);
+  const int64_t batch = attrs.GetInt("batch").value_or(-1), m = attrs.GetInt("m").value_or(-1),
+                n = attrs.GetInt("n").value_or(-1), k = attrs.GetInt("k").value_or(-1);
+  if (batch != 1) return absl::StrCat("batch ", batch, " (batched GEMMs stay cuBLASLt's)");
   if (m <= kSmallMGemmMaxRows || m > kFewRowClusterGemmMaxRows) {
     return absl::StrCat("m ", m, " is not in [", kSmallMGemmMaxRows + 1, ", ", kFewRowClusterGemmMaxRows, "]");
   }
-  if (std::string form = FewRowFormRefusal(node); !form.empty()) return form;
+  if (n < 1 || k < 1) return "an empty product";
+  if (attrs.GetSymbol("a_layout").value_or("") != "mk" || attrs.GetSymbol("b_layout").value_or("") != "nk") {
+    return "layouts other than a_layout=mk, b_layout=nk";
+  }
+  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(attrs);
+  if (!slots.ok() || slots->bias >= 0 || slots->a_scale >= 0 || slots->amax) return "an epilogue, FP8 scales or an amax";
   const DType a = node.operand(0)->type().dtype, b = node.operand(1)->type().dtype, d = node.type().dtype;
   if (a != DType::kBF16 || b != DType::kBF16 || (d != DType::kBF16 && d != DType::kF32)) {
     return absl::StrCat(DTypeName(a), " x ", DTypeName(b), " -> ", DTypeName(d), " (operands bf16; D bf16 or f32)");
@@ -260,8 +239,13 @@ std::string FewRowClusterGemmRefusal(const Node& node, const CodegenOptions& opt
 absl::StatusOr<LoweredNode> LowerFewRowClusterGemm(const Node& node, const CodegenOptions& options) {
   const std::string refusal = FewRowClusterGemmRefusal(node, options);
   if (!refusal.empty()) return absl::InvalidArgumentError(absl::StrCat(composite::Where(node), ": ", refusal));
-  ASSIGN_OR_RETURN(const FewRowGemm g, FewRowGemmOf(node));
-  return EmitClusterGemm(node, g.m, g.n, g.k, g.alpha, g.beta, g.has_c, /*glu=*/false, node.type().dtype, options);
+  ASSIGN_OR_RETURN(const int64_t m, node.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, node.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, node.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, node.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta, node.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
+  return EmitClusterGemm(node, m, n, k, alpha, beta, slots.c >= 0, /*glu=*/false, node.type().dtype, options);
 }
 
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options) {
