@@ -388,11 +388,10 @@ TEST(Codegen, LoweringKindsOfWorklessOps) {
   absl::StatusOr<LoweredNode> unlowered = LowerNode(dot.node());
   ASSERT_FALSE(unlowered.ok());
   EXPECT_NE(unlowered.status().message().find("the lower-gemm pass"), std::string::npos) << unlowered.status();
-  // 16 rows of f16: past SmallMGemm's 8 and not FewRowClusterGemm's bf16
-  // (tests/gemv_lowering_test.cc), so cuBLASLt's.
+  // 16 rows of A: past SmallMGemm's 8 (tests/gemv_lowering_test.cc), so cuBLASLt's.
   OneNode gemm_node([](Builder& b) -> absl::StatusOr<Node*> {
-    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kF16, {16, 8}}));
-    ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kF16, {16, 8}}));
+    ASSIGN_OR_RETURN(Node * x, b.Parameter("x", {DType::kBF16, {16, 8}}));
+    ASSIGN_OR_RETURN(Node * w, b.Parameter("w", {DType::kBF16, {16, 8}}));
     const TensorType out{DType::kF32, {16, 16}};
     return b.Op(Opcode::kGemm, {x, w},
                 AttrMap{{"batch", int64_t{1}}, {"m", int64_t{16}}, {"n", int64_t{16}}, {"k", int64_t{8}},
