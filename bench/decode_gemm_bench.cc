@@ -1,21 +1,19 @@
-// decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernels
-// (kernels/gemv.cuh's SmallMGemm up to 8 rows, kernels/few_row_cluster_gemm.cuh's
-// FewRowClusterGemm for 9-64, exactly as codegen lowers the gemm: codegen/lower_gemv.cc)
+// decode_gemm_bench: the decode step's projection GEMMs on the GPU, kiln's few-row kernel
+// (kernels/gemv.cuh's SmallMGemm, exactly as codegen lowers the gemm: codegen/lower_gemv.cc)
 // against cuBLASLt (GemmPlan: its heuristic's first choice, and autotuned over the heuristic's
 // candidates as CudaExecutable does), on llama-M's shapes at each --m (the decode batch, at
-// most kMaxRows): qkv N 4096 K 2048, o N 2048 K 2048, gate_up N 11264 K 2048, down N 2048
-// K 5632, lm_head N 32000 K 2048; bf16 operands and D, no C.
+// most kMaxRows; past kSmallMGemmMaxRows, cuBLASLt's two rows alone, e.g. --m 32):
+// qkv N 4096 K 2048, o N 2048 K 2048, gate_up N 11264 K 2048, down N 2048 K 5632, lm_head
+// N 32000 K 2048; bf16 operands and D, no C.
 // Each row: median, min and max us over the timed calls (CUDA events around each call, after
 // warm-up, the same buffers every call: a weight smaller than L2 may be served from it), the
 // weight's bytes over the median (GB/s: the bound at these M), and max |D - D of cuBLASLt|
 // over max |D of cuBLASLt| (f32 accumulation in another order, one bf16 rounding: about 2^-8).
 // One JSON object a line on stdout, a table on stderr.
 //
-//   decode_gemm_bench [--m 1,8,32] [--gemms qkv,o,gate_up,down,lm_head] [--iters 50] [--warmup 5]
+//   decode_gemm_bench [--m 1,8] [--gemms qkv,o,gate_up,down,lm_head] [--iters 50] [--warmup 5]
 //                     [--geometries auto,1x1x8x4] [--in-a-row 16] [--max-error 0.02]
-// (a geometry is SmallMGemm's rows x split x unroll x groups up to 8 rows:
-// CodegenOptions::small_m_gemv_geometry; past 8, FewRowClusterGemm's m16 tiles a warp x warps
-// a block x blocks a cluster x slabs in flight: CodegenOptions::few_row_cluster_gemm_geometry)
+// (a geometry is SmallMGemm's rows x split x unroll x groups: CodegenOptions::small_m_gemv_geometry)
 //
 // Self-checking: exit 1 when kiln's D differs from cuBLASLt's by more than --max-error (or
 // NaN). Linked like the GPU tests; without a GPU it says so and exits 1.
@@ -165,7 +163,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   Report(m, s, "cublaslt (autotuned)", *t_blas, 0.0);
   std::fprintf(stderr, "      candidate %d of %d: %s\n", tuning->chosen, (*plan)->num_candidates(),
                (*plan)->CandidateSummary(tuning->chosen).c_str());
-  if (m > codegen::kFewRowClusterGemmMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past kiln's rows
+  if (m > codegen::kSmallMGemmMaxRows) return absl::OkStatus();  // cuBLASLt's alone: past SmallMGemm's rows
 
   // kiln's kernel, as codegen lowers the gemm, in each geometry asked for ("auto": the one
   // codegen picks). Timed twice: one launch between two events (the figure the rows above
@@ -188,13 +186,9 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
       int v[4] = {0, 0, 0, 0};
       if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &v[0]) || !absl::SimpleAtoi(parts[1], &v[1]) ||
           !absl::SimpleAtoi(parts[2], &v[2]) || !absl::SimpleAtoi(parts[3], &v[3])) {
-        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG (TxWxSxU past 8 rows)"));
+        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG"));
       }
-      if (m <= codegen::kSmallMGemmMaxRows) {
-        options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
-      } else {
-        options.few_row_cluster_gemm_geometry = {v[0], v[1], v[2], v[3]};
-      }
+      options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
     }
     absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, options);
     if (!lowered.ok()) return lowered.status();
@@ -202,8 +196,7 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
       return absl::InternalError(absl::StrCat("m ", m, " ", s.name, ": codegen did not give one kiln kernel"));
     }
     const std::string& source = lowered->kernels[0].source;
-    size_t at = source.find("SmallMGemm<");
-    if (at == std::string::npos) at = source.find("FewRowClusterGemm<");
+    const size_t at = source.find("SmallMGemm<");
     const std::string call = at == std::string::npos ? "" : source.substr(at, source.find(">::Run", at) - at + 1);
     absl::StatusOr<Loaded> kernel = bench::LoadKernel(lowered->kernels[0], device);
     if (!kernel.ok()) {
@@ -270,9 +263,9 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: decode_gemm_bench [--m 1,8,32 (each at most %lld)] "
-                 "[--gemms qkv,o,gate_up,down,lm_head] [--geometries auto,RxSxUxG (TxWxSxU past %lld rows),...] "
-                 "[--in-a-row N] [--iters N] [--warmup N] [--max-error X]\n",
+                 "usage: decode_gemm_bench [--m 1,8 (each at most %lld; past %lld, cuBLASLt's rows alone)] "
+                 "[--gemms qkv,o,gate_up,down,lm_head] [--geometries auto,RxSxUxG,...] [--in-a-row N] [--iters N] "
+                 "[--warmup N] [--max-error X]\n",
                  static_cast<long long>(kMaxRows), static_cast<long long>(codegen::kSmallMGemmMaxRows));
     return 2;
   }

@@ -121,8 +121,6 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
                          .programmatic_dependent_launch = options.programmatic_dependent_launch,
                          .reads_before_wait = options.reads_before_wait};
   codegen.paged_attention = options.paged_attention;
-  codegen.few_row_cluster_gemm = options.few_row_cluster_gemm;
-  codegen.few_row_cluster_gemm_geometry = options.few_row_cluster_gemm_geometry;
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
                                           options.compile_threads, codegen));

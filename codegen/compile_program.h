@@ -29,8 +29,6 @@ struct ProgramOptions {
   bool programmatic_dependent_launch = true;
   bool reads_before_wait = true;  // CodegenOptions::reads_before_wait
   CodegenOptions::PagedAttentionGeometry paged_attention;  // CodegenOptions::paged_attention
-  bool few_row_cluster_gemm = true;                        // CodegenOptions::few_row_cluster_gemm
-  CodegenOptions::ClusterGemmGeometry few_row_cluster_gemm_geometry;  // zeros: from the shape
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

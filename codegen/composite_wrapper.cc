@@ -185,7 +185,7 @@ KernelSpec Emit(const Node& node, const std::string& name, const Wrapper& w, int
   std::string source =
       absl::StrCat("// ", name, ": node %", node.name(), " of @", function, "\n// ", line, "\n// ", w.comment,
                    "\n#include \"kernels/", w.header, ".cuh\"\n\n", w.globals, "extern \"C\" __global__ void __launch_bounds__(",
-                   threads, ") ", w.attributes.empty() ? "" : absl::StrCat(w.attributes, " "), name, "(", absl::StrJoin(params, ", "), ") {\n  kiln::kernels::", w.call, ";\n}\n");
+                   threads, ") ", name, "(", absl::StrJoin(params, ", "), ") {\n  kiln::kernels::", w.call, ";\n}\n");
   return codegen::MakeKernel(name, std::move(source), {static_cast<uint32_t>(blocks), 1, 1},
                              {static_cast<uint32_t>(threads), 1, 1});
 }

@@ -55,8 +55,6 @@ struct Wrapper {
   // A multi-result node's output parameters, one per result in order (e.g. "float* lse");
   // empty for a node of one result, whose output is "T* out".
   std::vector<std::string> outputs;
-  // Attributes of the kernel besides its launch bounds, e.g. "__cluster_dims__(4, 1, 1)".
-  std::string attributes;
 };
 
 std::string Param(DType t, absl::string_view name);

@@ -123,131 +123,6 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   return lowered;
 }
 
-namespace {
-
-// FewRowClusterGemm's geometry (kernels/few_row_cluster_gemm.cuh): a warp takes one m16 tile of
-// B rows, a block 4 warps (64 rows; a GLU block 32 columns of D, each a gate row and its up
-// row), and K is split over the fewest blocks of a cluster (1, 2, 4 or 8) that make at least
-// one block an SM and leave a block at most 100 KB of shared memory (two an SM). 4 slabs of
-// 32 columns in flight a lane.
-struct ClusterGeometry {
-  int tiles = 1, warps = 4, split = 1, unroll = 4;
-};
-
-// Mirrors FewRowClusterGemmLayout::kSharedBytes (the kernel checks it against what it was given).
-int64_t ClusterSharedBytes(int64_t m, int64_t k, const ClusterGeometry& g) {
-  const int64_t m_pad = CeilDiv(m, 8) * 8, slabs = CeilDiv(k, 32), per_split = CeilDiv(slabs, g.split);
-  const int64_t x_stride = per_split * 64 + (per_split % 2 == 0 ? 64 : 0);
-  return m_pad * x_stride + int64_t{16} * g.tiles * g.warps * (m_pad + 2) * 4;
-}
-
-ClusterGeometry ClusterGeometryFor(int64_t m, int64_t columns, int64_t k, bool glu, const CodegenOptions& options) {
-  const CodegenOptions::ClusterGemmGeometry& given = options.few_row_cluster_gemm_geometry;
-  if (given.tiles > 0 && given.warps > 0 && given.split > 0 && given.unroll > 0) {
-    return ClusterGeometry{given.tiles, given.warps, given.split, given.unroll};
-  }
-  ClusterGeometry g;
-  const int64_t per_block = int64_t{16} * g.tiles * g.warps / (glu ? 2 : 1);
-  const int64_t row_tiles = CeilDiv(columns, per_block);
-  constexpr int64_t kTwoAnSm = 100 * 1024;
-  while (g.split < 8 && (row_tiles * g.split < options.target.sm_count || ClusterSharedBytes(m, k, g) > kTwoAnSm)) {
-    g.split *= 2;
-  }
-  return g;
-}
-
-std::string ClusterGeometryRefusal(int64_t m, int64_t k, bool glu, const ClusterGeometry& g,
-                                   const CodegenOptions& options) {
-  if (g.split > 8 || (g.split & (g.split - 1)) != 0) return absl::StrCat("a cluster of ", g.split, " blocks (1, 2, 4 or 8)");
-  if (glu && g.warps % 2 != 0) return absl::StrCat(g.warps, " warps (a GLU block's are half gate, half up)");
-  const int64_t columns = int64_t{16} * g.tiles * g.warps / (glu ? 2 : 1);
-  if (columns % g.split != 0) return absl::StrCat(columns, " columns a block over ", g.split, " ranks");
-  if (g.warps * composite::kWarpSize > composite::kMaxThreadsPerBlock) return absl::StrCat(g.warps, " warps a block");
-  const int64_t bytes = ClusterSharedBytes(m, k, g);
-  if (bytes > options.target.shared_memory_per_block) {
-    return absl::StrCat(bytes, " bytes of shared memory a block (", options.target.shared_memory_per_block, " at most)");
-  }
-  return "";
-}
-
-// The template call of FewRowClusterGemm and its kernel spec.
-absl::StatusOr<LoweredNode> EmitClusterGemm(const Node& node, int64_t m, int64_t columns, int64_t k, double alpha,
-                                            double beta, bool has_c, bool glu, DType d, const CodegenOptions& options) {
-  const ClusterGeometry g = ClusterGeometryFor(m, columns, k, glu, options);
-  if (std::string why = ClusterGeometryRefusal(m, k, glu, g, options); !why.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(composite::Where(node), ": FewRowClusterGemm's geometry: ", why));
-  }
-  const int64_t per_block = int64_t{16} * g.tiles * g.warps / (glu ? 2 : 1);
-  const int64_t blocks = CeilDiv(columns, per_block) * g.split;
-  RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
-  const bool weights_first = composite::EarlyReadsAllowed(options) && composite::IsStepInvariant(*node.operand(1));
-  Wrapper w;
-  w.header = "few_row_cluster_gemm";
-  w.comment = absl::StrCat(m, " x ", glu ? 2 * columns : columns, " x ", k, glu ? " and silu(gate) * up of its halves" : "",
-                           ": tensor cores, ", Count(g.warps, "warp"), " of ", 16 * g.tiles, " B rows a block, K over ",
-                           Count(g.split, "block"), " of a cluster, ", g.unroll, " slabs of 32 columns in flight a lane; ",
-                           Count(blocks, "block"));
-  w.params = {Param(DType::kBF16, "a"), Param(DType::kBF16, "b")};
-  if (has_c) {
-    w.params.push_back(Param(d, "c"));
-    w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
-  }
-  if (weights_first) w.comment += "; its first round of B read before the grid-dependency wait";
-  if (g.split > 1) w.attributes = absl::StrCat("__cluster_dims__(", g.split, ", 1, 1)");
-  w.call = absl::StrCat("FewRowClusterGemm<", CudaTypeName(d), ", ", m, ", ", columns, "LL, ", k, "LL, ", g.tiles, ", ",
-                        g.warps, ", ", g.split, ", ", g.unroll, ", ", has_c ? "true" : "false", ", ",
-                        weights_first ? "true" : "false",
-                        glu ? absl::StrCat(", kiln::kernels::SwiGlu<", CudaTypeName(d), ">") : std::string(),
-                        ">::Run(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
-                        FloatLiteral(has_c ? beta : 0.0), ")");
-  LoweredNode lowered = Kernels({Emit(node, KernelName(node), w, blocks, g.warps * composite::kWarpSize)});
-  lowered.kernels[0].shared_bytes = static_cast<uint32_t>(ClusterSharedBytes(m, k, g));
-  lowered.kernels[0].launches_dependents_itself = true;  // after its loop, as SmallMGemm
-  lowered.kernels[0].waits_itself = weights_first;
-  lowered.label = "gemv";
-  return lowered;
-}
-
-}  // namespace
-
-std::string FewRowClusterGemmRefusal(const Node& node, const CodegenOptions& options) {
-  if (node.opcode() != Opcode::kGemm) return "not a gemm";
-  if (!options.few_row_cluster_gemm) return "CodegenOptions::few_row_cluster_gemm is off";
-  if (options.target.compute_capability < 90) return absl::StrCat(options.target.arch, " has no thread-block clusters");
-  const AttrMap& attrs = node.attrs();
-  const int64_t batch = attrs.GetInt("batch").value_or(-1), m = attrs.GetInt("m").value_or(-1),
-                n = attrs.GetInt("n").value_or(-1), k = attrs.GetInt("k").value_or(-1);
-  if (batch != 1) return absl::StrCat("batch ", batch, " (batched GEMMs stay cuBLASLt's)");
-  if (m <= kSmallMGemmMaxRows || m > kFewRowClusterGemmMaxRows) {
-    return absl::StrCat("m ", m, " is not in [", kSmallMGemmMaxRows + 1, ", ", kFewRowClusterGemmMaxRows, "]");
-  }
-  if (n < 1 || k < 1) return "an empty product";
-  if (attrs.GetSymbol("a_layout").value_or("") != "mk" || attrs.GetSymbol("b_layout").value_or("") != "nk") {
-    return "layouts other than a_layout=mk, b_layout=nk";
-  }
-  absl::StatusOr<GemmSlots> slots = GemmSlotsOf(attrs);
-  if (!slots.ok() || slots->bias >= 0 || slots->a_scale >= 0 || slots->amax) return "an epilogue, FP8 scales or an amax";
-  const DType a = node.operand(0)->type().dtype, b = node.operand(1)->type().dtype, d = node.type().dtype;
-  if (a != DType::kBF16 || b != DType::kBF16 || (d != DType::kBF16 && d != DType::kF32)) {
-    return absl::StrCat(DTypeName(a), " x ", DTypeName(b), " -> ", DTypeName(d), " (operands bf16; D bf16 or f32)");
-  }
-  if (k % 8 != 0) return absl::StrCat("K ", k, " is not a multiple of 8 (16-byte chunks)");
-  const ClusterGeometry g = ClusterGeometryFor(m, n, k, /*glu=*/false, options);
-  return ClusterGeometryRefusal(m, k, /*glu=*/false, g, options);
-}
-
-absl::StatusOr<LoweredNode> LowerFewRowClusterGemm(const Node& node, const CodegenOptions& options) {
-  const std::string refusal = FewRowClusterGemmRefusal(node, options);
-  if (!refusal.empty()) return absl::InvalidArgumentError(absl::StrCat(composite::Where(node), ": ", refusal));
-  ASSIGN_OR_RETURN(const int64_t m, node.attrs().GetInt("m"));
-  ASSIGN_OR_RETURN(const int64_t n, node.attrs().GetInt("n"));
-  ASSIGN_OR_RETURN(const int64_t k, node.attrs().GetInt("k"));
-  ASSIGN_OR_RETURN(const double alpha, node.attrs().GetFloat("alpha"));
-  ASSIGN_OR_RETURN(const double beta, node.attrs().GetFloat("beta"));
-  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(node.attrs()));
-  return EmitClusterGemm(node, m, n, k, alpha, beta, slots.c >= 0, /*glu=*/false, node.type().dtype, options);
-}
-
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options) {
   const Function* body = fusion.body();
   const Node* gemm = nullptr;
@@ -260,6 +135,12 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
     return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(),
                                                    ": its body is not a gemm of two operands followed by its SwiGLU"));
   }
+  const std::string refusal = SmallMGemmRefusal(*gemm, options);
+  if (!refusal.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(), " (made by fuse-gemv-glu): its ",
+                                                   composite::Where(*gemm), " does not take SmallMGemm: ", refusal,
+                                                   "; compile with --disable-pass fuse-gemv-glu"));
+  }
   ASSIGN_OR_RETURN(const int64_t m, gemm->attrs().GetInt("m"));
   ASSIGN_OR_RETURN(const int64_t n, gemm->attrs().GetInt("n"));
   ASSIGN_OR_RETURN(const int64_t k, gemm->attrs().GetInt("k"));
@@ -269,18 +150,6 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
   if (fusion.type().dtype != d) {
     return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(), ": its result is ",
                                                    DTypeName(fusion.type().dtype), ", its gemm's ", DTypeName(d)));
-  }
-  const std::string refusal = SmallMGemmRefusal(*gemm, options);
-  if (!refusal.empty()) {
-    // Past SmallMGemm's rows, the tensor-core kernel's GLU form.
-    const std::string cluster_refusal = FewRowClusterGemmRefusal(*gemm, options);
-    if (cluster_refusal.empty()) {
-      return EmitClusterGemm(fusion, m, half, k, alpha, 0.0, /*has_c=*/false, /*glu=*/true, d, options);
-    }
-    return absl::InvalidArgumentError(absl::StrCat("gemv_glu fusion %", fusion.name(), " (made by fuse-gemv-glu): its ",
-                                                   composite::Where(*gemm), " takes neither SmallMGemm (", refusal,
-                                                   ") nor FewRowClusterGemm (", cluster_refusal,
-                                                   "); compile with --disable-pass fuse-gemv-glu"));
   }
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
   Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);

@@ -24,22 +24,9 @@ std::string SmallMGemmRefusal(const Node& node, const CodegenOptions& options);
 // The one kernel; InvalidArgument with SmallMGemmRefusal's reason for a gemm it does not take.
 absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptions& options);
 
-// Past SmallMGemm's rows, a bf16 gemm of at most kFewRowClusterGemmMaxRows rows of A, both
-// operands K-inner, D bf16 or f32, with or without C, runs kernels/few_row_cluster_gemm.cuh's
-// FewRowClusterGemm (tensor cores, K split over a thread-block cluster) instead of cuBLASLt,
-// on sm_90 and later.
-inline constexpr int64_t kFewRowClusterGemmMaxRows = 64;
-
-// Why `node` does not take FewRowClusterGemm, or "" when it does.
-std::string FewRowClusterGemmRefusal(const Node& node, const CodegenOptions& options);
-
-// The one kernel; InvalidArgument with FewRowClusterGemmRefusal's reason for a gemm it does not take.
-absl::StatusOr<LoweredNode> LowerFewRowClusterGemm(const Node& node, const CodegenOptions& options);
-
 // A gemv_glu fusion (ir/fusion.h; passes/fuse_gemv_glu.h): SmallMGemm's GLU form, one kernel
 // computing silu(gate) * up of its gemm's two halves. InvalidArgument naming the pass when its
-// gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say). Past
-// SmallMGemm's rows, FewRowClusterGemm's GLU form where that kernel takes the gemm.
+// gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say).
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options);
 
 }  // namespace kiln::codegen

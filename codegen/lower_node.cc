@@ -116,7 +116,6 @@ absl::StatusOr<LoweredNode> LowerNodeKernels(const Node& node, const CodegenOpti
       return LoweredNode{LoweringKind::kAlias, {}};
     case Lowering::kGemm:
       if (codegen::SmallMGemmRefusal(node, options).empty()) return codegen::LowerSmallMGemm(node, options);
-      if (codegen::FewRowClusterGemmRefusal(node, options).empty()) return codegen::LowerFewRowClusterGemm(node, options);
       return LoweredNode{LoweringKind::kGemm, {}};
     case Lowering::kResult:
       return LoweredNode{LoweringKind::kResult, {}};

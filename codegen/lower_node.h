@@ -26,15 +26,6 @@ struct CodegenOptions {
   struct GemvGeometry {
     int rows = 0, split = 0, unroll = 0, groups = 0;
   } small_m_gemv_geometry;
-  // A bf16 gemm of 9 to 64 rows of A (the decode step's projections at batch 9-64) runs kiln's
-  // FewRowClusterGemm (kernels/few_row_cluster_gemm.cuh: tensor cores, K split over a cluster)
-  // instead of cuBLASLt where it qualifies (codegen/lower_gemv.h).
-  bool few_row_cluster_gemm = true;
-  // Its geometry: m16 tiles of B rows a warp, warps a block, blocks a cluster (K slices), slabs
-  // of 32 columns in flight a lane; zeros: chosen from the shape (codegen/lower_gemv.cc).
-  struct ClusterGemmGeometry {
-    int tiles = 0, warps = 0, split = 0, unroll = 0;
-  } few_row_cluster_gemm_geometry;
   // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
   // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two

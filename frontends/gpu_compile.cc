@@ -4,11 +4,8 @@
 
 #include <cstdlib>
 #include <string>
-#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "codegen/kernel_cache.h"
 #include "ir/status_macros.h"
 
@@ -35,24 +32,6 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
     // Not a geometry: what the caller knows of its function stays.
     paged_attention.complete_blocks_step_invariant = compile.paged_attention.complete_blocks_step_invariant;
   }
-  bool few_row_cluster_gemm = compile.few_row_cluster_gemm;
-  CodegenOptions::ClusterGemmGeometry few_row_geometry = compile.few_row_cluster_gemm_geometry;
-  if (const char* env = std::getenv("KILN_FEW_ROW_GEMM"); env != nullptr && *env != '\0') {
-    const std::string text = env;
-    if (text == "off") {
-      few_row_cluster_gemm = false;
-    } else {
-      const std::vector<std::string> parts = absl::StrSplit(text, 'x');
-      int v[4] = {0, 0, 0, 0};
-      if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &v[0]) || !absl::SimpleAtoi(parts[1], &v[1]) ||
-          !absl::SimpleAtoi(parts[2], &v[2]) || !absl::SimpleAtoi(parts[3], &v[3]) || v[0] < 1 || v[1] < 1 ||
-          v[2] < 1 || v[3] < 1) {
-        return absl::InvalidArgumentError(absl::StrCat("$KILN_FEW_ROW_GEMM: '", text,
-                                                       "' is neither \"off\" nor TxWxSxU (four positive integers)"));
-      }
-      few_row_geometry = {v[0], v[1], v[2], v[3]};
-    }
-  }
   ASSIGN_OR_RETURN(CompiledProgram program,
                    CompileProgram(f, ProgramOptions{.target = device.target(),
                                                     .cache_dir = compile.cache_dir,
@@ -60,9 +39,7 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                                                     .programmatic_dependent_launch =
                                                         compile.programmatic_dependent_launch,
                                                     .reads_before_wait = compile.reads_before_wait,
-                                                    .paged_attention = paged_attention,
-                                                    .few_row_cluster_gemm = few_row_cluster_gemm,
-                                                    .few_row_cluster_gemm_geometry = few_row_geometry}));
+                                                    .paged_attention = paged_attention}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

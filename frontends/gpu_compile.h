@@ -34,12 +34,6 @@ struct GpuCompileOptions {
   // CodegenOptions::paged_attention; CompileForGpu takes $KILN_PAGED_ATTENTION in its place
   // where set (ParsePagedAttentionGeometry's text, e.g. "tc4x3x4x4": for measuring variants).
   CodegenOptions::PagedAttentionGeometry paged_attention;
-  // CodegenOptions::few_row_cluster_gemm and its geometry; CompileForGpu takes
-  // $KILN_FEW_ROW_GEMM in their place where set: "off" (cuBLASLt past 8 rows; compile with
-  // fuse-gemv-glu off too, whose GLU form past 8 rows is that kernel's) or a geometry
-  // "TxWxSxU" (m16 tiles a warp, warps a block, blocks a cluster, slabs in flight a lane).
-  bool few_row_cluster_gemm = true;
-  CodegenOptions::ClusterGemmGeometry few_row_cluster_gemm_geometry;
 };
 
 // `f` (lowered for codegen: gemm ops, not dot_general) must outlive the executable.

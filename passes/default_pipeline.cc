@@ -99,7 +99,7 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   p.Add(std::make_unique<MergeCacheWriteSiblingsPass>());
   // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
   // fusion, whose loop fusion it takes in.
-  p.Add(std::make_unique<FuseGemvGluPass>(options.target.value_or(Target{})));
+  p.Add(std::make_unique<FuseGemvGluPass>());
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

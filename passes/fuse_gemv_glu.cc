@@ -15,10 +15,8 @@
 namespace kiln {
 namespace {
 
-// The rows SmallMGemm takes, and FewRowClusterGemm's GLU form past them (bf16, sm_90 on):
-// codegen/lower_gemv.h's kSmallMGemmMaxRows and kFewRowClusterGemmMaxRows (codegen checks again).
+// The rows SmallMGemm takes (codegen/lower_gemv.h's kSmallMGemmMaxRows; codegen checks again).
 constexpr int64_t kMaxRows = 8;
-constexpr int64_t kMaxClusterRows = 64;
 
 absl::Status Fuse(Function& f, Node* gemm, Node* loop) {
   const Function& old_body = *loop->body();
@@ -41,7 +39,7 @@ absl::Status Fuse(Function& f, Node* gemm, Node* loop) {
 
 }  // namespace
 
-bool IsGluGemmCandidate(const Node& gemm, const Target& target) {
+bool IsGluGemmCandidate(const Node& gemm) {
   if (gemm.opcode() != Opcode::kGemm) return false;
   const AttrMap& a = gemm.attrs();
   const absl::StatusOr<int64_t> batch = a.GetInt("batch"), m = a.GetInt("m"), n = a.GetInt("n");
@@ -49,11 +47,7 @@ bool IsGluGemmCandidate(const Node& gemm, const Target& target) {
                                     epilogue = a.GetSymbol("epilogue");
   const absl::StatusOr<GemmSlots> slots = GemmSlotsOf(a);
   if (!batch.ok() || !m.ok() || !n.ok() || !al.ok() || !bl.ok() || !epilogue.ok() || !slots.ok()) return false;
-  const bool cluster_rows = target.compute_capability >= 90 && gemm.num_operands() >= 2 &&
-                            gemm.operand(0)->type().dtype == DType::kBF16 &&
-                            gemm.operand(1)->type().dtype == DType::kBF16 && *m <= kMaxClusterRows;
-  if (*batch != 1 || *m < 1 || (*m > kMaxRows && !cluster_rows) || *n % 2 != 0 || *al != "mk" || *bl != "nk" ||
-      *epilogue != "none") {
+  if (*batch != 1 || *m < 1 || *m > kMaxRows || *n % 2 != 0 || *al != "mk" || *bl != "nk" || *epilogue != "none") {
     return false;
   }
   return slots->c < 0 && slots->bias < 0 && slots->a_scale < 0 && !slots->amax;
@@ -67,7 +61,7 @@ absl::StatusOr<bool> FuseGemvGluPass::RunOnFunction(Function& f) {
     const absl::StatusOr<FusionKind> kind = FusionKindOf(*loop);
     if (!kind.ok() || *kind != FusionKind::kLoop || loop->body() == nullptr) continue;
     Node* gemm = loop->operand(0);
-    if (!IsGluGemmCandidate(*gemm, target_) || gemm->users().size() != 1 || IsFunctionOutput(*gemm)) continue;
+    if (!IsGluGemmCandidate(*gemm) || gemm->users().size() != 1 || IsFunctionOutput(*gemm)) continue;
     const std::vector<Node*> params = loop->body()->parameters();
     if (params.size() != 1 || MatchSwiGlu(*loop->body(), *params[0]).out == nullptr) continue;
     matches.emplace_back(gemm, loop);

@@ -4,8 +4,7 @@
 // silu(g) * u once, so the [M, 2F] gate/up result is never stored and the loop kernel that read
 // it back goes (llama-M's decode step: a launch a layer).
 //
-// Before (after fuse-loops; m at most 8, the rows SmallMGemm takes, or at most 64 of bf16 on
-// sm_90, FewRowClusterGemm's (kernels/few_row_cluster_gemm.cuh), whose GLU form is the same):
+// Before (after fuse-loops; m at most 8, the rows SmallMGemm takes):
 //   %gu = gemm(%x, %w_gate_up) {m=1, n=2F, ...} : bf16[1,1,2F]
 //   %h = fusion(%gu) {kind=loop} : bf16[1,1,F] {
 //     %g = slice(%gu) [.., 0:F];  %u = slice(%gu) [.., F:2F]
@@ -24,25 +23,19 @@
 #include "ir/fusion.h"
 #include "ir/graph.h"
 #include "passes/pass.h"
-#include "passes/target.h"
 
 namespace kiln {
 
-// Whether a gemm is one SmallMGemm or, past its rows, FewRowClusterGemm takes, as far as the
-// IR says (codegen/lower_gemv.h decides): batch 1, at most 8 rows (at most 64 of bf16 operands
-// for a `target` of sm_90 or later: thread-block clusters), a_layout=mk, b_layout=nk, no
-// epilogue, scales or amax, and here no C (a GLU's halves are the product alone).
-bool IsGluGemmCandidate(const Node& gemm, const Target& target = Target{});
+// Whether a gemm is one SmallMGemm takes, as far as the IR says (codegen/lower_gemv.h decides):
+// batch 1, at most 8 rows, a_layout=mk, b_layout=nk, no epilogue, scales or amax, and here
+// no C (a GLU's halves are the product alone).
+bool IsGluGemmCandidate(const Node& gemm);
 
 class FuseGemvGluPass : public FunctionPass {
  public:
   static constexpr absl::string_view kName = "fuse-gemv-glu";
-  explicit FuseGemvGluPass(Target target = Target{}) : target_(std::move(target)) {}
   absl::string_view name() const override { return kName; }
   absl::StatusOr<bool> RunOnFunction(Function& function) override;
-
- private:
-  Target target_;
 };
 
 }  // namespace kiln

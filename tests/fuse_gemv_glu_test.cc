@@ -18,7 +18,6 @@
 #include "ir/fusion.h"
 #include "ir/reference_backend.h"
 #include "ir/text_format.h"
-#include "passes/fuse_gemv_glu.h"
 #include "tests/testing/tiny_decode.h"
 
 #ifdef KILN_WITH_CUDA
@@ -60,27 +59,8 @@ TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
 // A batch of 16 is cuBLASLt's (more rows than SmallMGemm takes): its SwiGLU stays a loop
 // kernel.
 TEST(FuseGemvGlu, LeavesCublasLtGemmsAlone) {
-  std::unique_ptr<Module> m = testing::TinyDecode(72, {});  // past FewRowClusterGemm's 64 rows
+  std::unique_ptr<Module> m = testing::TinyDecode(16, {});
   EXPECT_TRUE(testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvGlu).empty());
-}
-
-// Between 9 and 64 rows (bf16) the GLU form is FewRowClusterGemm's, which needs thread-block
-// clusters: the pass fuses for an sm_90 target and leaves the gemm to cuBLASLt for an sm_80 one.
-TEST(FuseGemvGlu, PastEightRowsOnlyForClusters) {
-  std::unique_ptr<Module> fused = testing::TinyDecode(16, {});
-  EXPECT_EQ(testing::FusionsOfKind(*fused->functions()[0], FusionKind::kGemvGlu).size(), 2u) << "one a layer";
-  std::unique_ptr<Module> apart = testing::TinyDecode(16, {"fuse-gemv-glu"});
-  Target ampere;
-  ampere.arch = "sm_80";
-  ampere.compute_capability = 80;
-  FuseGemvGluPass for_ampere(ampere);
-  absl::StatusOr<bool> changed = for_ampere.RunOnFunction(*apart->functions()[0]);
-  ASSERT_TRUE(changed.ok()) << changed.status();
-  EXPECT_FALSE(*changed);
-  FuseGemvGluPass for_hopper;
-  changed = for_hopper.RunOnFunction(*apart->functions()[0]);
-  ASSERT_TRUE(changed.ok()) << changed.status();
-  EXPECT_TRUE(*changed);
 }
 
 // The verifier holds the kind to its body: a gemm of parameters and its SwiGLU, nothing else.

@@ -1,6 +1,5 @@
-// The few-row gemm kernels (kernels/gemv.cuh's SmallMGemm, kernels/few_row_cluster_gemm.cuh's
-// FewRowClusterGemm; codegen/lower_gemv.h): which gemms take them instead of cuBLASLt, their
-// geometry, and that their kernels compile for sm_90a without spilling. Its values
+// The small-M gemm kernel (kernels/gemv.cuh, codegen/lower_gemv.h): which gemms take it
+// instead of cuBLASLt, and that its kernels compile for sm_90a without spilling. Its values
 // against the reference run on the GPU (tests/gpu_ops_test.cc, SmallMGemmMatchesTheReference).
 #include <gtest/gtest.h>
 
@@ -113,7 +112,7 @@ TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
     std::string reason;
   };
   const std::vector<Refused> refused = {
-      {{.m = 9, .ab = DType::kF16, .d = DType::kF16}, "m 9 is not in [1, 8]"},  // f16: cuBLASLt's past 8 rows
+      {{.m = 9}, "m 9 is not in [1, 8]"},
       {{.batch = 2, .m = 4}, "batch 2"},
       {{.a_layout = "km"}, "layouts other than a_layout=mk, b_layout=nk"},
       {{.b_layout = "kn"}, "layouts other than a_layout=mk, b_layout=nk"},
@@ -133,21 +132,18 @@ TEST(SmallMGemm, TakesGemmsOfFewRowsBothOperandsKInner) {
   EXPECT_EQ(LowerNode(off.node(), no_gemv)->kind, LoweringKind::kGemm);
 }
 
-// What they are for: every gemm of a decode step (the projections and the LM head, one row per
-// sequence of the batch bucket) takes SmallMGemm up to 8 sequences and FewRowClusterGemm up to
-// 64, and no gemm of a prefill of 128 tokens (one row per token) takes either.
+// What it is for: every gemm of a decode step (the projections and the LM head, one row per
+// sequence of the batch bucket) takes it, and no gemm of a prefill (one row per token).
 TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
   const ModelConfig config = *PresetConfig("llama-tiny");
-  const PagedKvLayout layout{.num_blocks = 16, .block_size = 16, .max_blocks_per_sequence = 8};
-  enum class Kernel { kSmallM, kCluster, kCublasLt };
+  const PagedKvLayout layout{.num_blocks = 8, .block_size = 16, .max_blocks_per_sequence = 4};
   struct Phase {
     InferencePhase phase;
     int64_t size;
-    Kernel kernel;
+    bool gemv;
   };
-  for (const Phase& p : {Phase{InferencePhase::kDecode, 1, Kernel::kSmallM}, Phase{InferencePhase::kDecode, 8, Kernel::kSmallM},
-                         Phase{InferencePhase::kDecode, 32, Kernel::kCluster},
-                         Phase{InferencePhase::kPrefill, 128, Kernel::kCublasLt}}) {
+  for (const Phase& p : {Phase{InferencePhase::kDecode, 1, true}, Phase{InferencePhase::kDecode, 8, true},
+                         Phase{InferencePhase::kPrefill, 16, false}}) {
     std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, p.phase, p.size);
     ASSERT_TRUE(CompileInferenceModule(*m, {}).ok());
     int gemms = 0, glus = 0;
@@ -162,14 +158,11 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
       }
       if (n->opcode() != Opcode::kGemm) continue;
       ++gemms;
-      EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.kernel == Kernel::kSmallM)
+      EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.gemv)
           << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
-      EXPECT_EQ(codegen::FewRowClusterGemmRefusal(*n, {}).empty(), p.kernel == Kernel::kCluster)
-          << n->name() << " (size " << p.size << "): " << codegen::FewRowClusterGemmRefusal(*n, {});
     }
     EXPECT_EQ(gemms, 4 * config.n_layers + 1) << "qkv, o, gate_up, down a layer (joined weights), and the LM head";
-    EXPECT_EQ(glus, p.kernel != Kernel::kCublasLt ? config.n_layers : 0)
-        << "the MLP's SwiGLU computed by its gate/up GEMV (size " << p.size << ")";
+    EXPECT_EQ(glus, p.gemv ? config.n_layers : 0) << "the MLP's SwiGLU computed by its gate/up GEMV";
   }
 }
 
@@ -207,120 +200,6 @@ TEST(SmallMGemm, SplitsALongRowOverWarps) {
     EXPECT_EQ(k.block[0], want.block) << want.call;
   }
 }
-
-// Past SmallMGemm's 8 rows, a bf16 gemm of at most 64 takes the tensor-core kernel whose K is
-// split over a thread-block cluster (kernels/few_row_cluster_gemm.cuh); others stay cuBLASLt's.
-TEST(FewRowClusterGemm, TakesBf16GemmsOf9To64Rows) {
-  for (int64_t m : {9, 16, 32, 64}) {
-    GemmNode g(GemmCase{.m = m});
-    EXPECT_EQ(codegen::FewRowClusterGemmRefusal(g.node(), {}), "") << "m " << m;
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    ASSERT_EQ(lowered->kind, LoweringKind::kKernels);
-    EXPECT_EQ(lowered->label, "gemv");
-    ASSERT_EQ(lowered->kernels.size(), 1u);
-    EXPECT_TRUE(absl::StrContains(lowered->kernels[0].source, absl::StrCat("FewRowClusterGemm<__nv_bfloat16, ", m, ", ")))
-        << lowered->kernels[0].source;
-    EXPECT_TRUE(lowered->kernels[0].launches_dependents_itself);
-  }
-  GemmNode with_c(GemmCase{.m = 32, .n = 2048, .k = 2048, .d = DType::kF32, .beta = 1.0});
-  absl::StatusOr<LoweredNode> residual = LowerNode(with_c.node());
-  ASSERT_TRUE(residual.ok()) << residual.status();
-  EXPECT_TRUE(absl::StrContains(residual->kernels.at(0).source, "FewRowClusterGemm<float, 32, 2048LL, 2048LL, "));
-  EXPECT_TRUE(absl::StrContains(residual->kernels.at(0).source, ">::Run(out, a, b, c, 0x1p+0f, 0x1p+0f)"))
-      << residual->kernels.at(0).source;
-  struct Refused {
-    GemmCase c;
-    std::string reason;
-  };
-  const std::vector<Refused> refused = {
-      {{.m = 8}, "m 8 is not in [9, 64]"},
-      {{.m = 65}, "m 65 is not in [9, 64]"},
-      {{.batch = 2, .m = 16}, "batch 2"},
-      {{.m = 16, .a_layout = "km"}, "layouts other than a_layout=mk, b_layout=nk"},
-      {{.m = 16, .k = 12}, "K 12 is not a multiple of 8"},
-      {{.m = 16, .ab = DType::kF16, .d = DType::kF16}, "f16 x f16 -> f16 (operands bf16; D bf16 or f32)"},
-      {{.m = 16, .ab = DType::kF32, .d = DType::kF32}, "f32 x f32 -> f32"},
-      // A slice of K too long for shared memory even split over 8 blocks: 64 rows x 2^17 / 8.
-      {{.m = 64, .k = 131072}, "bytes of shared memory a block"},
-  };
-  for (const Refused& r : refused) {
-    GemmNode g(r.c);
-    const std::string why = codegen::FewRowClusterGemmRefusal(g.node(), {});
-    EXPECT_TRUE(absl::StrContains(why, r.reason)) << why << " (expected: " << r.reason << ")";
-    if (r.c.m <= 8) continue;  // SmallMGemm's
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    if (lowered.ok()) EXPECT_EQ(lowered->kind, LoweringKind::kGemm) << r.reason;  // cuBLASLt's
-  }
-  GemmNode g(GemmCase{.m = 32});
-  CodegenOptions off;
-  off.few_row_cluster_gemm = false;
-  EXPECT_EQ(LowerNode(g.node(), off)->kind, LoweringKind::kGemm);
-  CodegenOptions ampere;
-  ampere.target.compute_capability = 80;
-  ampere.target.arch = "sm_80";
-  EXPECT_EQ(codegen::FewRowClusterGemmRefusal(g.node(), ampere), "sm_80 has no thread-block clusters");
-}
-
-// The geometry on llama-M's decode shapes at batch 32: 64 rows of B a block (4 warps of one m16
-// tile), K split over the fewest blocks of a cluster that give every SM a block and leave a
-// block at most 100 KB of shared memory.
-TEST(FewRowClusterGemm, SplitsKOverAClusterOnLlamaMShapes) {
-  struct Want {
-    GemmCase c;
-    int split;
-    uint32_t grid;
-    uint32_t shared_bytes;
-  };
-  // Shared memory: A's slice, 32 rows of (slabs a split x 64 + 64 when the slab count is even)
-  // bytes, and the 64 x 34 f32 partial tile (8,704 bytes).
-  const std::vector<Want> wants = {
-      {{.m = 32, .n = 4096, .k = 2048}, 4, 256, 32 * (16 * 64 + 64) + 8704},      // qkv: 64 row tiles
-      {{.m = 32, .n = 2048, .k = 2048}, 8, 256, 32 * (8 * 64 + 64) + 8704},       // o: 32 row tiles
-      {{.m = 32, .n = 2048, .k = 5632}, 8, 256, 32 * (22 * 64 + 64) + 8704},      // down: 176 slabs
-      {{.m = 32, .n = 32000, .k = 2048}, 2, 1000, 32 * (32 * 64 + 64) + 8704},    // LM head: 1 block too big
-      {{.m = 12, .n = 40, .k = 72}, 8, 8, 16 * (1 * 64 + 0) + 64 * 18 * 4},       // 3 slabs over 8: some empty
-  };
-  for (const Want& want : wants) {
-    GemmNode g(want.c);
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    const KernelSpec& k = lowered->kernels.at(0);
-    EXPECT_EQ(k.grid[0], want.grid) << k.source;
-    EXPECT_EQ(k.block[0], 128u);
-    EXPECT_EQ(k.shared_bytes, want.shared_bytes) << k.source;
-    EXPECT_TRUE(absl::StrContains(k.source, absl::StrCat("__cluster_dims__(", want.split, ", 1, 1)"))) << k.source;
-    EXPECT_TRUE(absl::StrContains(k.source, absl::StrCat(", 1, 4, ", want.split, ", 4, false, true>::Run("))) << k.source;
-  }
-}
-
-#ifdef KILN_WITH_CUDA
-// FewRowClusterGemm's kernels compile for sm_90a without spilling: every row count it takes
-// (9, 16, 32, 64), D bf16 and f32 with C, a partial last tile, a K not a whole slab, clusters
-// of 1 to 8 blocks, and its GLU form.
-TEST(FewRowClusterGemm, KernelsCompileWithoutSpills) {
-  const std::vector<GemmCase> cases = {
-      {.m = 9, .n = 40, .k = 72},
-      {.m = 16, .n = 4096, .k = 2048},
-      {.m = 32, .n = 2048, .k = 5632, .d = DType::kF32, .beta = 1.0},
-      {.m = 64, .n = 32000, .k = 2048, .alpha = 0.5},
-  };
-  for (const GemmCase& c : cases) {
-    GemmNode g(c);
-    absl::StatusOr<LoweredNode> lowered = LowerNode(g.node());
-    ASSERT_TRUE(lowered.ok()) << lowered.status();
-    ASSERT_EQ(lowered->kind, LoweringKind::kKernels) << codegen::FewRowClusterGemmRefusal(g.node(), {});
-    const KernelSpec& k = lowered->kernels.at(0);
-    absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{.ptxas_info = true});
-    ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
-    EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores")) << compiled->log;
-    EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes stack frame")) << compiled->log;
-    const size_t used = compiled->log.find("Used");
-    std::printf("[ m %lld n %lld k %lld ] %s\n", static_cast<long long>(c.m), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
-  }
-}
-#endif
 
 #ifdef KILN_WITH_CUDA
 // Every geometry the lowering picks (m 1, 2-4, 5-8), each operand dtype, an f32 D, a

@@ -1,5 +1,4 @@
-// kernels/gemv.cuh's SmallMGemm and kernels/few_row_cluster_gemm.cuh's FewRowClusterGemm on the
-// GPU against the reference's gemm (ir/op_table.h):
+// kernels/gemv.cuh's SmallMGemm on the GPU against the reference's gemm (ir/op_table.h):
 // exactly, where the operands are small integers (every f32 sum is then exact, whatever its
 // order); within the f32 accumulation bound, where they are random. Every geometry the
 // lowering picks (m 1, 2-4, 5-8), each operand dtype, an f32 D, alpha, and N and K that
@@ -12,9 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "codegen/lower_gemv.h"
-#include "codegen/lower_node.h"
 #include "ir/builder.h"
 #include "ir/reference_backend.h"
 
@@ -73,57 +70,6 @@ double UlpOf(DType dtype, double v) {
   return std::ldexp(1.0, std::ilogb(std::max(std::abs(v), 1e-30)) - mantissa);
 }
 
-// The gemm of `c` on the GPU, lowered to the kernel whose template `kernel` names, against the
-// reference: exactly for small integers, within the f32 accumulation bound for random values.
-void CheckAgainstTheReference(const Case& c, const std::string& kernel) {
-  SCOPED_TRACE(Name(c));
-  std::unique_ptr<Module> module = GemmModule(c);
-  const Function& f = *module->functions()[0];
-  std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
-  for (const auto& n : lowered->functions()[0]->nodes()) {
-    if (n->opcode() != Opcode::kGemm) continue;
-    absl::StatusOr<LoweredNode> kernels = LowerNode(*n, CodegenOptions{.target = testing::TestDevice()->target()});
-    ASSERT_TRUE(kernels.ok()) << kernels.status();
-    ASSERT_EQ(kernels->kind, LoweringKind::kKernels) << "runs on cuBLASLt";
-    ASSERT_TRUE(absl::StrContains(kernels->kernels.at(0).source, kernel + "<")) << kernels->kernels.at(0).source;
-  }
-  for (bool integers : {true, false}) {
-    std::vector<HostTensor> args = {Values({c.ab, {c.m, c.k}}, 11, integers), Values({c.ab, {c.n, c.k}}, 12, integers)};
-    if (c.beta != 0) args.push_back(Values({c.d, {c.m, c.n}}, 13, integers));
-    absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
-    ASSERT_TRUE(want.ok()) << want.status();
-    absl::StatusOr<std::vector<HostTensor>> got =
-        EvaluateOnGpu(*lowered->functions()[0], args, *testing::TestDevice(), {.poison_arena = true});
-    ASSERT_TRUE(got.ok()) << got.status();
-    const HostTensor &g = (*got)[0], &w = (*want)[0];
-    int64_t bad = 0;
-    double worst = 0;
-    for (int64_t i = 0; i < c.m; ++i) {
-      for (int64_t j = 0; j < c.n; ++j) {
-        const int64_t at = i * c.n + j;
-        double bound = 0;
-        if (!integers) {
-          // Both sides sum K f32 products in some order: each within K * 2^-24 * sum |a b|
-          // of the exact sum; then D's rounding, which may go either way between them.
-          double abs_sum = 0;
-          for (int64_t x = 0; x < c.k; ++x) abs_sum += std::abs(args[0][i * c.k + x] * args[1][j * c.k + x]);
-          // With C, the f32 sum t + beta C rounds once more on each side.
-          const double cterm = c.beta != 0 ? std::abs(c.beta * args[2][at]) : 0.0;
-          bound = 2.0 * static_cast<double>(c.k) * 0x1p-24 * std::abs(c.alpha) * abs_sum +
-                  0x1p-23 * (std::abs(w[at]) + cterm) + UlpOf(c.d, w[at]);
-        }
-        const double diff = std::abs(g[at] - w[at]);
-        worst = std::max(worst, diff);
-        if (!(diff <= bound)) {
-          if (bad++ < 5) ADD_FAILURE() << (integers ? "integers" : "random") << ": D[" << i << ", " << j << "] = " << g[at] << ", reference " << w[at] << " (bound " << bound << ")";
-        }
-      }
-    }
-    EXPECT_EQ(bad, 0);
-    std::printf("[ %s, %s ] max |gpu - reference| %.3g\n", Name(c).c_str(), integers ? "integers" : "random", worst);
-  }
-}
-
 TEST(GpuGemv, SmallMGemmMatchesTheReference) {
   KILN_REQUIRE_GPU();
   const std::vector<Case> cases = {
@@ -137,25 +83,50 @@ TEST(GpuGemv, SmallMGemmMatchesTheReference) {
       {8, 2048, 5632, DType::kBF16, DType::kF32, 1.0, 1.0},  // the down projection at batch 8
       {2, 33, 64, DType::kF16, DType::kF16, 0.5, -2.0},
   };
-  for (const Case& c : cases) CheckAgainstTheReference(c, "SmallMGemm");
-}
-
-// kernels/few_row_cluster_gemm.cuh's FewRowClusterGemm (9-64 rows, bf16): clusters of 1, 2, 4
-// and 8 blocks (the lowering's choice for these shapes), rows of A that leave the last n8 tile
-// partial, a last tile of B rows past N, a K that is not a whole slab of 32 and slices some of
-// which are empty, an f32 D with C and alpha.
-TEST(GpuGemv, FewRowClusterGemmMatchesTheReference) {
-  KILN_REQUIRE_GPU();
-  const std::vector<Case> cases = {
-      {32, 2048, 2048, DType::kBF16, DType::kF32, 1.0, 1.0},  // llama-M's o projection at batch 32: 8 blocks
-      {32, 4096, 2048, DType::kBF16, DType::kBF16, 1.0},      // qkv: 4 blocks
-      {16, 11264, 2048, DType::kBF16, DType::kBF16, 1.0},     // gate/up at 16: 1 block
-      {64, 32000, 2048, DType::kBF16, DType::kBF16, 0.5},     // the LM head at 64: 2 blocks
-      {32, 2048, 5632, DType::kBF16, DType::kF32, 1.0, 1.0},  // down, 22 slabs a block
-      {9, 40, 72, DType::kBF16, DType::kF32, 2.0},            // 3 slabs over 8 blocks; 40 of 64 rows
-      {27, 1030, 200, DType::kBF16, DType::kBF16, 1.0, -0.5},  // K 200: the last slab a quarter
-  };
-  for (const Case& c : cases) CheckAgainstTheReference(c, "FewRowClusterGemm");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Name(c));
+    std::unique_ptr<Module> module = GemmModule(c);
+    const Function& f = *module->functions()[0];
+    std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
+    for (const auto& n : lowered->functions()[0]->nodes()) {
+      if (n->opcode() == Opcode::kGemm) EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}), "") << "runs on cuBLASLt";
+    }
+    for (bool integers : {true, false}) {
+      std::vector<HostTensor> args = {Values({c.ab, {c.m, c.k}}, 11, integers), Values({c.ab, {c.n, c.k}}, 12, integers)};
+      if (c.beta != 0) args.push_back(Values({c.d, {c.m, c.n}}, 13, integers));
+      absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(f, args);
+      ASSERT_TRUE(want.ok()) << want.status();
+      absl::StatusOr<std::vector<HostTensor>> got =
+          EvaluateOnGpu(*lowered->functions()[0], args, *testing::TestDevice(), {.poison_arena = true});
+      ASSERT_TRUE(got.ok()) << got.status();
+      const HostTensor &g = (*got)[0], &w = (*want)[0];
+      int64_t bad = 0;
+      double worst = 0;
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          const int64_t at = i * c.n + j;
+          double bound = 0;
+          if (!integers) {
+            // Both sides sum K f32 products in some order: each within K * 2^-24 * sum |a b|
+            // of the exact sum; then D's rounding, which may go either way between them.
+            double abs_sum = 0;
+            for (int64_t x = 0; x < c.k; ++x) abs_sum += std::abs(args[0][i * c.k + x] * args[1][j * c.k + x]);
+            // With C, the f32 sum t + beta C rounds once more on each side.
+            const double cterm = c.beta != 0 ? std::abs(c.beta * args[2][at]) : 0.0;
+            bound = 2.0 * static_cast<double>(c.k) * 0x1p-24 * std::abs(c.alpha) * abs_sum +
+                    0x1p-23 * (std::abs(w[at]) + cterm) + UlpOf(c.d, w[at]);
+          }
+          const double diff = std::abs(g[at] - w[at]);
+          worst = std::max(worst, diff);
+          if (!(diff <= bound)) {
+            if (bad++ < 5) ADD_FAILURE() << (integers ? "integers" : "random") << ": D[" << i << ", " << j << "] = " << g[at] << ", reference " << w[at] << " (bound " << bound << ")";
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+      std::printf("[ %s, %s ] max |gpu - reference| %.3g\n", Name(c).c_str(), integers ? "integers" : "random", worst);
+    }
+  }
 }
 
 #else
