@@ -176,4 +176,69 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
   return lowered;
 }
 
+absl::StatusOr<LoweredNode> LowerGemvNormFusion(const Node& fusion, const CodegenOptions& options) {
+  const Function* body = fusion.body();
+  if (body == nullptr || body->outputs().size() != 2 || body->outputs()[0]->opcode() != Opcode::kGemm ||
+      body->outputs()[1]->opcode() != Opcode::kRmsNorm) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv_norm fusion %", fusion.name(), ": its body does not return a gemm and its rms_norm"));
+  }
+  const Node& gemm = *body->outputs()[0];
+  const Node& norm = *body->outputs()[1];
+  const std::string refusal = SmallMGemmRefusal(gemm, options);
+  if (!refusal.empty() || gemm.type().dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemv_norm fusion %", fusion.name(), " (made by fuse-gemv-norm): its ", composite::Where(gemm),
+        refusal.empty() ? " has a D that is not f32" : absl::StrCat(" does not take SmallMGemm: ", refusal),
+        "; compile with --disable-pass fuse-gemv-norm"));
+  }
+  ASSIGN_OR_RETURN(const int64_t m, gemm.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n, gemm.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k, gemm.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha, gemm.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta, gemm.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const double eps, composite::FiniteFloatAttr(norm, "eps"));
+  ASSIGN_OR_RETURN(const GemmSlots slots, GemmSlotsOf(gemm.attrs()));
+  const bool has_c = slots.c >= 0;
+  if (norm.type().dims.empty() || norm.type().dims.back() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_norm fusion %", fusion.name(), ": its rms_norm's rows are not ",
+                                                   n, " wide (the gemm's N)"));
+  }
+  const DType t = gemm.operand(0)->type().dtype, tn = norm.type().dtype, tw = norm.operand(1)->type().dtype;
+  const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
+  const Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
+  const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
+  const int threads = g.groups * g.split * composite::kWarpSize;
+  if (CeilDiv(n, threads) > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_norm fusion %", fusion.name(), ": rows of ", n,
+                                                   " are more than 64 elements a thread of ", threads));
+  }
+  RETURN_IF_ERROR(composite::CheckGrid(fusion, blocks));
+  const bool weights_first = composite::EarlyReadsAllowed(options) && composite::IsStepInvariant(*fusion.operand(1));
+  Wrapper w;
+  w.header = "gemv";
+  w.comment = absl::StrCat(m, " x ", n, " x ", k, ", then the rms_norm of its rows by its last block: ",
+                           Count(g.split, "warp"), " per ", Count(g.rows, "row"), " of B, ", g.unroll,
+                           " 16-byte chunks of each in flight a lane; ", Count(blocks, "block"), " of ",
+                           Count(g.groups * g.split, "warp"));
+  if (has_c) w.comment += absl::StrCat("; adds ", FloatLiteral(beta), " C");
+  if (weights_first) w.comment += "; its first round of B read before the grid-dependency wait";
+  // The blocks done so far; the last resets it (zero when the module loads).
+  w.globals = "static __device__ unsigned int g_blocks_done;\n\n";
+  w.outputs = {absl::StrCat(CudaTypeName(DType::kF32), "* out"), absl::StrCat(CudaTypeName(tn), "* normed")};
+  w.params = {Param(t, "a"), Param(t, "b")};
+  if (has_c) w.params.push_back(Param(DType::kF32, "c"));
+  w.params.push_back(Param(tw, "w"));
+  w.call = absl::StrCat("SmallMGemm<", CudaTypeName(t), ", float, ", m, ", ", n, "LL, ", k, "LL, ", g.rows, ", ",
+                        g.split, ", ", g.unroll, ", ", g.groups, ", ", has_c ? "true" : "false", ", ",
+                        weights_first ? "true" : "false", ">::RunWithNorm<", CudaTypeName(tn), ", ", CudaTypeName(tw),
+                        ">(out, a, b, ", has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha), ", ",
+                        FloatLiteral(has_c ? beta : 0.0), ", normed, w, ", FloatLiteral(eps), ", &g_blocks_done)");
+  LoweredNode lowered = Kernels({Emit(fusion, KernelName(fusion), w, blocks, threads)});
+  lowered.kernels[0].launches_dependents_itself = true;  // after its loop (kernels/gemv.cuh)
+  lowered.kernels[0].waits_itself = weights_first;
+  lowered.label = "gemv";
+  return lowered;
+}
+
 }  // namespace kiln::codegen
