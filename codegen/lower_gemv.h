@@ -29,10 +29,4 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
 // gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say).
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options);
 
-// A gemv_norm fusion (ir/fusion.h; passes/fuse_gemv_norm.h): SmallMGemm::RunWithNorm, one
-// kernel computing the gemm (an f32 D, C allowed) and, by its last block to finish, the
-// rms_norm of D's rows; its two results in that order. InvalidArgument naming the pass when
-// its gemm is one SmallMGemm does not take.
-absl::StatusOr<LoweredNode> LowerGemvNormFusion(const Node& fusion, const CodegenOptions& options);
-
 }  // namespace kiln::codegen

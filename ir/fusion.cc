@@ -11,7 +11,7 @@ namespace kiln {
 namespace {
 
 constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
-                                 FusionKind::kGemvGlu, FusionKind::kGemvNorm};
+                                 FusionKind::kGemvGlu};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -48,7 +48,6 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
     case FusionKind::kGemvGlu: return "gemv_glu";
-    case FusionKind::kGemvNorm: return "gemv_norm";
   }
   return "?";
 }
@@ -58,7 +57,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu, gemv_norm)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -205,37 +204,6 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       if (MatchSwiGlu(*body, *gemm).out == nullptr) {
         return BodyError(kind, *gemm,
                          "is not followed by silu(x[.., :F]) * x[.., F:] alone: the body a gemv_glu fusion holds");
-      }
-      return absl::OkStatus();
-    }
-    case FusionKind::kGemvNorm: {
-      // Exactly: parameters, one gemm of parameters, one rms_norm of the gemm by a parameter;
-      // the body returns the gemm, then the norm.
-      const Node* gemm = nullptr;
-      const Node* norm = nullptr;
-      for (const auto& n : body->nodes()) {
-        if (n->opcode() == Opcode::kParameter) continue;
-        if (n->opcode() == Opcode::kGemm && gemm == nullptr) {
-          gemm = n.get();
-        } else if (n->opcode() == Opcode::kRmsNorm && norm == nullptr) {
-          norm = n.get();
-        } else {
-          return BodyError(kind, *n, "is neither its one gemm nor its one rms_norm");
-        }
-      }
-      if (gemm == nullptr || norm == nullptr) {
-        return absl::InvalidArgumentError("a gemv_norm fusion's body holds a gemm and an rms_norm of it");
-      }
-      for (const Node* operand : gemm->operands()) {
-        if (operand->opcode() != Opcode::kParameter) {
-          return BodyError(kind, *gemm, "multiplies a value computed in the body: its operands are parameters");
-        }
-      }
-      if (norm->num_operands() != 2 || norm->operand(0) != gemm || norm->operand(1)->opcode() != Opcode::kParameter) {
-        return BodyError(kind, *norm, "is not the rms_norm of the body's gemm by a parameter's weight");
-      }
-      if (body->outputs().size() != 2 || body->outputs()[0] != gemm || body->outputs()[1] != norm) {
-        return absl::InvalidArgumentError("a gemv_norm fusion's body returns its gemm, then its rms_norm");
       }
       return absl::OkStatus();
     }

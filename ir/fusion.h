@@ -44,12 +44,9 @@ namespace kiln {
 // It may return several values (passes/merge_cache_write_siblings.h): kv_cache_writes, each
 // of its own pool, and loop values, all computed by one kernel; a pool parameter is read by
 // its write alone (the write is in place).
-// kGemvNorm: a few-row gemm of body parameters (C allowed) and the rms_norm of its result
-// (weight a body parameter), returning both in that order: one kernel, the GEMV whose last
-// block to finish normalizes the rows the blocks stored (passes/fuse_gemv_norm.h).
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu, kGemvNorm };
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
 
-// "loop", "reduction", "cache_write", "gemv_glu", "gemv_norm"
+// "loop", "reduction", "cache_write", "gemv_glu"
 absl::string_view FusionKindName(FusionKind kind);
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);

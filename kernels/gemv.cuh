@@ -211,50 +211,6 @@ struct SmallMGemm {
       }
     }
   }
-
-  // The GEMV and then, by its last block to finish, the rms_norm of D's rows (fuse-gemv-norm:
-  // ir/fusion.h's kGemvNorm). Every block stores its columns (Run), makes them visible
-  // (__threadfence) and counts itself in `done`; the block that counts last reads D's kM rows
-  // back from L2 and stores normed = x r w rounded to TN, r = 1 / sqrt(sum x^2 / kN + eps),
-  // rounded where kernels/rms_norm.cuh's RmsNormForward rounds; then it resets `done` (zero
-  // when the module loads) for the next launch. The kernels after it wait for the whole grid,
-  // this block included, as they waited for the norm's kernel.
-  template <typename TN, typename TW>
-  static __device__ __forceinline__ void RunWithNorm(TD* __restrict__ out, const T* __restrict__ a,
-                                                     const T* __restrict__ b, const TD* __restrict__ c, float alpha,
-                                                     float beta, TN* __restrict__ normed, const TW* __restrict__ w,
-                                                     float eps, unsigned int* done) {
-    static_assert(sizeof(TD) == sizeof(float) && !kGlu, "the norm reads back an f32 D (the residual stream)");
-    constexpr int kThreads = kGroups * kSplit * kWarpSize;
-    Run(out, a, b, c, alpha, beta);
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    constexpr int kPer = static_cast<int>(CeilDiv(kN, kThreads));  // elements of a row a thread holds
-    static_assert(kPer <= 64, "a row of at most 64 elements a thread");
-#pragma unroll 1
-    for (int m = 0; m < kM; ++m) {
-      float xs[kPer];
-      float sum_squares = 0.f;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const long long i = threadIdx.x + static_cast<long long>(j) * kThreads;
-        xs[j] = i < kN ? __ldcg(reinterpret_cast<const float*>(out) + m * kN + i) : 0.f;
-        sum_squares += xs[j] * xs[j];
-      }
-      const float r = 1.f / sqrtf(BlockReduce<kThreads>(sum_squares, SumOp(), 0.f) / kN + eps);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const long long i = threadIdx.x + static_cast<long long>(j) * kThreads;
-        if (i < kN) normed[m * kN + i] = FromFloat<TN>(xs[j] * r * ToFloat(w[i]));
-      }
-    }
-    if (threadIdx.x == 0) *done = 0;
-  }
 };
 
 }  // namespace kiln::kernels

@@ -14,7 +14,6 @@
 #include "passes/fuse_cache_write.h"
 #include "passes/merge_cache_write_siblings.h"
 #include "passes/fuse_gemv_glu.h"
-#include "passes/fuse_gemv_norm.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -101,10 +100,6 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
   // fusion, whose loop fusion it takes in.
   p.Add(std::make_unique<FuseGemvGluPass>());
-  // A few-row gemm's rms_norm (decode: the residual stream normalized for the next
-  // projection) is computed by the GEMV's last block; after fuse-gemv-glu, which never takes
-  // a gemm this pass takes (no C there, an f32 D here only with C in kiln's models).
-  p.Add(std::make_unique<FuseGemvNormPass>());
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

@@ -14,7 +14,6 @@
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_gemv_glu.h"
-#include "passes/fuse_gemv_norm.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -68,8 +67,6 @@ constexpr PassInfo kPasses[] = {
      Make<FuseFp8ScaleUpdatePass>},
     {FuseGemvGluPass::kName, "silu(gate) * up of a few-row gemm's halves -> computed by the GEMV that makes them",
      Make<FuseGemvGluPass>},
-    {FuseGemvNormPass::kName, "rms_norm of a few-row gemm's result -> computed by the GEMV's last block to finish",
-     Make<FuseGemvNormPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
     {FuseResidualNormPass::kName,

@@ -149,13 +149,7 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
     int gemms = 0, glus = 0;
     for (const auto& node : m->functions()[0]->nodes()) {
       const Node* n = node.get();
-      // A gemv_glu fusion's gemm (passes/fuse_gemv_glu.h: the gate/up projection) counts too,
-      // and a gemv_norm fusion's (passes/fuse_gemv_norm.h: o and down).
-      if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvNorm) {
-        for (const auto& b : n->body()->nodes()) {
-          if (b->opcode() == Opcode::kGemm) n = b.get();
-        }
-      }
+      // A gemv_glu fusion's gemm (passes/fuse_gemv_glu.h: the gate/up projection) counts too.
       if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu) {
         ++glus;
         for (const auto& b : n->body()->nodes()) {

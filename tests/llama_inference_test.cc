@@ -112,11 +112,8 @@ TEST(LlamaInference, CompileDisablesAPassOfEitherPipeline) {
     options.disabled_passes = {pass};
     absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
     ASSERT_TRUE(report.ok()) << pass << ": " << report.status();
-    // (fuse-gemv-norm's gemv_norm fusions hold no loop: they stay.)
     int fusions = 0;
-    for (const auto& n : m->functions()[0]->nodes()) {
-      fusions += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) != FusionKind::kGemvNorm;
-    }
+    for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
     EXPECT_EQ(fusions == 0, pass == "fuse-loops") << pass;
   }
   std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, InferencePhase::kDecode, 2);
@@ -195,12 +192,7 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     int glus = 0;
     for (const auto& n : f->nodes()) glus += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu;
     EXPECT_EQ(glus, config.n_layers) << "fuse-gemv-glu";
-    // (And the o and down GEMVs compute the norm of the residual stream they make, a gemv_norm
-    // fusion holding the gemm: fuse-gemv-norm.)
-    int norms = 0;
-    for (const auto& n : f->nodes()) norms += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvNorm;
-    EXPECT_EQ(norms, 2 * config.n_layers) << "fuse-gemv-norm";
-    EXPECT_EQ(ops[Opcode::kGemm] + glus + norms, 4 * config.n_layers + 1);
+    EXPECT_EQ(ops[Opcode::kGemm] + glus, 4 * config.n_layers + 1);
     EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     // Each layer's K and V rows are stored into the pools by the kernel that computes them
