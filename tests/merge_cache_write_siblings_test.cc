@@ -54,18 +54,8 @@ TEST(MergeCacheWriteSiblings, OneKernelALayerForKVAndQWithTheSameBits) {
   EXPECT_EQ(testing::FusionsOfKind(*apart->functions()[0], FusionKind::kCacheWrite).size(),
             static_cast<size_t>(2 * layers));
 
-  const std::vector<HostTensor> args = testing::TinyDecodeArgs(f);
-  absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(f, args);
-  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(*apart->functions()[0], args);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE(want.ok()) << want.status();
-  testing::ExpectSameBits(*got, *want);
-
-  // The text round-trips.
-  const std::string text = PrintModule(*merged);
-  absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(PrintModule(**parsed), text);
+  testing::ExpectSameDecode(f, *apart->functions()[0]);
+  testing::ExpectTextRoundTrips(*merged);
 }
 
 // A body of a pool written in place (%pool -> %pool1) and a loop value (%y), both of %x; the

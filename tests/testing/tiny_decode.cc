@@ -4,6 +4,8 @@
 
 #include "frontends/llama_inference.h"
 #include "frontends/model_config.h"
+#include "ir/reference_backend.h"
+#include "ir/text_format.h"
 
 namespace kiln::testing {
 
@@ -47,6 +49,23 @@ void ExpectSameBits(const std::vector<HostTensor>& got, const std::vector<HostTe
     for (int64_t i = 0; i < got[o].type().num_elements(); ++i) differ += got[o][i] != want[o][i];
     EXPECT_EQ(differ, 0) << "output " << o;
   }
+}
+
+void ExpectSameDecode(const Function& fused, const Function& plain, std::vector<HostTensor>* fused_outputs) {
+  const std::vector<HostTensor> args = TinyDecodeArgs(fused);
+  absl::StatusOr<std::vector<HostTensor>> got = EvaluateFunction(fused, args);
+  absl::StatusOr<std::vector<HostTensor>> want = EvaluateFunction(plain, args);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectSameBits(*got, *want);
+  if (fused_outputs != nullptr) *fused_outputs = *std::move(got);
+}
+
+void ExpectTextRoundTrips(const Module& m) {
+  const std::string text = PrintModule(m);
+  absl::StatusOr<std::unique_ptr<Module>> parsed = ParseModule(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(PrintModule(**parsed), text);
 }
 
 }  // namespace kiln::testing

@@ -1,6 +1,7 @@
 // llama-tiny's @decode function compiled as kiln generate compiles it (the inference
 // pipeline, some passes disabled), and arguments for a batch of four: the shared fixture of
-// the decode passes' tests (tests/fuse_cache_write_test.cc, tests/fuse_gemv_glu_test.cc).
+// the decode passes' tests (tests/fuse_cache_write_test.cc, tests/fuse_gemv_glu_test.cc,
+// tests/merge_cache_write_siblings_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,13 @@ std::vector<const Node*> FusionsOfKind(const Function& f, FusionKind kind);
 
 // A test failure for each output of `got` whose type or any element differs from `want`'s.
 void ExpectSameBits(const std::vector<HostTensor>& got, const std::vector<HostTensor>& want);
+
+// Evaluates `fused` and `plain` (one decode function of batch 4 with a pass and without it) on
+// TinyDecodeArgs with the reference backend: a failure unless every output has the same bits.
+// `fused_outputs`, when given, receives `fused`'s outputs.
+void ExpectSameDecode(const Function& fused, const Function& plain, std::vector<HostTensor>* fused_outputs = nullptr);
+
+// A failure unless `m` printed, parsed and printed again is the same text.
+void ExpectTextRoundTrips(const Module& m);
 
 }  // namespace kiln::testing
