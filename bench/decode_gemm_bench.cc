@@ -182,13 +182,9 @@ absl::Status RunShape(int64_t m, const Shape& s, CudaDevice& device, const Optio
   for (const std::string& geometry : opt.geometries) {
     CodegenOptions options{.target = device.target()};
     if (geometry != "auto") {
-      std::vector<std::string> parts = absl::StrSplit(geometry, 'x');
-      int v[4] = {0, 0, 0, 0};
-      if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &v[0]) || !absl::SimpleAtoi(parts[1], &v[1]) ||
-          !absl::SimpleAtoi(parts[2], &v[2]) || !absl::SimpleAtoi(parts[3], &v[3])) {
-        return absl::InvalidArgumentError(absl::StrCat("geometry '", geometry, "' is not RxSxUxG"));
-      }
-      options.small_m_gemv_geometry = {v[0], v[1], v[2], v[3]};
+      absl::StatusOr<CodegenOptions::GemvGeometry> parsed = ParseGemvGeometry(geometry);
+      if (!parsed.ok()) return parsed.status();
+      options.small_m_gemv_geometry = *parsed;
     }
     absl::StatusOr<LoweredNode> lowered = LowerNode(gemm, options);
     if (!lowered.ok()) return lowered.status();

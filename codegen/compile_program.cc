@@ -121,6 +121,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
                          .programmatic_dependent_launch = options.programmatic_dependent_launch,
                          .reads_before_wait = options.reads_before_wait};
   codegen.paged_attention = options.paged_attention;
+  codegen.small_m_gemv_shape_geometries = options.gemv_shape_geometries;
   ASSIGN_OR_RETURN(KernelCompileReport report,
                    CompileFunctionKernels(f, NvrtcOptions{.arch = options.target.arch}, cache.ok() ? &*cache : nullptr,
                                           options.compile_threads, codegen));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codegen/lower_node.h"
@@ -29,6 +30,7 @@ struct ProgramOptions {
   bool programmatic_dependent_launch = true;
   bool reads_before_wait = true;  // CodegenOptions::reads_before_wait
   CodegenOptions::PagedAttentionGeometry paged_attention;  // CodegenOptions::paged_attention
+  std::vector<CodegenOptions::GemvShapeGeometry> gemv_shape_geometries;  // CodegenOptions::small_m_gemv_shape_geometries
 };
 
 // Errors name the node (an op codegen cannot lower, a dot_general that lower-gemm did not

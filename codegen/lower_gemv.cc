@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "codegen/composite_wrapper.h"
 #include "codegen/kernel_source.h"
 #include "ir/fusion.h"
@@ -38,10 +42,18 @@ struct Geometry {
   int rows = 1, split = 1, unroll = 8, groups = 4;
 };
 
-Geometry GeometryFor(int64_t m, int64_t chunks, const CodegenOptions::GemvGeometry& given) {
-  if (given.rows > 0 && given.split > 0 && given.unroll > 0 && given.groups > 0) {
-    return Geometry{given.rows, given.split, given.unroll, given.groups};
+bool IsGiven(const CodegenOptions::GemvGeometry& g) { return g.rows > 0 && g.split > 0 && g.unroll > 0 && g.groups > 0; }
+
+// The geometry for a gemm of m x n x k (k in 16-byte chunks): the options' for its shape, else
+// theirs for every shape, else the default below.
+Geometry GeometryFor(int64_t m, int64_t n, int64_t k, int64_t chunks, const CodegenOptions& options) {
+  for (const CodegenOptions::GemvShapeGeometry& s : options.small_m_gemv_shape_geometries) {
+    if (s.n == n && s.k == k && IsGiven(s.geometry)) {
+      return Geometry{s.geometry.rows, s.geometry.split, s.geometry.unroll, s.geometry.groups};
+    }
   }
+  const CodegenOptions::GemvGeometry& given = options.small_m_gemv_geometry;
+  if (IsGiven(given)) return Geometry{given.rows, given.split, given.unroll, given.groups};
   Geometry g;
   const bool long_row = chunks > 512;
   const int cap = m == 1 ? (long_row ? 6 : 4) : m <= 4 ? 4 : 2;  // chunks a lane holds of each row
@@ -93,7 +105,7 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
   const bool has_c = slots.c >= 0;
   const DType t = node.operand(0)->type().dtype, d = node.type().dtype;
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
-  const Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
+  const Geometry g = GeometryFor(m, n, k, k / vec, options);
   const int64_t blocks = CeilDiv(n, static_cast<int64_t>(g.rows) * g.groups);
   const int threads = g.groups * g.split * composite::kWarpSize;
   RETURN_IF_ERROR(composite::CheckGrid(node, blocks));
@@ -152,7 +164,7 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
                                                    DTypeName(fusion.type().dtype), ", its gemm's ", DTypeName(d)));
   }
   const int64_t vec = 16 / static_cast<int64_t>(DTypeBytes(t));
-  Geometry g = GeometryFor(m, k / vec, options.small_m_gemv_geometry);
+  Geometry g = GeometryFor(m, n, k, k / vec, options);
   g.rows = 2;  // a group's gate row and up row
   const int64_t blocks = CeilDiv(half, static_cast<int64_t>(g.groups));
   const int threads = g.groups * g.split * composite::kWarpSize;
@@ -177,3 +189,37 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
 }
 
 }  // namespace kiln::codegen
+
+namespace kiln {
+
+absl::StatusOr<CodegenOptions::GemvGeometry> ParseGemvGeometry(absl::string_view text) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, 'x');
+  int v[4] = {0, 0, 0, 0};
+  bool ok = parts.size() == 4;
+  for (size_t i = 0; ok && i < 4; ++i) ok = absl::SimpleAtoi(parts[i], &v[i]) && v[i] >= 1;
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("SmallMGemm geometry '", text,
+                                                   "': want ROWSxSPLITxUNROLLxGROUPS of positive integers, e.g. 1x2x4x2"));
+  }
+  return CodegenOptions::GemvGeometry{v[0], v[1], v[2], v[3]};
+}
+
+absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeometries(absl::string_view text) {
+  std::vector<CodegenOptions::GemvShapeGeometry> shapes;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const std::pair<absl::string_view, absl::string_view> shape_and_geometry = absl::StrSplit(entry, '=');
+    const std::pair<absl::string_view, absl::string_view> n_and_k = absl::StrSplit(shape_and_geometry.first, 'x');
+    CodegenOptions::GemvShapeGeometry s;
+    if (!absl::SimpleAtoi(n_and_k.first, &s.n) || !absl::SimpleAtoi(n_and_k.second, &s.k) || s.n < 1 || s.k < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("SmallMGemm shape geometry '", entry,
+                                                     "': want NxK=ROWSxSPLITxUNROLLxGROUPS, e.g. 4096x2048=4x4x4x1"));
+    }
+    absl::StatusOr<CodegenOptions::GemvGeometry> g = ParseGemvGeometry(shape_and_geometry.second);
+    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("for ", shape_and_geometry.first, ": ", g.status().message()));
+    s.geometry = *g;
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+}  // namespace kiln

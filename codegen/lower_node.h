@@ -3,7 +3,9 @@
 // lowering, or LowerNode fails and tests/op_table_test.cc says which op lacks one.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +28,15 @@ struct CodegenOptions {
   struct GemvGeometry {
     int rows = 0, split = 0, unroll = 0, groups = 0;
   } small_m_gemv_geometry;
+  // Geometries for particular shapes, ahead of small_m_gemv_geometry and the shape's default:
+  // each for the gemms of its N x K (the gemm's n and k; a GLU gemm's n is its 2F weight rows,
+  // and its rows are 2 whatever is given). For trying a geometry on one projection in the
+  // decode graph ($KILN_GEMV_GEOMETRY, ParseGemvShapeGeometries).
+  struct GemvShapeGeometry {
+    int64_t n = 0, k = 0;
+    GemvGeometry geometry;
+  };
+  std::vector<GemvShapeGeometry> small_m_gemv_shape_geometries;
   // Every kernel starts with griddepcontrol.launch_dependents and griddepcontrol.wait
   // (sm_90 and later), so the runtime may launch it with programmatic dependent launch: its
   // grid is set up while the kernel before it is still running, and the ~1-2 us between two
@@ -86,6 +97,12 @@ struct CodegenOptions {
 // up to fold_max_rows rows), 5 stages, 4 and 4; "+combine" keeps the combine kernel at every
 // batch, "+fold" folds it at every batch, "+bulk" fills the tensor-core kernel's stages with
 // bulk copies. Unnamed fields keep their defaults.
+// SmallMGemm geometries as text, as bench/decode_gemm_bench and $KILN_GEMV_GEOMETRY take them:
+// "1x2x4x2" is rows x split x unroll x groups (CodegenOptions::GemvGeometry); "4096x2048=4x4x4x1"
+// is that geometry for the gemms of N 4096 and K 2048, several joined by commas.
+absl::StatusOr<CodegenOptions::GemvGeometry> ParseGemvGeometry(absl::string_view text);
+absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeometries(absl::string_view text);
+
 std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& geometry);
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text);
 

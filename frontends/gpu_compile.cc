@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "codegen/kernel_cache.h"
@@ -32,6 +34,13 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
     // Not a geometry: what the caller knows of its function stays.
     paged_attention.complete_blocks_step_invariant = compile.paged_attention.complete_blocks_step_invariant;
   }
+  // SmallMGemm geometries for given shapes, for trying one on a projection in the decode graph.
+  std::vector<CodegenOptions::GemvShapeGeometry> gemv_shapes;
+  if (const char* env = std::getenv("KILN_GEMV_GEOMETRY"); env != nullptr && *env != '\0') {
+    absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> parsed = ParseGemvShapeGeometries(env);
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("$KILN_GEMV_GEOMETRY: ", parsed.status().message()));
+    gemv_shapes = *std::move(parsed);
+  }
   ASSIGN_OR_RETURN(CompiledProgram program,
                    CompileProgram(f, ProgramOptions{.target = device.target(),
                                                     .cache_dir = compile.cache_dir,
@@ -39,7 +48,8 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CompileForGpu(const Function& f,
                                                     .programmatic_dependent_launch =
                                                         compile.programmatic_dependent_launch,
                                                     .reads_before_wait = compile.reads_before_wait,
-                                                    .paged_attention = paged_attention}));
+                                                    .paged_attention = paged_attention,
+                                                    .gemv_shape_geometries = std::move(gemv_shapes)}));
   CudaExecutableOptions options = run;
   // Autotuning's choices live beside the kernels, so the next run on this GPU takes them.
   if (!options.load_tuning && !options.save_tuning) {

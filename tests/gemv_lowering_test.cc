@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -199,6 +200,43 @@ TEST(SmallMGemm, SplitsALongRowOverWarps) {
     EXPECT_EQ(k.grid[0], want.grid) << want.call;
     EXPECT_EQ(k.block[0], want.block) << want.call;
   }
+}
+
+// A geometry given for one shape ($KILN_GEMV_GEOMETRY's "NxK=RxSxUxG") is that shape's alone:
+// the other shapes keep theirs, and the shape's entry wins over a geometry for every shape.
+TEST(SmallMGemm, TakesAGeometryGivenForItsShape) {
+  absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> shapes =
+      ParseGemvShapeGeometries("4096x2048=4x4x4x1, 2048x5632=4x4x6x1");
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_EQ(shapes->size(), 2u);
+  EXPECT_EQ((*shapes)[1].n, 2048);
+  EXPECT_EQ((*shapes)[1].k, 5632);
+  EXPECT_EQ((*shapes)[1].geometry.unroll, 6);
+  CodegenOptions options;
+  options.small_m_gemv_shape_geometries = {(*shapes)[0]};
+  options.small_m_gemv_geometry = {1, 1, 2, 4};
+  GemmNode qkv(GemmCase{.m = 1, .n = 4096, .k = 2048});
+  absl::StatusOr<LoweredNode> lowered = LowerNode(qkv.node(), options);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_TRUE(absl::StrContains(lowered->kernels.at(0).source,
+                                "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 4096LL, 2048LL, 4, 4, 4, 1, false, true>"))
+      << lowered->kernels.at(0).source;
+  EXPECT_EQ(lowered->kernels.at(0).grid[0], 1024u);
+  EXPECT_EQ(lowered->kernels.at(0).block[0], 128u);
+  GemmNode o(GemmCase{.m = 1, .n = 2048, .k = 2048});
+  lowered = LowerNode(o.node(), options);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_TRUE(absl::StrContains(lowered->kernels.at(0).source,
+                                "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 2048LL, 1, 1, 2, 4, false, true>"))
+      << "another shape takes the geometry for every shape: " << lowered->kernels.at(0).source;
+
+  for (const char* bad : {"4096x2048", "4096=1x2x4x2", "4096x2048=1x2x4", "4096x2048=1x0x4x2", "ax2048=1x2x4x2"}) {
+    absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> parsed = ParseGemvShapeGeometries(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_TRUE(absl::StrContains(parsed.status().message(), "want ")) << parsed.status();
+  }
+  EXPECT_FALSE(ParseGemvGeometry("1x2x4x2x1").ok());
+  EXPECT_TRUE(ParseGemvGeometry("1x2x4x2").ok());
 }
 
 #ifdef KILN_WITH_CUDA
