@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -207,15 +206,16 @@ absl::StatusOr<CodegenOptions::GemvGeometry> ParseGemvGeometry(absl::string_view
 absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeometries(absl::string_view text) {
   std::vector<CodegenOptions::GemvShapeGeometry> shapes;
   for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    const std::pair<absl::string_view, absl::string_view> shape_and_geometry = absl::StrSplit(entry, '=');
-    const std::pair<absl::string_view, absl::string_view> n_and_k = absl::StrSplit(shape_and_geometry.first, 'x');
+    const std::vector<absl::string_view> shape_and_geometry = absl::StrSplit(entry, '=');
+    const std::vector<absl::string_view> n_and_k = absl::StrSplit(shape_and_geometry[0], 'x');
     CodegenOptions::GemvShapeGeometry s;
-    if (!absl::SimpleAtoi(n_and_k.first, &s.n) || !absl::SimpleAtoi(n_and_k.second, &s.k) || s.n < 1 || s.k < 1) {
+    if (shape_and_geometry.size() != 2 || n_and_k.size() != 2 || !absl::SimpleAtoi(n_and_k[0], &s.n) ||
+        !absl::SimpleAtoi(n_and_k[1], &s.k) || s.n < 1 || s.k < 1) {
       return absl::InvalidArgumentError(absl::StrCat("SmallMGemm shape geometry '", entry,
                                                      "': want NxK=ROWSxSPLITxUNROLLxGROUPS, e.g. 4096x2048=4x4x4x1"));
     }
-    absl::StatusOr<CodegenOptions::GemvGeometry> g = ParseGemvGeometry(shape_and_geometry.second);
-    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("for ", shape_and_geometry.first, ": ", g.status().message()));
+    absl::StatusOr<CodegenOptions::GemvGeometry> g = ParseGemvGeometry(shape_and_geometry[1]);
+    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("for ", shape_and_geometry[0], ": ", g.status().message()));
     s.geometry = *g;
     shapes.push_back(s);
   }

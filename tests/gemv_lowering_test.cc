@@ -230,7 +230,8 @@ TEST(SmallMGemm, TakesAGeometryGivenForItsShape) {
                                 "SmallMGemm<__nv_bfloat16, __nv_bfloat16, 1, 2048LL, 2048LL, 1, 1, 2, 4, false, true>"))
       << "another shape takes the geometry for every shape: " << lowered->kernels.at(0).source;
 
-  for (const char* bad : {"4096x2048", "4096=1x2x4x2", "4096x2048=1x2x4", "4096x2048=1x0x4x2", "ax2048=1x2x4x2"}) {
+  for (const char* bad : {"4096x2048", "4096=1x2x4x2", "4096x2048=1x2x4", "4096x2048=1x0x4x2", "ax2048=1x2x4x2",
+                          "4096x2048x8=1x2x4x2", "4096x2048=1x2x4x2=1x2x4x2"}) {
     absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> parsed = ParseGemvShapeGeometries(bad);
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_TRUE(absl::StrContains(parsed.status().message(), "want ")) << parsed.status();
