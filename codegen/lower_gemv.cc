@@ -46,13 +46,11 @@ bool IsGiven(const CodegenOptions::GemvGeometry& g) { return g.rows > 0 && g.spl
 // The geometry for a gemm of m x n x k (k in 16-byte chunks): the options' for its shape, else
 // theirs for every shape, else the default below.
 Geometry GeometryFor(int64_t m, int64_t n, int64_t k, int64_t chunks, const CodegenOptions& options) {
+  const CodegenOptions::GemvGeometry* given = &options.small_m_gemv_geometry;
   for (const CodegenOptions::GemvShapeGeometry& s : options.small_m_gemv_shape_geometries) {
-    if (s.n == n && s.k == k && IsGiven(s.geometry)) {
-      return Geometry{s.geometry.rows, s.geometry.split, s.geometry.unroll, s.geometry.groups};
-    }
+    if (s.n == n && s.k == k && IsGiven(s.geometry)) given = &s.geometry;
   }
-  const CodegenOptions::GemvGeometry& given = options.small_m_gemv_geometry;
-  if (IsGiven(given)) return Geometry{given.rows, given.split, given.unroll, given.groups};
+  if (IsGiven(*given)) return Geometry{given->rows, given->split, given->unroll, given->groups};
   Geometry g;
   const bool long_row = chunks > 512;
   const int cap = m == 1 ? (long_row ? 6 : 4) : m <= 4 ? 4 : 2;  // chunks a lane holds of each row

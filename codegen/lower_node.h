@@ -91,18 +91,19 @@ struct CodegenOptions {
   } paged_attention;
 };
 
+// SmallMGemm geometries as text, as bench/decode_gemm_bench and $KILN_GEMV_GEOMETRY take them:
+// "1x2x4x2" is rows x split x unroll x groups (CodegenOptions::GemvGeometry); "4096x2048=4x4x4x1"
+// is that geometry for the gemms of N 4096 and K 2048, several joined by commas (a later one
+// for the same shape wins).
+absl::StatusOr<CodegenOptions::GemvGeometry> ParseGemvGeometry(absl::string_view text);
+absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeometries(absl::string_view text);
+
 // A paged attention geometry as text, as bench/paged_attention_bench and $KILN_PAGED_ATTENTION
 // take it: "tc4x3x4x2" is the tensor-core kernel with 4 warps, 3 stages a warp, splits of at
 // least 4 KV blocks and 2 blocks an SM; "4(8)x5x4x4" the CUDA-core kernel with 4 warps (8 at
 // up to fold_max_rows rows), 5 stages, 4 and 4; "+combine" keeps the combine kernel at every
 // batch, "+fold" folds it at every batch, "+bulk" fills the tensor-core kernel's stages with
 // bulk copies. Unnamed fields keep their defaults.
-// SmallMGemm geometries as text, as bench/decode_gemm_bench and $KILN_GEMV_GEOMETRY take them:
-// "1x2x4x2" is rows x split x unroll x groups (CodegenOptions::GemvGeometry); "4096x2048=4x4x4x1"
-// is that geometry for the gemms of N 4096 and K 2048, several joined by commas.
-absl::StatusOr<CodegenOptions::GemvGeometry> ParseGemvGeometry(absl::string_view text);
-absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeometries(absl::string_view text);
-
 std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& geometry);
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text);
 
