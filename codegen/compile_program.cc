@@ -141,6 +141,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
   BufferPlanRequest request;
   request.roles.assign(f.num_nodes(), BufferRole::kNone);
   request.scratch_bytes.assign(f.num_nodes(), 0);
+  request.persistent_bytes.assign(f.num_nodes(), 0);
   request.run_step.resize(f.num_nodes());
   request.elementwise_in_place.assign(f.num_nodes(), false);
   request.in_place_operand.assign(f.num_nodes(), -1);
@@ -166,6 +167,7 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
       request.scratch_bytes[i] = gemms[i].max_workspace_bytes;
     } else if (lowered.kind == LoweringKind::kKernels) {
       request.scratch_bytes[i] = lowered.scratch_bytes;
+      request.persistent_bytes[i] = lowered.persistent_bytes;
     }
   }
   program.phases.emplace_back("GEMM descriptions", Lap(&phase_start));
@@ -243,7 +245,8 @@ absl::StatusOr<CompiledProgram> CompileProgram(const Function& f, const ProgramO
       step.launch.source.clear();
       step.label = nk.lowered.label.empty() ? std::string(node.op_name()) : nk.lowered.label;
       step.args = args;
-      step.scratch_buffer = program.plan.scratch_buffer[i];  // the last kernel parameter, when planned
+      step.scratch_buffer = program.plan.scratch_buffer[i];  // after the operands, when planned
+      step.persistent_buffer = program.plan.persistent_buffer[i];  // the last kernel parameter, when planned
       program.steps.push_back(std::move(step));
       ++program.num_launches;
     }

@@ -4,8 +4,9 @@
 // function whose parameters are, in order: the node's output buffer (for a node of several
 // results, one buffer per result, in result order, null where a result is not needed), then
 // one pointer per operand (device memory, row-major, the operand's dtype), then, only when
-// the node asks for scratch (LoweredNode::scratch_bytes), one pointer to that scratch, and
-// nothing else: every shape is a compile-time constant in the source (kiln shapes are
+// the node asks for scratch (LoweredNode::scratch_bytes), one pointer to that scratch, then,
+// only when it asks for persistent bytes (LoweredNode::persistent_bytes), one pointer to
+// those, and nothing else: every shape is a compile-time constant in the source (kiln shapes are
 // static). Launch geometry is decided here, at compile time.
 #pragma once
 
@@ -86,6 +87,12 @@ struct LoweredNode {
   // scratch pointer as its last parameter; the kernels pass data through it in launch
   // order (the runtime runs one node's kernels back to back on one stream).
   int64_t scratch_bytes = 0;
+  // Bytes the node's kernels keep from one run of the function to the next, the node's own
+  // (never shared with another buffer), zero when the executable is made: state that the
+  // kernels return to zero themselves before each run ends (fuse-norm-between-gemvs' sums of
+  // squares, which the last block to read them clears). When > 0, every kernel of the node
+  // takes the pointer after the scratch's (or in its place, with no scratch).
+  int64_t persistent_bytes = 0;
   // >= 0: the kernels read element i of this operand only to write element i of the node's one
   // result, before writing it, and read nothing else of it (or, one block, read all of it
   // before their first write: fp8_scale_update's history shift); so the result may take the

@@ -595,6 +595,7 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
   ASSIGN_OR_RETURN(const FusionKind kind, FusionKindOf(fusion));
   if (kind == FusionKind::kCacheWrite) return LowerCacheWriteFusion(fusion, options);
   if (kind == FusionKind::kGemvGlu) return LowerGemvGluFusion(fusion, options);
+  if (kind == FusionKind::kGemvNormGemv) return LowerGemvNormGemvFusion(fusion, options);
   ASSIGN_OR_RETURN(const KernelGroup group, GroupOf(fusion, kind));
   const Node& root = *group.root;
   if (kind == FusionKind::kReduction) return LowerReductionFusion(group, options);

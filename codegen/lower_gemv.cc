@@ -185,6 +185,112 @@ absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const Codegen
   return lowered;
 }
 
+absl::StatusOr<LoweredNode> LowerGemvNormGemvFusion(const Node& fusion, const CodegenOptions& options) {
+  auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv_norm_gemv fusion %", fusion.name(),
+                                                   " (made by fuse-norm-between-gemvs): ", why,
+                                                   "; compile with --disable-pass fuse-norm-between-gemvs"));
+  };
+  if (fusion.body() == nullptr) return error("it has no body");
+  absl::StatusOr<GemvNormGemvOps> ops = MatchGemvNormGemv(*fusion.body());
+  if (!ops.ok()) return error(ops.status().message());
+  const Node& first = *ops->first;
+  const Node& norm = *ops->norm;
+  const Node& second = *ops->second;
+  for (const Node* gemm : {&first, &second}) {
+    const std::string refusal = SmallMGemmRefusal(*gemm, options);
+    if (!refusal.empty()) return error(absl::StrCat("its ", composite::Where(*gemm), " does not take SmallMGemm: ", refusal));
+  }
+  ASSIGN_OR_RETURN(const GemmSlots first_slots, GemmSlotsOf(first.attrs()));
+  ASSIGN_OR_RETURN(const GemmSlots second_slots, GemmSlotsOf(second.attrs()));
+  if (second_slots.c >= 0) return error("its second gemm adds a C");
+  ASSIGN_OR_RETURN(const int64_t m, first.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n1, first.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k1, first.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha1, first.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double beta1, first.attrs().GetFloat("beta"));
+  ASSIGN_OR_RETURN(const int64_t m2, second.attrs().GetInt("m"));
+  ASSIGN_OR_RETURN(const int64_t n2, second.attrs().GetInt("n"));
+  ASSIGN_OR_RETURN(const int64_t k2, second.attrs().GetInt("k"));
+  ASSIGN_OR_RETURN(const double alpha2, second.attrs().GetFloat("alpha"));
+  ASSIGN_OR_RETURN(const double eps, composite::FiniteFloatAttr(norm, "eps"));
+  if (m2 != m || k2 != n1 || norm.type().dims.empty() || norm.type().dims.back() != n1) {
+    return error(absl::StrCat("the second gemm's ", m2, " x ", k2, " A is not the first's ", m, " x ", n1, " D"));
+  }
+  const bool has_c = first_slots.c >= 0;
+  const bool glu = ops->glu.out != nullptr;
+  const DType t1 = first.operand(0)->type().dtype, t2 = second.operand(0)->type().dtype,
+              tw = norm.operand(1)->type().dtype, d2 = second.type().dtype;
+  if (glu && fusion.result(1)->type().dtype != d2) return error("its SwiGLU is not of its gemm's dtype");
+  const int64_t vec1 = 16 / static_cast<int64_t>(DTypeBytes(t1)), vec2 = 16 / static_cast<int64_t>(DTypeBytes(t2));
+  const Geometry g1 = GeometryFor(m, n1, k1, k1 / vec1, options);
+  Geometry g2 = GeometryFor(m, n2, k2, k2 / vec2, options);
+  if (glu) g2.rows = 2;  // a group's gate row and up row
+  const int64_t n2_out = glu ? n2 / 2 : n2;
+  const int64_t blocks1 = CeilDiv(n1, static_cast<int64_t>(g1.rows) * g1.groups);
+  const int64_t blocks2 = CeilDiv(n2_out, static_cast<int64_t>(glu ? 1 : g2.rows) * g2.groups);
+  const int threads1 = g1.groups * g1.split * composite::kWarpSize, threads2 = g2.groups * g2.split * composite::kWarpSize;
+  RETURN_IF_ERROR(composite::CheckGrid(fusion, std::max(blocks1, blocks2)));
+  const bool early = composite::EarlyReadsAllowed(options);
+  const bool first_weights_first = early && composite::IsStepInvariant(*fusion.operand(1));
+  const int second_b = static_cast<int>(fusion.num_operands()) - 1;  // the second gemm's B, the last operand
+  const bool second_weights_first = early && composite::IsStepInvariant(*fusion.operand(second_b));
+
+  // One parameter list for both kernels: the two results, the operands, D's scratch and the sums.
+  Wrapper w;
+  w.header = "gemv";
+  w.outputs = {"float* x", absl::StrCat(CudaTypeName(fusion.result(1)->type().dtype), "* y")};
+  w.params = {Param(t1, "a"), Param(t1, "b")};
+  if (has_c) w.params.push_back(Param(DType::kF32, "c"));
+  w.params.push_back(Param(tw, "w"));
+  w.params.push_back(Param(t2, "b2"));
+  if (static_cast<int>(w.params.size()) != fusion.num_operands()) {
+    return error(absl::StrCat("its ", fusion.num_operands(), " operands are not the first gemm's, the norm's weight and the second gemm's weight"));
+  }
+  // x's rows go to the scratch where the plan gives x no buffer (nothing outside reads it: the
+  // last layer's residual, read only by the final norm); the second kernel reads them either way.
+  w.params.push_back("float* x_scratch");
+  w.params.push_back("unsigned long long* sums");
+  const std::string x_rows = "x != nullptr ? x : x_scratch";
+
+  Wrapper first_kernel = w;
+  first_kernel.comment = absl::StrCat(m, " x ", n1, " x ", k1, ", adding up the sums of squares of its rows: ",
+                                      Count(g1.split, "warp"), " per ", Count(g1.rows, "row"), " of B, ", g1.unroll,
+                                      " 16-byte chunks of each in flight a lane; ", Count(blocks1, "block"), " of ",
+                                      Count(g1.groups * g1.split, "warp"));
+  if (has_c) first_kernel.comment += absl::StrCat("; adds ", FloatLiteral(beta1), " C");
+  if (first_weights_first) first_kernel.comment += "; its first round of B read before the grid-dependency wait";
+  first_kernel.call =
+      absl::StrCat("SmallMGemm<", CudaTypeName(t1), ", float, ", m, ", ", n1, "LL, ", k1, "LL, ", g1.rows, ", ", g1.split,
+                   ", ", g1.unroll, ", ", g1.groups, ", ", has_c ? "true" : "false", ", ",
+                   first_weights_first ? "true" : "false", ">::RunAddingSquares(", x_rows, ", a, b, ",
+                   has_c ? "c" : "nullptr", ", ", FloatLiteral(alpha1), ", ", FloatLiteral(has_c ? beta1 : 0.0), ", sums)");
+
+  Wrapper second_kernel = w;
+  second_kernel.comment =
+      absl::StrCat(m, " x ", n2, " x ", k2, " of A = rms_norm(x) formed as it is read", glu ? ", then silu(gate) * up of its halves" : "",
+                   ": ", Count(g2.split, "warp"), " per ", glu ? "gate row and its up row" : Count(g2.rows, "row"), ", ",
+                   g2.unroll, " 16-byte chunks of each in flight a lane; ", Count(blocks2, "block"), " of ",
+                   Count(g2.groups * g2.split, "warp"));
+  if (second_weights_first) second_kernel.comment += "; its first round of B read before the grid-dependency wait";
+  second_kernel.call = absl::StrCat(
+      "SmallMGemm<", CudaTypeName(t2), ", ", CudaTypeName(d2), ", ", m, ", ", n2_out, "LL, ", k2, "LL, ", g2.rows, ", ",
+      g2.split, ", ", g2.unroll, ", ", g2.groups, ", false, ", second_weights_first ? "true" : "false",
+      glu ? absl::StrCat(", kiln::kernels::SwiGlu<", CudaTypeName(d2), ">") : "", ">::RunNormedA<", CudaTypeName(tw),
+      ">(y, ", x_rows, ", w, ", FloatLiteral(eps), ", sums, b2, ", FloatLiteral(alpha2), ")");
+
+  const std::string name = KernelName(fusion);
+  LoweredNode lowered = Kernels({Emit(fusion, name, first_kernel, blocks1, threads1),
+                                 Emit(fusion, absl::StrCat(name, "_normed"), second_kernel, blocks2, threads2)});
+  lowered.kernels[0].launches_dependents_itself = lowered.kernels[1].launches_dependents_itself = true;
+  lowered.kernels[0].waits_itself = first_weights_first;
+  lowered.kernels[1].waits_itself = second_weights_first;
+  lowered.scratch_bytes = m * n1 * static_cast<int64_t>(sizeof(float));
+  lowered.persistent_bytes = m * kSquareSumSlots * 2 * 8 + 8;  // kernels/gemv.cuh: SquareSums<m>::kBytes
+  lowered.label = "gemv";
+  return lowered;
+}
+
 }  // namespace kiln::codegen
 
 namespace kiln {

@@ -16,6 +16,9 @@
 namespace kiln::codegen {
 
 inline constexpr int64_t kSmallMGemmMaxRows = 8;
+// The slots of each row's sums of squares in a gemv_norm_gemv fusion's persistent bytes
+// (kernels/gemv.cuh: SquareSums::kSlots).
+inline constexpr int64_t kSquareSumSlots = 32;
 
 // Why `node` does not take SmallMGemm ("batch 2 (...)", "m 16 is not in [1, 8]", ...), or ""
 // when it does.
@@ -28,5 +31,12 @@ absl::StatusOr<LoweredNode> LowerSmallMGemm(const Node& node, const CodegenOptio
 // computing silu(gate) * up of its gemm's two halves. InvalidArgument naming the pass when its
 // gemm is one SmallMGemm does not take (CodegenOptions::small_m_gemv off, say).
 absl::StatusOr<LoweredNode> LowerGemvGluFusion(const Node& fusion, const CodegenOptions& options);
+
+// A gemv_norm_gemv fusion (ir/fusion.h; passes/fuse_norm_between_gemvs.h): two kernels, the
+// first GEMV adding up the sums of squares of its f32 rows x (SmallMGemm::RunAddingSquares),
+// the second reading A = rms_norm(x, w) from x, w and those sums (RunNormedA, GLU form or not).
+// The sums live in the node's persistent bytes; x's rows in its scratch where x has no buffer.
+// InvalidArgument naming the pass when either gemm is one SmallMGemm does not take.
+absl::StatusOr<LoweredNode> LowerGemvNormGemvFusion(const Node& fusion, const CodegenOptions& options);
 
 }  // namespace kiln::codegen

@@ -72,6 +72,9 @@ struct ProgramStep {
   // kGemm: the plan's buffer for the workspace; kKernel: for the node's scratch
   // (LoweredNode::scratch_bytes), passed after `args`; -1 for none.
   int64_t scratch_buffer = -1;
+  // kKernel: the plan's buffer for the node's persistent bytes (LoweredNode::persistent_bytes),
+  // passed after the scratch; -1 for none.
+  int64_t persistent_buffer = -1;
   // kCopy: buffer indices of the plan, the byte count, and what it is for.
   int64_t dst_buffer = -1, src_buffer = -1, bytes = 0;
   std::string what;

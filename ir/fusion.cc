@@ -11,7 +11,7 @@ namespace kiln {
 namespace {
 
 constexpr FusionKind kKinds[] = {FusionKind::kLoop, FusionKind::kReduction, FusionKind::kCacheWrite,
-                                 FusionKind::kGemvGlu};
+                                 FusionKind::kGemvGlu, FusionKind::kGemvNormGemv};
 
 absl::Status BodyError(FusionKind kind, const Node& member, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("the body of this ", FusionKindName(kind), " fusion: %", member.name(),
@@ -48,6 +48,7 @@ absl::string_view FusionKindName(FusionKind kind) {
     case FusionKind::kReduction: return "reduction";
     case FusionKind::kCacheWrite: return "cache_write";
     case FusionKind::kGemvGlu: return "gemv_glu";
+    case FusionKind::kGemvNormGemv: return "gemv_norm_gemv";
   }
   return "?";
 }
@@ -57,7 +58,7 @@ absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name) {
     if (FusionKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu)"));
+      absl::StrCat("unknown fusion kind '", name.substr(0, 64), "' (the kinds are loop, reduction, cache_write, gemv_glu, gemv_norm_gemv)"));
 }
 
 absl::StatusOr<FusionKind> FusionKindOf(const Node& fusion) {
@@ -207,6 +208,11 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       }
       return absl::OkStatus();
     }
+    case FusionKind::kGemvNormGemv: {
+      ASSIGN_OR_RETURN(const GemvNormGemvOps ops, MatchGemvNormGemv(*body));
+      (void)ops;
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError("unknown fusion kind");
 }
@@ -239,44 +245,106 @@ std::vector<Node*> AddFusionNode(Function& f, FusionKind kind, std::vector<Node*
 
 namespace kiln {
 
-SwiGluOps MatchSwiGlu(const Function& body, const Node& x) {
+absl::StatusOr<GemvNormGemvOps> MatchGemvNormGemv(const Function& body) {
+  constexpr FusionKind kind = FusionKind::kGemvNormGemv;
+  GemvNormGemvOps ops;
+  for (const auto& n : body.nodes()) {
+    if (n->opcode() != Opcode::kGemm) continue;
+    if (ops.first == nullptr) {
+      ops.first = n.get();
+    } else if (ops.second == nullptr) {
+      ops.second = n.get();
+    } else {
+      return BodyError(kind, *n, "is a third gemm: a gemv_norm_gemv body holds two");
+    }
+  }
+  if (ops.second == nullptr) return absl::InvalidArgumentError("a gemv_norm_gemv fusion's body holds two gemms");
+  for (const Node* operand : ops.first->operands()) {
+    if (operand->opcode() != Opcode::kParameter) {
+      return BodyError(kind, *ops.first, "multiplies a value computed in the body: its operands are parameters");
+    }
+  }
+  if (ops.first->type().dtype != DType::kF32) {
+    return BodyError(kind, *ops.first, "is not f32: the norm's sums of squares are of an f32 residual stream");
+  }
+  const Node* norm = ops.second->operand(0);
+  if (norm->opcode() != Opcode::kRmsNorm || norm->num_operands() != 2 || norm->operand(0) != ops.first ||
+      norm->operand(1)->opcode() != Opcode::kParameter || norm->users().size() != 1) {
+    return BodyError(kind, *ops.second, "does not multiply the rms_norm of the first gemm (by a parameter's weight), its one reader");
+  }
+  ops.norm = norm;
+  for (int i = 1; i < ops.second->num_operands(); ++i) {
+    if (ops.second->operand(i)->opcode() != Opcode::kParameter) {
+      return BodyError(kind, *ops.second, "multiplies a computed value other than the norm: its other operands are parameters");
+    }
+  }
+  ops.glu = MatchSwiGluOf(*ops.second);
+  const Node* last = ops.glu.out != nullptr ? ops.glu.out : ops.second;
+  for (const auto& n : body.nodes()) {
+    const Node* p = n.get();
+    if (p->opcode() == Opcode::kParameter || p == ops.first || p == ops.norm || p == ops.second) continue;
+    if (ops.glu.out != nullptr && (p == ops.glu.gate || p == ops.glu.up || p == ops.glu.sigmoid ||
+                                   p == ops.glu.gated || p == ops.glu.out)) {
+      continue;
+    }
+    return BodyError(kind, *p, "is none of the two gemms, the norm between them and the second's SwiGLU");
+  }
+  if (body.outputs().size() != 2 || body.outputs()[0] != ops.first || body.outputs()[1] != last) {
+    return absl::InvalidArgumentError(
+        "a gemv_norm_gemv fusion's body returns its first gemm, then its second (or that one's SwiGLU)");
+  }
+  return ops;
+}
+
+SwiGluOps MatchSwiGluOf(const Node& x) {
   const SwiGluOps none;
-  if (body.outputs().size() != 1 || x.type().dims.empty()) return none;
+  if (x.type().dims.empty()) return none;
   const int64_t width = x.type().dims.back();
   if (width < 2 || width % 2 != 0) return none;
   const int64_t half = width / 2;
   SwiGluOps ops;
   ops.half = half;
-  ops.out = body.outputs()[0];
-  if (ops.out->opcode() != Opcode::kMul || x.users().size() != 2) return none;
+  if (x.users().size() != 2) return none;
   for (const Node* s : x.users()) {
     if (IsLastDimSlice(*s, x, 0, half)) ops.gate = s;
     if (IsLastDimSlice(*s, x, half, width)) ops.up = s;
   }
-  if (ops.gate == nullptr || ops.up == nullptr || ops.gate->users().size() != 2) return none;
+  if (ops.gate == nullptr || ops.up == nullptr || ops.gate->users().size() != 2 || ops.up->users().size() != 1) {
+    return none;
+  }
   for (const Node* u : ops.gate->users()) {
     if (u->opcode() == Opcode::kSigmoid) ops.sigmoid = u;
   }
   if (ops.sigmoid == nullptr || ops.sigmoid->users().size() != 1) return none;
   ops.gated = ops.sigmoid->users()[0];
   if (ops.gated->opcode() != Opcode::kMul || !Uses(*ops.gated, ops.gate, ops.sigmoid) ||
-      ops.gated->users().size() != 1 || ops.gated->users()[0] != ops.out || !Uses(*ops.out, ops.gated, ops.up) ||
-      ops.up->users().size() != 1) {
+      ops.gated->users().size() != 1) {
+    return none;
+  }
+  ops.out = ops.gated->users()[0];
+  if (ops.out->opcode() != Opcode::kMul || !Uses(*ops.out, ops.gated, ops.up) || ops.up->users()[0] != ops.out) {
     return none;
   }
   for (const Node* n : {ops.sigmoid, ops.gated, ops.out}) {
     if (n->type().dtype != x.type().dtype) return none;
   }
+  return ops;
+}
+
+SwiGluOps MatchSwiGlu(const Function& body, const Node& x) {
+  const SwiGluOps none;
+  if (body.outputs().size() != 1) return none;
+  const SwiGluOps ops = MatchSwiGluOf(x);
+  if (ops.out == nullptr || ops.out != body.outputs()[0]) return none;
   // Nothing else in the body: its parameters (x, when x is one) and these five.
-  int64_t others = 0;
   for (const auto& n : body.nodes()) {
     const Node* p = n.get();
     if (p != &x && p != ops.gate && p != ops.up && p != ops.sigmoid && p != ops.gated && p != ops.out &&
         p->opcode() != Opcode::kParameter) {
-      ++others;
+      return none;
     }
   }
-  return others == 0 ? ops : none;
+  return ops;
 }
 
 }  // namespace kiln

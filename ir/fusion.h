@@ -44,9 +44,15 @@ namespace kiln {
 // It may return several values (passes/merge_cache_write_siblings.h): kv_cache_writes, each
 // of its own pool, and loop values, all computed by one kernel; a pool parameter is read by
 // its write alone (the write is in place).
-enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu };
+// kGemvNormGemv: a few-row gemm of body parameters with an f32 result x (C allowed: the
+// residual stream), the rms_norm of x by a parameter's weight, and a second few-row gemm of
+// that norm and a parameter, with or without the SwiGLU of its result (MatchSwiGluOf); the body
+// returns x, then the second gemm (or its SwiGLU). Two kernels: the first GEMV, which adds up
+// the sums of squares of x's rows as it stores them, and the second, which forms the norm's
+// rows from x, the weight and those sums as it reads them (passes/fuse_norm_between_gemvs.h).
+enum class FusionKind { kLoop, kReduction, kCacheWrite, kGemvGlu, kGemvNormGemv };
 
-// "loop", "reduction", "cache_write", "gemv_glu"
+// "loop", "reduction", "cache_write", "gemv_glu", "gemv_norm_gemv"
 absl::string_view FusionKindName(FusionKind kind);
 // InvalidArgument listing the known kinds for any other name.
 absl::StatusOr<FusionKind> ParseFusionKind(absl::string_view name);
@@ -86,6 +92,17 @@ struct SwiGluOps {
   int64_t half = 0;               // F
 };
 SwiGluOps MatchSwiGlu(const Function& body, const Node& x);
+// The same ops from x's users, wherever they are (a body may hold other ops too).
+SwiGluOps MatchSwiGluOf(const Node& x);
+
+// The ops of a gemv_norm_gemv body (kGemvNormGemv), or an error saying what breaks the form.
+struct GemvNormGemvOps {
+  const Node* first = nullptr;   // gemm: x, f32
+  const Node* norm = nullptr;    // rms_norm(x, w)
+  const Node* second = nullptr;  // gemm(norm, ...)
+  SwiGluOps glu;                 // of the second gemm; glu.out null when the body has none
+};
+absl::StatusOr<GemvNormGemvOps> MatchGemvNormGemv(const Function& body);
 
 
 // Appends (or, with `before`, inserts) a fusion node of `kind` computing `body` over

@@ -57,6 +57,69 @@ struct IsGlu<NoGlu> {
   static constexpr bool kValue = false;
 };
 
+// The sums of squares of kM rows that one GEMV adds up as it stores them and the next reads
+// (fuse-norm-between-gemvs: the rms_norm between the two is applied by the second as it reads
+// its A): the node's persistent bytes (codegen/kernel_spec.h), zero when the executable is
+// made and left zero by every launch pair. Per row kSlots slots of two unsigned 64-bit
+// integers, the whole part of the squares added and their fraction in units of 2^-32; then
+// the count of the second GEMV's blocks that have read them. A group of the first GEMV adds
+// the squares of its columns (an f32 sum, in column order) to slot group % kSlots with two
+// fire-and-forget atomic adds: integer sums do not depend on the order the groups add in, so
+// the bits are the same every run, and the slots spread the adds over 32 addresses. No fence
+// and no count is needed there: the second GEMV's grid-dependency wait already waits for the
+// whole first grid and its memory. Exact for sums below 2^64 in whole part, each group's
+// fraction rounded to 2^-32 (at most 2^-33 an add: against eps = 1e-6 at K = 2048, a relative
+// error below 1e-4 of r even for a row of zeros).
+template <int kM>
+struct SquareSums {
+  static constexpr int kSlots = 32;
+  static constexpr long long kWords = static_cast<long long>(kM) * kSlots * 2;
+  // The persistent bytes a launch pair needs.
+  static constexpr long long kBytes = kWords * 8 + 8;
+
+  static __device__ __forceinline__ void Add(unsigned long long* sums, int m, long long group, float squares) {
+    const float whole = floorf(squares);
+    unsigned long long* slot = sums + (static_cast<long long>(m) * kSlots + group % kSlots) * 2;
+    atomicAdd(slot, static_cast<unsigned long long>(whole));
+    atomicAdd(slot + 1, __float2ull_rn(__fmul_rn(__fsub_rn(squares, whole), 4294967296.0f)));
+  }
+
+  // 1 / sqrtf(sum / k + eps) of row m, in every lane of the calling warp (after the wait).
+  static __device__ __forceinline__ float InverseRms(const unsigned long long* sums, int m, float k, float eps) {
+    const int lane = threadIdx.x % kWarpSize;
+    unsigned long long whole, fraction;
+    asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(whole), "=l"(fraction)
+                 : "l"(sums + (static_cast<long long>(m) * kSlots + lane) * 2)
+                 : "memory");
+#pragma unroll
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+      whole += __shfl_xor_sync(0xffffffffu, whole, mask);
+      fraction += __shfl_xor_sync(0xffffffffu, fraction, mask);
+    }
+    const float sum = static_cast<float>(static_cast<double>(whole) + static_cast<double>(fraction) * 0x1p-32);
+    return 1.f / sqrtf(sum / k + eps);
+  }
+
+  // Counts a block as having read the sums (after all its warps have: a barrier first);
+  // returns the count before it. Release orders the block's reads before the count, acquire
+  // the last block's clearing after every other block's count.
+  static __device__ __forceinline__ unsigned int CountReader(unsigned long long* sums) {
+    unsigned int before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(reinterpret_cast<unsigned int*>(sums + kWords))
+                 : "memory");
+    return before;
+  }
+
+  // By the last block to read them: zero for the next launch pair (which follows this grid).
+  static __device__ __forceinline__ void Clear(unsigned long long* sums) {
+    for (long long i = 0; i < kWords; ++i) sums[i] = 0;
+    *reinterpret_cast<unsigned int*>(sums + kWords) = 0;
+  }
+};
+
 // kWeightsBeforeWait (codegen, where B is step-invariant: a decode step's weight): the first
 // round of B's loads is issued before the kernel waits for the kernels ahead
 // (GridDependencyWait, here), and A and C are read after it through ordered loads
@@ -84,6 +147,86 @@ struct SmallMGemm {
   // c: null unless kHasC.
   static __device__ __forceinline__ void Run(TD* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
                                              const TD* __restrict__ c, float alpha, float beta) {
+    PlainA source{a};
+    Stream<false>(out, source, b, c, alpha, beta, nullptr);
+  }
+
+  // Run, and the sums of squares of D's rows added into `sums` (fuse-norm-between-gemvs'
+  // first kernel: SquareSums below): each group adds those of its columns. D is f32 (the
+  // residual stream the next GEMV normalizes).
+  static __device__ __forceinline__ void RunAddingSquares(TD* __restrict__ out, const T* __restrict__ a,
+                                                          const T* __restrict__ b, const TD* __restrict__ c,
+                                                          float alpha, float beta, unsigned long long* sums) {
+    static_assert(sizeof(TD) == sizeof(float) && !kGlu, "the squares of an f32 D (the residual stream)");
+    PlainA source{a};
+    Stream<true>(out, source, b, c, alpha, beta, sums);
+  }
+
+  // The GEMV of A = rms_norm(x, w) (fuse-norm-between-gemvs' second kernel), x [kM, kK] f32
+  // and w [kK]: A's rows are formed chunk by chunk as they are read, from x, w and the sums of
+  // squares of x's rows that the GEMV before added into `sums`, and never stored (NormedA).
+  template <typename TW>
+  static __device__ __forceinline__ void RunNormedA(TD* __restrict__ out, const float* x, const TW* __restrict__ w,
+                                                    float eps, unsigned long long* sums, const T* __restrict__ b,
+                                                    float alpha) {
+    NormedA<TW> source{x, w, sums, eps};
+    Stream<false>(out, source, b, nullptr, alpha, 0.0f, nullptr);
+  }
+
+ private:
+  // Where A's chunks come from: A itself.
+  struct PlainA {
+    const T* __restrict__ a;
+    __device__ __forceinline__ void Prepare() {}
+    __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
+      return kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
+    }
+    __device__ __forceinline__ void Finish() const {}
+  };
+
+  // A = rms_norm(x, w) rounded to T, as kernels/rms_norm.cuh's RmsNormForward rounds it
+  // (x r w, r = 1 / sqrtf(sum x^2 / K + eps)), where sum x^2 comes from SquareSums. After the
+  // wait every warp adds up the slots of its rows (their bits do not depend on the order the
+  // GEMV before added them in); the block's first thread then counts the block as having read
+  // them, and the last block to count clears them and the count for the next launch.
+  template <typename TW>
+  struct NormedA {
+    const float* x;
+    const TW* __restrict__ w;
+    unsigned long long* sums;
+    float eps;
+    float r[kM] = {};
+    unsigned int readers_before = 0;
+    __device__ __forceinline__ void Prepare() {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) r[m] = SquareSums<kM>::InverseRms(sums, m, static_cast<float>(kK), eps);
+      __syncthreads();  // every warp has read the sums before the block is counted
+      if (threadIdx.x == 0) readers_before = SquareSums<kM>::CountReader(sums);
+    }
+    static_assert(kVec % 4 == 0, "A's chunks are whole 16-byte accesses of f32 x");
+    __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
+      const long long at = m * kK + chunk * kVec;
+      float ws[kVec];
+      LoadFloats(w + chunk * kVec, ws);  // a parameter: no kernel of the step writes it
+      Packed128<T> a;
+#pragma unroll
+      for (int q = 0; q < kVec; q += 4) {
+        const Packed128<float> xs = Load128AfterWait<true>(x + at + q);  // x's rows: every warp reads them
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[q + j] = FromFloat<T>(xs[j] * r[m] * ws[q + j]);
+      }
+      return a;
+    }
+    __device__ __forceinline__ void Finish() const {
+      if (threadIdx.x == 0 && readers_before == gridDim.x - 1) SquareSums<kM>::Clear(sums);
+    }
+  };
+
+  // kSumSquares: RunAddingSquares's sums of squares of the columns stored.
+  template <bool kSumSquares, typename ASource>
+  static __device__ __forceinline__ void Stream(TD* __restrict__ out, ASource& source, const T* __restrict__ b,
+                                                const TD* __restrict__ c, float alpha, float beta,
+                                                unsigned long long* sums) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int group = warp / kSplit, part = warp % kSplit;
     const long long first =
@@ -120,6 +263,7 @@ struct SmallMGemm {
     };
     load_round(0);
     if constexpr (kWeightsBeforeWait) GridDependencyWait();
+    source.Prepare();
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -127,8 +271,7 @@ struct SmallMGemm {
         if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const Packed128<T> av =
-              kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
+          const Packed128<T> av = source.Chunk(m, chunk);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float x = ToFloat(av[j]);
@@ -160,14 +303,16 @@ struct SmallMGemm {
       if (first >= kN) return;
       if constexpr (kGlu) out[m * kN + first] = Glu::Apply(__fmul_rn(alpha, gate), __fmul_rn(alpha, up));
     };
+    // Stores D[m, first + r] and returns its square (0 past N) for kSumSquares.
     auto store = [&](int m, int r, float sum) {
-      if (first + r >= kN) return;
+      if (first + r >= kN) return 0.0f;
       const long long at = m * kN + first + r;
       float t = __fmul_rn(alpha, sum);
       if constexpr (kHasC) {
         t = __fadd_rn(t, __fmul_rn(beta, kWeightsBeforeWait ? ToFloatAfterWait(c + at) : ToFloat(c[at])));
       }
       out[at] = FromFloat<TD>(t);
+      return __fmul_rn(t, t);
     };
     if constexpr (kSplit == 1) {
       if (lane == 0) {
@@ -176,40 +321,56 @@ struct SmallMGemm {
           if constexpr (kGlu) {
             store_glu(m, acc[m][0], acc[m][1]);
           } else {
+            float squares = 0.0f;
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) store(m, r, acc[m][r]);
+            for (int r = 0; r < kRows; ++r) squares = __fadd_rn(squares, store(m, r, acc[m][r]));
+            if constexpr (kSumSquares) SquareSums<kM>::Add(sums, m, blockIdx.x * kGroups + group, squares);
           }
         }
       }
     } else {
       // The group's warps' sums, added in warp order by the group's first warp.
-      __shared__ float sums[kGroups][kSplit][kM * kRows];
+      __shared__ float partial_sums[kGroups][kSplit][kM * kRows];
+      __shared__ float squares[kSumSquares ? kGroups : 1][kM * kRows];
       if (lane == 0) {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) sums[group][part][m * kRows + r] = acc[m][r];
+          for (int r = 0; r < kRows; ++r) partial_sums[group][part][m * kRows + r] = acc[m][r];
         }
       }
       __syncthreads();
       if (part == 0) {
         if constexpr (kGlu) {
           for (int m = lane; m < kM; m += kWarpSize) {
-            float gate = sums[group][0][m * kRows], up = sums[group][0][m * kRows + 1];
+            float gate = partial_sums[group][0][m * kRows], up = partial_sums[group][0][m * kRows + 1];
 #pragma unroll
-            for (int p = 1; p < kSplit; ++p) gate += sums[group][p][m * kRows], up += sums[group][p][m * kRows + 1];
+            for (int p = 1; p < kSplit; ++p) {
+              gate += partial_sums[group][p][m * kRows], up += partial_sums[group][p][m * kRows + 1];
+            }
             store_glu(m, gate, up);
           }
         } else {
           for (int i = lane; i < kM * kRows; i += kWarpSize) {
-            float sum = sums[group][0][i];
+            float sum = partial_sums[group][0][i];
 #pragma unroll
-            for (int p = 1; p < kSplit; ++p) sum += sums[group][p][i];
-            store(i / kRows, i % kRows, sum);
+            for (int p = 1; p < kSplit; ++p) sum += partial_sums[group][p][i];
+            const float square = store(i / kRows, i % kRows, sum);
+            if constexpr (kSumSquares) squares[group][i] = square;
+          }
+          if constexpr (kSumSquares) {
+            __syncwarp();
+            for (int m = lane; m < kM; m += kWarpSize) {
+              float row_squares = 0.0f;
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) row_squares = __fadd_rn(row_squares, squares[group][m * kRows + r]);
+              SquareSums<kM>::Add(sums, m, blockIdx.x * kGroups + group, row_squares);
+            }
           }
         }
       }
     }
+    source.Finish();
   }
 };
 

@@ -75,7 +75,7 @@ std::string BufferPlan::LargestBuffers(const Function& f, int rows) const {
   std::string out;
   for (int i = 0; i < rows && i < static_cast<int>(order.size()); ++i) {
     const PlannedBuffer& b = *order[i];
-    static constexpr const char* kKinds[] = {"parameter", "value", "scratch", "output copy"};
+    static constexpr const char* kKinds[] = {"parameter", "value", "scratch", "output copy", "persistent"};
     const Node* node = b.node_index >= 0 && b.node_index < f.num_nodes() ? f.nodes()[b.node_index].get() : nullptr;
     absl::StrAppend(&out, "  ", FormatBytes(b.bytes), "  ", kKinds[static_cast<int>(b.kind)], "  ",
                     node ? absl::StrCat("%", node->name(), " = ", node->op_name(), " ", node->type().ToString(),
@@ -262,6 +262,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
   const int64_t alignment = request.alignment;
   if (static_cast<int64_t>(request.roles.size()) != num_nodes ||
       (!request.scratch_bytes.empty() && static_cast<int64_t>(request.scratch_bytes.size()) != num_nodes) ||
+      (!request.persistent_bytes.empty() && static_cast<int64_t>(request.persistent_bytes.size()) != num_nodes) ||
       (!request.run_step.empty() && static_cast<int64_t>(request.run_step.size()) != num_nodes) ||
       (!request.elementwise_in_place.empty() &&
        static_cast<int64_t>(request.elementwise_in_place.size()) != num_nodes) ||
@@ -279,6 +280,7 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
   BufferPlan plan;
   plan.node_buffer.assign(num_nodes, -1);
   plan.scratch_buffer.assign(num_nodes, -1);
+  plan.persistent_buffer.assign(num_nodes, -1);
   auto add_buffer = [&](PlannedBuffer::Kind kind, int64_t node, int64_t bytes, int64_t first) {
     plan.buffers.push_back({kind, node, RoundUp(bytes, alignment), 0, first, first});
     return static_cast<int64_t>(plan.buffers.size()) - 1;
@@ -338,6 +340,12 @@ absl::StatusOr<BufferPlan> PlanBuffers(const Function& f, const BufferPlanReques
     // those; its kernels may still need scratch: the norm input gradient with dw's partials).
     if (!request.scratch_bytes.empty() && request.scratch_bytes[i] > 0) {
       plan.scratch_buffer[i] = add_buffer(PlannedBuffer::Kind::kScratch, i, request.scratch_bytes[i], i);
+    }
+    // Live from the first step to the finish: no other buffer overlaps it, in this run or
+    // between runs.
+    if (!request.persistent_bytes.empty() && request.persistent_bytes[i] > 0) {
+      plan.persistent_buffer[i] = add_buffer(PlannedBuffer::Kind::kPersistent, i, request.persistent_bytes[i], 0);
+      plan.buffers[plan.persistent_buffer[i]].last_step = finish;
     }
     if (role == BufferRole::kMultiResult) continue;
     if (role == BufferRole::kAlias) {

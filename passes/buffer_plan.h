@@ -13,6 +13,8 @@
 //                until the last reader of any alias of it
 //   scratch      bytes a node needs only while it runs (GEMM workspace, transposed GEMM
 //                operands): live at that node's step alone
+//   persistent   bytes a node keeps between runs (LoweredNode::persistent_bytes): live at
+//                every step, so never shared; the executable zeroes them once
 //   output copy  an output whose bytes are a parameter's (the parameter itself, or an alias
 //                of it) is copied at step N into a buffer of its own, so that donations,
 //                which overwrite parameters at step N, cannot change what it reads
@@ -54,6 +56,7 @@ enum class BufferRole : uint8_t {
 struct BufferPlanRequest {
   std::vector<BufferRole> roles;       // one per node, in f.nodes() order
   std::vector<int64_t> scratch_bytes;  // one per node, or empty for none
+  std::vector<int64_t> persistent_bytes;  // one per node, or empty for none
   // One per node, or empty: the step at which the node runs, when that is not its own (a
   // kResult's: its multi-result node's step, which is earlier).
   std::vector<int64_t> run_step;
@@ -76,7 +79,7 @@ struct BufferPlanRequest {
 };
 
 struct PlannedBuffer {
-  enum class Kind : uint8_t { kParameter, kValue, kScratch, kOutputCopy };
+  enum class Kind : uint8_t { kParameter, kValue, kScratch, kOutputCopy, kPersistent };
   Kind kind = Kind::kValue;
   int64_t node_index = -1;  // the node whose value (or scratch) it holds; for an output copy, the output's node
   int64_t bytes = 0;        // rounded up to the alignment
@@ -88,6 +91,7 @@ struct BufferPlan {
   std::vector<PlannedBuffer> buffers;
   std::vector<int64_t> node_buffer;     // per node: index into `buffers` of its bytes (alias: the root's), -1 for kNone
   std::vector<int64_t> scratch_buffer;  // per node: index into `buffers`, or -1
+  std::vector<int64_t> persistent_buffer;  // per node: index into `buffers`, or -1
   std::vector<int64_t> output_buffer;   // per output: where its value is read after step N
   std::vector<int64_t> output_copy_source;  // per output: the buffer copied from at step N, or -1
   int64_t parameter_bytes = 0;          // parameters occupy [0, parameter_bytes)

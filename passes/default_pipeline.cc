@@ -14,6 +14,7 @@
 #include "passes/fuse_cache_write.h"
 #include "passes/merge_cache_write_siblings.h"
 #include "passes/fuse_gemv_glu.h"
+#include "passes/fuse_norm_between_gemvs.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -100,6 +101,10 @@ Pipeline BuildDefaultPipeline(const CompileOptions& options) {
   // A few-row gemm's SwiGLU (decode: silu(gate) * up) is computed by the GEMV itself; after
   // fusion, whose loop fusion it takes in.
   p.Add(std::make_unique<FuseGemvGluPass>());
+  // The rms_norm between two few-row gemms (decode: the residual stream normalized for the
+  // next projection) is applied by the second as it reads, from sums of squares the first adds
+  // up; after fuse-gemv-glu, whose fusions it takes in as the second GEMV.
+  p.Add(std::make_unique<FuseNormBetweenGemvsPass>());
   // Activations saved only for a late weight-gradient GEMM are recomputed by the backward's
   // loop fusions that read their inputs; after fusion, whose kernels it extends.
   p.Add(std::make_unique<RematerializePass>());

@@ -14,6 +14,7 @@
 #include "passes/expand_rope.h"
 #include "passes/fuse_cache_write.h"
 #include "passes/fuse_gemv_glu.h"
+#include "passes/fuse_norm_between_gemvs.h"
 #include "passes/fuse_fp8_scale_update.h"
 #include "passes/fuse_residual_norm.h"
 #include "passes/fusion.h"
@@ -69,6 +70,8 @@ constexpr PassInfo kPasses[] = {
      Make<FuseGemvGluPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
+    {FuseNormBetweenGemvsPass::kName, "rms_norm between few-row gemms -> applied by the second GEMV as it reads",
+     Make<FuseNormBetweenGemvsPass>},
     {FuseResidualNormPass::kName,
      "add + norm -> one kernel; narrow norms; backward: add, dw, all of layer_norm's",
      Make<FuseResidualNormPass>, /*reassociates_f32_sums=*/true},

@@ -378,7 +378,7 @@ func @main {
     return %n
   }
   return %y
-})"), "unknown fusion kind 'blob' (the kinds are loop, reduction, cache_write, gemv_glu)"));
+})"), "unknown fusion kind 'blob' (the kinds are loop, reduction, cache_write, gemv_glu, gemv_norm_gemv)"));
   EXPECT_TRUE(absl::StrContains(error_of(R"(  %y = fusion(%x) {kind=loop} : f32[4] {
     %x = parameter() {index=0} : f32[8]
     %n = neg(%x) : f32[8]

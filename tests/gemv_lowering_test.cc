@@ -149,18 +149,25 @@ TEST(SmallMGemm, TakesEveryGemmOfTheDecodeStepAndNoneOfThePrefill) {
     ASSERT_TRUE(CompileInferenceModule(*m, {}).ok());
     int gemms = 0, glus = 0;
     for (const auto& node : m->functions()[0]->nodes()) {
-      const Node* n = node.get();
-      // A gemv_glu fusion's gemm (passes/fuse_gemv_glu.h: the gate/up projection) counts too.
-      if (n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu) {
-        ++glus;
-        for (const auto& b : n->body()->nodes()) {
-          if (b->opcode() == Opcode::kGemm) n = b.get();
+      // The gemms of gemv_glu fusions (passes/fuse_gemv_glu.h: the gate/up projection) and of
+      // gemv_norm_gemv fusions (passes/fuse_norm_between_gemvs.h: two each) count too.
+      std::vector<const Node*> ns = {node.get()};
+      if (node->opcode() == Opcode::kFusion) {
+        const FusionKind kind = *FusionKindOf(*node);
+        if (kind == FusionKind::kGemvGlu || kind == FusionKind::kGemvNormGemv) {
+          ns.clear();
+          for (const auto& b : node->body()->nodes()) {
+            if (b->opcode() == Opcode::kGemm) ns.push_back(b.get());
+          }
+          glus += kind == FusionKind::kGemvGlu || MatchGemvNormGemv(*node->body())->glu.out != nullptr;
         }
       }
-      if (n->opcode() != Opcode::kGemm) continue;
-      ++gemms;
-      EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.gemv)
-          << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
+      for (const Node* n : ns) {
+        if (n->opcode() != Opcode::kGemm) continue;
+        ++gemms;
+        EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}).empty(), p.gemv)
+            << n->name() << " (size " << p.size << "): " << codegen::SmallMGemmRefusal(*n, {});
+      }
     }
     EXPECT_EQ(gemms, 4 * config.n_layers + 1) << "qkv, o, gate_up, down a layer (joined weights), and the LM head";
     EXPECT_EQ(glus, p.gemv ? config.n_layers : 0) << "the MLP's SwiGLU computed by its gate/up GEMV";

@@ -63,7 +63,7 @@ TEST(PassRegistry, PipelinesFromNamesUseTheTable) {
   EXPECT_EQ(bad.status().message(), "unknown pass 'bogus' (known: default, " + RegisteredPassNames() + ")");
   EXPECT_EQ(RegisteredPassNames(),
             "canonicalize, chunk-lm-head, cse, dce, elide-grad-zeroing, expand-rope, fuse-cache-write, "
-            "fuse-fp8-scale-update, fuse-gemv-glu, fuse-loops, fuse-residual-norm, gemm-bias-epilogue, "
+            "fuse-fp8-scale-update, fuse-gemv-glu, fuse-loops, fuse-norm-between-gemvs, fuse-residual-norm, gemm-bias-epilogue, "
             "group-optimizer-updates, lower-gemm, merge-cache-write-siblings, "
             "merge-sibling-gemms, narrow-activations-bf16, rematerialize, "
             "select-flash-attention, select-fp8-gemm, simplify");

@@ -152,8 +152,8 @@ TEST(Pipeline, DumpsNumberedFilesThatReparse) {
       "012-after-narrow-activations-bf16.kir", "013-after-select-fp8-gemm.kir", "014-after-fuse-fp8-scale-update.kir",
       "015-after-fuse-residual-norm.kir", "016-after-merge-sibling-gemms.kir", "017-after-chunk-lm-head.kir",
       "018-after-expand-rope.kir", "019-after-fuse-loops.kir", "020-after-fuse-cache-write.kir",
-      "021-after-merge-cache-write-siblings.kir", "022-after-fuse-gemv-glu.kir", "023-after-rematerialize.kir",
-      "024-after-group-optimizer-updates.kir"};
+      "021-after-merge-cache-write-siblings.kir", "022-after-fuse-gemv-glu.kir",
+      "023-after-fuse-norm-between-gemvs.kir", "024-after-rematerialize.kir", "025-after-group-optimizer-updates.kir"};
   EXPECT_EQ(files, expected);
   for (const std::string& file : files) {
     absl::StatusOr<std::string> text = ReadFileToString((std::filesystem::path(dir) / file).string());
@@ -208,7 +208,7 @@ TEST(Pipeline, DisablingAnUnknownPassListsTheKnownOnes) {
             "cannot disable unknown pass 'fusion-typo'; pipeline default has: simplify, canonicalize, cse, dce, "
             "lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, select-fp8-gemm, fuse-fp8-scale-update, fuse-residual-norm, "
             "merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops, fuse-cache-write, "
-            "merge-cache-write-siblings, fuse-gemv-glu, rematerialize, "
+            "merge-cache-write-siblings, fuse-gemv-glu, fuse-norm-between-gemvs, rematerialize, "
       "group-optimizer-updates");
 }
 

@@ -83,7 +83,7 @@ TEST(TrainingCompile, ADisabledPassReachesWhicheverPipelineHasIt) {
             "cannot disable unknown pass 'nope'; pipeline forward has: select-flash-attention, dce; pipeline default "
             "has: simplify, canonicalize, cse, dce, lower-gemm, gemm-bias-epilogue, elide-grad-zeroing, narrow-activations-bf16, select-fp8-gemm, "
             "fuse-fp8-scale-update, fuse-residual-norm, merge-sibling-gemms, chunk-lm-head, expand-rope, fuse-loops, "
-            "fuse-cache-write, merge-cache-write-siblings, fuse-gemv-glu, rematerialize, "
+            "fuse-cache-write, merge-cache-write-siblings, fuse-gemv-glu, fuse-norm-between-gemvs, rematerialize, "
             "group-optimizer-updates");
 }
 

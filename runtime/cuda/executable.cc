@@ -104,6 +104,14 @@ absl::StatusOr<std::unique_ptr<CudaExecutable>> CudaExecutable::Load(CompiledPro
                               "poisoning the arena");
     KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device.stream()), "poisoning the arena");
   }
+  // Persistent bytes start at zero; their kernels leave them so at the end of every run.
+  for (size_t b = 0; b < exe->plan_.buffers.size(); ++b) {
+    if (exe->plan_.buffers[b].kind != PlannedBuffer::Kind::kPersistent) continue;
+    KILN_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(exe->BufferAddress(static_cast<int64_t>(b)), 0,
+                                              exe->plan_.buffers[b].bytes, device.stream()),
+                              "zeroing the persistent bytes");
+  }
+  KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(device.stream()), "zeroing the persistent bytes");
   exe->stats_.phases.emplace_back("arena allocation", Lap(&phase_start));
   RETURN_IF_ERROR(exe->BuildSteps());
   exe->stats_.phases.emplace_back("kernel loading and cuBLASLt plans", Lap(&phase_start));
@@ -275,6 +283,7 @@ absl::Status CudaExecutable::BuildSteps() {
         step.library = library_of[ps.kernel];
         for (int64_t arg : ps.args) step.pointers.push_back(ArgAddress(arg));
         if (ps.scratch_buffer >= 0) step.pointers.push_back(BufferAddress(ps.scratch_buffer));
+        if (ps.persistent_buffer >= 0) step.pointers.push_back(BufferAddress(ps.persistent_buffer));
         ++stats_.kernels;
         break;
       }
