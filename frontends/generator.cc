@@ -125,6 +125,7 @@ absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int
     CompileOptions compile;
     compile.precision = options_.precision;
     compile.disabled_passes = options_.disabled_passes;
+    compile.enabled_passes = options_.enabled_passes;
 #ifdef KILN_WITH_CUDA
     if (options_.device != nullptr) compile.target = options_.device->target();
 #endif

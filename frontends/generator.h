@@ -54,6 +54,8 @@ struct GeneratorOptions {
   // Passes the prefill and decode compiles skip (names as `kiln compile --help` lists them), on
   // top of those CompileInferenceModule always skips: for A/B runs of one pass.
   std::vector<std::string> disabled_passes;
+  // Passes that are off by default to run in both compiles (Pass::off_by_default).
+  std::vector<std::string> enabled_passes;
   std::optional<inference::TokenId> eos_token;
   // Run on this GPU (it outlives the Generator); null: on the CPU reference backend. A build
   // without CUDA refuses a device.

@@ -65,6 +65,9 @@ struct CompileOptions {
   // compile has them. A name that none of the compile's pipelines has is an error that lists
   // theirs.
   std::vector<std::string> disabled_passes;
+  // Passes that are off by default (Pass::off_by_default) to run; a name that none of the
+  // compile's pipelines has is an error. disabled_passes wins over it.
+  std::vector<std::string> enabled_passes;
 
   // When non-empty, the module is printed into this folder before the first pass
   // ("000-input.kir") and after each pass whose name matches `dump_regex` (partial match,

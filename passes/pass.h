@@ -32,6 +32,11 @@ class Pass {
   // a plain pass. Disabling by name reaches them.
   virtual std::vector<Pass*> members() const { return {}; }
 
+  // A pass that a pipeline holds but runs only when CompileOptions::enabled_passes names it
+  // (`--enable-pass`): one whose kernels have not yet been measured on a GPU, kept where the
+  // pipeline would run it so that an A/B is one flag.
+  virtual bool off_by_default() const { return false; }
+
   // How a pipeline runs this pass. A grouping pass overrides it to run each member through
   // `runner`, so every member is verified, dumped, timed and can be disabled like a top-level
   // pass; a plain pass is simply Run.

@@ -70,7 +70,7 @@ constexpr PassInfo kPasses[] = {
      Make<FuseGemvGluPass>},
     {FusionPass::kName, "outlines elementwise and reduction chains into fusion nodes, one generated kernel each",
      Make<FusionPass>},
-    {FuseNormBetweenGemvsPass::kName, "rms_norm between few-row gemms -> applied by the second GEMV as it reads",
+    {FuseNormBetweenGemvsPass::kName, "rms_norm between GEMVs -> applied by the second as it reads (off by default)",
      Make<FuseNormBetweenGemvsPass>},
     {FuseResidualNormPass::kName,
      "add + norm -> one kernel; narrow norms; backward: add, dw, all of layer_norm's",

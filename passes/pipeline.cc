@@ -32,10 +32,10 @@ absl::Status InPass(const Pass& pass, const absl::Status& status) {
 
 size_t HashPrinted(const Module& module) { return std::hash<std::string>()(PrintModule(module)); }
 
-// What is wrong with a regular expression, in words a user can act on (std::regex_error's
-// what() is the library's wording, and differs between standard libraries).
+// A pass as Pipeline::Describe lists it: its name, whether it is off by default, its members.
 std::string DescribePass(const Pass& pass) {
   std::string out(pass.name());
+  if (pass.off_by_default()) absl::StrAppend(&out, " [off by default]");
   const std::vector<Pass*> members = pass.members();
   if (members.empty()) return out;
   absl::StrAppend(&out, "(");
@@ -51,6 +51,7 @@ absl::string_view OutcomeName(PassRecord::Outcome outcome) {
     case PassRecord::Outcome::kChanged: return "changed";
     case PassRecord::Outcome::kUnchanged: return "unchanged";
     case PassRecord::Outcome::kDisabled: return "disabled";
+    case PassRecord::Outcome::kOff: return "off";
   }
   return "?";
 }
@@ -67,8 +68,8 @@ std::string PipelineReport::ToString() const {
   for (const PassRecord& r : passes) {
     const std::string name = absl::StrCat(std::string(2 * r.depth, ' '), r.name);
     const std::string round = r.round > 0 ? absl::StrCat(r.round) : "";
-    if (r.outcome == PassRecord::Outcome::kDisabled) {
-      absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9s  %d\n", name, round, "disabled", "-", r.nodes_before);
+    if (r.outcome == PassRecord::Outcome::kDisabled || r.outcome == PassRecord::Outcome::kOff) {
+      absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9s  %d\n", name, round, OutcomeName(r.outcome), "-", r.nodes_before);
       continue;
     }
     absl::StrAppendFormat(&out, "%-36s %5s  %-9s %9.2f  %d -> %d\n", name, round, OutcomeName(r.outcome),
@@ -107,6 +108,7 @@ absl::Status CheckDumpRegex(const std::string& pattern) {
 
 PassRunner::PassRunner(const CompileOptions& options) : options_(options) {
   disabled_.insert(options.disabled_passes.begin(), options.disabled_passes.end());
+  enabled_.insert(options.enabled_passes.begin(), options.enabled_passes.end());
 }
 
 absl::StatusOr<std::unique_ptr<PassRunner>> PassRunner::Create(const CompileOptions& options) {
@@ -151,8 +153,9 @@ absl::StatusOr<bool> PassRunner::RunPass(Pass& pass, Module& module, int round) 
   const size_t row = report_.passes.size();
   report_.passes.push_back(record);
 
-  if (disabled_.contains(pass.name())) {
-    report_.passes[row].outcome = PassRecord::Outcome::kDisabled;
+  const bool off = pass.off_by_default() && !enabled_.contains(pass.name());
+  if (disabled_.contains(pass.name()) || off) {
+    report_.passes[row].outcome = off ? PassRecord::Outcome::kOff : PassRecord::Outcome::kDisabled;
     report_.passes[row].nodes_after = record.nodes_before;
     return false;
   }
@@ -259,19 +262,25 @@ std::string Pipeline::Describe() const {
 }
 
 absl::Status CheckDisabledPasses(const CompileOptions& options, const std::vector<const Pipeline*>& pipelines) {
-  for (const std::string& name : options.disabled_passes) {
-    bool known = false;
+  auto check = [&](const std::string& name, absl::string_view verb) -> absl::Status {
+    const Pass* found = nullptr;
     std::vector<std::string> listing;
     for (const Pipeline* pipeline : pipelines) {
-      const std::vector<std::string> names = pipeline->PassNames();
-      known |= std::find(names.begin(), names.end(), name) != names.end();
-      listing.push_back(absl::StrCat("pipeline ", pipeline->name(), " has: ", absl::StrJoin(names, ", ")));
+      if (found == nullptr) found = pipeline->FindPass(name);
+      listing.push_back(absl::StrCat("pipeline ", pipeline->name(), " has: ", absl::StrJoin(pipeline->PassNames(), ", ")));
     }
-    if (!known) {
+    if (found == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot disable unknown pass '", name, "'; ", absl::StrJoin(listing, "; ")));
+          absl::StrCat("cannot ", verb, " unknown pass '", name, "'; ", absl::StrJoin(listing, "; ")));
     }
-  }
+    if (verb == "enable" && !found->off_by_default()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot enable pass '", name,
+                                                     "': it is not off by default (it runs unless disabled)"));
+    }
+    return absl::OkStatus();
+  };
+  for (const std::string& name : options.disabled_passes) RETURN_IF_ERROR(check(name, "disable"));
+  for (const std::string& name : options.enabled_passes) RETURN_IF_ERROR(check(name, "enable"));
   return absl::OkStatus();
 }
 

@@ -1,6 +1,8 @@
 // Pipeline: runs passes in order, and is where debugging lives (after XLA's
 // HloPassPipeline). Around every pass it
-//   - skips it if CompileOptions::disabled_passes names it (shown as disabled in the report);
+//   - skips it if CompileOptions::disabled_passes names it (shown as disabled in the report),
+//     or if it is off by default (Pass::off_by_default) and enabled_passes does not name it
+//     (shown as off);
 //   - times it and counts nodes before and after;
 //   - verifies the module if the pass reported a change: "after cse: <verifier error>";
 //   - with check_change_reporting, compares a hash of the printed module before and after
@@ -38,17 +40,18 @@
 namespace kiln {
 
 struct PassRecord {
-  enum class Outcome { kChanged, kUnchanged, kDisabled };
+  enum class Outcome { kChanged, kUnchanged, kDisabled, kOff };
   std::string name;
   Outcome outcome = Outcome::kUnchanged;
   int depth = 0;  // 0 for a top-level pass, 1 for a member of a group, ...
   int round = 0;  // which round of its fixpoint group (from 1); 0 outside a group
   double wall_ms = 0;
-  int64_t nodes_before = 0;  // over all functions; equal to nodes_after when disabled
+  int64_t nodes_before = 0;  // over all functions; equal to nodes_after when disabled or off
   int64_t nodes_after = 0;
 };
 
-absl::string_view OutcomeName(PassRecord::Outcome outcome);  // "changed", "unchanged", "disabled"
+// "changed", "unchanged", "disabled", "off" (an off-by-default pass not enabled)
+absl::string_view OutcomeName(PassRecord::Outcome outcome);
 
 struct PipelineReport {
   std::string pipeline;
@@ -99,6 +102,7 @@ class PassRunner {
 
   const CompileOptions options_;
   absl::flat_hash_set<std::string> disabled_;
+  absl::flat_hash_set<std::string> enabled_;
   std::optional<std::regex> dump_regex_;
   PipelineReport report_;
   int depth_ = 0;
@@ -154,8 +158,9 @@ class Pipeline {
   std::vector<std::unique_ptr<Pass>> passes_;
 };
 
-// Fails when options.disabled_passes names a pass that none of `pipelines` has:
-//   "cannot disable unknown pass 'x'; pipeline forward has: ...; pipeline default has: ..."
+// Fails when options.disabled_passes (or enabled_passes) names a pass that none of `pipelines`
+// has: "cannot disable unknown pass 'x'; pipeline forward has: ...; pipeline default has: ...";
+// or when enabled_passes names one that is on anyway.
 absl::Status CheckDisabledPasses(const CompileOptions& options, const std::vector<const Pipeline*>& pipelines);
 
 // Nodes over every function of `module`.

@@ -28,9 +28,8 @@ namespace kiln {
 namespace {
 
 TEST(FuseGemvGlu, DecodeComputesSwiGluInTheGemvWithTheSameBits) {
-  // (fuse-norm-between-gemvs, which takes these fusions in, off in both.)
-  std::unique_ptr<Module> fused = testing::TinyDecode(4, {"fuse-norm-between-gemvs"});
-  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu", "fuse-norm-between-gemvs"});
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
+  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-gemv-glu"});
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
   ASSERT_EQ(testing::FusionsOfKind(f, FusionKind::kGemvGlu).size(), static_cast<size_t>(layers))
@@ -95,8 +94,7 @@ func @main {
 #ifdef KILN_WITH_CUDA
 // One kernel, SmallMGemm's GLU form, compiled for sm_90a.
 TEST(FuseGemvGlu, LowersToTheGemvsGluForm) {
-  std::unique_ptr<Module> m = testing::TinyDecode(4, {"fuse-norm-between-gemvs"});  // which takes them in
-  ASSERT_FALSE(testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvGlu).empty());
+  std::unique_ptr<Module> m = testing::TinyDecode(4, {});
   for (const Node* n : testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvGlu)) {
     absl::StatusOr<LoweredNode> lowered = LowerNode(*n);
     ASSERT_TRUE(lowered.ok()) << lowered.status();

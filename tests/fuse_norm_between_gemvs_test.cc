@@ -18,6 +18,7 @@
 #include "frontends/model_config.h"
 #include "ir/fusion.h"
 #include "ir/text_format.h"
+#include "passes/fuse_norm_between_gemvs.h"
 #include "tests/testing/tiny_decode.h"
 
 #ifdef KILN_WITH_CUDA
@@ -27,6 +28,9 @@
 
 namespace kiln {
 namespace {
+
+// Off by default (passes/fuse_norm_between_gemvs.h): each test enables it.
+const std::string kPass(FuseNormBetweenGemvsPass::kName);
 
 int CountOps(const Function& f, Opcode op) {
   int count = 0;
@@ -38,8 +42,8 @@ int CountOps(const Function& f, Opcode op) {
 // and its qkv (the last layer's: the final norm and the LM head). The first layer's norm, of the
 // embedding, stays a kernel of its own.
 TEST(FuseNormBetweenGemvs, DecodeAppliesEveryNormButTheFirstInItsGemvWithTheSameBits) {
-  std::unique_ptr<Module> fused = testing::TinyDecode(4, {});
-  std::unique_ptr<Module> plain = testing::TinyDecode(4, {"fuse-norm-between-gemvs"});
+  std::unique_ptr<Module> fused = testing::TinyDecode(4, {}, {kPass});
+  std::unique_ptr<Module> plain = testing::TinyDecode(4, {});  // off by default
   const Function& f = *fused->functions()[0];
   const int layers = PresetConfig("llama-tiny")->n_layers;
   const std::vector<const Node*> fusions = testing::FusionsOfKind(f, FusionKind::kGemvNormGemv);
@@ -66,7 +70,7 @@ TEST(FuseNormBetweenGemvs, DecodeAppliesEveryNormButTheFirstInItsGemvWithTheSame
 
 // A batch of 16 is cuBLASLt's (more rows than SmallMGemm takes): its norms stay kernels.
 TEST(FuseNormBetweenGemvs, LeavesCublasLtGemmsAlone) {
-  std::unique_ptr<Module> m = testing::TinyDecode(16, {});
+  std::unique_ptr<Module> m = testing::TinyDecode(16, {}, {kPass});
   EXPECT_TRUE(testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvNormGemv).empty());
   EXPECT_EQ(CountOps(*m->functions()[0], Opcode::kRmsNorm), 2 * PresetConfig("llama-tiny")->n_layers + 1);
 }
@@ -135,7 +139,7 @@ func @main {
 // of sums each node (32 slots of two 8-byte words a row, and the count), D's rows in scratch.
 TEST(FuseNormBetweenGemvs, LowersToTwoGemvsSharingTheNodesPersistentSums) {
   for (int64_t batch : {1, 4}) {
-    std::unique_ptr<Module> m = testing::TinyDecode(batch, {});
+    std::unique_ptr<Module> m = testing::TinyDecode(batch, {}, {kPass});
     const std::vector<const Node*> fusions = testing::FusionsOfKind(*m->functions()[0], FusionKind::kGemvNormGemv);
     ASSERT_FALSE(fusions.empty());
     for (const Node* n : fusions) {
@@ -163,7 +167,7 @@ TEST(FuseNormBetweenGemvs, LowersToTwoGemvsSharingTheNodesPersistentSums) {
 // of its launches, and the node's scratch holds x where the plan gives x no buffer.
 TEST(FuseNormBetweenGemvs, CompilesAndEveryNodeHoldsItsOwnSums) {
   for (int64_t batch : {1, 4}) {
-    std::unique_ptr<Module> m = testing::TinyDecode(batch, {});
+    std::unique_ptr<Module> m = testing::TinyDecode(batch, {}, {kPass});
     const Function& f = *m->functions()[0];
     absl::StatusOr<CompiledProgram> program = CompileProgram(f, {.target = TargetForArch("sm_90a").value()});
     ASSERT_TRUE(program.ok()) << program.status();

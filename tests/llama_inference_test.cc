@@ -112,11 +112,8 @@ TEST(LlamaInference, CompileDisablesAPassOfEitherPipeline) {
     options.disabled_passes = {pass};
     absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
     ASSERT_TRUE(report.ok()) << pass << ": " << report.status();
-    // (fuse-norm-between-gemvs' gemv_norm_gemv fusions hold no loop: they stay.)
     int fusions = 0;
-    for (const auto& n : m->functions()[0]->nodes()) {
-      fusions += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) != FusionKind::kGemvNormGemv;
-    }
+    for (const auto& n : m->functions()[0]->nodes()) fusions += n->opcode() == Opcode::kFusion;
     EXPECT_EQ(fusions == 0, pass == "fuse-loops") << pass;
   }
   std::unique_ptr<Module> m = *BuildLlamaInferenceModule(config, layout, Precision::kBf16, InferencePhase::kDecode, 2);
@@ -192,21 +189,10 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     // qkv, o, gate_up, down; the head (merge-sibling-gemms is off: it would copy the bf16
     // weight parameters into one every call; the joint weights are joined once, at bind)
     // (Four rows: each layer's gate/up GEMV computes its SwiGLU, a gemv_glu fusion holding it.)
-    // (And the norms between GEMVs are applied by them, gemv_norm_gemv fusions holding two
-    // gemms each, o's with the gate/up GEMV's SwiGLU: fuse-norm-between-gemvs; at 4 rows, the
-    // prefill's too.)
-    int glus = 0, norms = 0, fused_gemms = 0;
-    for (const auto& n : f->nodes()) {
-      if (n->opcode() != Opcode::kFusion) continue;
-      const FusionKind kind = *FusionKindOf(*n);
-      norms += kind == FusionKind::kGemvNormGemv;
-      glus += kind == FusionKind::kGemvGlu ||
-              (kind == FusionKind::kGemvNormGemv && MatchGemvNormGemv(*n->body())->glu.out != nullptr);
-      fused_gemms += kind == FusionKind::kGemvGlu ? 1 : kind == FusionKind::kGemvNormGemv ? 2 : 0;
-    }
+    int glus = 0;
+    for (const auto& n : f->nodes()) glus += n->opcode() == Opcode::kFusion && *FusionKindOf(*n) == FusionKind::kGemvGlu;
     EXPECT_EQ(glus, config.n_layers) << "fuse-gemv-glu";
-    EXPECT_EQ(norms, 2 * config.n_layers) << "fuse-norm-between-gemvs";
-    EXPECT_EQ(ops[Opcode::kGemm] + fused_gemms, 4 * config.n_layers + 1);
+    EXPECT_EQ(ops[Opcode::kGemm] + glus, 4 * config.n_layers + 1);
     EXPECT_EQ(ops[Opcode::kConcatenate], 0);
     EXPECT_GT(ops[Opcode::kFusion], 0) << "fuse-loops ran";
     // Each layer's K and V rows are stored into the pools by the kernel that computes them

@@ -44,6 +44,9 @@ absl::StatusOr<CompileOptions> CompileOptionsFromArgs(const ParsedArgs& args) {
   if (args.Has("disable-pass")) {
     options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
+  if (args.Has("enable-pass")) {
+    options.enabled_passes = absl::StrSplit(args.Get("enable-pass"), ',', absl::SkipEmpty());
+  }
   RETURN_IF_ERROR(TrainingCompileFlagsFromArgs(args, options));
   return options;
 }
@@ -223,6 +226,8 @@ Command CompileCommand() {
                 {.name = "dump-after", .value_name = "REGEX", .help = "dump after passes whose name matches",
                  .default_value = ".*"},
                 {.name = "disable-pass", .value_name = "NAME,...", .help = "skip these passes"},
+                {.name = "enable-pass", .value_name = "NAME,...",
+                 .help = "run these passes, which are off by default (marked in the list above)"},
                 {.name = "target", .value_name = "ARCH",
                  .help = "generate and NVRTC-compile every kernel for ARCH: sm_90a, sm_90, sm_89, sm_86 or sm_80 "
                          "(nominal SM count and shared memory of the family's data-centre part)",

@@ -255,6 +255,7 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
   if (args.Has("no-decode-lookahead")) options.decode_lookahead = false;
   if (args.Has("disable-pass")) options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
+  if (args.Has("enable-pass")) options.enabled_passes = absl::StrSplit(args.Get("enable-pass"), ',', absl::SkipEmpty());
   // A decode call well past the first (the batch has filled) but before the shortest
   // request can end.
   options.time_decode_calls = report;
@@ -512,6 +513,9 @@ Command GenerateCommand() {
                {.name = "disable-pass", .value_name = "NAME,...",
                 .help = "skip these compiler passes in the prefill and decode compiles (to measure what one "
                         "saves; names: kiln compile --help)"},
+               {.name = "enable-pass", .value_name = "NAME,...",
+                .help = "run these passes, which are off by default, in the prefill and decode compiles (kiln "
+                        "compile --help marks them)"},
            }},
           RunGenerate};
 }

@@ -655,6 +655,9 @@ absl::Status RunTrain(const ParsedArgs& args) {
   if (args.Has("disable-pass")) {
     compile_options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   }
+  if (args.Has("enable-pass")) {
+    compile_options.enabled_passes = absl::StrSplit(args.Get("enable-pass"), ',', absl::SkipEmpty());
+  }
   RETURN_IF_ERROR(TrainingCompileFlagsFromArgs(args, compile_options));
   TrainingStepOptions step_options;
   step_options.accum_steps = s.accum;
@@ -875,6 +878,8 @@ Command TrainCommand() {
                 .help = "keep cuBLASLt's heuristic first algorithm for every GEMM instead of timing its candidates at load"},
                {.name = "disable-pass", .value_name = "NAME,...",
                 .help = "skip these passes (names as `kiln compile --help` lists them): an ablation"},
+               {.name = "enable-pass", .value_name = "NAME,...",
+                .help = "run these passes, which are off by default (`kiln compile --help` marks them)"},
            }};
   // The flags that shape the step's graph, shared with compile and check, listed after --seq.
   const std::vector<FlagSpec> step_flags = TrainingStepFlags();

@@ -9,12 +9,14 @@
 
 namespace kiln::testing {
 
-std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes) {
+std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes,
+                                   const std::vector<std::string>& enabled_passes) {
   const PagedKvLayout layout{.num_blocks = 8, .block_size = 4, .max_blocks_per_sequence = 4};
   std::unique_ptr<Module> m =
       *BuildLlamaInferenceModule(*PresetConfig("llama-tiny"), layout, Precision::kBf16, InferencePhase::kDecode, batch);
   CompileOptions options;
   options.disabled_passes = disabled_passes;
+  options.enabled_passes = enabled_passes;
   absl::StatusOr<PipelineReport> report = CompileInferenceModule(*m, options);
   EXPECT_TRUE(report.ok()) << report.status();
   return m;

@@ -15,8 +15,10 @@
 
 namespace kiln::testing {
 
-// Blocks of 4 tokens, 8 of them, 4 a sequence at most; `batch` sequences a call.
-std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes);
+// Blocks of 4 tokens, 8 of them, 4 a sequence at most; `batch` sequences a call. With
+// `enabled_passes`, passes that are off by default run too.
+std::unique_ptr<Module> TinyDecode(int64_t batch, const std::vector<std::string>& disabled_passes,
+                                   const std::vector<std::string>& enabled_passes = {});
 
 // Four sequences, one of them padding (position and slot -1), one whose slot is in the
 // second block of its table; random weights and pools (a decode function of batch 4).
