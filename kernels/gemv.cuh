@@ -179,7 +179,12 @@ struct SmallMGemm {
     const T* __restrict__ a;
     __device__ __forceinline__ void Prepare() {}
     __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
-      return kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : Load128(a + m * kK + chunk * kVec);
+      return kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : LoadA(a, m * kK + chunk * kVec);
+    }
+    // Through a `__restrict__` parameter, which the compiler honours (a member's it does not):
+    // A's loads take the read-only path, as when A was Run's own parameter.
+    static __device__ __forceinline__ Packed128<T> LoadA(const T* __restrict__ a, long long at) {
+      return Load128(a + at);
     }
     __device__ __forceinline__ void Finish() const {}
   };
