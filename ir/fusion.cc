@@ -208,11 +208,8 @@ absl::Status CheckFusionBody(const AttrMap& attrs, const Function* body) {
       }
       return absl::OkStatus();
     }
-    case FusionKind::kGemvNormGemv: {
-      ASSIGN_OR_RETURN(const GemvNormGemvOps ops, MatchGemvNormGemv(*body));
-      (void)ops;
-      return absl::OkStatus();
-    }
+    case FusionKind::kGemvNormGemv:
+      return MatchGemvNormGemv(*body).status();
   }
   return absl::InternalError("unknown fusion kind");
 }
