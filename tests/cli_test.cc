@@ -350,6 +350,46 @@ TEST_F(CliTest, CompileInferenceBuildsTheDecodeAndPrefillFunctions) {
   }
 }
 
+// --kernels-dir: every kernel the decode compile lists has its source in a file headed by its
+// geometry and ptxas's resources, and kernels.txt accounts for every launch listed.
+TEST_F(CliTest, CompileKernelsDirListsEveryKernelWithItsSource) {
+#ifdef KILN_WITH_CUDA
+  const std::string dir = Path("kernels");
+  auto r = RunCommand(Kiln() + " compile llama-tiny --inference decode --size 1 --context 64 --target sm_90a --kernels-dir " +
+                      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("kernels for sm_90a: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int64_t listed = std::stoll(r.output.substr(at + std::string("kernels for sm_90a: ").size()));
+  const std::string table = Read("kernels/kernels.txt");
+  EXPECT_TRUE(absl::StrContains(r.output, table)) << "the table is printed as written";
+  int64_t launches = 0, rows = 0;
+  bool saw_gemv = false;
+  for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(line, "kernel ")) continue;  // the header
+    const std::vector<std::string> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    ASSERT_GE(cells.size(), 9u) << line;
+    ++rows;
+    launches += std::stoll(cells[1]);
+    EXPECT_GT(std::stoi(cells[4]), 0) << "registers: " << line;
+    EXPECT_GE(std::stoll(cells[5]), 0) << "local frame bytes: " << line;
+    const std::string source = Read("kernels/" + cells[0] + ".cu");
+    EXPECT_TRUE(absl::StartsWith(source, "// kiln compile --kernels-dir: " + cells[0] + " for sm_90a\n")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "// launched as grid " + cells[2] + ", block " + cells[3])) << source;
+    EXPECT_TRUE(absl::StrContains(source, "// ptxas: " + cells[4] + " registers a thread")) << source;
+    EXPECT_TRUE(absl::StrContains(source, "__global__")) << source;
+    saw_gemv = saw_gemv || absl::StrContains(source, "#include \"kernels/gemv.cuh\"");
+  }
+  EXPECT_GT(rows, 5);
+  EXPECT_EQ(launches, listed) << table;
+  EXPECT_TRUE(saw_gemv) << "a decode step's projections are SmallMGemm kernels";
+#else
+  auto r = RunCommand(Kiln() + " compile llama-tiny --kernels-dir " + Path("kernels"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.output, "built without the CUDA toolkit")) << r.output;
+#endif
+}
+
 // Issue 10, tried as a new user would: with --training a compile runs two pipelines (forward,
 // then default), and a disabled name reaches whichever has it.
 TEST_F(CliTest, CompileTrainingDisablesAPassOfEitherPipeline) {

@@ -19,6 +19,7 @@
 #include "codegen/capabilities.h"
 #include "codegen/compile_function.h"
 #include "codegen/compile_program.h"
+#include "codegen/kernel_listing.h"
 #include "runtime/cuda/device.h"
 #endif
 
@@ -66,6 +67,10 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
   } else {
     absl::Status usable = CudaDevice::Available();
     if (!usable.ok()) {
+      if (args.Has("kernels-dir")) {
+        return absl::InvalidArgumentError(absl::StrCat("--kernels-dir: no kernels to list without --target or a usable GPU (",
+                                                       usable.message(), ")"));
+      }
       std::printf("no kernels generated: no --target and no usable GPU (%s)\n", std::string(usable.message()).c_str());
       return absl::OkStatus();
     }
@@ -83,6 +88,11 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
               nvrtc.arch.c_str(), static_cast<long long>(kernels.num_kernels), static_cast<long long>(kernels.num_distinct),
               static_cast<long long>(kernels.cache_hits), cache.dir().c_str(), static_cast<long long>(gemms),
               kernels.nvrtc_seconds, kernels.wall_seconds);
+  if (args.Has("kernels-dir")) {
+    ASSIGN_OR_RETURN(const std::string table, WriteKernelListing(kernels, args.Get("kernels-dir"), nvrtc.arch));
+    std::printf("%skernel sources, launch geometry and ptxas's registers in %s (kernels.txt: the table above)\n",
+                table.c_str(), args.Get("kernels-dir").c_str());
+  }
   if (launch_lists) {
     int64_t launches = 0;
     for (const auto& f : module.functions()) {
@@ -100,6 +110,9 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
   if (args.Has("target")) {
     RETURN_IF_ERROR(TargetForArch(args.Get("target")).status());
     return absl::UnimplementedError("--target: this kiln was built without the CUDA toolkit");
+  }
+  if (args.Has("kernels-dir")) {
+    return absl::UnimplementedError("--kernels-dir: this kiln was built without the CUDA toolkit");
   }
   return absl::OkStatus();
 #endif
@@ -233,6 +246,9 @@ Command CompileCommand() {
                          "(nominal SM count and shared memory of the family's data-centre part)",
                  .default_value = "the GPU's, if any"},
                 {.name = "report", .help = "print per pass: time, changed or not, nodes before/after"},
+                {.name = "kernels-dir", .value_name = "DIR",
+                 .help = "write every generated kernel's CUDA source here, headed by its nodes, launch geometry and "
+                         "ptxas's registers, frame and shared memory; kernels.txt lists them"},
                 {.name = "inference", .value_name = "PHASE",
                  .help = "compile kiln generate's decode or prefill function instead of @forward"},
                 {.name = "size", .value_name = "N",

@@ -1,0 +1,21 @@
+// The kernels of a compile, for reading (`kiln compile --kernels-dir DIR`): each distinct
+// kernel body's CUDA C++ in a file of its own, DIR/<symbol>.cu, headed by the nodes that launch
+// it, their launch geometry and what ptxas gave it (registers, local frame, static shared
+// memory: codegen/cubin_info.h); and DIR/kernels.txt, one line per kernel body and geometry in
+// launch order. The files #include kernel templates by their kernels/ path in the source tree.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "codegen/compile_function.h"
+
+namespace kiln {
+
+// Writes the listing (creating `dir`) and returns kernels.txt's text. `arch` names the target
+// in the headers.
+absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report, const std::string& dir,
+                                               absl::string_view arch);
+
+}  // namespace kiln
