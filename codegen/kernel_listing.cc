@@ -68,7 +68,7 @@ absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report
     resources[c] = *r;
   }
 
-  std::string table = absl::StrFormat("%-44s %8s %10s %7s %5s %7s %9s %9s  %s\n", "kernel (file: kernel.cu)", "launches",
+  std::string table = absl::StrFormat("%-44s %8s %10s %7s %5s %7s %9s %9s  %s\n", "kernel (file: kernel.cu)", "listed",
                                       "grid", "block", "regs", "frame", "static_sm", "dynamic_sm", "nodes");
   std::map<int, std::string> headers;  // per compiled body: its geometry lines
   for (const Row& row : rows) {

@@ -2,7 +2,9 @@
 // kernel body's CUDA C++ in a file of its own, DIR/<symbol>.cu, headed by the nodes that launch
 // it, their launch geometry and what ptxas gave it (registers, local frame, static shared
 // memory: codegen/cubin_info.h); and DIR/kernels.txt, one line per kernel body and geometry in
-// launch order. The files #include kernel templates by their kernels/ path in the source tree.
+// the order the nodes list them, with how many nodes do (every node's kernels, as `kiln
+// compile`'s "N listed" counts them: a copy the memory plan makes a no-op is listed, not
+// launched). The files #include kernel templates by their kernels/ path in the source tree.
 #pragma once
 
 #include <string>
