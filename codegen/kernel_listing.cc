@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "codegen/cubin_info.h"
+#include "codegen/occupancy.h"
 #include "ir/file_util.h"
 #include "ir/status_macros.h"
 
@@ -44,7 +45,8 @@ struct Row {
 }  // namespace
 
 absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report, const std::string& dir,
-                                               absl::string_view arch) {
+                                               const Target& target) {
+  const std::string& arch = target.arch;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--kernels-dir ", dir, ": ", ec.message()));
@@ -68,23 +70,30 @@ absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report
     resources[c] = *r;
   }
 
-  std::string table = absl::StrFormat("%-44s %8s %10s %7s %5s %7s %9s %9s  %s\n", "kernel (file: kernel.cu)", "listed",
-                                      "grid", "block", "regs", "frame", "static_sm", "dynamic_sm", "nodes");
+  std::string table =
+      absl::StrFormat("%-44s %8s %10s %7s %5s %7s %9s %9s %-22s  %s\n", "kernel (file: kernel.cu)", "listed", "grid",
+                      "block", "regs", "frame", "static_sm", "dynamic_sm", "blocks/SM (limit)", "nodes");
   std::map<int, std::string> headers;  // per compiled body: its geometry lines
   for (const Row& row : rows) {
     const CompiledKernel& compiled = report.kernels[row.compiled];
     const KernelResources& r = resources[row.compiled];
     std::string nodes = NodeLabel(*row.nodes.front());
     if (row.nodes.size() > 1) absl::StrAppend(&nodes, " and ", row.nodes.size() - 1, " more");
-    absl::StrAppendFormat(&table, "%-44s %8d %10s %7s %5d %7d %9d %9d  %s\n", compiled.name, row.nodes.size(),
+    const Occupancy occupancy =
+        BlocksPerSm(target, static_cast<int64_t>(row.spec->block[0]) * row.spec->block[1] * row.spec->block[2],
+                    r.registers, r.static_shared_bytes + row.spec->shared_bytes);
+    absl::StrAppendFormat(&table, "%-44s %8d %10s %7s %5d %7d %9d %9d %-22s  %s\n", compiled.name, row.nodes.size(),
                           Dims(row.spec->grid), Dims(row.spec->block), r.registers, r.frame_bytes,
-                          r.static_shared_bytes, row.spec->shared_bytes, nodes);
+                          r.static_shared_bytes, row.spec->shared_bytes,
+                          absl::StrCat(occupancy.blocks_per_sm, " (", occupancy.limit, ")"), nodes);
     std::vector<std::string> labels;
     for (const Node* n : row.nodes) labels.push_back(NodeLabel(*n));
     absl::StrAppend(&headers[row.compiled], "// launched as grid ", Dims(row.spec->grid), ", block ",
                     Dims(row.spec->block), ", ", row.spec->shared_bytes, " bytes of dynamic shared memory, by ",
                     row.nodes.size(), row.nodes.size() == 1 ? " node: " : " nodes: ", absl::StrJoin(labels, ", "),
                     "\n//   ", LaunchOrder(*row.spec), "\n");
+    absl::StrAppend(&headers[row.compiled], "//   ", occupancy.blocks_per_sm, " blocks an SM at most (limited by ",
+                    occupancy.limit, ")\n");
   }
   for (const auto& [c, geometry] : headers) {
     const CompiledKernel& compiled = report.kernels[c];

@@ -89,7 +89,7 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
               static_cast<long long>(kernels.cache_hits), cache.dir().c_str(), static_cast<long long>(gemms),
               kernels.nvrtc_seconds, kernels.wall_seconds);
   if (args.Has("kernels-dir")) {
-    ASSIGN_OR_RETURN(const std::string table, WriteKernelListing(kernels, args.Get("kernels-dir"), nvrtc.arch));
+    ASSIGN_OR_RETURN(const std::string table, WriteKernelListing(kernels, args.Get("kernels-dir"), codegen.target));
     std::printf("%skernel sources, launch geometry and ptxas's registers in %s (kernels.txt: the table above)\n",
                 table.c_str(), args.Get("kernels-dir").c_str());
   }
