@@ -163,8 +163,9 @@ struct SmallMGemm {
   }
 
   // The GEMV of A = rms_norm(x, w) (fuse-norm-between-gemvs' second kernel), x [kM, kK] f32
-  // and w [kK]: A's rows are formed chunk by chunk as they are read, from x, w and the sums of
-  // squares of x's rows that the GEMV before added into `sums`, and never stored (NormedA).
+  // and w [kK]: A's rows are formed chunk by chunk as they are read, x w, and never stored;
+  // each row's sums are scaled by r, from the sums of squares of x's rows that the GEMV before
+  // added into `sums` (NormedA).
   template <typename TW>
   static __device__ __forceinline__ void RunNormedA(TD* __restrict__ out, const float* x, const TW* __restrict__ w,
                                                     float eps, unsigned long long* sums, const T* __restrict__ b,
@@ -174,10 +175,13 @@ struct SmallMGemm {
   }
 
  private:
-  // Where A's chunks come from: A itself.
+  // Where A's chunks come from: A itself. Each sum is D's as it stands (no scale).
   struct PlainA {
+    static constexpr bool kScaled = false;
     const T* __restrict__ a;
     __device__ __forceinline__ void Prepare() {}
+    __device__ __forceinline__ void ReadScales() {}
+    __device__ __forceinline__ float Scale(int) const { return 1.0f; }
     __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
       return kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : LoadA(a, m * kK + chunk * kVec);
     }
@@ -189,38 +193,44 @@ struct SmallMGemm {
     __device__ __forceinline__ void Finish() const {}
   };
 
-  // A = rms_norm(x, w) rounded to T, as kernels/rms_norm.cuh's RmsNormForward rounds it
-  // (x r w, r = 1 / sqrtf(sum x^2 / K + eps)), where sum x^2 comes from SquareSums. After the
-  // wait every warp adds up the slots of its rows (their bits do not depend on the order the
-  // GEMV before added them in); the block's first thread then counts the block as having read
-  // them, and the last block to count clears them and the count for the next launch.
+  // A = rms_norm(x, w) = x r w, r = 1 / sqrtf(sum x^2 / K + eps) a row, with r applied to each
+  // row's sums after the loop (Scale) instead of to each element of A: a chunk of A is x w in
+  // f32, so the loop starts as soon as the wait is over instead of after reading the sums of
+  // squares (an L2 round trip, a warp reduction and a barrier), and A is not rounded to T
+  // (the unfused norm rounds it to bf16; the difference is within one bf16 ulp of each element
+  // of A, tests/gpu_gemv_test.cc). After the loop every warp adds up the slots of its rows
+  // (their bits do not depend on the order the GEMV before added them in); the block's first
+  // thread then counts the block as having read them, and the last block to count clears them
+  // and the count for the next launch.
   template <typename TW>
   struct NormedA {
+    static constexpr bool kScaled = true;
     const float* x;
     const TW* __restrict__ w;
     unsigned long long* sums;
     float eps;
     float r[kM] = {};
     unsigned int readers_before = 0;
-    __device__ __forceinline__ void Prepare() {
+    __device__ __forceinline__ void Prepare() {}
+    // Warp-collective: every thread of the block calls it.
+    __device__ __forceinline__ void ReadScales() {
 #pragma unroll
       for (int m = 0; m < kM; ++m) r[m] = SquareSums<kM>::InverseRms(sums, m, static_cast<float>(kK), eps);
       __syncthreads();  // every warp has read the sums before the block is counted
       if (threadIdx.x == 0) readers_before = SquareSums<kM>::CountReader(sums);
     }
+    __device__ __forceinline__ float Scale(int m) const { return r[m]; }
     static_assert(kVec % 4 == 0, "A's chunks are whole 16-byte accesses of f32 x");
-    __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
+    __device__ __forceinline__ void Chunk(int m, long long chunk, float (&a)[kVec]) const {
       const long long at = m * kK + chunk * kVec;
       float ws[kVec];
       LoadFloats(w + chunk * kVec, ws);  // a parameter: no kernel of the step writes it
-      Packed128<T> a;
 #pragma unroll
       for (int q = 0; q < kVec; q += 4) {
         const Packed128<float> xs = Load128AfterWait<true>(x + at + q);  // x's rows: every warp reads them
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[q + j] = FromFloat<T>(xs[j] * r[m] * ws[q + j]);
+        for (int j = 0; j < 4; ++j) a[q + j] = __fmul_rn(xs[j], ws[q + j]);
       }
-      return a;
     }
     __device__ __forceinline__ void Finish() const {
       if (threadIdx.x == 0 && readers_before == gridDim.x - 1) SquareSums<kM>::Clear(sums);
@@ -276,12 +286,22 @@ struct SmallMGemm {
         if (chunk >= kChunks) continue;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const Packed128<T> av = source.Chunk(m, chunk);
+          if constexpr (ASource::kScaled) {
+            float av[kVec];
+            source.Chunk(m, chunk, av);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float x = ToFloat(av[j]);
+            for (int j = 0; j < kVec; ++j) {
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(x, ToFloat(bv[u][r][j]), acc[m][r]);
+              for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(av[j], ToFloat(bv[u][r][j]), acc[m][r]);
+            }
+          } else {
+            const Packed128<T> av = source.Chunk(m, chunk);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const float x = ToFloat(av[j]);
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(x, ToFloat(bv[u][r][j]), acc[m][r]);
+            }
           }
         }
       }
@@ -303,16 +323,22 @@ struct SmallMGemm {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[m][r] = WarpReduce(acc[m][r], SumOp{});
     }
+    source.ReadScales();
+    // A row's sum times its scale (NormedA's r), then alpha.
+    auto scaled = [&](int m, float sum) {
+      if constexpr (ASource::kScaled) sum = __fmul_rn(sum, source.Scale(m));
+      return __fmul_rn(alpha, sum);
+    };
     // A GLU group's column from its two sums.
     auto store_glu = [&](int m, float gate, float up) {
       if (first >= kN) return;
-      if constexpr (kGlu) out[m * kN + first] = Glu::Apply(__fmul_rn(alpha, gate), __fmul_rn(alpha, up));
+      if constexpr (kGlu) out[m * kN + first] = Glu::Apply(scaled(m, gate), scaled(m, up));
     };
     // Stores D[m, first + r] and returns its square (0 past N) for kSumSquares.
     auto store = [&](int m, int r, float sum) {
       if (first + r >= kN) return 0.0f;
       const long long at = m * kN + first + r;
-      float t = __fmul_rn(alpha, sum);
+      float t = scaled(m, sum);
       if constexpr (kHasC) {
         t = __fadd_rn(t, __fmul_rn(beta, kWeightsBeforeWait ? ToFloatAfterWait(c + at) : ToFloat(c[at])));
       }

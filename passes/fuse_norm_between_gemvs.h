@@ -23,9 +23,10 @@
 //     the gemm, the norm, the second gemm (and its SwiGLU) }
 //
 // The body holds the very ops it replaced, so the reference backend evaluates it as it
-// evaluated them. The kernels round where those ops round, but r comes from an integer sum of
-// per-column squares where the norm's own kernel added floats in warp order: A may differ from
-// the unfused kernels' in the last bit of an element (the reference's tolerance covers it).
+// evaluated them. On the GPU r comes from an integer sum of per-column squares where the norm's
+// own kernel added floats in warp order, and the reading GEMV scales its sums by r instead of
+// rounding each element of A = x r w to bf16: the result may differ from the unfused kernels'
+// by that rounding (within one bf16 ulp of each element of A: tests/gpu_gemv_test.cc).
 // Taken where the norm's weight and the second gemm's other operands are function parameters
 // (a decode step's weights) and the norm is read by the second gemm alone. After
 // fuse-gemv-glu, whose fusions it takes in; prefill's GEMMs (more rows) are left alone.

@@ -94,7 +94,9 @@ TEST(GpuGemv, SmallMGemmMatchesTheReference) {
     const Function& f = *module->functions()[0];
     std::unique_ptr<Module> lowered = testing::LoweredForGpu(f);
     for (const auto& n : lowered->functions()[0]->nodes()) {
-      if (n->opcode() == Opcode::kGemm) EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}), "") << "runs on cuBLASLt";
+      if (n->opcode() == Opcode::kGemm) {
+        EXPECT_EQ(codegen::SmallMGemmRefusal(*n, {}), "") << "runs on cuBLASLt";
+      }
     }
     for (bool integers : {true, false}) {
       std::vector<HostTensor> args = {Values({c.ab, {c.m, c.k}}, 11, integers), Values({c.ab, {c.n, c.k}}, 12, integers)};
@@ -258,8 +260,9 @@ TEST(GpuGemv, NormBetweenGemvsMatchesTheReference) {
           if (!(diff <= bound) && bad++ < 5) ADD_FAILURE() << "x[" << i << ", " << j << "] = " << got[0][at] << ", reference " << x[at] << " (bound " << bound << ")";
           squares += x[at] * x[at];
         }
-        // The norm's rows, unrounded: the GPU may round an element of A one bf16 ulp away from
-        // the reference (r from an integer sum of squares, x within its bound).
+        // The norm's rows, unrounded: the reference rounds A to bf16 and the GPU does not (it
+        // scales its sums by r), so each element of A may be up to one bf16 ulp away (and r,
+        // from an integer sum of squares of x within its bound, a little more).
         const double rms = 1.0 / std::sqrt(squares / static_cast<double>(c.d) + 1e-5);
         for (int64_t j = 0; j < c.d; ++j) a[j] = x[i * c.d + j] * rms * wn[j];
         const int64_t width = c.glu ? c.n / 2 : c.n;
