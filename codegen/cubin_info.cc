@@ -45,10 +45,13 @@ class Reader {
   absl::string_view bytes_;
 };
 
+constexpr uint32_t kNoBits = 8;  // SHT_NOBITS: no bytes in the file (.nv.shared.*)
+
 struct Section {
   absl::string_view name;
-  uint32_t link = 0;
+  uint32_t type = 0, link = 0;
   uint64_t offset = 0, size = 0;
+  bool InFile() const { return type != kNoBits; }
 };
 
 absl::Status Malformed(absl::string_view why) {
@@ -59,7 +62,7 @@ absl::StatusOr<std::vector<Section>> ReadSections(const Reader& r) {
   const std::optional<uint32_t> magic = r.Get<uint32_t>(0);
   const std::optional<uint8_t> elf_class = r.Get<uint8_t>(4), data = r.Get<uint8_t>(5);
   if (!magic || *magic != 0x464c457fu) return Malformed("not an ELF file");
-  if (*elf_class != 2 || *data != 1) return Malformed("not a 64-bit little-endian ELF file");
+  if (!elf_class || !data || *elf_class != 2 || *data != 1) return Malformed("not a 64-bit little-endian ELF file");
   const std::optional<uint64_t> shoff = r.Get<uint64_t>(0x28);
   const std::optional<uint16_t> shentsize = r.Get<uint16_t>(0x3a), shnum = r.Get<uint16_t>(0x3c),
                                 shstrndx = r.Get<uint16_t>(0x3e);
@@ -74,14 +77,15 @@ absl::StatusOr<std::vector<Section>> ReadSections(const Reader& r) {
     const std::optional<uint64_t> offset = r.Get<uint64_t>(at + 0x18), size = r.Get<uint64_t>(at + 0x20);
     const std::optional<uint32_t> type = r.Get<uint32_t>(at + 4);
     if (!name || !link || !offset || !size || !type) return Malformed(absl::StrCat("section header ", i, " is past the end"));
-    // SHT_NOBITS (8: .nv.shared.*) occupies no bytes of the file, whatever its size says.
-    if (*type != 8 && (*offset > r.size() || r.size() - *offset < *size)) {
+    // SHT_NOBITS occupies no bytes of the file, whatever its size says.
+    if (*type != kNoBits && (*offset > r.size() || r.size() - *offset < *size)) {
       return Malformed(absl::StrCat("section ", i, " runs past the end of the file"));
     }
     name_offsets[i] = *name;
-    sections[i] = Section{.link = *link, .offset = *offset, .size = *size};
+    sections[i] = Section{.type = *type, .link = *link, .offset = *offset, .size = *size};
   }
   const Section& names = sections[*shstrndx];
+  if (!names.InFile()) return Malformed("the section-name table has no bytes in the file");
   for (uint16_t i = 0; i < *shnum; ++i) {
     if (name_offsets[i] >= names.size) return Malformed(absl::StrCat("section ", i, "'s name is past its table"));
     const std::optional<absl::string_view> name = r.String(names.offset + name_offsets[i]);
@@ -110,6 +114,7 @@ absl::StatusOr<KernelResources> ReadKernelResources(absl::string_view cubin, abs
   if (symtab == nullptr) return Malformed("no .symtab");
   if (symtab->link >= sections->size()) return Malformed(".symtab's string table is not a section");
   const Section& strtab = (*sections)[symtab->link];
+  if (!symtab->InFile() || !strtab.InFile()) return Malformed(".symtab or its strings have no bytes in the file");
   std::optional<uint32_t> symbol;
   for (uint64_t i = 0; i < symtab->size / 24 && !symbol; ++i) {
     const std::optional<uint32_t> name = r.Get<uint32_t>(symtab->offset + i * 24);
@@ -123,20 +128,25 @@ absl::StatusOr<KernelResources> ReadKernelResources(absl::string_view cubin, abs
   bool have_registers = false;
   const Section* info = Find(*sections, ".nv.info");
   if (info == nullptr) return Malformed("no .nv.info (not a CUDA cubin?)");
+  if (!info->InFile()) return Malformed(".nv.info has no bytes in the file");
   for (uint64_t at = info->offset, end = info->offset + info->size; at + 4 <= end;) {
-    const uint8_t format = *r.Get<uint8_t>(at), attribute = *r.Get<uint8_t>(at + 1);
-    const uint16_t field = *r.Get<uint16_t>(at + 2);
+    const std::optional<uint8_t> format = r.Get<uint8_t>(at), attribute = r.Get<uint8_t>(at + 1);
+    const std::optional<uint16_t> field = r.Get<uint16_t>(at + 2);
+    if (!format || !attribute || !field) return Malformed(".nv.info runs past the end of the file");
     const uint64_t payload = at + 4;
-    at = payload + (format == kFormatSizedValue ? field : 0);
+    at = payload + (*format == kFormatSizedValue ? *field : 0);
     if (at > end) return Malformed(".nv.info: a record runs past its section");
-    if (format != kFormatSizedValue || field < 8 || (attribute != kAttrRegCount && attribute != kAttrFrameSize)) continue;
-    if (*r.Get<uint32_t>(payload) != *symbol) continue;
-    const uint32_t value = *r.Get<uint32_t>(payload + 4);
-    if (attribute == kAttrRegCount) {
-      resources.registers = static_cast<int>(value);
+    if (*format != kFormatSizedValue || *field < 8 || (*attribute != kAttrRegCount && *attribute != kAttrFrameSize)) {
+      continue;
+    }
+    const std::optional<uint32_t> record_symbol = r.Get<uint32_t>(payload), value = r.Get<uint32_t>(payload + 4);
+    if (!record_symbol || !value) return Malformed(".nv.info runs past the end of the file");
+    if (*record_symbol != *symbol) continue;
+    if (*attribute == kAttrRegCount) {
+      resources.registers = static_cast<int>(*value);
       have_registers = true;
     } else {
-      resources.frame_bytes = value;
+      resources.frame_bytes = *value;
     }
   }
   if (!have_registers) return Malformed(absl::StrCat("no register count for '", kernel, "' in .nv.info"));

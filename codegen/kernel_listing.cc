@@ -46,19 +46,20 @@ struct Row {
 
 absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report, const std::string& dir,
                                                const Target& target) {
-  const std::string& arch = target.arch;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--kernels-dir ", dir, ": ", ec.message()));
 
   std::vector<Row> rows;
   std::map<std::tuple<int, std::array<uint32_t, 3>, std::array<uint32_t, 3>, uint32_t>, size_t> row_of;
+  std::map<int, const KernelSpec*> source_of;  // per compiled body: the first node's kernel, the one compiled
   for (const NodeKernels& n : report.nodes) {
     for (size_t i = 0; i < n.lowered.kernels.size() && i < n.compiled.size(); ++i) {
       const KernelSpec& k = n.lowered.kernels[i];
       const auto key = std::make_tuple(n.compiled[i], k.grid, k.block, k.shared_bytes);
       auto [it, added] = row_of.emplace(key, rows.size());
       if (added) rows.push_back(Row{.compiled = n.compiled[i], .spec = &k});
+      source_of.emplace(n.compiled[i], &k);
       rows[it->second].nodes.push_back(n.node);
     }
   }
@@ -98,17 +99,12 @@ absl::StatusOr<std::string> WriteKernelListing(const KernelCompileReport& report
   for (const auto& [c, geometry] : headers) {
     const CompiledKernel& compiled = report.kernels[c];
     const KernelResources& r = resources[c];
-    const KernelSpec* spec = nullptr;
-    for (const Row& row : rows) {
-      if (row.compiled == c) spec = row.spec;
-      if (spec != nullptr) break;
-    }
     const std::string text = absl::StrCat(
-        "// kiln compile --kernels-dir: ", compiled.name, " for ", arch, "\n", geometry, "// ptxas: ", r.registers,
+        "// kiln compile --kernels-dir: ", compiled.name, " for ", target.arch, "\n", geometry, "// ptxas: ", r.registers,
         " registers a thread, ", r.frame_bytes, " bytes of local frame a thread (spills, local arrays), ",
         r.static_shared_bytes, " bytes of static shared memory a block\n",
         "// The kernels/*.cuh it includes are kiln's kernel templates (the source tree's kernels/).\n\n",
-        spec->source);
+        source_of.at(c)->source);
     RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", compiled.name, ".cu"), text));
   }
   RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/kernels.txt"), table));

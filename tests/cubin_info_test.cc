@@ -2,7 +2,7 @@
 // NVRTC compiles here without a GPU, and against files that are not whole cubins.
 #include "codegen/cubin_info.h"
 
-#include <cstdio>
+#include <cstring>
 #include <regex>
 #include <string>
 
@@ -91,8 +91,8 @@ TEST(CubinInfo, UnknownKernelIsNotFound) {
   EXPECT_NE(read.status().message().find("k_not_there"), std::string::npos);
 }
 
-// Every prefix of a real cubin, and a copy with bytes flipped in its headers, is an error or a
-// result, never a read past the end (the address sanitizer build would catch one).
+// Every prefix of a real cubin, and a copy with any byte of its ELF or section headers flipped,
+// is an error or a result: never a read past the end, nor a loop over a size the file lacks.
 TEST(CubinInfo, CutOrDamagedCubinIsAnErrorNotACrash) {
   absl::StatusOr<CompiledKernel> compiled = CompileKernel(Kernels()[1], NvrtcOptions{});
   ASSERT_TRUE(compiled.ok()) << compiled.status();
@@ -104,7 +104,11 @@ TEST(CubinInfo, CutOrDamagedCubinIsAnErrorNotACrash) {
   }
   EXPECT_GT(errors, 0);
   EXPECT_FALSE(ReadKernelResources(cubin.substr(0, 63), "k_shared_sum").ok()) << "a header cut short";
-  for (size_t at = 0; at < std::min<size_t>(cubin.size(), 64); ++at) {
+  // The ELF header, then every byte of the section headers (offsets, sizes, types, links).
+  uint64_t section_headers = 0;
+  std::memcpy(&section_headers, cubin.data() + 0x28, sizeof(section_headers));
+  ASSERT_LT(section_headers, cubin.size());
+  for (size_t at = 0; at < cubin.size(); at = at + 1 == 64 ? section_headers : at + 1) {
     std::string damaged = cubin;
     damaged[at] = static_cast<char>(damaged[at] ^ 0xff);
     (void)ReadKernelResources(damaged, "k_shared_sum");
