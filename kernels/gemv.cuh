@@ -179,9 +179,7 @@ struct SmallMGemm {
   struct PlainA {
     static constexpr bool kScaled = false;
     const T* __restrict__ a;
-    __device__ __forceinline__ void Prepare() {}
     __device__ __forceinline__ void ReadScales() {}
-    __device__ __forceinline__ float Scale(int) const { return 1.0f; }
     __device__ __forceinline__ Packed128<T> Chunk(int m, long long chunk) const {
       return kWeightsBeforeWait ? Load128AfterWait<true>(a + m * kK + chunk * kVec) : LoadA(a, m * kK + chunk * kVec);
     }
@@ -211,7 +209,6 @@ struct SmallMGemm {
     float eps;
     float r[kM] = {};
     unsigned int readers_before = 0;
-    __device__ __forceinline__ void Prepare() {}
     // Warp-collective: every thread of the block calls it.
     __device__ __forceinline__ void ReadScales() {
 #pragma unroll
@@ -278,7 +275,6 @@ struct SmallMGemm {
     };
     load_round(0);
     if constexpr (kWeightsBeforeWait) GridDependencyWait();
-    source.Prepare();
     for (long long base = 0;;) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
