@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "frontends/inference_engine.h"
 #include "frontends/llama.h"
 #include "ir/status_macros.h"
 #ifdef KILN_WITH_CUDA
+#include "codegen/capabilities.h"
 #include "frontends/cuda_inference_engine.h"
 #include "runtime/cuda/device.h"
 #endif
@@ -38,6 +40,58 @@ int64_t PrefillBucket(int64_t num_tokens) {
   return bucket;
 }
 
+std::vector<PrefillCall> PlanPrefillCalls(absl::Span<const PrefillWork> prefills, int64_t block_size,
+                                          int64_t call_tokens, int64_t fresh_min_tokens) {
+  struct Group {
+    InferencePhase phase;
+    int64_t bucket;
+    std::vector<size_t> members;
+  };
+  std::vector<Group> groups;
+  // For each block in a table so far, the last group holding a prompt whose table has it.
+  absl::flat_hash_map<BlockId, size_t> holder;
+  for (size_t i = 0; i < prefills.size(); ++i) {
+    const PrefillWork& p = prefills[i];
+    const int64_t context = static_cast<int64_t>(p.tokens.size());
+    const int64_t fresh = context - p.num_cached_tokens;
+    const int64_t bucket = PrefillBucket(fresh);
+    const InferencePhase phase = p.num_cached_tokens == 0 && fresh_min_tokens > 0 && fresh >= fresh_min_tokens
+                                     ? InferencePhase::kFreshPrefill
+                                     : InferencePhase::kPrefill;
+    const int64_t used_blocks = std::min<int64_t>(static_cast<int64_t>(p.block_table.size()),
+                                                  (context + block_size - 1) / block_size);
+    size_t earliest = 0;
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      if (auto it = holder.find(p.block_table[b]); it != holder.end()) earliest = std::max(earliest, it->second);
+    }
+    const size_t rows = static_cast<size_t>(std::max<int64_t>(1, call_tokens / bucket));
+    size_t g = earliest;
+    while (g < groups.size() &&
+           (groups[g].phase != phase || groups[g].bucket != bucket || groups[g].members.size() >= rows)) {
+      ++g;
+    }
+    if (g == groups.size()) groups.push_back({phase, bucket, {}});
+    groups[g].members.push_back(i);
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      size_t& h = holder[p.block_table[b]];
+      h = std::max(h, g);
+    }
+  }
+  std::vector<PrefillCall> calls;
+  for (const Group& group : groups) {
+    // The largest power of two of rows left, then the next: no padding rows, few shapes.
+    for (size_t next = 0; next < group.members.size();) {
+      size_t rows = 1;
+      while (rows * 2 <= group.members.size() - next) rows *= 2;
+      PrefillCall call{{group.phase, static_cast<int64_t>(rows), group.bucket}, {}};
+      call.prefills.assign(group.members.begin() + next, group.members.begin() + next + rows);
+      calls.push_back(std::move(call));
+      next += rows;
+    }
+  }
+  return calls;
+}
+
 Generator::Generator(const ModelConfig& config, const GeneratorOptions& options) : config_(config), options_(options) {}
 Generator::~Generator() = default;
 
@@ -61,11 +115,13 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const ModelConfig& 
                                                      weights[i].type().ToString()));
     }
   }
-  if (options.block_size < 1 || options.max_running < 1 || options.num_blocks < 0 || options.max_context < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("generator options: block_size (", options.block_size,
-                                                   ") and max_running (", options.max_running,
-                                                   ") must be >= 1, num_blocks (", options.num_blocks,
-                                                   ") and max_context (", options.max_context, ") >= 0"));
+  if (options.block_size < 1 || options.max_running < 1 || options.max_prefill_call_tokens < 1 ||
+      options.num_blocks < 0 || options.max_context < 0 || options.fresh_prefill_min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generator options: block_size (", options.block_size, "), max_running (", options.max_running,
+        ") and max_prefill_call_tokens (", options.max_prefill_call_tokens, ") must be >= 1, num_blocks (",
+        options.num_blocks, "), max_context (", options.max_context, ") and fresh_prefill_min_tokens (",
+        options.fresh_prefill_min_tokens, ") >= 0"));
   }
   auto g = std::unique_ptr<Generator>(new Generator(config, options));
   const int64_t model_context = config.max_positions > 0 ? config.max_positions : config.seq_len;
@@ -115,23 +171,26 @@ absl::Status Generator::Submit(inference::GenerationRequest request) {
   return scheduler_->Submit(std::move(request));  // its errors name the request
 }
 
-absl::StatusOr<const Function*> Generator::FunctionFor(InferencePhase phase, int64_t size) {
-  auto key = std::make_pair(phase, size);
-  auto it = compiled_.find(key);
+absl::StatusOr<const Function*> Generator::FunctionFor(const InferenceShape& shape) {
+  auto it = compiled_.find(shape);
   if (it == compiled_.end()) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
-                     BuildLlamaInferenceModule(config_, layout_, options_.precision, phase, size));
+                     BuildLlamaInferenceModule(config_, layout_, options_.precision, shape));
     CompileOptions compile;
     compile.precision = options_.precision;
     compile.disabled_passes = options_.disabled_passes;
     compile.enabled_passes = options_.enabled_passes;
 #ifdef KILN_WITH_CUDA
+    // What the kernels take: @fresh_prefill's attention becomes the flash kernel where the
+    // target takes its shape (select-flash-attention selects nothing without it). Both
+    // backends select the same ops, so that they compute one graph (as frontends/compile.cc).
+    compile.capabilities = &CodegenCapabilities();
     if (options_.device != nullptr) compile.target = options_.device->target();
 #endif
     RETURN_IF_ERROR(CompileInferenceModule(*module, compile).status());
     RETURN_IF_ERROR(engine_->Load(*module->functions()[0]));
-    it = compiled_.emplace(key, std::move(module)).first;
+    it = compiled_.emplace(shape, std::move(module)).first;
     stats_.compile_seconds += Seconds(start);
     ++stats_.functions_compiled;
   }
@@ -168,28 +227,45 @@ absl::StatusOr<TokenId> Generator::SampleRow(const InferenceEngine::Rows& picked
 absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference::ScheduledStep& step) {
   std::vector<SampledToken> sampled;
   const int64_t bs = layout_.block_size, m = layout_.max_blocks_per_sequence;
-  for (const PrefillWork& p : step.prefills) {
-    const int64_t context = static_cast<int64_t>(p.tokens.size());
-    const int64_t fresh = context - p.num_cached_tokens;
-    const int64_t t = PrefillBucket(fresh);
-    ASSIGN_OR_RETURN(const Function* f, FunctionFor(InferencePhase::kPrefill, t));
+  for (const PrefillCall& call : PlanPrefillCalls(step.prefills, bs, options_.max_prefill_call_tokens,
+                                                  options_.fresh_prefill_min_tokens)) {
+    ASSIGN_OR_RETURN(const Function* f, FunctionFor(call.shape));
     const auto run_start = std::chrono::steady_clock::now();
-    std::vector<int32_t> tokens(t, 0), positions(t, -1), slots(t, -1), table(m, -1);
-    for (int64_t i = 0; i < static_cast<int64_t>(p.block_table.size()) && i < m; ++i) table[i] = p.block_table[i];
-    for (int64_t i = 0; i < fresh; ++i) {
-      const int64_t pos = p.num_cached_tokens + i;
-      tokens[i] = p.tokens[pos];
-      positions[i] = static_cast<int32_t>(pos);
-      slots[i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
+    const int64_t b = call.shape.batch, t = call.shape.tokens;
+    // Padding (a row's tokens past its prompt): position -1 and slot -1, written nowhere.
+    std::vector<int32_t> tokens(b * t, 0), positions(b * t, -1), slots(b * t, -1), table(b * m, -1);
+    std::vector<int64_t> rows;  // each prompt's last token's row: its logits are sampled
+    bool with_logits = false;
+    for (int64_t r = 0; r < static_cast<int64_t>(call.prefills.size()); ++r) {
+      const PrefillWork& p = step.prefills[call.prefills[r]];
+      const int64_t context = static_cast<int64_t>(p.tokens.size());
+      const int64_t fresh = context - p.num_cached_tokens;
+      for (int64_t i = 0; i < static_cast<int64_t>(p.block_table.size()) && i < m; ++i) {
+        table[r * m + i] = p.block_table[i];
+      }
+      for (int64_t i = 0; i < fresh; ++i) {
+        const int64_t pos = p.num_cached_tokens + i;
+        tokens[r * t + i] = p.tokens[pos];
+        positions[r * t + i] = static_cast<int32_t>(pos);
+        slots[r * t + i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
+      }
+      rows.push_back(r * t + fresh - 1);
+      with_logits |= NeedsLogits(p.sampling);
+      stats_.prefill_tokens += fresh;
+      stats_.cached_tokens += p.num_cached_tokens;
     }
-    const int64_t last = fresh - 1;
     ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
-                     engine_->Run(*f, {I32({1, t}, tokens), I32({1, t}, positions), I32({1, t}, slots), I32({1, m}, table)},
-                                  absl::MakeConstSpan(&last, 1), NeedsLogits(p.sampling)));
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(picked, 0, p.request, context - 1, p.sampling, p.draw));
-    sampled.push_back({p.request, token});
-    stats_.prefill_tokens += fresh;
-    stats_.cached_tokens += p.num_cached_tokens;
+                     engine_->Run(*f, {I32({b, t}, tokens), I32({b, t}, positions), I32({b, t}, slots),
+                                       I32({b, m}, table)},
+                                  rows, with_logits));
+    for (size_t r = 0; r < call.prefills.size(); ++r) {
+      const PrefillWork& p = step.prefills[call.prefills[r]];
+      ASSIGN_OR_RETURN(TokenId token,
+                       SampleRow(picked, r, p.request, static_cast<int64_t>(p.tokens.size()) - 1, p.sampling, p.draw));
+      sampled.push_back({p.request, token});
+    }
+    ++stats_.prefill_calls;
+    if (call.shape.phase == InferencePhase::kFreshPrefill) ++stats_.fresh_prefill_calls;
     stats_.prefill_seconds += Seconds(run_start);
   }
   return sampled;
@@ -265,7 +341,7 @@ absl::Status Generator::DropLookahead() {
 absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference::ScheduledStep& step) {
   if (step.decodes.empty()) return std::vector<SampledToken>{};
   const int64_t bucket = step.decode_bucket;
-  ASSIGN_OR_RETURN(const Function* f, FunctionFor(InferencePhase::kDecode, bucket));
+  ASSIGN_OR_RETURN(const Function* f, FunctionFor({InferencePhase::kDecode, bucket, 1}));
   const auto start = last_decode_end_.value_or(std::chrono::steady_clock::now());
   ASSIGN_OR_RETURN(inference::DecodeBatch batch, inference::PackDecodeBatch(step.decodes, bucket, layout_.block_size,
                                                                             layout_.max_blocks_per_sequence));

@@ -11,9 +11,10 @@
 //   generator->Run(on_token)          steps until every request is done; on_token sees each
 //                                     sampled token as it comes
 //
-// Each step: the block copies of copy-on-write, each prefill as one call of @prefill (its
-// uncached tokens padded to a power of two), then the decode batch as one call of @decode
-// padded to its bucket. A function is compiled the first time its size is needed and kept.
+// Each step: the block copies of copy-on-write, the prefills in calls of @fresh_prefill or
+// @prefill (PlanPrefillCalls: prompts of one bucket together, each prompt's uncached tokens
+// padded to a power of two), then the decode batch as one call of @decode padded to its
+// bucket. A function is compiled the first time its shape is needed and kept.
 #pragma once
 
 #include <chrono>
@@ -50,6 +51,15 @@ struct GeneratorOptions {
   // or for a preset (which declares none) its training seq_len.
   int64_t max_context = 0;
   int64_t max_prefill_tokens = 8192;
+  // Tokens of one prefill call at most, padding included (rows x the bucket): prompts of one
+  // bucket share a call up to it, a prompt longer than it has a call of its own. Larger
+  // calls make larger GEMMs, and each shape has an arena of its own.
+  int64_t max_prefill_call_tokens = 4096;
+  // Prompts with nothing cached and at least this many tokens prefill through @fresh_prefill
+  // (the training forward's attention over the call's own keys: one flash kernel where the
+  // target takes the shape, which needs 64 or more); the others through @prefill
+  // (paged_attention). 0: always @prefill.
+  int64_t fresh_prefill_min_tokens = 64;
   bool enable_prefix_caching = true;
   // Passes the prefill and decode compiles skip (names as `kiln compile --help` lists them), on
   // top of those CompileInferenceModule always skips: for A/B runs of one pass.
@@ -87,7 +97,9 @@ struct GeneratorOptions {
 
 // Time and tokens of each phase, the compiles kept apart.
 struct GenerationStats {
-  int64_t prefill_tokens = 0;  // tokens computed by @prefill (cached ones excluded)
+  int64_t prefill_tokens = 0;  // tokens computed by prefill calls (cached ones excluded)
+  int64_t prefill_calls = 0;   // calls of @prefill and @fresh_prefill
+  int64_t fresh_prefill_calls = 0;  // of those, @fresh_prefill's
   int64_t cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache
   int64_t decode_tokens = 0;   // tokens computed by @decode (padding rows excluded)
   int64_t decode_steps = 0;    // calls of @decode
@@ -153,7 +165,7 @@ class Generator {
  private:
   Generator(const ModelConfig& config, const GeneratorOptions& options);
 
-  absl::StatusOr<const Function*> FunctionFor(InferencePhase phase, int64_t size);
+  absl::StatusOr<const Function*> FunctionFor(const InferenceShape& shape);
   // Whether a request's token needs its logits on the host: not for a greedy one (the
   // function's greedy output), unless on_logits wants them.
   bool NeedsLogits(const inference::SamplingParams& sampling) const;
@@ -178,7 +190,7 @@ class Generator {
   std::optional<inference::Scheduler> scheduler_;
   inference::Sampler sampler_;
   std::unique_ptr<InferenceEngine> engine_;  // the weights and the pools
-  std::map<std::pair<InferencePhase, int64_t>, std::unique_ptr<Module>> compiled_;
+  std::map<InferenceShape, std::unique_ptr<Module>> compiled_;
   GenerationStats stats_;
   std::vector<StepTiming> decode_profile_;
   int64_t decode_profile_bucket_ = 0;
@@ -196,5 +208,23 @@ class Generator {
 // The prefill size a context of `num_tokens` uncached tokens is padded to: the next power of
 // two, at least 1.
 int64_t PrefillBucket(int64_t num_tokens);
+
+// One prefill call: its function's shape and the prefills it runs, one a row (indices into
+// the step's prefills, in their order; rows past them are padding).
+struct PrefillCall {
+  InferenceShape shape;
+  std::vector<size_t> prefills;
+};
+
+// How a step's prefills run, in order. A prompt with nothing cached and at least
+// `fresh_min_tokens` uncached tokens (0: none) is @fresh_prefill's, any other @prefill's.
+// Prompts of one function and one bucket share a call, `call_tokens` tokens at most (rows x
+// bucket; at least one row), in a power of two of rows, no padding rows. A prompt whose
+// table holds a block that an earlier prompt of the step also holds (the prefix it found
+// cached: marked computed at admission, written by that prompt's call) runs in that prompt's
+// call or a later one: a call writes every row's K/V of a layer before any row's attention
+// of that layer reads it, so the prefix is written before it is read.
+std::vector<PrefillCall> PlanPrefillCalls(absl::Span<const inference::PrefillWork> prefills, int64_t block_size,
+                                          int64_t call_tokens, int64_t fresh_min_tokens);
 
 }  // namespace kiln

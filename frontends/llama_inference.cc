@@ -18,14 +18,17 @@ namespace {
 
 DType GemmDType(Precision precision) { return GemmOperandDType(precision); }
 
-absl::Status CheckLayout(const PagedKvLayout& layout, int64_t size) {
+absl::Status CheckLayout(const PagedKvLayout& layout, int64_t batch, int64_t tokens) {
   if (layout.num_blocks < 1 || layout.block_size < 1 || layout.max_blocks_per_sequence < 1) {
     return absl::InvalidArgumentError(absl::StrCat("paged KV layout: num_blocks (", layout.num_blocks,
                                                    "), block_size (", layout.block_size,
                                                    ") and max_blocks_per_sequence (", layout.max_blocks_per_sequence,
                                                    ") must be >= 1"));
   }
-  if (size < 1) return absl::InvalidArgumentError(absl::StrCat("inference function size ", size, " must be >= 1"));
+  if (batch < 1 || tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an inference function of ", batch, " sequences of ", tokens, " tokens: both must be >= 1"));
+  }
   return absl::OkStatus();
 }
 
@@ -119,21 +122,45 @@ absl::StatusOr<std::vector<HostTensor>> InferenceWeightsFromModel(const ModelCon
   return weights;
 }
 
+const char* InferenceFunctionName(InferencePhase phase) {
+  switch (phase) {
+    case InferencePhase::kPrefill:
+      return "prefill";
+    case InferencePhase::kDecode:
+      return "decode";
+    case InferencePhase::kFreshPrefill:
+      return "fresh_prefill";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
                                                                   const PagedKvLayout& layout, Precision precision,
                                                                   InferencePhase phase, int64_t size) {
+  return BuildLlamaInferenceModule(config, layout, precision,
+                                   phase == InferencePhase::kDecode ? InferenceShape{phase, size, 1}
+                                                                    : InferenceShape{phase, 1, size});
+}
+
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
+                                                                  const PagedKvLayout& layout, Precision precision,
+                                                                  const InferenceShape& shape) {
   RETURN_IF_ERROR(config.Validate());
-  RETURN_IF_ERROR(CheckLayout(layout, size));
-  const bool prefill = phase == InferencePhase::kPrefill;
-  const int64_t batch = prefill ? 1 : size, seq = prefill ? size : 1;
+  RETURN_IF_ERROR(CheckLayout(layout, shape.batch, shape.tokens));
+  if (shape.phase == InferencePhase::kDecode && shape.tokens != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("@decode takes one token a sequence, not ", shape.tokens, " (prefill takes several)"));
+  }
+  const int64_t batch = shape.batch, seq = shape.tokens;
   const DType gemm_dtype = GemmDType(precision);
   const AttentionShape attention_shape{config.n_heads, config.n_kv_heads, config.head_dim, config.rope_theta};
 
   auto module = std::make_unique<Module>(IsValidName(config.name) ? config.name : "llama");
-  Graph g(module->AddFunction(prefill ? "prefill" : "decode"));
+  Graph g(module->AddFunction(InferenceFunctionName(shape.phase)));
   const TensorType per_token{DType::kI32, {batch, seq}};
   Tensor tokens = g.Parameter("tokens", per_token);
   PagedKv kv;
+  kv.fresh_prompts = shape.phase == InferencePhase::kFreshPrefill;
   kv.positions = g.Parameter("positions", per_token);
   kv.slots = g.Parameter("slots", per_token);
   kv.block_tables = g.Parameter("block_tables", TensorType{DType::kI32, {batch, layout.max_blocks_per_sequence}});

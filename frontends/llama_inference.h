@@ -1,11 +1,17 @@
 // The inference functions of a Llama model (DESIGN.md, "The inference lowering"; issue 15):
 //
-//   @prefill  one sequence, T tokens at once: the prompt's tokens not found in the prefix
-//             cache, their K/V written into the sequence's blocks, attention over the cached
-//             prefix and the new tokens together (T = a bucket the prompt is padded up to)
-//   @decode   B sequences, one token each (B = a decode batch bucket, 1, 2, 4, ...)
+//   @prefill        B sequences, T tokens each at once: each prompt's tokens not found in
+//                   the prefix cache, their K/V written into the sequence's blocks, attention
+//                   over the cached prefix and the new tokens together (T = a bucket the
+//                   longest is padded up to)
+//   @fresh_prefill  the same for prompts none of whose tokens is cached: every key a token
+//                   attends to is then a token of the call, and the attention is the training
+//                   forward's (CausalAttentionCore: one flash kernel where the target takes
+//                   the shape, its query tiles sharing each K/V tile), not paged_attention's
+//                   (PagedKv::fresh_prompts); the K/V are written into the pools all the same
+//   @decode         B sequences, one token each (B = a decode batch bucket, 1, 2, 4, ...)
 //
-// Both are one function shape, built at (1, T) and at (B, 1):
+// All are one function shape, built at (B, T), (B, T) and (B, 1):
 //
 //   parameters  tokens i32[B,T], positions i32[B,T], slots i32[B,T], block_tables i32[B,M],
 //               k_pool, v_pool [L, NB, KV, BS, Dh] (f32, or bf16 under the bf16 policy),
@@ -46,6 +52,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -94,10 +101,31 @@ inline constexpr int kInferenceVPoolParameter = 5;
 inline constexpr int kInferenceFirstWeightParameter = 6;
 inline constexpr int kInferenceGreedyOutput = 3;
 
-enum class InferencePhase { kPrefill, kDecode };
+enum class InferencePhase { kPrefill, kDecode, kFreshPrefill };
 
-// A module holding one function, @prefill (batch 1, `size` tokens) or @decode (`size`
-// sequences of one token), as the header describes. Not yet run through any pass.
+// The function's name: "prefill", "decode" or "fresh_prefill".
+const char* InferenceFunctionName(InferencePhase phase);
+
+// One inference function: its phase, and `batch` sequences of `tokens` tokens each (decode:
+// one token).
+struct InferenceShape {
+  InferencePhase phase = InferencePhase::kDecode;
+  int64_t batch = 1;
+  int64_t tokens = 1;
+  friend bool operator<(const InferenceShape& a, const InferenceShape& b) {
+    return std::tie(a.phase, a.batch, a.tokens) < std::tie(b.phase, b.batch, b.tokens);
+  }
+  friend bool operator==(const InferenceShape& a, const InferenceShape& b) {
+    return std::tie(a.phase, a.batch, a.tokens) == std::tie(b.phase, b.batch, b.tokens);
+  }
+};
+
+// A module holding one function of `shape`, as the header describes. Not yet run through any
+// pass. InvalidArgument for a decode of more than one token, or a size below 1.
+absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
+                                                                  const PagedKvLayout& layout, Precision precision,
+                                                                  const InferenceShape& shape);
+// The same for one prompt of `size` tokens (prefill phases) or `size` sequences (decode).
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelConfig& config,
                                                                   const PagedKvLayout& layout, Precision precision,
                                                                   InferencePhase phase, int64_t size);

@@ -148,6 +148,17 @@ Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const Atten
   Tensor flat_slots = Reshape(kv.slots, {b * t}, loc);
   kv.k_pool = KvCacheWrite(kv.k_pool, Convert(k_rows, gemm_dtype, loc), flat_slots, layer, loc);
   kv.v_pool = KvCacheWrite(kv.v_pool, Convert(v_rows, gemm_dtype, loc), flat_slots, layer, loc);
+  if (kv.fresh_prompts) {
+    // Every key is a token of this call, at the index its position is: the training
+    // forward's attention, on the same q, k and v (the core rounds them to gemm_dtype as the
+    // pool writes above do; it rounds P to gemm_dtype where paged_attention keeps it f32).
+    auto heads_first = [&](Tensor rows, int64_t heads) {
+      return Transpose(Reshape(rows, {b, t, heads, d}, loc), kSwapSeqAndHeads, loc);
+    };
+    Tensor out = CausalAttentionCore(heads_first(q_rows, h), heads_first(k_rows, n_kv), heads_first(v_rows, n_kv),
+                                     gemm_dtype, loc);
+    return Linear(out, weights.o_proj, gemm_dtype, loc);
+  }
   q = Convert(Reshape(q_rows, {b, t, h, d}, loc), gemm_dtype, loc);
   Tensor out = PagedAttention(q, kv.k_pool, kv.v_pool, kv.block_tables, kv.positions, layer,
                               1.0 / std::sqrt(static_cast<double>(d)), loc);

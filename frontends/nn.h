@@ -115,14 +115,23 @@ struct PagedKv {
   Tensor block_tables;
   Tensor k_pool;
   Tensor v_pool;
+  // The caller's promise that every row holds the first tokens of a prompt none of which is
+  // cached: row b's tokens are positions 0, 1, ... of its sequence, its padding after them.
+  // Then every key a token attends to is a token of the same call, and the attention is
+  // CausalAttentionCore over the call's own q, k and v (select-flash-attention makes it one
+  // flash kernel, whose query tiles share each K/V tile, where paged_attention reads a
+  // query's keys for that query alone); K and V are still written into the pools for the
+  // decode steps after.
+  bool fresh_prompts = false;
 };
 
 // CausalSelfAttention of x [B,T,D] with the keys and values of earlier tokens in the pools:
 // the same projections and RoPE (each token at its own position), K and V of these tokens
 // written into layer `layer` of the pools (kv_cache_write), then paged_attention over keys
-// 0..position through the block tables. With the pools holding the K/V of every earlier
-// token it computes what CausalSelfAttention computes for these rows, to the rounding of
-// the same precision policy. -> f32 [B,T,D]
+// 0..position through the block tables (with kv.fresh_prompts, CausalAttentionCore over the
+// call's own keys instead). With the pools holding the K/V of every earlier token it computes
+// what CausalSelfAttention computes for these rows, to the rounding of the same precision
+// policy. -> f32 [B,T,D]
 Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const AttentionShape& shape, DType gemm_dtype,
                           int64_t layer, PagedKv& kv, Loc loc = Loc::current());
 

@@ -339,11 +339,23 @@ TEST_F(CliTest, CompileInferenceBuildsTheDecodeAndPrefillFunctions) {
   auto prefill = RunCommand(Kiln() + " compile llama-tiny --inference prefill --size 48 --report");
   ASSERT_EQ(prefill.exit_code, 0) << prefill.output;
   EXPECT_TRUE(absl::StrContains(prefill.output, "compiled llama-tiny (@prefill)")) << prefill.output;
+  // Several prompts a call, and the fresh prompts' function, whose attention is not paged.
+  auto fresh = RunCommand(Kiln() + " compile llama-tiny --inference fresh-prefill --size 64 --batch 4 -o " +
+                          Path("fresh.kir"));
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_TRUE(absl::StrContains(fresh.output, "compiled llama-tiny (@fresh_prefill)")) << fresh.output;
+  std::ifstream fresh_in(Path("fresh.kir"));
+  const std::string fresh_text((std::istreambuf_iterator<char>(fresh_in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(fresh_text, "%tokens = parameter() {index=0} : i32[4,64]")) << fresh_text.substr(0, 2000);
+  EXPECT_FALSE(absl::StrContains(fresh_text, "paged_attention(")) << fresh_text.substr(0, 2000);
+  EXPECT_TRUE(absl::StrContains(fresh_text, "kv_cache_write(")) << "the prompts' K/V still go to the pools";
   for (const auto& [flags, error] : std::vector<std::pair<std::string, std::string>>{
-           {"--inference sample", "--inference sample: expected decode or prefill"},
+           {"--inference sample", "--inference sample: expected decode, prefill or fresh-prefill"},
            {"--size 4", "--size needs --inference"},
            {"--inference decode --training", "give --inference or --training, not both"},
-           {"--inference decode --size 0", "--size (0), --context (64) and --block-size (16) must be >= 1"}}) {
+           {"--inference decode --batch 2", "--inference decode: its sequences are --size"},
+           {"--inference decode --size 0",
+            "--size (0), --batch (1), --context (64) and --block-size (16) must be >= 1"}}) {
     auto r = RunCommand(Kiln() + " compile llama-tiny " + flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_TRUE(absl::StrContains(r.output, error)) << flags << ": " << r.output;

@@ -186,5 +186,54 @@ TEST(GpuGenerate, DecodesSixteenTogetherAsTheReference) {
   EXPECT_GE(compared, 16 * 4) << "most steps of most requests compared";
 }
 
+// Prompts of 65 to 200 tokens on a model whose heads the flash kernels take (head dim 64),
+// submitted together: batched prefill calls of @fresh_prefill (the flash kernel on the GPU),
+// then decoding. The GPU's logits at every step are the reference backend's (bf16), with the
+// same calls made; and the GPU's fresh prefill gives the tokens its paged prefill gives
+// (fresh_prefill_min_tokens 0) until the first near-tie.
+Generation GenerateLongPrompts(CudaDevice* device, int64_t fresh_min_tokens) {
+  ModelConfig config = *PresetConfig("llama-tiny");
+  config.name = "llama-tiny-dh64";
+  config.head_dim = 64;
+  Generation g;
+  GeneratorOptions options{.precision = Precision::kBf16, .block_size = 16, .max_running = 8, .max_context = 256};
+  options.fresh_prefill_min_tokens = fresh_min_tokens;
+  options.device = device;
+  options.on_logits = [&g](RequestId r, int64_t position, absl::Span<const float> logits) {
+    g.logits[{r, position}] = std::vector<float>(logits.begin(), logits.end());
+  };
+  auto gen = Generator::Create(config, InitLlamaWeights(config, 23), options);
+  EXPECT_TRUE(gen.ok()) << gen.status();
+  if (!gen.ok()) return g;
+  const int64_t lengths[] = {65, 100, 128, 77, 200, 150};
+  for (RequestId id = 0; id < 6; ++id) {
+    EXPECT_TRUE((*gen)->Submit({.id = id, .prompt = Prompt(lengths[id], 300 + id), .max_new_tokens = 5,
+                                .sampling = {.temperature = 0}})
+                    .ok());
+  }
+  auto done = (*gen)->Run();
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (done.ok()) {
+    for (const auto& f : *done) g.outputs[f.id] = f.output;
+  }
+  g.stats = (*gen)->stats();
+  return g;
+}
+
+TEST(GpuGenerate, BatchedFreshPrefillsMatchTheReference) {
+  KILN_REQUIRE_GPU();
+  const Generation gpu = GenerateLongPrompts(testing::TestDevice(), 64);
+  const Generation cpu = GenerateLongPrompts(nullptr, 64);
+  ASSERT_EQ(gpu.outputs.size(), 6u);
+  ASSERT_EQ(cpu.outputs.size(), 6u);
+  EXPECT_EQ(gpu.stats.prefill_calls, cpu.stats.prefill_calls);
+  EXPECT_EQ(gpu.stats.fresh_prefill_calls, gpu.stats.prefill_calls) << "every prompt is fresh and 64 or longer";
+  EXPECT_LT(gpu.stats.prefill_calls, 6) << "prompts of one bucket share a call";
+  EXPECT_GE(ExpectSameLogitsWhileTokensAgree(gpu, cpu, 2e-2), 6 * 3);
+  const Generation paged = GenerateLongPrompts(testing::TestDevice(), 0);
+  EXPECT_EQ(paged.stats.fresh_prefill_calls, 0);
+  EXPECT_GE(ExpectSameLogitsWhileTokensAgree(gpu, paged, 2e-2), 6 * 3);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -123,30 +123,38 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
 // an HF config.
 absl::StatusOr<LoadedModule> LoadInferenceModule(const ParsedArgs& args, Precision precision) {
   const std::string phase_name = args.Get("inference");
-  if (phase_name != "decode" && phase_name != "prefill") {
-    return absl::InvalidArgumentError(absl::StrCat("--inference ", phase_name, ": expected decode or prefill"));
+  if (phase_name != "decode" && phase_name != "prefill" && phase_name != "fresh-prefill") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--inference ", phase_name, ": expected decode, prefill or fresh-prefill"));
   }
   if (precision == Precision::kFp8) {
     return absl::InvalidArgumentError("--inference: inference runs fp32 or bf16 (fp8 is a training policy)");
   }
   if (args.Has("training")) return absl::InvalidArgumentError("give --inference or --training, not both");
-  const InferencePhase phase = phase_name == "decode" ? InferencePhase::kDecode : InferencePhase::kPrefill;
+  const InferencePhase phase = phase_name == "decode"    ? InferencePhase::kDecode
+                               : phase_name == "prefill" ? InferencePhase::kPrefill
+                                                         : InferencePhase::kFreshPrefill;
+  if (phase == InferencePhase::kDecode && args.Has("batch")) {
+    return absl::InvalidArgumentError("--inference decode: its sequences are --size (--batch is a prefill's prompts)");
+  }
   LoadedModule loaded;
   ASSIGN_OR_RETURN(loaded.config, ResolveModelConfig(args.positionals()[0]));
   const ModelConfig& config = *loaded.config;
   ASSIGN_OR_RETURN(const int64_t size, args.GetInt("size", phase == InferencePhase::kDecode ? 1 : 512));
+  ASSIGN_OR_RETURN(const int64_t prompts, args.GetInt("batch", 1));
   const int64_t default_context = config.max_positions > 0 ? config.max_positions : config.seq_len;
   ASSIGN_OR_RETURN(const int64_t context, args.GetInt("context", default_context));
   ASSIGN_OR_RETURN(const int64_t block_size, args.GetInt("block-size", 16));
-  if (size < 1 || context < 1 || block_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--size (", size, "), --context (", context, ") and --block-size (",
-                                                   block_size, ") must be >= 1"));
+  if (size < 1 || prompts < 1 || context < 1 || block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--size (", size, "), --batch (", prompts, "), --context (", context,
+                                                   ") and --block-size (", block_size, ") must be >= 1"));
   }
   const int64_t per_sequence = (context + block_size - 1) / block_size;
-  const int64_t sequences = phase == InferencePhase::kDecode ? size : 1;
-  const PagedKvLayout layout{.num_blocks = sequences * per_sequence, .block_size = block_size,
+  const InferenceShape shape = phase == InferencePhase::kDecode ? InferenceShape{phase, size, 1}
+                                                                : InferenceShape{phase, prompts, size};
+  const PagedKvLayout layout{.num_blocks = shape.batch * per_sequence, .block_size = block_size,
                              .max_blocks_per_sequence = per_sequence};
-  ASSIGN_OR_RETURN(loaded.module, BuildLlamaInferenceModule(config, layout, precision, phase, size));
+  ASSIGN_OR_RETURN(loaded.module, BuildLlamaInferenceModule(config, layout, precision, shape));
   return loaded;
 }
 
@@ -224,10 +232,10 @@ Command CompileCommand() {
           "on @forward. With --training, as kiln train does: the forward pipeline (",
           BuildForwardPipeline(defaults).Describe(), ")\n",
           "on @forward, then the training step is built from it (--accum, --weight-decay, --clip), then\n"
-          "the default pipeline runs on both. With --inference decode (or prefill), the function kiln\n"
-          "generate runs instead: --size sequences of one token (or one prompt of --size tokens) over a\n"
-          "paged KV pool of whole --context contexts, through the inference pipeline (merge-sibling-gemms\n"
-          "off). The verifier runs after every pass that changed something;\n"
+          "the default pipeline runs on both. With --inference decode (prefill, fresh-prefill), the\n"
+          "function kiln generate runs instead: --size sequences of one token (or --batch prompts of\n"
+          "--size tokens) over a paged KV pool of whole --context contexts, through the inference\n"
+          "pipeline (merge-sibling-gemms off). The verifier runs after every pass that changed something;\n"
           "dumps are numbered in the order the passes ran. Then every kernel is generated and compiled\n"
           "with NVRTC for --target (no GPU needed), or for the GPU's architecture.\n\n"
           "passes (names for --disable-pass and --dump-after):\n",
@@ -250,9 +258,11 @@ Command CompileCommand() {
                  .help = "write every generated kernel's CUDA source here, headed by its nodes, launch geometry and "
                          "ptxas's registers, frame and shared memory; kernels.txt lists them"},
                 {.name = "inference", .value_name = "PHASE",
-                 .help = "compile kiln generate's decode or prefill function instead of @forward"},
+                 .help = "compile kiln generate's decode, prefill or fresh-prefill function instead of @forward "
+                         "(fresh-prefill: prompts with nothing cached, the training forward's attention; --batch "
+                         "prompts a prefill call, default 1)"},
                 {.name = "size", .value_name = "N",
-                 .help = "with --inference: sequences a decode call takes, or tokens of the prefill",
+                 .help = "with --inference: sequences a decode call takes, or tokens a prompt of the prefill",
                  .default_value = "1 for decode, 512 for prefill"},
                 {.name = "context", .value_name = "N", .help = "with --inference: tokens per sequence at most",
                  .default_value = "the model's"},

@@ -253,6 +253,12 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   const bool trace = args.Has("trace");
   if (trace) RETURN_IF_ERROR(CheckOutputPath(args.Get("trace"), "--trace"));
   options.enable_prefix_caching = !args.Has("no-prefix-cache");
+  ASSIGN_OR_RETURN(options.max_prefill_call_tokens, args.GetInt("prefill-call-tokens", options.max_prefill_call_tokens));
+  if (options.max_prefill_call_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill-call-tokens ", options.max_prefill_call_tokens, " must be >= 1"));
+  }
+  if (args.Has("no-fresh-prefill")) options.fresh_prefill_min_tokens = 0;
   if (args.Has("no-decode-lookahead")) options.decode_lookahead = false;
   if (args.Has("disable-pass")) options.disabled_passes = absl::StrSplit(args.Get("disable-pass"), ',', absl::SkipEmpty());
   if (args.Has("enable-pass")) options.enabled_passes = absl::StrSplit(args.Get("enable-pass"), ',', absl::SkipEmpty());
@@ -397,6 +403,10 @@ absl::Status RunGenerate(const ParsedArgs& args) {
                s.decode_steps > 0 ? 1e3 * s.decode_seconds / static_cast<double>(s.decode_steps) : 0.0,
                static_cast<long long>(s.steps), s.sample_seconds,
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
+  if (s.prefill_calls > 0) {
+    std::fprintf(stderr, "kiln generate: prefill calls: %lld (%lld of @fresh_prefill)\n",
+                 static_cast<long long>(s.prefill_calls), static_cast<long long>(s.fresh_prefill_calls));
+  }
   if (s.decode_steps > 0) {
     const DecodeCallTimes calls = SummarizeDecodeCalls(s);
     std::fprintf(stderr, "kiln generate: decode calls: median %.3f ms, min %.3f, max %.3f (%lld calls)%s\n",
@@ -464,9 +474,11 @@ Command GenerateCommand() {
            .usage = "MODEL (--prompt TEXT | --prompt-tokens IDS | --prompts FILE) [options]",
            .summary = "generate tokens from a paged KV cache (CPU reference backend or a GPU)",
            .details =
-               "Runs the @prefill and @decode functions the compiler derives from the model (causal attention\n"
-               "over the prompt writing K/V into paged blocks, then one token per sequence reading K/V through\n"
-               "block tables) with continuous batching and prefix caching, and prints the tokens as they come,\n"
+               "Runs the prefill and @decode functions the compiler derives from the model (causal attention\n"
+               "over the prompts writing K/V into paged blocks, several prompts a call: @fresh_prefill's flash\n"
+               "attention for prompts with nothing cached, @prefill's paged attention for the rest; then one\n"
+               "token per sequence reading K/V through block tables) with continuous batching and prefix\n"
+               "caching, and prints the tokens as they come,\n"
                "then the prefill and decode speed on stderr. MODEL is a preset (bytes in and out: --prompt\n"
                "TEXT) or an HF config/folder (token ids: --prompt-tokens 1,2,3). Weights: --weights CKPT\n"
                "(from kiln train --save), an HF folder's model.safetensors, or a seeded random init.\n"
@@ -507,6 +519,13 @@ Command GenerateCommand() {
                {.name = "trace", .value_name = "FILE.json",
                 .help = "write one decode call's launches as a Chrome trace (cuda; open it in ui.perfetto.dev)"},
                {.name = "no-prefix-cache", .help = "prefill every prompt in full (to measure what the cache saves)"},
+               {.name = "prefill-call-tokens", .value_name = "N",
+                .help = "tokens of one prefill call at most, padding included: prompts of one length bucket are "
+                        "prefilled together up to it (1: one prompt a call)",
+                .default_value = "4096"},
+               {.name = "no-fresh-prefill",
+                .help = "prefill prompts with nothing cached through paged attention too, not the flash kernel "
+                        "over the call's own keys (to measure what it saves)"},
                {.name = "no-decode-lookahead",
                 .help = "wait for each decode step's tokens before starting the next (cuda; to measure what "
                         "starting it ahead saves)"},
