@@ -55,6 +55,9 @@ class CudaInferenceEngine : public InferenceEngine {
     GpuCompileOptions compile;
     compile.paged_attention.complete_blocks_step_invariant = true;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutable> exe, CompileForGpu(f, *device_, run_, compile));
+    // The graph captured now, with the compile: a prompt's prefill call (often the only call
+    // of its shape) then replays, its time its own.
+    RETURN_IF_ERROR(exe->Prepare());
     executables_.emplace(&f, std::move(exe));
     return absl::OkStatus();
   }

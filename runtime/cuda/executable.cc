@@ -371,6 +371,12 @@ absl::Status CudaExecutable::Capture() {
   return absl::OkStatus();
 }
 
+absl::Status CudaExecutable::Prepare() {
+  if (!options_.cuda_graph || options_.check_each_step || graph_exec_ != nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  return Capture();
+}
+
 absl::Status CudaExecutable::Enqueue() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   if (options_.cuda_graph && !options_.check_each_step && graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());

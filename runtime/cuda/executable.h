@@ -78,6 +78,11 @@ class CudaExecutable {
   // work it queues on the same stream meanwhile (copies in and out, the next run) is ordered
   // after this run. The inference engine pipelines decode steps with it.
   absl::Status Enqueue();
+  // With options.cuda_graph: captures the run into its graph now (else the first Enqueue
+  // does), so that the first call replays like every later one; the inference engine does it
+  // as it loads a function, a setup cost of the function, not of its first call. A no-op
+  // without a graph, or once captured.
+  absl::Status Prepare();
   // Run, and where the time went: the same results as Run. With options.cuda_graph, the graph
   // replayed once under CUPTI's activity trace (runtime/cuda/activity_trace.h), each step's
   // span and exposed time as it ran in the graph; without a graph, or where CUPTI is absent or
