@@ -234,7 +234,7 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
     const int64_t b = call.shape.batch, t = call.shape.tokens;
     // Padding (a row's tokens past its prompt): position -1 and slot -1, written nowhere.
     std::vector<int32_t> tokens(b * t, 0), positions(b * t, -1), slots(b * t, -1), table(b * m, -1);
-    std::vector<int64_t> rows;  // each prompt's last token's row: its logits are sampled
+    std::vector<int64_t> rows;  // the logits' rows: one a prompt, its last token's
     bool with_logits = false;
     for (int64_t r = 0; r < static_cast<int64_t>(call.prefills.size()); ++r) {
       const PrefillWork& p = step.prefills[call.prefills[r]];
@@ -249,7 +249,7 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
         positions[r * t + i] = static_cast<int32_t>(pos);
         slots[r * t + i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
       }
-      rows.push_back(r * t + fresh - 1);
+      rows.push_back(r);
       with_logits |= NeedsLogits(p.sampling);
       stats_.prefill_tokens += fresh;
       stats_.cached_tokens += p.num_cached_tokens;

@@ -61,7 +61,8 @@ std::vector<Tensor> DeclareLlamaWeights(Graph& graph, const ModelConfig& config)
 }
 
 Tensor LlamaLogits(Graph& g, const ModelConfig& config, absl::Span<const Tensor> weight_params, Tensor tokens,
-                   DType gemm_dtype, const LlamaAttention& attention, ProjectionLayout layout) {
+                   DType gemm_dtype, const LlamaAttention& attention, ProjectionLayout layout,
+                   const HeadRows& head_rows) {
   WeightCursor weights(weight_params);
   Tensor embed_table = weights.Next();
   Tensor h = InScope(g, "embed", [&] { return Embedding(embed_table, tokens); });
@@ -92,6 +93,7 @@ Tensor LlamaLogits(Graph& g, const ModelConfig& config, absl::Span<const Tensor>
   }
   Tensor final_norm = weights.Next();
   Tensor head = config.tie_embeddings ? embed_table : weights.Next();
+  if (head_rows) h = InScope(g, "head_rows", [&] { return head_rows(h); });
   h = InScope(g, "final_norm", [&] { return RMSNorm(h, final_norm, config.rms_eps); });
   return InScope(g, "lm_head", [&] { return LmHead(h, head, gemm_dtype); });
 }

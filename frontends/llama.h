@@ -57,11 +57,17 @@ using LlamaAttention = std::function<Tensor(int64_t layer, Tensor x, const Atten
 // (qkv, o; gate_up, down: the inference functions, frontends/llama_inference.h).
 enum class ProjectionLayout { kSeparate, kJoined };
 
-// Logits f32 [B,T,V] of `tokens` [B,T]: embedding, the decoder layers (attention built by
-// `attention`, inside scope layers.N.attn), the final norm and the LM head.
+// Which of the last layer's rows [B,T,D] the final norm and the LM head compute: all of them
+// (null), or those a function picks ([B,T',D]; the inference prefill keeps each sequence's
+// last token, the only one whose logits are sampled).
+using HeadRows = std::function<Tensor(Tensor hidden)>;
+
+// Logits f32 [B,T,V] of `tokens` [B,T] ([B,T',V] with `head_rows`): embedding, the decoder
+// layers (attention built by `attention`, inside scope layers.N.attn), the final norm and the
+// LM head.
 Tensor LlamaLogits(Graph& graph, const ModelConfig& config, absl::Span<const Tensor> weights, Tensor tokens,
                    DType gemm_dtype, const LlamaAttention& attention,
-                   ProjectionLayout layout = ProjectionLayout::kSeparate);
+                   ProjectionLayout layout = ProjectionLayout::kSeparate, const HeadRows& head_rows = nullptr);
 
 absl::StatusOr<std::unique_ptr<Module>> BuildLlamaModule(const ModelConfig& config,
                                                          const LlamaBuildOptions& options = {});

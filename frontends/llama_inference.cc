@@ -48,6 +48,20 @@ Tensor GreedyTokens(Graph& g, Tensor logits) {
   return Convert(Add(Mul(best, -1.0), static_cast<double>(vocab - 1)), DType::kI32);
 }
 
+// Each row's last token: hidden [B,T,D] -> [B,1,D], row b's token at its largest position
+// (positions rise along a row, padding is -1 after them). A select of that row and zeros,
+// summed over T: exactly the row (x + 0 is x), one pass over the hidden state. A row of
+// padding alone sums all its rows: nobody reads its logits.
+Tensor LastTokenRows(Graph& g, Tensor hidden, Tensor positions) {
+  const std::vector<int64_t> dims = hidden.type().dims;  // [B, T, D]
+  const int64_t b = dims[0], d = dims[2];
+  Tensor at = Convert(positions, DType::kF32);  // exact below 2^24
+  Tensor last = Compare(at, Broadcast(ReduceMax(at, {1}), {0}, {b, dims[1]}), "eq");
+  Tensor zeros = g.Constant(0.0, TensorType{hidden.type().dtype, dims});
+  Tensor row = ReduceSum(Select(Broadcast(last, {0, 1}, dims), hidden, zeros), {1});
+  return Reshape(row, {b, 1, d});
+}
+
 }  // namespace
 
 TensorType KvPoolType(const ModelConfig& config, const PagedKvLayout& layout, Precision precision) {
@@ -171,12 +185,16 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
   for (const InferenceWeight& w : LlamaInferenceWeights(config)) {
     weights.push_back(g.Parameter(w.spec.name, InferenceWeightType(w.spec, precision)));
   }
+  // A prefill's logits are sampled at each sequence's last token only: the final norm and
+  // the LM head compute that row alone (decode's one row is its last).
+  const Tensor positions = kv.positions;
+  const HeadRows last_tokens = [&](Tensor hidden) { return LastTokenRows(g, hidden, positions); };
   Tensor logits = LlamaLogits(
       g, config, weights, tokens, gemm_dtype,
       [&](int64_t layer, Tensor x, const AttentionWeights& w) {
         return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
       },
-      ProjectionLayout::kJoined);
+      ProjectionLayout::kJoined, seq > 1 ? last_tokens : HeadRows());
   Tensor greedy = InScope(g, "greedy", [&] { return GreedyTokens(g, logits); });
   RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool, greedy},
                            {-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));

@@ -24,15 +24,18 @@
 //               the GEMM dtype (bf16 under the bf16 policy: @forward rounds them there
 //               before every use, so the values are the same, and a decode step reads half
 //               the bytes)
-//   outputs     logits [B,T,V] (f32; bf16 under the bf16 policy, as @forward's LM head writes
-//               them), k_pool', v_pool' (donated: output_aliases {-1, 4, 5, -1}), and the
-//               greedy token of every row, i32 [B,T] (the first of the largest logits), so
-//               that a greedy request needs no logits off the device
+//   outputs     logits [B,1,V] of each sequence's last token, the one at its largest position
+//               (f32; bf16 under the bf16 policy, as @forward's LM head writes them: the
+//               prefills' final norm and LM head compute that row alone, the only one
+//               sampled), k_pool', v_pool' (donated: output_aliases {-1, 4, 5, -1}), and the
+//               greedy token of every sequence, i32 [B,1] (the first of the largest logits),
+//               so that a greedy request needs no logits off the device
 //
 // Sequence lengths, positions and block tables are data, so a function's shapes depend only
 // on (B, T) and the pool: one compile (and, on a GPU, one captured graph) per bucket. A
 // padding row has token 0, position -1 and slot -1: it writes no K/V and its attention is
-// zero; its logits are garbage that nobody reads.
+// zero; its logits are garbage that nobody reads (a prefill's padding tokens come after its
+// row's real ones, and a prefill call has no row of padding alone).
 //
 // Why the functions are built by the frontend code that builds @forward, not rewritten from
 // @forward's graph: every shape of @forward is specialized to [batch, seq] (reshapes, iotas,
