@@ -172,6 +172,35 @@ TEST_F(CliGenerateTest, JsonlPromptsCarryTheirOwnBudgetsAndTheSummaryCountsThePr
   }
 }
 
+// Prompts of one length bucket are prefilled in one call (the stderr line counts the calls),
+// of @fresh_prefill when nothing of them is cached and they are 64 tokens or more;
+// --prefill-call-tokens 1 gives each its own call, --no-fresh-prefill takes @prefill for them
+// too; no token changes (fp32).
+TEST_F(CliGenerateTest, PromptsShareAPrefillCallWithoutChangingATokenAndTheFlagsSayHow) {
+  std::string lines;
+  for (int i = 0; i < 4; ++i) {  // 70 bytes each: bucket 128
+    lines += absl::StrCat("prompt number ", i, " of a batch of four, each of them sixty-nine bytes long\n");
+  }
+  ASSERT_TRUE(WriteFileAtomically(Path("four.txt"), lines).ok());
+  const std::string common = absl::StrCat("llama-tiny --prompts ", Path("four.txt"),
+                                          " --temperature 0 --precision fp32 --max-new-tokens 4 --context 96");
+  CommandResult together = Generate(common);
+  ASSERT_EQ(together.exit_code, 0) << together.output << Stderr();
+  EXPECT_NE(Stderr().find("kiln generate: prefill 280 tokens in"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find("kiln generate: prefill calls: 1 (1 of @fresh_prefill)"), std::string::npos) << Stderr();
+  CommandResult apart = Generate(common + " --prefill-call-tokens 1");
+  ASSERT_EQ(apart.exit_code, 0) << apart.output << Stderr();
+  EXPECT_NE(Stderr().find("kiln generate: prefill calls: 4 (4 of @fresh_prefill)"), std::string::npos) << Stderr();
+  EXPECT_EQ(apart.output, together.output);
+  CommandResult paged = Generate(common + " --no-fresh-prefill");
+  ASSERT_EQ(paged.exit_code, 0) << paged.output << Stderr();
+  EXPECT_NE(Stderr().find("kiln generate: prefill calls: 1 (0 of @fresh_prefill)"), std::string::npos) << Stderr();
+  EXPECT_EQ(paged.output, together.output);
+  CommandResult bad = Generate(common + " --prefill-call-tokens 0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(Stderr().find("--prefill-call-tokens 0 must be >= 1"), std::string::npos) << Stderr();
+}
+
 TEST_F(CliGenerateTest, BadInputsAreClearErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"llama-tiny --prompt ''", "request 0: the prompt is empty"},
