@@ -254,10 +254,12 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
       stats_.prefill_tokens += fresh;
       stats_.cached_tokens += p.num_cached_tokens;
     }
+    const bool profiled = stats_.prefill_calls == options_.profile_prefill_call;
     ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
                      engine_->Run(*f, {I32({b, t}, tokens), I32({b, t}, positions), I32({b, t}, slots),
                                        I32({b, m}, table)},
-                                  rows, with_logits));
+                                  rows, with_logits, profiled ? &prefill_profile_ : nullptr));
+    if (profiled) prefill_profile_shape_ = call.shape;
     for (size_t r = 0; r < call.prefills.size(); ++r) {
       const PrefillWork& p = step.prefills[call.prefills[r]];
       ASSIGN_OR_RETURN(TokenId token,

@@ -73,6 +73,10 @@ struct GeneratorOptions {
   // >= 0: that call of @decode (0 is the first) runs through CudaExecutable::Profile (timed
   // in its CUDA graph, or one by one): decode_profile() then says where its time went.
   int64_t profile_decode_call = -1;
+  // >= 0: that prefill call (0 is the first) runs through CudaExecutable::Profile the same
+  // way: prefill_profile() then says where its time went (its time, profiled, is still
+  // counted as prefill time: a benchmark leaves it unset).
+  int64_t profile_prefill_call = -1;
   // A GPU's decode calls timed with CUDA events (GenerationStats::decode_call_gpu_seconds;
   // frontends/cuda_inference_engine.h says what that costs).
   bool time_decode_calls = false;
@@ -160,6 +164,10 @@ class Generator {
   // bucket; empty before that call, or on the CPU.
   const std::vector<StepTiming>& decode_profile() const { return decode_profile_; }
   int64_t decode_profile_bucket() const { return decode_profile_bucket_; }
+  // The profiled prefill call's launches (GeneratorOptions::profile_prefill_call), and its
+  // function's shape; empty before that call, or on the CPU.
+  const std::vector<StepTiming>& prefill_profile() const { return prefill_profile_; }
+  const InferenceShape& prefill_profile_shape() const { return prefill_profile_shape_; }
   ~Generator();
 
  private:
@@ -194,6 +202,8 @@ class Generator {
   GenerationStats stats_;
   std::vector<StepTiming> decode_profile_;
   int64_t decode_profile_bucket_ = 0;
+  std::vector<StepTiming> prefill_profile_;
+  InferenceShape prefill_profile_shape_;
   // The decode call in flight for the next step (GeneratorOptions::decode_lookahead): its
   // bucket and inputs, tokens included once the call before it has handed them back.
   struct Lookahead {

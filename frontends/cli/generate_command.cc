@@ -266,6 +266,8 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   // request can end.
   options.time_decode_calls = report;
   if (report || trace) options.profile_decode_call = std::max<int64_t>(0, std::min<int64_t>(16, max_new - 2));
+  // And the first prefill call (the first step's prompts, or the prompt).
+  if (report) options.profile_prefill_call = 0;
   if (max_new < 1) return absl::InvalidArgumentError(absl::StrCat("--max-new-tokens ", max_new, " must be >= 1"));
   if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("--seed ", seed, " must be >= 0"));
   inference::SamplingParams sampling{.temperature = temperature, .top_k = top_k, .top_p = top_p,
@@ -461,6 +463,18 @@ absl::Status RunGenerate(const ParsedArgs& args) {
     std::fprintf(stderr, "kiln generate: its 15 launches of most exposed time\n%s",
                  FormatSlowestLaunches(timings, 15).c_str());
   }
+  if (report && !generator->prefill_profile().empty()) {
+    const std::vector<StepTiming>& timings = generator->prefill_profile();
+    const InferenceShape& shape = generator->prefill_profile_shape();
+    double total_us = 0;
+    for (const StepTiming& t : timings) total_us += t.exposed_us;
+    std::fprintf(stderr,
+                 "kiln generate: GPU time of prefill call 0 (@%s, %lld prompt%s of %lld tokens) by kernel group, %zu "
+                 "launches, %.3f ms %s (its time, profiled, is in the prefill figure above)\n%s",
+                 InferenceFunctionName(shape.phase), static_cast<long long>(shape.batch), shape.batch == 1 ? "" : "s",
+                 static_cast<long long>(shape.tokens), timings.size(), total_us / 1e3, TimingMethod(timings).c_str(),
+                 FormatGroupTable(timings, 15).c_str());
+  }
   if (rejected > 0) {
     return absl::InvalidArgumentError(absl::StrCat(rejected, " of ", prompts.size(), " requests were rejected"));
   }
@@ -515,7 +529,8 @@ Command GenerateCommand() {
                {.name = "context", .value_name = "N", .help = "tokens per sequence at most",
                 .default_value = "the model's"},
                {.name = "backend", .value_name = "B", .help = "cpu, cuda or auto", .default_value = "cpu"},
-               {.name = "report", .help = "where one decode call's GPU time goes, by kernel group (cuda)"},
+               {.name = "report", .help = "where one decode call's and the first prefill call's GPU time goes, by kernel "
+                                          "group (cuda)"},
                {.name = "trace", .value_name = "FILE.json",
                 .help = "write one decode call's launches as a Chrome trace (cuda; open it in ui.perfetto.dev)"},
                {.name = "no-prefix-cache", .help = "prefill every prompt in full (to measure what the cache saves)"},
