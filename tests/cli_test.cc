@@ -329,6 +329,9 @@ TEST_F(CliTest, CompileInferenceBuildsTheDecodeAndPrefillFunctions) {
   // The launch list a call runs: the pool copies are left out (the pools are written in place).
   EXPECT_TRUE(absl::StrContains(decode.output, "@decode a call: ")) << decode.output;
   EXPECT_TRUE(absl::StrContains(decode.output, "(the memory plan leaves out 4 of the")) << decode.output;
+  // And what its executable holds beyond the bound weights and pools.
+  EXPECT_TRUE(absl::StrContains(decode.output, "@decode memory plan: arena ")) << decode.output;
+  EXPECT_TRUE(absl::StrContains(decode.output, "; its own, less the parameters: ")) << decode.output;
   auto verified = RunCommand(Kiln() + " verify " + Path("decode.kir"));
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   std::ifstream in(Path("decode.kir"));

@@ -99,6 +99,11 @@ absl::Status GenerateKernels(const Module& module, const ParsedArgs& args, bool 
       ASSIGN_OR_RETURN(const CompiledProgram program, CompileProgram(*f, ProgramOptions{.target = codegen.target}));
       std::printf("@%s a call: %lld kernel launches and %lld cuBLASLt GEMMs\n", f->name().c_str(),
                   static_cast<long long>(program.num_launches), static_cast<long long>(program.num_gemms));
+      // kiln generate binds the parameters (the weights, the KV pools) once for every
+      // function: what a function's own executable holds is the rest.
+      std::printf("@%s memory plan: %s; its own, less the parameters: %.1f MiB\n", f->name().c_str(),
+                  program.plan.Summary().c_str(),
+                  static_cast<double>(program.plan.arena_bytes - program.plan.parameter_bytes) / (1 << 20));
       launches += program.num_launches;
     }
     std::printf("(the memory plan leaves out %lld of the %lld kernels listed: copies into a result that takes its "
