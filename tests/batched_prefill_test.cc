@@ -16,6 +16,7 @@
 #include "frontends/weight_init.h"
 #include "ir/reference_backend.h"
 #include "passes/target.h"
+#include "tests/testing/forward_logits.h"
 #ifdef KILN_WITH_CUDA
 #include "codegen/capabilities.h"
 #endif
@@ -228,27 +229,6 @@ TEST(FreshPrefill, TakesTheFlashKernelWhereTheTargetDoes) {
 }
 #endif
 
-// The logits f32 [T, V] of @forward over `tokens` (batch 1, fp32).
-std::vector<std::vector<double>> ForwardLogits(const std::vector<HostTensor>& weights,
-                                               const std::vector<TokenId>& tokens) {
-  const int64_t t = static_cast<int64_t>(tokens.size());
-  auto module =
-      BuildLlamaModule(Tiny(), {.batch = 1, .seq_len = t, .precision = Precision::kFp32, .return_logits = true});
-  EXPECT_TRUE(module.ok()) << module.status();
-  std::vector<HostTensor> args;
-  args.push_back(HostTensor::FromValues({DType::kI32, {1, t}}, std::vector<double>(tokens.begin(), tokens.end())));
-  args.push_back(HostTensor({DType::kI32, {1, t}}));
-  args.insert(args.end(), weights.begin(), weights.end());
-  auto out = EvaluateFunction(*(*module)->FindFunction("forward"), args);
-  EXPECT_TRUE(out.ok()) << out.status();
-  const int64_t v = Tiny().vocab_size;
-  std::vector<std::vector<double>> rows(t);
-  for (int64_t i = 0; i < t; ++i) {
-    rows[i].assign((*out)[1].values().begin() + i * v, (*out)[1].values().begin() + (i + 1) * v);
-  }
-  return rows;
-}
-
 std::vector<TokenId> Prompt(int64_t n, int64_t salt) {
   std::vector<TokenId> p;
   for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<TokenId>((i * 29 + salt * 13 + 3) % 256));
@@ -305,7 +285,7 @@ TEST(BatchedPrefill, EverySampledTokenHasTheForwardsLogits) {
       const GenerationRequest& r = requests[f.id];
       std::vector<TokenId> context = r.prompt;
       context.insert(context.end(), f.output.begin(), f.output.end() - 1);
-      const auto rows = ForwardLogits(weights, context);
+      const auto rows = testing::ForwardLogits(Tiny(), weights, context, Precision::kFp32);
       int64_t checked = 0;
       for (const auto& [key, logits] : log) {
         if (key.first != f.id) continue;

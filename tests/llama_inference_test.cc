@@ -17,6 +17,7 @@
 #include "frontends/weight_init.h"
 #include "ir/fusion.h"
 #include "ir/reference_backend.h"
+#include "tests/testing/forward_logits.h"
 
 namespace kiln {
 namespace {
@@ -31,25 +32,7 @@ ModelConfig Tiny() { return *PresetConfig("llama-tiny"); }
 
 const SamplingParams kGreedy{.temperature = 0};
 
-// The logits f32 [T, V] of @forward over `tokens` (batch 1).
-std::vector<std::vector<double>> ForwardLogits(const ModelConfig& config, const std::vector<HostTensor>& weights,
-                                               const std::vector<TokenId>& tokens, Precision precision) {
-  const int64_t t = static_cast<int64_t>(tokens.size());
-  auto module = BuildLlamaModule(config, {.batch = 1, .seq_len = t, .precision = precision, .return_logits = true});
-  EXPECT_TRUE(module.ok()) << module.status();
-  std::vector<HostTensor> args;
-  args.push_back(HostTensor::FromValues({DType::kI32, {1, t}}, std::vector<double>(tokens.begin(), tokens.end())));
-  args.push_back(HostTensor({DType::kI32, {1, t}}));
-  args.insert(args.end(), weights.begin(), weights.end());
-  auto out = EvaluateFunction(*(*module)->FindFunction("forward"), args);
-  EXPECT_TRUE(out.ok()) << out.status();
-  const int64_t v = config.vocab_size;
-  std::vector<std::vector<double>> rows(t);
-  for (int64_t i = 0; i < t; ++i) {
-    rows[i].assign((*out)[1].values().begin() + i * v, (*out)[1].values().begin() + (i + 1) * v);
-  }
-  return rows;
-}
+using testing::ForwardLogits;
 
 int64_t Argmax(const std::vector<double>& row) {
   return std::max_element(row.begin(), row.end()) - row.begin();
