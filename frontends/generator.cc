@@ -225,7 +225,9 @@ absl::StatusOr<TokenId> Generator::SampleRow(const InferenceEngine::Rows& picked
 }
 
 absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference::ScheduledStep& step) {
-  std::vector<SampledToken> sampled;
+  // In the step's order, whatever order the calls run them in: the tokens stream, and the
+  // requests finish, as they did one prefill a call.
+  std::vector<SampledToken> sampled(step.prefills.size());
   const int64_t bs = layout_.block_size, m = layout_.max_blocks_per_sequence;
   for (const PrefillCall& call : PlanPrefillCalls(step.prefills, bs, options_.max_prefill_call_tokens,
                                                   options_.fresh_prefill_min_tokens)) {
@@ -264,7 +266,7 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
       const PrefillWork& p = step.prefills[call.prefills[r]];
       ASSIGN_OR_RETURN(TokenId token,
                        SampleRow(picked, r, p.request, static_cast<int64_t>(p.tokens.size()) - 1, p.sampling, p.draw));
-      sampled.push_back({p.request, token});
+      sampled[call.prefills[r]] = {p.request, token};
     }
     ++stats_.prefill_calls;
     if (call.shape.phase == InferencePhase::kFreshPrefill) ++stats_.fresh_prefill_calls;
