@@ -150,12 +150,20 @@ Tensor PagedSelfAttention(Tensor x, const AttentionWeights& weights, const Atten
   kv.v_pool = KvCacheWrite(kv.v_pool, Convert(v_rows, gemm_dtype, loc), flat_slots, layer, loc);
   if (kv.fresh_prompts) {
     // Every key is a token of this call, at the index its position is: the training
-    // forward's attention, on the same q, k and v (the core rounds them to gemm_dtype as the
-    // pool writes above do; it rounds P to gemm_dtype where paged_attention keeps it f32).
-    auto heads_first = [&](Tensor rows, int64_t heads) {
-      return Transpose(Reshape(rows, {b, t, heads, d}, loc), kSwapSeqAndHeads, loc);
+    // forward's attention, as CausalSelfAttention builds it, RoPE at positions 0..T-1 (the
+    // real tokens' own, so q and k are the bits written above; padding, after a row's real
+    // tokens, is seen by nobody). Its own RoPE, not the rows written above: then each has
+    // one reader, fuse-cache-write folds the writes into the kernel computing their rows, and
+    // merge-cache-write-siblings joins them with the transposes, as a decode step's are. The
+    // core rounds q, k and v to gemm_dtype as the pool writes do; it rounds P to gemm_dtype
+    // where paged_attention keeps it f32.
+    Tensor positions = Positions(*x.graph(), t, loc);
+    auto heads_first = [&](Tensor y, int64_t heads, bool rope) {
+      y = Reshape(y, {b, t, heads, d}, loc);
+      if (rope) y = RoPE(y, positions, shape.rope_theta, loc);
+      return Transpose(y, kSwapSeqAndHeads, loc);
     };
-    Tensor out = CausalAttentionCore(heads_first(q_rows, h), heads_first(k_rows, n_kv), heads_first(v_rows, n_kv),
+    Tensor out = CausalAttentionCore(heads_first(q, h, true), heads_first(k, n_kv, true), heads_first(v, n_kv, false),
                                      gemm_dtype, loc);
     return Linear(out, weights.o_proj, gemm_dtype, loc);
   }
