@@ -191,12 +191,12 @@ TEST(GpuGenerate, DecodesSixteenTogetherAsTheReference) {
 // then decoding. The GPU's logits at every step are the reference backend's (bf16), with the
 // same calls made; and the GPU's fresh prefill gives the tokens its paged prefill gives
 // (fresh_prefill_min_tokens 0) until the first near-tie.
-Generation GenerateLongPrompts(CudaDevice* device, int64_t fresh_min_tokens) {
+Generation GenerateLongPrompts(CudaDevice* device, int64_t fresh_min_tokens, Precision precision = Precision::kBf16) {
   ModelConfig config = *PresetConfig("llama-tiny");
   config.name = "llama-tiny-dh64";
   config.head_dim = 64;
   Generation g;
-  GeneratorOptions options{.precision = Precision::kBf16, .block_size = 16, .max_running = 8, .max_context = 256};
+  GeneratorOptions options{.precision = precision, .block_size = 16, .max_running = 8, .max_context = 256};
   options.fresh_prefill_min_tokens = fresh_min_tokens;
   options.device = device;
   options.on_logits = [&g](RequestId r, int64_t position, absl::Span<const float> logits) {
@@ -233,6 +233,18 @@ TEST(GpuGenerate, BatchedFreshPrefillsMatchTheReference) {
   const Generation paged = GenerateLongPrompts(testing::TestDevice(), 0);
   EXPECT_EQ(paged.stats.fresh_prefill_calls, 0);
   EXPECT_GE(ExpectSameLogitsWhileTokensAgree(gpu, paged, 2e-2), 6 * 3);
+}
+
+// The same in fp32 (the flash kernels take bf16: the attention stays the decomposed pattern,
+// batched GEMMs and a softmax): the reference's tokens, and its logits to 1e-4.
+TEST(GpuGenerate, BatchedFreshPrefillsMatchTheReferenceFp32) {
+  KILN_REQUIRE_GPU();
+  const Generation gpu = GenerateLongPrompts(testing::TestDevice(), 64, Precision::kFp32);
+  const Generation cpu = GenerateLongPrompts(nullptr, 64, Precision::kFp32);
+  ASSERT_EQ(gpu.outputs.size(), 6u);
+  EXPECT_EQ(gpu.outputs, cpu.outputs);
+  EXPECT_EQ(gpu.stats.fresh_prefill_calls, gpu.stats.prefill_calls);
+  EXPECT_GE(ExpectSameLogitsWhileTokensAgree(gpu, cpu, 1e-4), 6 * 5);
 }
 
 }  // namespace
