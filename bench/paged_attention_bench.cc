@@ -4,20 +4,23 @@
 // heads, head dim 128, a bf16 pool of 16-token blocks, O stored bf16 as the decode step stores
 // it) for each --batches B: B sequences of one new token, each over --keys keys (the decode
 // benchmark's sequences are all one length: prompts of 512, then decoded in lockstep) in
-// blocks scattered over a pool of B whole --context contexts. Each --geometries entry is a
+// blocks scattered over a pool of B whole --context contexts. With --tokens T, each sequence's
+// last T keys are query rows (a prefill over a cached prefix of keys - T: q [B, T, H, D], row t
+// over keys - T + t + 1 keys), where the tensor-core kernel takes several query rows a block
+// ("+untiled": one). Each --geometries entry is a
 // CodegenOptions::paged_attention as ParsePagedAttentionGeometry reads it (codegen/lower_node.h:
 // "tc4x3x4x2", the default, is the tensor-core kernel PagedAttentionSplitMma; "4(8)x5x4x4" the
 // CUDA-core PagedAttentionSplit; "+combine" and "+fold"), so the variants compare in one run;
 // the first is the default.
 // Each row: median, min and max us over the timed calls (CUDA events around the launch, after
-// warm-up), the K and V bytes the call reads over the median (GB/s), and
+// warm-up), the sequences' K and V bytes (each once) over the median (GB/s), and
 // the max |error| of the bf16 O against a double evaluation of the op's definition
 // (ir/op_table.h: softmax(q k * scale) v with P unrounded) on every (row, head).
 // bench/paged_attention_torch.py times torch SDPA over the same keys held densely (what HF's
 // static cache runs); bench/paged_attention_h200.sh runs both. One JSON object a line on
 // stdout, a table on stderr.
 //
-//   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768]
+//   paged_attention_bench [--batches 1,32] [--keys 640] [--context 768] [--tokens 1]
 //                         [--geometries tc4x3x4x2,tc4x3x4x4,4(8)x5x4x4,4x5x4x4+combine] [--iters 50]
 //                         [--warmup 5]
 //                         [--max-error 5e-3]
@@ -58,7 +61,7 @@ constexpr int64_t kHeads = 16, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 struct Options : bench::RunOptions {
   Options() : bench::RunOptions{.iters = 50, .warmup = 5, .rows = 1, .max_error = 5e-3} {}
   std::vector<int64_t> batches = {1, 32};
-  int64_t keys = 640, context = 768;
+  int64_t keys = 640, context = 768, tokens = 1;
   std::vector<CodegenOptions::PagedAttentionGeometry> geometries = DefaultGeometries();
 
   // The default, the tensor-core kernel's neighbours and the CUDA-core kernel's default.
@@ -78,10 +81,11 @@ using Loaded = bench::LoadedKernel;
 
 using bench::Bf16Tensor;
 
-// One batch's inputs: q [B, 1, H, D], the pools [1, B * blocks_per_row, KV, BS, D], each row's
-// table a random choice of the pool's blocks (no two rows share one), every position keys - 1.
+// One batch's inputs: q [B, T, H, D], the pools [1, B * blocks_per_row, KV, BS, D], each
+// sequence's table a random choice of the pool's blocks (no two share one), positions keys - T
+// .. keys - 1.
 struct Inputs {
-  int64_t batch = 0, max_blocks = 0, pool_blocks = 0;
+  int64_t batch = 0, tokens = 1, max_blocks = 0, pool_blocks = 0;
   Bf16Tensor q, k, v;
   std::vector<int32_t> tables, positions;
 };
@@ -89,29 +93,33 @@ struct Inputs {
 Inputs MakeInputs(int64_t batch, const Options& opt) {
   Inputs in;
   in.batch = batch;
+  in.tokens = opt.tokens;
   in.max_blocks = (opt.context + kBlockSize - 1) / kBlockSize;
   in.pool_blocks = batch * in.max_blocks;
   const int64_t pool = in.pool_blocks * kKvHeads * kBlockSize * kHeadDim;
-  in.q = bench::RandomBf16Tensor(batch * kHeads * kHeadDim, -1, 1, 11);
+  in.q = bench::RandomBf16Tensor(batch * opt.tokens * kHeads * kHeadDim, -1, 1, 11);
   in.k = bench::RandomBf16Tensor(pool, -2, 2, 12);
   in.v = bench::RandomBf16Tensor(pool, -1, 1, 13);
   std::vector<int32_t> order(in.pool_blocks);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(14));
   in.tables.assign(order.begin(), order.end());  // row b's table: order[b * max_blocks, ...)
-  in.positions.assign(batch, static_cast<int32_t>(opt.keys - 1));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < opt.tokens; ++t) in.positions.push_back(static_cast<int32_t>(opt.keys - opt.tokens + t));
+  }
   return in;
 }
 
-// O[b, h, :] by the definition, in double.
-std::vector<double> Reference(const Inputs& in, int64_t keys) {
+// O[b, t, h, :] by the definition, in double.
+std::vector<double> Reference(const Inputs& in) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
-  std::vector<double> o(in.batch * kHeads * kHeadDim, 0.0);
-  std::vector<double> s(keys);
-  for (int64_t b = 0; b < in.batch; ++b) {
+  std::vector<double> o(in.batch * in.tokens * kHeads * kHeadDim, 0.0);
+  for (int64_t bt = 0; bt < in.batch * in.tokens; ++bt) {
+    const int64_t b = bt / in.tokens, keys = in.positions[bt] + 1;
+    std::vector<double> s(keys);
     for (int64_t h = 0; h < kHeads; ++h) {
       const int64_t kv = h / (kHeads / kKvHeads);
-      const double* q = &in.q.values[(b * kHeads + h) * kHeadDim];
+      const double* q = &in.q.values[(bt * kHeads + h) * kHeadDim];
       auto row = [&](int64_t j) {
         const int64_t block = in.tables[b * in.max_blocks + j / kBlockSize];
         return ((block * kKvHeads + kv) * kBlockSize + j % kBlockSize) * kHeadDim;
@@ -124,7 +132,7 @@ std::vector<double> Reference(const Inputs& in, int64_t keys) {
         max = std::max(max, s[j]);
       }
       double l = 0;
-      double* out = &o[(b * kHeads + h) * kHeadDim];
+      double* out = &o[(bt * kHeads + h) * kHeadDim];
       for (int64_t j = 0; j < keys; ++j) {
         const double p = std::exp(s[j] - max);
         l += p;
@@ -143,11 +151,11 @@ absl::StatusOr<std::vector<KernelSpec>> Lower(const Inputs& in, const Target& ta
   Builder b(m.AddFunction("decode"));
   const DType bf16 = DType::kBF16;
   const std::vector<int64_t> pool = {1, in.pool_blocks, kKvHeads, kBlockSize, kHeadDim};
-  absl::StatusOr<Node*> q = b.Parameter("q", {bf16, {in.batch, 1, kHeads, kHeadDim}});
+  absl::StatusOr<Node*> q = b.Parameter("q", {bf16, {in.batch, in.tokens, kHeads, kHeadDim}});
   absl::StatusOr<Node*> k = b.Parameter("k_pool", {bf16, pool});
   absl::StatusOr<Node*> v = b.Parameter("v_pool", {bf16, pool});
   absl::StatusOr<Node*> tables = b.Parameter("block_tables", {DType::kI32, {in.batch, in.max_blocks}});
-  absl::StatusOr<Node*> positions = b.Parameter("positions", {DType::kI32, {in.batch, 1}});
+  absl::StatusOr<Node*> positions = b.Parameter("positions", {DType::kI32, {in.batch, in.tokens}});
   for (const auto* p : {&q, &k, &v, &tables, &positions}) {
     if (!p->ok()) return p->status();
   }
@@ -166,15 +174,15 @@ absl::StatusOr<std::vector<KernelSpec>> Lower(const Inputs& in, const Target& ta
 
 absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
   const Inputs in = MakeInputs(batch, opt);
-  const std::vector<double> want = Reference(in, opt.keys);
-  const double bytes = 2.0 * batch * kKvHeads * opt.keys * kHeadDim * 2;  // K and V, bf16
+  const std::vector<double> want = Reference(in);
+  const double bytes = 2.0 * batch * kKvHeads * opt.keys * kHeadDim * 2;  // K and V, bf16, a sequence's once
   bench::DeviceBuffers buffers(device, "paged_attention_bench");
   absl::StatusOr<void*> q = buffers.Upload(in.q.bits.data(), in.q.bits.size() * 2);
   absl::StatusOr<void*> k = buffers.Upload(in.k.bits.data(), in.k.bits.size() * 2);
   absl::StatusOr<void*> v = buffers.Upload(in.v.bits.data(), in.v.bits.size() * 2);
   absl::StatusOr<void*> tables = buffers.Upload(in.tables.data(), in.tables.size() * 4);
   absl::StatusOr<void*> positions = buffers.Upload(in.positions.data(), in.positions.size() * 4);
-  absl::StatusOr<void*> out = buffers.Upload(nullptr, batch * kHeads * kHeadDim * 2);
+  absl::StatusOr<void*> out = buffers.Upload(nullptr, batch * opt.tokens * kHeads * kHeadDim * 2);
   for (const auto* p : {&q, &k, &v, &tables, &positions, &out}) {
     if (!p->ok()) return p->status();
   }
@@ -214,12 +222,14 @@ absl::Status RunBatch(int64_t batch, CudaDevice& device, const Options& opt) {
     }
     const double gbps = bytes / (t->median_ms * 1e-3) * 1e-9;
     std::printf(
-        "{\"batch\": %lld, \"keys\": %lld, \"impl\": \"kiln %s\", \"launches\": %zu, \"median_us\": %.2f, "
-        "\"min_us\": %.2f, \"max_us\": %.2f, \"gbps\": %.0f, \"max_err\": %.3g}\n",
-        static_cast<long long>(batch), static_cast<long long>(opt.keys), name.c_str(), kernels.size(),
+        "{\"batch\": %lld, \"tokens\": %lld, \"keys\": %lld, \"impl\": \"kiln %s\", \"launches\": %zu, "
+        "\"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"gbps\": %.0f, \"max_err\": %.3g}\n",
+        static_cast<long long>(batch), static_cast<long long>(opt.tokens), static_cast<long long>(opt.keys), name.c_str(),
+        kernels.size(),
         t->median_ms * 1e3, t->min_ms * 1e3, t->max_ms * 1e3, gbps, err);
-    std::fprintf(stderr, "batch %-3lld kiln %-10s %zu launches %8.2f us (min %.2f, max %.2f) %6.0f GB/s  err %.3g\n",
-                 static_cast<long long>(batch), name.c_str(), kernels.size(), t->median_ms * 1e3, t->min_ms * 1e3,
+    std::fprintf(stderr, "batch %-3lld x %lld kiln %-10s %zu launches %8.2f us (min %.2f, max %.2f) %6.0f GB/s  err %.3g\n",
+                 static_cast<long long>(batch), static_cast<long long>(opt.tokens), name.c_str(), kernels.size(),
+                 t->median_ms * 1e3, t->min_ms * 1e3,
                  t->max_ms * 1e3, gbps, err);
     if (!(err <= opt.max_error)) {  // NaN compares false
       worst = absl::InternalError(absl::StrCat("batch ", batch, ", geometry ", name, ": O is ", err,
@@ -238,9 +248,9 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
       if (read == bench::OptionRead::kInvalid) return false;
     } else if (a == "--batches" && i + 1 < argc) {
       if (!bench::ParsePositiveInts(argv[++i], ',', opt.batches)) return false;
-    } else if ((a == "--keys" || a == "--context") && i + 1 < argc) {
+    } else if ((a == "--keys" || a == "--context" || a == "--tokens") && i + 1 < argc) {
       if (!bench::ParsePositiveInts(argv[++i], ',', ints) || ints.size() != 1) return false;
-      (a == "--keys" ? opt.keys : opt.context) = ints[0];
+      (a == "--keys" ? opt.keys : a == "--context" ? opt.context : opt.tokens) = ints[0];
     } else if (a == "--geometries" && i + 1 < argc) {
       opt.geometries.clear();
       for (absl::string_view g : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
@@ -256,14 +266,14 @@ bool ParseArgs(int argc, char** argv, Options& opt) {
       return false;
     }
   }
-  return opt.keys <= opt.context;
+  return opt.keys <= opt.context && opt.tokens <= opt.keys;
 }
 
 int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, opt)) {
     std::fprintf(stderr,
-                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--geometries [tc]WxSxMxB[+combine|+fold],...] "
+                 "usage: paged_attention_bench [--batches 1,32] [--keys N <= --context N] [--tokens T <= N] [--geometries [tc]WxSxMxB[+combine|+fold],...] "
                  "[--iters N] [--warmup N] [--max-error X]\n");
     return 2;
   }

@@ -88,6 +88,10 @@ struct CodegenOptions {
     // The tensor-core kernel's stages filled by cp.async.bulk, a copy per K or V row, instead of
     // 16-byte cp.async copies ("+bulk" in the geometry's text).
     bool bulk_copies = false;
+    // The tensor-core kernel at several query rows a sequence (prefill) takes up to 16 / group
+    // consecutive rows of a sequence a block, as the m16 tile's rows, so that each K and V row
+    // it loads serves them all; off ("+untiled"): a block a query row, as at decode.
+    bool query_tiles = true;
   } paged_attention;
 };
 
@@ -103,7 +107,8 @@ absl::StatusOr<std::vector<CodegenOptions::GemvShapeGeometry>> ParseGemvShapeGeo
 // least 4 KV blocks and 2 blocks an SM; "4(8)x5x4x4" the CUDA-core kernel with 4 warps (8 at
 // up to fold_max_rows rows), 5 stages, 4 and 4; "+combine" keeps the combine kernel at every
 // batch, "+fold" folds it at every batch, "+bulk" fills the tensor-core kernel's stages with
-// bulk copies. Unnamed fields keep their defaults.
+// bulk copies, "+untiled" gives its prefill a block a query row (query_tiles off). Unnamed
+// fields keep their defaults.
 std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeometry& geometry);
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text);
 

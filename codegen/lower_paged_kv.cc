@@ -115,11 +115,20 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   }
   const bool tensor_cores = geometry.tensor_cores && pool.dtype == DType::kBF16 &&
                             head_dim % 16 == 0 && head_dim <= 256 && block_size % 16 == 0 && group <= 8;
+  // The tensor-core kernel's query rows a block (kQRows): at prefill, the most consecutive rows
+  // of a sequence, a power of two dividing its tokens, whose heads fill at most the m16 tile.
+  // Each K and V row then serves that many queries (at llama-M's group of 2: 8), where a block
+  // a row reads a sequence's keys once per query.
+  int64_t query_rows = 1;
+  if (tensor_cores && geometry.query_tiles) {
+    while (query_rows * 2 * group <= 16 && q.dims[1] % (query_rows * 2) == 0) query_rows *= 2;
+  }
   // 8 warps at batch 1: 11.7 against 12.5 us with 4 (bench/RESULTS.md, session 25,
   // paged_attention_bench on an H100); batch 32 keeps 4 (40.4 us; 8 warps 43.0). The
   // tensor-core kernel's warps each take whole KV blocks: `warps` at every batch.
   const int warps = !tensor_cores && rows <= geometry.fold_max_rows ? geometry.few_rows_warps : geometry.warps;
-  const int64_t items = rows * kv_heads;
+  const int64_t items = rows / query_rows * kv_heads;
+  const int64_t item_rows = query_rows * group;  // the (query row, head) rows a block computes
   const int64_t wanted_blocks = (tensor_cores ? geometry.tensor_core_blocks_per_sm : geometry.blocks_per_sm) *
                                 int64_t{std::max(1, options.target.sm_count)};
   // The splits divide each row's actual blocks at run time; this is their count, rounded down
@@ -139,7 +148,7 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   const int64_t shared_bytes =
       (tensor_cores ? warps : 1) * stages * 2 * block_size * (head_dim + (bulk ? 8 : 0)) *
           int64_t{DTypeBytes(pool.dtype)} +
-      CeilDiv(max_blocks, 4) * 16 + warps * group * (head_dim + 2) * int64_t{4} + (bulk ? warps * stages * 8 : 0);
+      CeilDiv(max_blocks, 4) * 16 + warps * item_rows * (head_dim + 2) * int64_t{4} + (bulk ? warps * stages * 8 : 0);
   if (shared_bytes > options.target.shared_memory_per_block) {
     return absl::InvalidArgumentError(absl::StrCat(Where(node), ": paged attention needs ", shared_bytes,
                                                    " bytes of shared memory, beyond the target's ",
@@ -147,8 +156,10 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   }
   if (splits > 1) w.params.push_back("float* __restrict__ partials");  // the scratch
   w.comment = absl::StrCat(
-      "a block of ", warps, " warps per (query row, kv head, split): ", Count(items, "row head"), " x ", splits,
-      " splits of the row's KV blocks, the group's ", group, " heads sharing each K and V row; ",
+      "a block of ", warps, " warps per (",
+      query_rows > 1 ? absl::StrCat(query_rows, " query rows of a sequence") : std::string("query row"),
+      ", kv head, split): ", Count(items, "item"), " x ", splits, " splits of the rows' KV blocks, the ", item_rows,
+      " query heads of an item sharing each K and V row; ",
       tensor_cores ? absl::StrCat("bf16 tensor cores, each warp its own KV blocks through ", stages,
                                   " stages of shared memory")
                    : absl::StrCat(stages, " KV blocks staged through shared memory"));
@@ -176,12 +187,14 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   if (bulk) w.comment += "; K and V rows by bulk copies";
   // The tensor-core template's trailing flags (kTablesBeforeWait, kCompleteBlocksBeforeWait,
   // kBulkCopies), written up to the last that is set.
+  // (kQRows after them, all three written, where it is above 1.)
   std::string flags;
   {
     const bool set[] = {tables_first, complete_blocks_first, bulk};
-    int last = -1;
-    for (int i = 0; i < 3; ++i) last = set[i] ? i : last;
+    int last = query_rows > 1 ? 2 : -1;
+    for (int i = 0; i < 3; ++i) last = set[i] ? std::max(i, last) : last;
     for (int i = 0; i <= last; ++i) absl::StrAppend(&flags, set[i] ? ", true" : ", false");
+    if (query_rows > 1) absl::StrAppend(&flags, ", ", query_rows);
   }
   w.call = tensor_cores
                ? absl::StrCat("PagedAttentionSplitMma<", out_type, ", ", args, ", ", warps, ", ", splits, ", ", stages,
@@ -196,19 +209,20 @@ absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenO
   if (splits == 1) return Kernels({std::move(split_kernel)});
   if (fold) {
     LoweredNode lowered = Kernels({std::move(split_kernel)});
-    lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
+    lowered.scratch_bytes = items * splits * item_rows * (head_dim + 2) * int64_t{4};
     return lowered;
   }
   Wrapper combine = w;
   combine.globals.clear();  // the combine reads only the partials
   combine.comment = absl::StrCat("adds the ", splits, " splits' partial outputs, a thread per element");
   combine.call = absl::StrCat("PagedAttentionCombine<", out_type, ", ", rows, "LL, ", heads, ", ", head_dim, ", ",
-                              kv_heads, ", ", splits, ">(out, partials)");
+                              kv_heads, ", ", splits, query_rows > 1 ? absl::StrCat(", ", query_rows) : "",
+                              ">(out, partials)");
   const int threads = options.threads_per_block;
   LoweredNode lowered =
       Kernels({std::move(split_kernel), Emit(node, codegen::KernelName(node) + "_combine", combine,
                                              CeilDiv(q.num_elements(), threads), threads)});
-  lowered.scratch_bytes = items * splits * group * (head_dim + 2) * int64_t{4};
+  lowered.scratch_bytes = items * splits * item_rows * (head_dim + 2) * int64_t{4};
   return lowered;
 }
 
@@ -220,7 +234,7 @@ std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeome
   const CodegenOptions::PagedAttentionGeometry defaults;
   const std::string combine =
       absl::StrCat(!g.fold_combine ? "+combine" : g.fold_max_rows != defaults.fold_max_rows ? "+fold" : "",
-                   g.tensor_cores && g.bulk_copies ? "+bulk" : "");
+                   g.tensor_cores && g.bulk_copies ? "+bulk" : "", g.tensor_cores && !g.query_tiles ? "+untiled" : "");
   if (g.tensor_cores) {
     return absl::StrCat("tc", g.warps, "x", g.warp_stages, "x", g.min_split_blocks, "x", g.tensor_core_blocks_per_sm,
                         combine);
@@ -233,6 +247,7 @@ std::string PagedAttentionGeometryName(const CodegenOptions::PagedAttentionGeome
 absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeometry(absl::string_view text) {
   absl::string_view rest = text;
   CodegenOptions::PagedAttentionGeometry g;
+  const bool untiled = absl::ConsumeSuffix(&rest, "+untiled");
   const bool bulk_copies = absl::ConsumeSuffix(&rest, "+bulk");
   const bool separate_combine = absl::ConsumeSuffix(&rest, "+combine");
   const bool always_fold = absl::ConsumeSuffix(&rest, "+fold");
@@ -257,11 +272,11 @@ absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeomet
     }
     values.push_back(value);
   }
-  if (values.size() != 4 || (separate_combine && always_fold) || (bulk_copies && !g.tensor_cores)) {
+  if (values.size() != 4 || (separate_combine && always_fold) || ((bulk_copies || untiled) && !g.tensor_cores)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "paged attention geometry '", text,
-        "': want [tc]WARPSxSTAGESxMIN_SPLIT_BLOCKSxBLOCKS_PER_SM[+combine|+fold][+bulk] of positive integers (+bulk "
-        "only with tc), e.g. ",
+        "': want [tc]WARPSxSTAGESxMIN_SPLIT_BLOCKSxBLOCKS_PER_SM[+combine|+fold][+bulk][+untiled] of positive integers "
+        "(+bulk and +untiled only with tc), e.g. ",
         PagedAttentionGeometryName(CodegenOptions::PagedAttentionGeometry{}), " or 4(8)x5x4x4"));
   }
   g.warps = values[0];
@@ -272,6 +287,7 @@ absl::StatusOr<CodegenOptions::PagedAttentionGeometry> ParsePagedAttentionGeomet
   g.fold_combine = !separate_combine;
   if (always_fold) g.fold_max_rows = 1 << 30;
   g.bulk_copies = bulk_copies;
+  g.query_tiles = !untiled;
   return g;
 }
 

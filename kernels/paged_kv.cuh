@@ -130,35 +130,45 @@ __device__ __forceinline__ float RescaleFactor(float m, float m_new) {
   return m == -CUDART_INF_F ? 0.0f : exp2f(m - m_new);
 }
 
-// Element (g, d) of one (row, kv head) from its kSplits partials `p` (PagedAttentionSplit's
-// layout, maxima in base-2 units): the splits' sums rescaled to the largest max and added in
-// split order, over the rescaled sum of exp, rounded once to TO; zero when no split saw a key
-// (a padding row). `Load` reads a float of the partials (through L2 where other blocks wrote
-// them).
-template <typename TO, int kGroup, int kD, int kSplits, typename Load>
-__device__ __forceinline__ TO CombinedElement(const float* p, int g, int d, Load load) {
+// An item of the split kernels is kQRows consecutive query rows of one sequence and one kv
+// head: kQRows x kGroup rows r = (query row qt) * kGroup + (head of the group g). Element (r, d)
+// of an item is at this offset in O from the item's first row's first head ([B, T, H, D]).
+template <int kH, int kD, int kGroup>
+__device__ __forceinline__ long long ItemOffset(int r, int d) {
+  return (static_cast<long long>(r / kGroup) * kH + r % kGroup) * kD + d;
+}
+
+// Element (r, d) of one item (kItemRows rows of one kv head) from its kSplits partials `p`
+// (PagedAttentionSplit's layout, maxima in base-2 units): the splits' sums rescaled to the
+// largest max and added in split order, over the rescaled sum of exp, rounded once to TO; zero
+// when no split saw a key (a padding row). `Load` reads a float of the partials (through L2
+// where other blocks wrote them).
+template <typename TO, int kItemRows, int kD, int kSplits, typename Load>
+__device__ __forceinline__ TO CombinedElement(const float* p, int r, int d, Load load) {
   float m = -CUDART_INF_F;
-  for (int split = 0; split < kSplits; ++split) m = fmaxf(m, load(p + split * kGroup * (kD + 2) + 2 * g));
+  for (int split = 0; split < kSplits; ++split) m = fmaxf(m, load(p + split * kItemRows * (kD + 2) + 2 * r));
   if (m == -CUDART_INF_F) return FromFloat<TO>(0.0f);
   float total = 0.0f, sum = 0.0f;
   for (int split = 0; split < kSplits; ++split) {
-    const float* s = p + split * kGroup * (kD + 2);
-    const float scale = exp2f(load(s + 2 * g) - m);  // 0 for a split without keys (max -inf)
-    sum += scale * load(s + 2 * g + 1);
-    total += scale * load(s + 2 * kGroup + g * kD + d);
+    const float* s = p + split * kItemRows * (kD + 2);
+    const float scale = exp2f(load(s + 2 * r) - m);  // 0 for a split without keys (max -inf)
+    sum += scale * load(s + 2 * r + 1);
+    total += scale * load(s + 2 * kItemRows + r * kD + d);
   }
   return FromFloat<TO>(total / sum);
 }
 
-// The combine folded into the split kernel: each block of (row, kv head) `item` counts itself
-// done in splits_done[item] once its partials are visible device-wide (the fence before the
-// count); the block that counts last writes the item's kGroup x kD outputs at `o` from every
-// split's partials and sets the count back to zero for the next launch. (The counts live in
-// the kernel's module, zero when it loads: codegen/lower_paged_kv.cc.)
-template <typename TO, int kH, int kD, int kHkv, int kSplits, int kThreads>
+// The combine folded into the split kernel: each block of `item` counts itself done in
+// splits_done[item] once its partials are visible device-wide (the fence before the count);
+// the block that counts last writes the item's kQRows x kGroup x kD outputs from `o` on
+// (ItemOffset) from every split's partials and sets the count back to zero for the next
+// launch. (The counts live in the kernel's module, zero when it loads:
+// codegen/lower_paged_kv.cc.)
+template <typename TO, int kH, int kD, int kHkv, int kSplits, int kThreads, int kQRows = 1>
 __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials, long long item,
                                                    unsigned int* splits_done) {
   constexpr int kGroup = kH / kHkv;
+  constexpr int kItemRows = kQRows * kGroup;
   __shared__ bool last;
   __threadfence();
   __syncthreads();
@@ -166,23 +176,26 @@ __device__ __forceinline__ void CombineIfLastSplit(TO* o, const float* partials,
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* p = partials + item * kSplits * kGroup * (kD + 2);
-  for (int i = threadIdx.x; i < kGroup * kD; i += kThreads) {
-    o[i] = CombinedElement<TO, kGroup, kD, kSplits>(p, i / kD, i % kD, [](const float* a) { return __ldcg(a); });
+  const float* p = partials + item * kSplits * kItemRows * (kD + 2);
+  for (int i = threadIdx.x; i < kItemRows * kD; i += kThreads) {
+    o[ItemOffset<kH, kD, kGroup>(i / kD, i % kD)] =
+        CombinedElement<TO, kItemRows, kD, kSplits>(p, i / kD, i % kD, [](const float* a) { return __ldcg(a); });
   }
   if (threadIdx.x == 0) splits_done[item] = 0;
 }
 
-// What a split kernel's block computes: split `split` of (query row bt = b * kT + t, kv head
-// `head`), item (b * kT + t) * kHkv + head.
+// What a split kernel's block computes: split `split` of item (query rows bt .. bt + kQRows - 1
+// of sequence b, bt = b * kT + t, kv head `head`), item (bt / kQRows) * kHkv + head (kT a
+// multiple of kQRows: an item's rows are one sequence's).
 struct SplitBlock {
   int split, head;
   long long item, bt, b;
 };
-template <long long kT, int kHkv, int kSplits>
+template <long long kT, int kHkv, int kSplits, int kQRows = 1>
 __device__ __forceinline__ SplitBlock SplitBlockOf() {
+  static_assert(kT % kQRows == 0, "an item's query rows are one sequence's");
   const long long item = blockIdx.x / kSplits;
-  const long long bt = item / kHkv;
+  const long long bt = item / kHkv * kQRows;
   return {static_cast<int>(blockIdx.x % kSplits), static_cast<int>(item % kHkv), item, bt, bt / kT};
 }
 
@@ -202,56 +215,59 @@ __device__ __forceinline__ RowSplit SplitOfRow(int position, int split) {
 }
 
 // The end of a split block of either kernel below: the warps' partial sums (`partial`
-// [kWarps][kGroup][kD], their (max, sum) pairs in `warp_stats`, maxima in base-2 units, -inf
-// for a warp that saw no key) moved to the block's max and added in warp order; O itself with
-// kSplits == 1, else the split's partials at `stats` (then, with splits_done, the combine of
-// the item's last split).
-template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits>
+// [kWarps][kItemRows][kD], their (max, sum) pairs in `warp_stats`, maxima in base-2 units,
+// -inf for a warp that saw no key) moved to the block's max and added in warp order; O itself
+// (from `o` on, ItemOffset) with kSplits == 1, else the split's partials at `stats` (then, with
+// splits_done, the combine of the item's last split). A row no warp saw a key of (a padding
+// row among an item's query rows) is zeros.
+template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits, int kQRows = 1>
 __device__ __forceinline__ void MergeWarpsAndStore(TO* o, float* stats, const float* partial, const float* warp_stats,
                                                    const float* partials, long long item, unsigned int* splits_done) {
   constexpr int kGroup = kH / kHkv;
+  constexpr int kItemRows = kQRows * kGroup;
   __syncthreads();
-  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
-    const int g = i / kD;
+  for (int i = threadIdx.x; i < kItemRows * kD; i += blockDim.x) {
+    const int r = i / kD;
     float block_max = -CUDART_INF_F;
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_stats[2 * (w * kGroup + g)]);
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_stats[2 * (w * kItemRows + r)]);
     float total = 0.0f, sum = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
-      const float c = RescaleFactor(warp_stats[2 * (w * kGroup + g)], block_max);
-      total += c * partial[w * kGroup * kD + i];
-      sum += c * warp_stats[2 * (w * kGroup + g) + 1];
+      const float c = RescaleFactor(warp_stats[2 * (w * kItemRows + r)], block_max);
+      total += c * partial[w * kItemRows * kD + i];
+      sum += c * warp_stats[2 * (w * kItemRows + r) + 1];
     }
     if constexpr (kSplits == 1) {
-      o[i] = FromFloat<TO>(total / sum);
+      o[ItemOffset<kH, kD, kGroup>(r, i % kD)] = FromFloat<TO>(sum > 0.0f ? total / sum : 0.0f);
     } else {
-      stats[2 * kGroup + i] = total;
-      if (i % kD == 0) stats[2 * g] = block_max, stats[2 * g + 1] = sum;
+      stats[2 * kItemRows + i] = total;
+      if (i % kD == 0) stats[2 * r] = block_max, stats[2 * r + 1] = sum;
     }
   }
   if constexpr (kSplits > 1) {
     if (splits_done != nullptr) {
-      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize>(o, partials, item, splits_done);
+      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize, kQRows>(o, partials, item, splits_done);
     }
   }
 }
 
 // What a split block without keys (a padding row, or a split past the row's keys) writes:
 // zeros for O, or an empty partial (max -inf, sum 0) and then the combine as above.
-template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits>
+template <typename TO, int kH, int kD, int kHkv, int kWarps, int kSplits, int kQRows = 1>
 __device__ __forceinline__ void StoreEmptySplit(TO* o, float* stats, const float* partials, long long item,
                                                 unsigned int* splits_done) {
   constexpr int kGroup = kH / kHkv;
-  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x) {
+  constexpr int kItemRows = kQRows * kGroup;
+  for (int i = threadIdx.x; i < kItemRows * kD; i += blockDim.x) {
     if constexpr (kSplits == 1) {
-      o[i] = FromFloat<TO>(0.0f);
+      o[ItemOffset<kH, kD, kGroup>(i / kD, i % kD)] = FromFloat<TO>(0.0f);
     } else {
-      stats[2 * kGroup + i] = 0.0f;
+      stats[2 * kItemRows + i] = 0.0f;
     }
   }
   if constexpr (kSplits > 1) {
-    if (threadIdx.x < kGroup) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
+    if (threadIdx.x < kItemRows) stats[2 * threadIdx.x] = -CUDART_INF_F, stats[2 * threadIdx.x + 1] = 0.0f;
     if (splits_done != nullptr) {
-      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize>(o, partials, item, splits_done);
+      CombineIfLastSplit<TO, kH, kD, kHkv, kSplits, kWarps * kWarpSize, kQRows>(o, partials, item, splits_done);
     }
   }
 }
@@ -474,20 +490,31 @@ __device__ __forceinline__ void PagedAttentionSplit(TO* out, const TP* q, const 
 // kBulkCopies: a warp's stages are filled by cp.async.bulk, a copy per K or V row (one
 // instruction a lane where cp.async takes 16), completing on the stage's mbarrier; rows are
 // padded to kD + 8 elements instead of swizzled.
-// Launch and partials as PagedAttentionSplit; dynamic shared memory of kWarps * kStages * 2 *
-// kBs * kD bf16 (each warp's stages; kD + 8 a row with kBulkCopies), kMaxBlocks ints (rounded
-// up to 16 bytes), kWarps * kGroup * (kD + 2) floats (rounded up to 8 bytes) and, with
-// kBulkCopies, kWarps * kStages 8-byte barriers (codegen/lower_paged_kv.cc sizes it).
+// kQRows > 1 (prefill: kT query rows a sequence, kT a multiple of kQRows): an item is kQRows
+// consecutive query rows of one sequence and a kv head, the m16 tile's rows r = qt * kGroup + g
+// (kQRows * kGroup <= 16), so that every K and V row a block loads serves kQRows queries where
+// it served one, and the tile's rows are used. Each row keeps its own keys (its position's
+// causal mask) and its own running max and sum; the item's keys, and so its splits, are its
+// longest row's.
+// Launch and partials as PagedAttentionSplit, with kB * kT / kQRows * kHkv * kSplits blocks;
+// dynamic shared memory of kWarps * kStages * 2 * kBs * kD bf16 (each warp's stages; kD + 8 a
+// row with kBulkCopies), kMaxBlocks ints (rounded up to 16 bytes), kWarps * kQRows * kGroup *
+// (kD + 2) floats (rounded up to 8 bytes) and, with kBulkCopies, kWarps * kStages 8-byte
+// barriers (codegen/lower_paged_kv.cc sizes it).
 template <typename TO, long long kB, long long kT, int kH, int kD, int kLayer, long long kBlocks, int kHkv, int kBs,
           int kMaxBlocks, int kWarps, int kSplits, int kStages, bool kTablesBeforeWait = false,
-          bool kCompleteBlocksBeforeWait = false, bool kBulkCopies = false>
+          bool kCompleteBlocksBeforeWait = false, bool kBulkCopies = false, int kQRows = 1>
 __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloat16* q, const __nv_bfloat16* k_pool,
                                                        const __nv_bfloat16* v_pool, const int* block_tables,
                                                        const int* positions, float scale, float* partials,
                                                        unsigned int* splits_done = nullptr) {
   using TP = __nv_bfloat16;
   constexpr int kGroup = kH / kHkv;
+  constexpr int kItemRows = kQRows * kGroup;  // rows of the m16 tile in use
+  constexpr bool kHighRows = kItemRows > 8;   // rows 8-15 in use too
   static_assert(kGroup >= 1 && kGroup <= 8, "the group's heads are rows 0..7 of the m16 tile");
+  static_assert(kQRows >= 1 && kItemRows <= 16, "an item's rows are the m16 tile's");
+  static_assert(!kCompleteBlocksBeforeWait || kQRows == 1, "the early copies are a decode row's");
   static_assert(kD % 16 == 0 && kD <= 256, "head dim: whole k16 steps, at most 256");
   static_assert(kBs % 16 == 0, "KV blocks of whole 16-key tiles");
   static_assert(kStages >= 2, "one KV block scored while the next is in flight");
@@ -503,18 +530,17 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TP* tiles = reinterpret_cast<TP*>(shared_bytes);                                 // [kWarps][kStages][2][kTile]
   int* table = reinterpret_cast<int*>(tiles + kWarps * kStages * 2 * kTile);       // [kMaxBlocks]
-  float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kGroup][kD]
-  float* warp_stats = partial + kWarps * kGroup * kD;                             // [kWarps][kGroup] (max, sum)
+  float* partial = reinterpret_cast<float*>(table + ((kMaxBlocks + 3) / 4) * 4);  // [kWarps][kItemRows][kD]
+  float* warp_stats = partial + kWarps * kItemRows * kD;  // [kWarps][kItemRows] (max, sum)
   // Bulk copies: each warp's stages complete on barriers of their own, [kWarps][kStages] (8-byte
   // aligned: everything before is a whole number of 8 bytes, kD being even).
-  unsigned long long* barriers = reinterpret_cast<unsigned long long*>(warp_stats + 2 * kWarps * kGroup);
+  unsigned long long* barriers = reinterpret_cast<unsigned long long*>(warp_stats + 2 * kWarps * kItemRows);
   auto staged = [](int row, int col) { return kBulkCopies ? row * kRowStride + col : Swizzle<kD>(row, col); };
 
-  const SplitBlock block = SplitBlockOf<kT, kHkv, kSplits>();
+  const SplitBlock block = SplitBlockOf<kT, kHkv, kSplits, kQRows>();
   const int split = block.split, head = block.head;
   const long long item = block.item, bt = block.bt, b = block.b;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
   for (int i = threadIdx.x; i < kMaxBlocks; i += kWarps * kWarpSize) table[i] = block_tables[b * kMaxBlocks + i];
   if constexpr (kBulkCopies) {
     if (lane == 0) {
@@ -522,14 +548,25 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
       FenceBarrierInit();
     }
   }
-  const int position = positions[bt];
+  // Keys of the tile's rows quad_row and quad_row + 8 (0 for a row past the item's), and the
+  // item's: its longest row's.
+  const int quad_row = lane / 4, quad_lane = lane % 4;  // a fragment's row, and pair of columns
+  auto row_keys = [&](int r) {
+    if (r >= kItemRows) return 0;
+    const int p = positions[bt + r / kGroup];
+    return p < 0 ? 0 : min(p + 1, kMaxKeys);
+  };
+  const int keys_low = row_keys(quad_row), keys_high = kHighRows ? row_keys(quad_row + 8) : 0;
+  int position = positions[bt];
+#pragma unroll
+  for (int qt = 1; qt < kQRows; ++qt) position = max(position, positions[bt + qt]);
   const RowSplit range = SplitOfRow<kBs, kSplits, kMaxKeys>(position, split);
   const int keys = range.keys, first_block = range.first_block, count = range.count;
-  float* stats = partials + (item * kSplits + split) * kGroup * (kD + 2);
+  float* stats = partials + (item * kSplits + split) * kItemRows * (kD + 2);
   TO* o = out + (bt * kH + static_cast<long long>(head) * kGroup) * kD;
   if (count <= 0) {
     if constexpr (kTablesBeforeWait) GridDependencyWait();  // what the kernels ahead read is written after it
-    StoreEmptySplit<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partials, item, splits_done);
+    StoreEmptySplit<TO, kH, kD, kHkv, kWarps, kSplits, kQRows>(o, stats, partials, item, splits_done);
     return;
   }
   __syncthreads();  // the table
@@ -581,30 +618,41 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
   }
   for (; issued < kStages - 1; ++issued) issue(issued);
 
-  // Q's A fragments, rows quad_row (< kGroup) of the group: columns 16s + 2 quad_lane (+1) and
-  // 8 more; rows 8-15 are zero.
-  unsigned qa[kDSteps][2];
+  // Q's A fragments: [0] row quad_row, columns 16s + 2 quad_lane (+1); [1] row quad_row + 8,
+  // the same columns; [2], [3] those rows' columns 8 more. Row r is head r % kGroup of query row
+  // r / kGroup; rows from kItemRows on are zero.
+  unsigned qa[kDSteps][4];
   {
-    const TP* q_row = q + (bt * kH + static_cast<long long>(head) * kGroup + min(quad_row, kGroup - 1)) * kD;
+    auto q_row = [&](int r) {
+      return q + ((bt + min(r, kItemRows - 1) / kGroup) * kH + static_cast<long long>(head) * kGroup +
+                  min(r, kItemRows - 1) % kGroup) * kD;
+    };
+    const TP* rows[2] = {q_row(quad_row), q_row(quad_row + 8)};
 #pragma unroll
     for (int s = 0; s < kDSteps; ++s) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const TP* p = q_row + 16 * s + 8 * half + 2 * quad_lane;
-        unsigned pair;
-        if constexpr (kTablesBeforeWait) {  // ordered after the wait (Load128AfterWait's reason)
-          asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(pair) : "l"(p) : "memory");
-        } else {
-          pair = *reinterpret_cast<const unsigned*>(p);
+#pragma unroll
+        for (int high = 0; high < 2; ++high) {
+          const int r = quad_row + 8 * high;
+          unsigned pair = 0u;
+          if ((high == 0 || kHighRows) && r < kItemRows) {
+            const TP* p = rows[high] + 16 * s + 8 * half + 2 * quad_lane;
+            if constexpr (kTablesBeforeWait) {  // ordered after the wait (Load128AfterWait's reason)
+              asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(pair) : "l"(p) : "memory");
+            } else {
+              pair = *reinterpret_cast<const unsigned*>(p);
+            }
+          }
+          qa[s][2 * half + high] = pair;
         }
-        qa[s][half] = quad_row < kGroup ? pair : 0u;
       }
     }
   }
-  // Row quad_row's running max (base-2 units; the same in the quad's four lanes), this lane's
-  // part of its sum of exp, and O's accumulators: tile n holds row quad_row's columns 8n + 2
-  // quad_lane (+1) in [0], [1] (and rows 8-15, unused, in [2], [3]).
-  float m = -CUDART_INF_F, l = 0.0f;
+  // Rows quad_row ([0]) and quad_row + 8 ([1]): running max (base-2 units; the same in the
+  // quad's four lanes), this lane's part of the sum of exp; O's accumulators: tile n holds row
+  // quad_row's columns 8n + 2 quad_lane (+1) in [0], [1] and row quad_row + 8's in [2], [3].
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
   float acc[kDTiles][4];
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -625,8 +673,8 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
     for (int tile = 0; tile < kBs / 16; ++tile) {
       const int key0 = block_key0 + tile * 16;
       if (key0 >= keys) break;  // warp-uniform
-      // S: [0] keys 0-7 of the tile, [1] keys 8-15; this lane's are row quad_row, keys
-      // 2 quad_lane (+1) of each.
+      // S: [0] keys 0-7 of the tile, [1] keys 8-15; this lane's are keys 2 quad_lane (+1) of
+      // each, row quad_row in [0], [1] and row quad_row + 8 in [2], [3].
       float s[2][4] = {};
 #pragma unroll
       for (int step = 0; step < kDSteps; ++step) {
@@ -635,44 +683,58 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
         const int key = tile * 16 + (matrix / 2) * 8 + lane % 8;
         unsigned kb[4];
         LdMatrixX4(kb, k_tile + staged(key, 16 * step + 8 * (matrix % 2)));
-        const unsigned a[4] = {qa[step][0], 0u, qa[step][1], 0u};
+        const unsigned a[4] = {qa[step][0], kHighRows ? qa[step][1] : 0u, qa[step][2], kHighRows ? qa[step][3] : 0u};
         Mma(s[0], a, kb[0], kb[1]);
         Mma(s[1], a, kb[2], kb[3]);
       }
-      float tile_max = -CUDART_INF_F;
+      constexpr int kHalves = kHighRows ? 2 : 1;
+      float p[2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int h = 0; h < kHalves; ++h) {
+        const int row_keys_h = kQRows == 1 ? keys : (h == 0 ? keys_low : keys_high);
+        float tile_max = -CUDART_INF_F;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool live = key0 + 8 * n + 2 * quad_lane + e < keys;
-          s[n][e] = live ? s[n][e] * scale2 : -CUDART_INF_F;
-          tile_max = fmaxf(tile_max, s[n][e]);
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const bool live = key0 + 8 * n + 2 * quad_lane + e % 2 < row_keys_h;
+            s[n][e] = live ? s[n][e] * scale2 : -CUDART_INF_F;
+            tile_max = fmaxf(tile_max, s[n][e]);
+          }
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        if (tile_max > m[h]) {  // rescaled only when the max grew: a factor of 2^0 changes no bit
+          const float c = RescaleFactor(m[h], tile_max);
+          l[h] *= c;
+#pragma unroll
+          for (int n = 0; n < kDTiles; ++n) acc[n][2 * h] *= c, acc[n][2 * h + 1] *= c;
+          m[h] = tile_max;
+        }
+        // A row of one query row keeps a key in every tile it enters (the tile's first); a row of
+        // a query tile may have none here and no max yet, and its exp2f(-inf - 0) is then 0.
+        const float m_h = kQRows == 1 || m[h] != -CUDART_INF_F ? m[h] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            p[n][e] = exp2f(s[n][e] - m_h);  // 0 for a key past the row's
+            l[h] += p[n][e];
+          }
         }
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      if (tile_max > m) {  // rescaled only when the max grew: a factor of 2^0 changes no bit
-        const float c = RescaleFactor(m, tile_max);
-        l *= c;
-#pragma unroll
-        for (int n = 0; n < kDTiles; ++n) acc[n][0] *= c, acc[n][1] *= c;
-        m = tile_max;
-      }
-      float p[2][2];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          p[n][e] = exp2f(s[n][e] - m);  // 0 for a key past the row's
-          l += p[n][e];
-        }
-      }
+      // P's A fragments (the S accumulators' layout): [0] row quad_row keys 0-7, [1] row
+      // quad_row + 8 keys 0-7, [2], [3] keys 8-15; as hi + lo bf16 products.
       unsigned hi[4] = {PackBf16(p[0][0], p[0][1]), 0u, PackBf16(p[1][0], p[1][1]), 0u};
+      if constexpr (kHighRows) hi[1] = PackBf16(p[0][2], p[0][3]), hi[3] = PackBf16(p[1][2], p[1][3]);
       unsigned lo[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const __nv_bfloat162 rounded = *reinterpret_cast<const __nv_bfloat162*>(&hi[2 * n]);
-        lo[2 * n] = PackBf16(p[n][0] - __low2float(rounded), p[n][1] - __high2float(rounded));
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          const __nv_bfloat162 rounded = *reinterpret_cast<const __nv_bfloat162*>(&hi[2 * n + h]);
+          lo[2 * n + h] = PackBf16(p[n][2 * h] - __low2float(rounded), p[n][2 * h + 1] - __high2float(rounded));
+        }
       }
 #pragma unroll
       for (int pair = 0; pair < kDTiles / 2; ++pair) {
@@ -689,29 +751,37 @@ __device__ __forceinline__ void PagedAttentionSplitMma(TO* out, const __nv_bfloa
     }
   }
   if constexpr (!kBulkCopies) CpAsyncWait<0>();  // no copy outlives the block (the last issues were empty commits)
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (quad_row < kGroup) {
-    float* row = partial + (warp * kGroup + quad_row) * kD + 2 * quad_lane;
 #pragma unroll
-    for (int n = 0; n < kDTiles; ++n) row[8 * n] = acc[n][0], row[8 * n + 1] = acc[n][1];
-    if (quad_lane == 0) warp_stats[2 * (warp * kGroup + quad_row)] = m, warp_stats[2 * (warp * kGroup + quad_row) + 1] = l;
+  for (int h = 0; h < (kHighRows ? 2 : 1); ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = quad_row + 8 * h;
+    if (r < kItemRows) {
+      float* row = partial + (warp * kItemRows + r) * kD + 2 * quad_lane;
+#pragma unroll
+      for (int n = 0; n < kDTiles; ++n) row[8 * n] = acc[n][2 * h], row[8 * n + 1] = acc[n][2 * h + 1];
+      if (quad_lane == 0) warp_stats[2 * (warp * kItemRows + r)] = m[h], warp_stats[2 * (warp * kItemRows + r) + 1] = l[h];
+    }
   }
-  MergeWarpsAndStore<TO, kH, kD, kHkv, kWarps, kSplits>(o, stats, partial, warp_stats, partials, item, splits_done);
+  MergeWarpsAndStore<TO, kH, kD, kHkv, kWarps, kSplits, kQRows>(o, stats, partial, warp_stats, partials, item,
+                                                                splits_done);
 }
 
 // out[b, t, h, :] from PagedAttentionSplit's partials: the splits' sums rescaled to the
 // row's max and added in split order, over the rescaled sum of exp, rounded once to TO.
 // Launch: one thread per output element.
-template <typename TO, long long kRows, int kH, int kD, int kHkv, int kSplits>
+template <typename TO, long long kRows, int kH, int kD, int kHkv, int kSplits, int kQRows = 1>
 __device__ __forceinline__ void PagedAttentionCombine(TO* out, const float* partials) {
   constexpr int kGroup = kH / kHkv;
+  constexpr int kItemRows = kQRows * kGroup;
   const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= kRows * kH * kD) return;
   const long long bt = e / (kH * kD);
   const int h = static_cast<int>(e / kD % kH), d = static_cast<int>(e % kD);
-  const float* p = partials + (bt * kHkv + h / kGroup) * kSplits * kGroup * (kD + 2);
-  out[e] = CombinedElement<TO, kGroup, kD, kSplits>(p, h % kGroup, d, [](const float* a) { return *a; });
+  const long long item = bt / kQRows * kHkv + h / kGroup;
+  const int r = static_cast<int>(bt % kQRows) * kGroup + h % kGroup;
+  out[e] = CombinedElement<TO, kItemRows, kD, kSplits>(partials + item * kSplits * kItemRows * (kD + 2), r, d,
+                                                        [](const float* a) { return *a; });
 }
 
 }  // namespace kiln::kernels

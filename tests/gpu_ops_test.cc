@@ -616,6 +616,33 @@ std::vector<OpCase> OpCases() {
                      },
                      {{-2, 2}, {-2, 2}, {-2, 2}, {-2, 2}, {-1, 1}}});
   }
+  // Prefill over cached prefixes at llama-M's heads (dim 128, 2 query heads per kv head): the
+  // tensor-core kernel takes 8 query rows of a sequence a block (kernels/paged_kv.cuh, kQRows),
+  // each row with its own causal limit. 2 sequences of 16 new tokens after cached prefixes of 37
+  // and 100 keys, the second's last 3 rows padding (3 splits a block: the combine kernel); and
+  // 1 sequence of 8 after 150 (8 rows: the fold). Tables scattered over a pool of 32 blocks.
+  for (const auto& [batch, tokens] : {std::pair<int64_t, int64_t>{2, 16}, {1, 8}}) {
+    cases.push_back({absl::StrCat("paged_attention_prefill_cached_b", batch, "_t", tokens, "_d128_gqa2"),
+                     Tolerance{2e-3, 2e-2}, [batch, tokens](Builder& b) -> absl::Status {
+                       const DType bf16 = DType::kBF16;
+                       std::vector<Node*> p = Params(b, {{bf16, {1, 32, 4, 16, 128}}, {bf16, {1, 32, 4, 16, 128}},
+                                                         {bf16, {batch, tokens, 8, 128}}});
+                       std::vector<double> table, positions;
+                       const int64_t prefix[] = {batch == 1 ? 150 : 37, 100};
+                       for (int64_t s = 0; s < batch; ++s) {
+                         for (int64_t j = 0; j < 12; ++j) table.push_back((s * 12 + j * 5 + 3) % 32);
+                         for (int64_t t = 0; t < tokens; ++t) {
+                           positions.push_back(s == 1 && t >= tokens - 3 ? -1 : prefix[s] + t);
+                         }
+                       }
+                       ASSIGN_OR_RETURN(Node * tables, b.ConstantValues(table, {DType::kI32, {batch, 12}}));
+                       ASSIGN_OR_RETURN(Node * position_values,
+                                        b.ConstantValues(positions, {DType::kI32, {batch, tokens}}));
+                       return Ret(b, b.Op(Opcode::kPagedAttention, {p[2], p[0], p[1], tables, position_values},
+                                          AttrMap{{"layer", int64_t{0}}, {"scale", 0.088388}}));
+                     },
+                     {{-2, 2}, {-2, 2}, {-1, 1}}});
+  }
   // Fusion nodes as fuse-loops makes them: a loop fusion over a broadcast, and a reduction
   // fusion over an elementwise chain (the fused kernels' own paths, beside the all-ops ones).
   cases.push_back({"fusion_loop_and_reduction", kFewUlps, [](Builder& b) -> absl::Status {

@@ -204,9 +204,11 @@ TEST(PagedKvOps, GeometryTextRoundTrips) {
   CodegenOptions::PagedAttentionGeometry few_splits;
   few_splits.min_split_blocks = 8;
   few_splits.fold_combine = false;
+  CodegenOptions::PagedAttentionGeometry untiled;
+  untiled.query_tiles = false;
   for (const auto& [geometry, text] : std::vector<std::pair<CodegenOptions::PagedAttentionGeometry, std::string>>{
            {CodegenOptions::PagedAttentionGeometry{}, "tc4x3x4x2"}, {scalar, "4(8)x5x4x4"},
-           {few_splits, "tc4x3x8x2+combine"}, {bulk, "tc4x3x4x2+bulk"}}) {
+           {few_splits, "tc4x3x8x2+combine"}, {bulk, "tc4x3x4x2+bulk"}, {untiled, "tc4x3x4x2+untiled"}}) {
     EXPECT_EQ(PagedAttentionGeometryName(geometry), text);
     auto parsed = ParsePagedAttentionGeometry(text);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -215,6 +217,7 @@ TEST(PagedKvOps, GeometryTextRoundTrips) {
     EXPECT_EQ(parsed->min_split_blocks, geometry.min_split_blocks);
     EXPECT_EQ(parsed->fold_combine, geometry.fold_combine);
     EXPECT_EQ(parsed->bulk_copies, geometry.bulk_copies);
+    EXPECT_EQ(parsed->query_tiles, geometry.query_tiles);
   }
   auto fold = ParsePagedAttentionGeometry("8x5x4x4+fold");
   ASSERT_TRUE(fold.ok()) << fold.status();
@@ -222,7 +225,7 @@ TEST(PagedKvOps, GeometryTextRoundTrips) {
   EXPECT_FALSE(fold->tensor_cores);
   EXPECT_GT(fold->fold_max_rows, 1 << 20);
   for (const char* bad : {"", "tc4x3x4", "tc4x3x4x2x1", "tc0x3x4x2", "4(x)x5x4x4", "tc4xthreex4x2", "4x5x4x4+fold+combine",
-                          "4x5x4x4+bulk"}) {
+                          "4x5x4x4+bulk", "4x5x4x4+untiled"}) {
     auto parsed = ParsePagedAttentionGeometry(bad);
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_TRUE(absl::StrContains(parsed.status().message(), "WARPSxSTAGES")) << parsed.status();
@@ -324,6 +327,84 @@ TEST(PagedKvOps, KernelsCompileUnderNvrtc) {
       auto compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
       EXPECT_FALSE(compiled->cubin.empty());
+    }
+  }
+}
+
+// At prefill (several query rows a sequence), the tensor-core kernel's block takes consecutive
+// query rows of one sequence, as many as a power of two dividing the tokens whose heads fill
+// at most the m16 tile: each K and V row it loads serves them all. Its partials, the fold and
+// the combine kernel are laid out by those items.
+TEST(PagedKvOps, PrefillBlocksTakeSeveralQueryRowsOfASequence) {
+  struct Case {
+    int64_t batch, tokens, group, max_blocks;
+    int64_t query_rows, splits;
+    bool combine_kernel;
+  };
+  // 8 kv heads. 132 SMs x 2 blocks = 264 blocks wanted; splits are at least 4 KV blocks.
+  for (const Case& c : {
+           // llama-M's heads (group 2): 8 rows a block, 2 x 512 / 8 x 8 kv heads = 1024 items, one split.
+           Case{2, 512, 2, 64, 8, 1, false},
+           // 20 tokens of a group of 4: 4 rows (20 = 4 x 5); 5 items a kv head: 264 / 40 = 6 splits
+           // of up to 10 blocks, cut to ceil(10 / 4) = 3; 20 rows are past fold_max_rows.
+           Case{1, 20, 4, 10, 4, 3, true},
+           // 6 tokens of a group of 2: 2 rows (6 is no multiple of 4); 24 items, 264 / 24 = 11
+           // splits (under 48 / 4 = 12); 6 rows fold the combine into the split kernel.
+           Case{1, 6, 2, 48, 2, 11, false},
+           // A group of 8 takes 2 rows: 256 items, one split. A group of 1 takes 16: 32 items, 2
+           // splits of the 8 blocks, and the combine kernel.
+           Case{1, 64, 8, 8, 2, 1, false},
+           Case{1, 64, 1, 8, 16, 2, true},
+       }) {
+    SCOPED_TRACE(absl::StrCat(c.batch, " x ", c.tokens, ", group ", c.group));
+    Module m("m");
+    Builder b(m.AddFunction("prefill"));
+    const DType bf16 = DType::kBF16;
+    const int64_t kv_heads = 8;
+    Node* pool = *b.Parameter("pool", {bf16, {1, 256, kv_heads, 16, 128}});
+    Node* q = *b.Parameter("q", {bf16, {c.batch, c.tokens, kv_heads * c.group, 128}});
+    Node* tables = *b.Parameter("tables", {i32, {c.batch, c.max_blocks}});
+    Node* positions = *b.Parameter("positions", {i32, {c.batch, c.tokens}});
+    Node* o = *b.Op(Opcode::kPagedAttention, {q, pool, pool, tables, positions},
+                    AttrMap{{"layer", int64_t{0}}, {"scale", 0.088388}, {"out_dtype", Symbol{"bf16"}}});
+    ASSERT_TRUE(b.Return({o}).ok());
+    auto tiled = LowerNode(*o);
+    ASSERT_TRUE(tiled.ok()) << tiled.status();
+    const int64_t items = c.batch * c.tokens / c.query_rows * kv_heads;
+    const int64_t item_rows = c.query_rows * c.group;
+    EXPECT_EQ(tiled->kernels.at(0).grid[0], static_cast<uint32_t>(items * c.splits));
+    EXPECT_TRUE(absl::StrContains(tiled->kernels[0].source, absl::StrCat(", ", c.query_rows, ">(out, q,")))
+        << tiled->kernels[0].source;
+    // The warps' partials are the item's rows: 4 warps x rows x (128 + 2) floats.
+    const int64_t stages = std::clamp<int64_t>((((c.max_blocks + c.splits - 1) / c.splits + 3) / 4) + 1, 2, 3);
+    EXPECT_EQ(tiled->kernels[0].shared_bytes,
+              static_cast<uint32_t>(4 * stages * 2 * 16 * 128 * 2 + (c.max_blocks + 3) / 4 * 16 +
+                                    4 * item_rows * 130 * 4));
+    EXPECT_EQ(tiled->scratch_bytes, c.splits > 1 ? items * c.splits * item_rows * 130 * 4 : 0);
+    ASSERT_EQ(tiled->kernels.size(), c.combine_kernel ? 2u : 1u);
+    if (c.combine_kernel) {
+      EXPECT_TRUE(absl::StrContains(tiled->kernels[1].source, absl::StrCat(", ", c.splits, ", ", c.query_rows, ">(out, partials)")))
+          << tiled->kernels[1].source;
+    } else if (c.splits > 1) {
+      EXPECT_TRUE(absl::StrContains(tiled->kernels[0].source, "g_splits_done")) << tiled->kernels[0].source;
+    }
+    // "+untiled": a block a query row, as before.
+    CodegenOptions untiled;
+    untiled.paged_attention.query_tiles = false;
+    auto rowwise = LowerNode(*o, untiled);
+    ASSERT_TRUE(rowwise.ok()) << rowwise.status();
+    EXPECT_FALSE(absl::StrContains(rowwise->kernels.at(0).source, absl::StrCat(", ", c.query_rows, ">(out, q,")));
+    EXPECT_EQ(rowwise->kernels[0].grid[0] % static_cast<uint32_t>(c.batch * c.tokens * kv_heads), 0u);
+    for (const LoweredNode* lowered : {&*tiled, &*rowwise}) {
+      for (const KernelSpec& k : lowered->kernels) {
+        auto compiled = CompileKernel(k, NvrtcOptions{.ptxas_info = true});
+        ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
+        EXPECT_TRUE(absl::StrContains(compiled->log, "0 bytes spill stores")) << compiled->log;
+        const size_t used = compiled->log.find("Used");
+        std::printf("[ %s %lld x %lld, group %lld ] %s\n", lowered == &*tiled ? "tiled" : "untiled",
+                    static_cast<long long>(c.batch), static_cast<long long>(c.tokens), static_cast<long long>(c.group),
+                    compiled->log.substr(used, compiled->log.find('\n', used) - used).c_str());
+      }
     }
   }
 }
