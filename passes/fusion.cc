@@ -39,13 +39,23 @@ std::string WhyNeverFused(const Node& producer);
 // them, instead of being written in the forward and read back. `leaf` is the stored value.
 // A slice of a stored value stands for that value: it reads exactly the elements it yields,
 // row by row, so SwiGLU's gate and up are recomputed from where merge-sibling-gemms's one
-// GEMM wrote them ([gate, up] along the last dim) as they were from two GEMMs' results.
+// GEMM wrote them ([gate, up] along the last dim) as they were from two GEMMs' results. So does
+// a reshape of such a slice (StandsForAStoredValue).
 constexpr int kMaxRecomputedOps = 6;
+// A reshape of such a slice stands for it as well: the same elements, indexed by other dims.
+// (After CSE one reshape of a slice may feed two kernels, as the K of a batch-1 @fresh_prefill
+// feeds its cache write and its attention's RoPE; without this the slice was stored by a
+// kernel of its own for them to read. A reshape of a stored value itself needs nothing: each
+// kernel reads the stored buffer through it as a view.)
+bool StandsForAStoredValue(const Node& node) {
+  if (IsFunctionOutput(node)) return false;
+  if (node.opcode() == Opcode::kSlice) return !WhyNeverFused(*node.operand(0)).empty();
+  return node.opcode() == Opcode::kReshape && StandsForAStoredValue(*node.operand(0));
+}
+
 bool RecomputableFrom(const Node& node, const Node*& leaf, int& ops) {
   if (ReadsNoMemory(node)) return true;
-  const bool slice_of_stored = node.opcode() == Opcode::kSlice && !WhyNeverFused(*node.operand(0)).empty() &&
-                               !IsFunctionOutput(node);
-  if (!WhyNeverFused(node).empty() || slice_of_stored) {
+  if (!WhyNeverFused(node).empty() || StandsForAStoredValue(node)) {
     if (leaf != nullptr && leaf != &node) return false;
     leaf = &node;
     return true;

@@ -239,6 +239,38 @@ func @main {
   }
 }
 
+// A reshape of such a slice stands for the stored value too: a batch-1 @fresh_prefill's K, one
+// reshape of the qkv GEMM's K columns after CSE, feeds its cache write and its attention's RoPE;
+// both kernels read the GEMM's result through it, and no kernel stores the slice for them.
+TEST(Fusion, AReshapeOfASliceOfAStoredValueIsRecomputedInEachUser) {
+  constexpr absl::string_view text = R"(module @m
+func @main {
+  %qkv = parameter() {index=0} : f32[1,4,24]
+  %s = parameter() {index=1} : f32[4]
+  %k = slice(%qkv) {limit=[1,4,16], start=[0,0,8], stride=[1,1,1]} : f32[1,4,8]
+  %k4 = reshape(%k) : f32[1,4,2,4]
+  %kb = convert(%k4) : bf16[1,4,2,4]
+  %sb = broadcast(%s) {dims=[3]} : f32[1,4,2,4]
+  %kr = mul(%k4, %sb) : f32[1,4,2,4]
+  %kt = transpose(%kr) {perm=[0,2,1,3]} : f32[1,2,4,4]
+  %ktb = convert(%kt) : bf16[1,2,4,4]
+  return %kb, %ktb
+})";
+  const std::string out = RunFusion(text);
+  EXPECT_TRUE(testing::FileCheck(out, R"(
+    CHECK:      %kb = fusion(%qkv) {kind=loop} : bf16[1,4,2,4] {
+    CHECK:        %k = slice(%qkv)
+    CHECK-NEXT:   %k4 = reshape(%k)
+    CHECK:      %ktb = fusion(%qkv, %s) {kind=loop} : bf16[1,2,4,4] {
+    CHECK:        %k = slice(%qkv)
+    CHECK-NEXT:   %k4 = reshape(%k)
+    CHECK:      return %kb, %ktb
+  )").ok()) << out;
+  for (const char* stored : {"\n  %k = slice", "\n  %k4 = reshape"}) {
+    EXPECT_FALSE(absl::StrContains(out, stored)) << stored << "\n" << out;
+  }
+}
+
 TEST(Fusion, GemmsOutputsAndCompositesStayOutside) {
   const std::string out = RunFusion(R"(module @m
 func @main {
