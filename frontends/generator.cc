@@ -201,27 +201,38 @@ bool Generator::NeedsLogits(const inference::SamplingParams& sampling) const {
   return options_.on_logits != nullptr || !inference::IsGreedy(sampling);
 }
 
-absl::StatusOr<TokenId> Generator::SampleRow(const InferenceEngine::Rows& picked, size_t row,
-                                             inference::RequestId request, int64_t position,
-                                             const inference::SamplingParams& sampling, int64_t draw) {
+absl::StatusOr<std::vector<TokenId>> Generator::SampleRows(const InferenceEngine::Rows& picked,
+                                                           absl::Span<const RowToSample> rows) {
   const int64_t vocab = config_.vocab_size;
-  if (picked.logits.empty()) {  // a greedy request: the function's own pick
-    const TokenId token = picked.greedy[row];
-    if (token < 0 || token >= vocab) {
-      return absl::InternalError(absl::StrCat("request ", request, ": the logits at position ", position,
-                                              " hold no largest value (NaN): no greedy token"));
+  std::vector<TokenId> tokens(rows.size());
+  if (picked.logits.empty()) {  // greedy requests: the function's own picks
+    for (size_t i = 0; i < rows.size(); ++i) {
+      tokens[i] = picked.greedy[rows[i].row];
+      if (tokens[i] < 0 || tokens[i] >= vocab) {
+        return absl::InternalError(absl::StrCat("request ", rows[i].request, ": the logits at position ",
+                                                rows[i].position, " hold no largest value (NaN): no greedy token"));
+      }
     }
-    return token;
+    return tokens;
   }
-  const absl::Span<const float> logits = absl::MakeConstSpan(picked.logits).subspan(row * vocab, vocab);
-  if (options_.on_logits) options_.on_logits(request, position, logits);
+  std::vector<inference::SampleRequest> requests;
+  requests.reserve(rows.size());
+  for (const RowToSample& r : rows) {
+    const absl::Span<const float> logits = absl::MakeConstSpan(picked.logits).subspan(r.row * vocab, vocab);
+    if (options_.on_logits) options_.on_logits(r.request, r.position, logits);
+    requests.push_back({logits, *r.sampling, r.draw});
+  }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<TokenId> token = sampler_.Sample(logits, sampling, draw);
+  std::vector<absl::StatusOr<TokenId>> drawn = inference::SampleRows(requests, options_.sampling_threads);
   stats_.sample_seconds += Seconds(start);
-  if (!token.ok()) {
-    return absl::Status(token.status().code(), absl::StrCat("request ", request, ": ", token.status().message()));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!drawn[i].ok()) {
+      return absl::Status(drawn[i].status().code(),
+                          absl::StrCat("request ", rows[i].request, ": ", drawn[i].status().message()));
+    }
+    tokens[i] = *drawn[i];
   }
-  return token;
+  return tokens;
 }
 
 absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference::ScheduledStep& step) {
@@ -262,12 +273,13 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
                                        I32({b, m}, table)},
                                   rows, with_logits, profiled ? &prefill_profile_ : nullptr));
     if (profiled) prefill_profile_shape_ = call.shape;
+    std::vector<RowToSample> to_sample;
     for (size_t r = 0; r < call.prefills.size(); ++r) {
       const PrefillWork& p = step.prefills[call.prefills[r]];
-      ASSIGN_OR_RETURN(TokenId token,
-                       SampleRow(picked, r, p.request, static_cast<int64_t>(p.tokens.size()) - 1, p.sampling, p.draw));
-      sampled[call.prefills[r]] = {p.request, token};
+      to_sample.push_back({r, p.request, static_cast<int64_t>(p.tokens.size()) - 1, &p.sampling, p.draw});
     }
+    ASSIGN_OR_RETURN(std::vector<TokenId> next, SampleRows(picked, to_sample));
+    for (size_t r = 0; r < call.prefills.size(); ++r) sampled[call.prefills[r]] = {to_sample[r].request, next[r]};
     ++stats_.prefill_calls;
     if (call.shape.phase == InferencePhase::kFreshPrefill) ++stats_.fresh_prefill_calls;
     stats_.prefill_seconds += Seconds(run_start);
@@ -381,12 +393,14 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
       for (size_t i = 0; i < rows.size(); ++i) lookahead_->batch.tokens[i] = picked.greedy[i];
     }
   }
-  std::vector<SampledToken> sampled;
+  std::vector<RowToSample> to_sample;
   for (size_t i = 0; i < step.decodes.size(); ++i) {
     const DecodeWork& d = step.decodes[i];
-    ASSIGN_OR_RETURN(TokenId token, SampleRow(picked, i, d.request, d.position, d.sampling, d.draw));
-    sampled.push_back({d.request, token});
+    to_sample.push_back({i, d.request, d.position, &d.sampling, d.draw});
   }
+  ASSIGN_OR_RETURN(std::vector<TokenId> tokens, SampleRows(picked, to_sample));
+  std::vector<SampledToken> sampled;
+  for (size_t i = 0; i < step.decodes.size(); ++i) sampled.push_back({step.decodes[i].request, tokens[i]});
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());
   ++stats_.decode_steps;
   const auto end = std::chrono::steady_clock::now();

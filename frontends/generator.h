@@ -94,6 +94,9 @@ struct GeneratorOptions {
   // as it is started (nothing overlaps, and a dropped call is wasted work), where tests turn
   // it on.
   std::optional<bool> decode_lookahead;
+  // Threads that draw a step's sampled tokens from their logits (inference::SampleRows), the
+  // rows spread over them; 0: the machine's cores. The tokens are the same at any count.
+  int sampling_threads = 0;
   // For tests: called with the logits of every sampled token, before sampling: the request,
   // the position of the token whose next-token logits these are, and the logits.
   std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
@@ -177,11 +180,19 @@ class Generator {
   // Whether a request's token needs its logits on the host: not for a greedy one (the
   // function's greedy output), unless on_logits wants them.
   bool NeedsLogits(const inference::SamplingParams& sampling) const;
-  // Row `row` of a call's picked rows: its greedy token, or the sampler's draw from its logits.
-  absl::StatusOr<inference::TokenId> SampleRow(const InferenceEngine::Rows& picked, size_t row,
-                                               inference::RequestId request,
-                                               int64_t position, const inference::SamplingParams& sampling,
-                                               int64_t draw);
+  // A call's picked row to turn into a token: the row, its request, the position of the token
+  // whose next-token logits it holds, and the request's sampling and draw index.
+  struct RowToSample {
+    size_t row;
+    inference::RequestId request;
+    int64_t position;
+    const inference::SamplingParams* sampling;
+    int64_t draw;
+  };
+  // Each row's token: its greedy token (the function's pick), or the sampler's draw from its
+  // logits, the rows drawn on GeneratorOptions::sampling_threads threads.
+  absl::StatusOr<std::vector<inference::TokenId>> SampleRows(const InferenceEngine::Rows& picked,
+                                                             absl::Span<const RowToSample> rows);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
   absl::StatusOr<std::vector<inference::SampledToken>> RunDecodes(const inference::ScheduledStep& step);
   // The inputs of the step after `step` (packed as `batch`) as the lookahead assumes them, or
@@ -196,7 +207,6 @@ class Generator {
   PagedKvLayout layout_;
   int64_t max_context_ = 0;
   std::optional<inference::Scheduler> scheduler_;
-  inference::Sampler sampler_;
   std::unique_ptr<InferenceEngine> engine_;  // the weights and the pools
   std::map<InferenceShape, std::unique_ptr<Module>> compiled_;
   GenerationStats stats_;

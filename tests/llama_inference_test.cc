@@ -500,6 +500,37 @@ TEST(LlamaInference, SamplingIsDeterministicPerSeed) {
   EXPECT_NE(run(42), run(43));
 }
 
+// A step's sampled rows are drawn on several threads (GeneratorOptions::sampling_threads): six
+// requests of every kind of sampling, decoded together, draw the same tokens on 1 and 4.
+TEST(LlamaInference, SampledTokensAreTheSameOnAnyNumberOfThreads) {
+  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 13);
+  const std::vector<SamplingParams> kinds = {{.temperature = 0.7, .seed = 1},
+                                             {.temperature = 1.0, .top_k = 5, .seed = 2},
+                                             {.temperature = 1.2, .top_p = 0.8, .seed = 3},
+                                             {.temperature = 0.9, .top_k = 40, .top_p = 0.9, .seed = 4},
+                                             {.temperature = 0},
+                                             {.temperature = 2.0, .top_p = 0.5, .seed = 6}};
+  auto run = [&](int threads) {
+    GeneratorOptions options = Options(Precision::kBf16, 16, nullptr);
+    options.sampling_threads = threads;
+    auto gen = Generator::Create(Tiny(), weights, options);
+    EXPECT_TRUE(gen.ok()) << gen.status();
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      EXPECT_TRUE((*gen)
+                      ->Submit({.id = static_cast<RequestId>(i), .prompt = Prompt(5 + i, 7 + i), .max_new_tokens = 12,
+                                .sampling = kinds[i]})
+                      .ok());
+    }
+    auto done = (*gen)->Run();
+    EXPECT_TRUE(done.ok()) << done.status();
+    std::map<RequestId, std::vector<TokenId>> outputs;
+    for (const auto& r : *done) outputs[r.id] = r.output;
+    EXPECT_EQ(outputs.size(), kinds.size());
+    return outputs;
+  };
+  EXPECT_EQ(run(1), run(4));
+}
+
 // Bad requests are refused at Submit with a message naming the request and the problem, and
 // a good request next to them runs as it would alone.
 TEST(LlamaInference, BadRequestsAreClearErrorsAndHarmNoOther) {

@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace kiln::inference {
 namespace {
@@ -107,6 +109,73 @@ TEST(Sampler, TopPDrawsFromTheNucleusOnly) {
   const std::vector<double> h = Frequencies(logits, {.temperature = 1.0, .top_p = 1.0, .seed = 3}, 20000);
   EXPECT_NEAR(h[1], 0.05, 0.01);
   EXPECT_NEAR(h[2], 0.5, 0.02);
+}
+
+// Ties at a top-k cut go to the lowest ids, on either way of selecting (a heap of k for a k
+// well under the vocabulary, nth_element past it): 3000 equal logits keep ids 0..k-1.
+TEST(Sampler, TopKTiesAtTheCutGoToTheLowestIds) {
+  const std::vector<float> flat(3000, 0.5f);
+  for (int64_t k : {1, 10, 2000}) {
+    Sampler sampler;
+    TokenId highest = 0;
+    for (int64_t d = 0; d < 4000; ++d) {
+      absl::StatusOr<TokenId> t = sampler.Sample(flat, {.temperature = 1.0, .top_k = k, .seed = 4}, d);
+      ASSERT_TRUE(t.ok()) << t.status();
+      highest = std::max(highest, *t);
+    }
+    EXPECT_LT(highest, k);
+    if (k > 1) EXPECT_GT(highest, k * 3 / 4) << "k = " << k << ": the kept tokens are drawn across the range";
+  }
+}
+
+// Over a vocabulary of 3000 with ties (logits in halves), the tokens top-k and top-p keep are
+// exactly those a sort of the whole vocabulary keeps (larger logit, then lower id; the nucleus
+// the fewest whose mass reaches top_p), and within them each is drawn in proportion to its
+// weight.
+TEST(Sampler, TopKAndTopPKeepWhatASortOfTheVocabularyKeeps) {
+  std::vector<float> logits = RandomLogits(3000, 21);
+  for (float& l : logits) l = std::round(l * 2) / 2;
+  std::vector<TokenId> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<TokenId>(i);
+  std::sort(order.begin(), order.end(), [&](TokenId a, TokenId b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  const float max = logits[order[0]];
+  for (const auto& [top_k, top_p] : std::vector<std::pair<int64_t, double>>{{0, 0.3}, {0, 0.9}, {40, 1.0}, {40, 0.5},
+                                                                           {1500, 0.8}}) {
+    SCOPED_TRACE(absl::StrCat("top_k ", top_k, ", top_p ", top_p));
+    const size_t k = top_k > 0 ? static_cast<size_t>(top_k) : order.size();
+    std::vector<double> w(k);
+    double total = 0;
+    for (size_t i = 0; i < k; ++i) total += w[i] = std::exp(static_cast<double>(logits[order[i]]) - max);
+    // The nucleus by the definition; a mass within 1e-6 of top_p's would leave its cut to
+    // rounding, which these logits avoid (checked).
+    size_t kept = k;
+    double mass = 0;
+    for (size_t i = 0; i < k && top_p < 1; ++i) {
+      mass += w[i];
+      if (mass >= top_p * total) {
+        ASSERT_GT(mass - top_p * total, 1e-6 * total);
+        ASSERT_GT(top_p * total - (mass - w[i]), 1e-6 * total);
+        kept = i + 1;
+        break;
+      }
+    }
+    double kept_total = 0;
+    for (size_t i = 0; i < kept; ++i) kept_total += w[i];
+    std::vector<int> rank(logits.size(), -1);
+    for (size_t i = 0; i < kept; ++i) rank[order[i]] = static_cast<int>(i);
+    constexpr int kDraws = 20000;
+    const std::vector<double> f = Frequencies(logits, {.temperature = 1.0, .top_k = top_k, .top_p = top_p, .seed = 8},
+                                              kDraws);
+    for (size_t t = 0; t < f.size(); ++t) {
+      if (rank[t] < 0) {
+        EXPECT_EQ(f[t], 0) << "token " << t << " is outside the kept set";
+      } else if (rank[t] < 3) {
+        EXPECT_NEAR(f[t], w[rank[t]] / kept_total, 0.02) << "token " << t;
+      }
+    }
+  }
 }
 
 TEST(Sampler, TemperatureSharpensAndFlattens) {
