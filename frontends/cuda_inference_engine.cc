@@ -101,8 +101,12 @@ class CudaInferenceEngine : public InferenceEngine {
       staged[i] = EncodeTensorBytes(*per_row[i]);
       bytes += static_cast<int64_t>(staged[i].size());
     }
+    // The logits (a call that wants them) land after the greedy rows, in the same page-locked
+    // memory: a copy at the link's speed, into memory nothing has to zero first.
+    const int64_t logits_element = DTypeBytes(out->type().dtype);
+    const int64_t logits_bytes = with_logits ? static_cast<int64_t>(rows.size()) * config_.vocab_size * logits_element : 0;
     Staging& staging = staging_[next_staging_];
-    RETURN_IF_ERROR(staging.Reserve(*device_, bytes, timed_));
+    RETURN_IF_ERROR(staging.Reserve(*device_, bytes + logits_bytes, timed_));
     char* host = static_cast<char*>(staging.memory.get());
     for (int i = 0; i < 4; ++i) {
       std::memcpy(host, staged[i].data(), staged[i].size());
@@ -127,25 +131,24 @@ class CudaInferenceEngine : public InferenceEngine {
     Call call{.staging = next_staging_, .num_rows = static_cast<int64_t>(rows.size()), .function = &f};
     if (with_logits) {
       // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
-      // its output rounded (the reference backend holds the same rounded values). Pageable:
-      // the copy waits for the run, which a call that wants its logits does anyway.
+      // its output rounded (the reference backend holds the same rounded values). The host
+      // waits for them here, which a call that wants its logits does anyway.
       const DType dtype = out->type().dtype;
       if (dtype != DType::kF32 && dtype != DType::kBF16) {
         return absl::InternalError(absl::StrCat(what, "'s logits are ", out->type().ToString(), ", not f32 or bf16"));
       }
       const int64_t vocab = config_.vocab_size;
-      const int64_t element = DTypeBytes(dtype);
       ASSIGN_OR_RETURN(const void* logits, exe.OutputAddress(0));
-      std::string raw(rows.size() * vocab * element, '\0');
-      RETURN_IF_ERROR(EnqueueRowCopies(logits, vocab * element, rows, raw.data(), what));
+      char* raw = host + rows.size() * sizeof(int32_t);  // after the greedy rows
+      RETURN_IF_ERROR(EnqueueRowCopies(logits, vocab * logits_element, rows, raw, what));
       KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the logits of ", what));
       call.logits.resize(rows.size() * vocab);
       if (dtype == DType::kF32) {
-        std::memcpy(call.logits.data(), raw.data(), raw.size());
+        std::memcpy(call.logits.data(), raw, logits_bytes);
       } else {
         for (size_t i = 0; i < call.logits.size(); ++i) {
           uint16_t bits;
-          std::memcpy(&bits, raw.data() + 2 * i, 2);
+          std::memcpy(&bits, raw + 2 * i, 2);
           const uint32_t wide = static_cast<uint32_t>(bits) << 16;
           std::memcpy(&call.logits[i], &wide, 4);
         }
@@ -280,8 +283,9 @@ class CudaInferenceEngine : public InferenceEngine {
   std::vector<DeviceMemory> memory_;  // the pools and the weights
   absl::flat_hash_map<const Function*, std::unique_ptr<CudaExecutable>> executables_;
 
-  // Page-locked memory for one call in flight: its staged inputs, then its greedy rows; an
-  // event when both copies are done, and two around the run when calls are timed.
+  // Page-locked memory for one call in flight: its staged inputs, then its greedy rows (and
+  // logits, for a call that wants them); an event when both copies are done, and two around
+  // the run when calls are timed.
   struct Staging {
     PinnedMemory memory;
     int64_t bytes = 0;
@@ -298,7 +302,7 @@ class CudaInferenceEngine : public InferenceEngine {
       }
       if (want <= bytes) return absl::OkStatus();
       memory.reset();
-      ASSIGN_OR_RETURN(void* p, device.AllocatePinned(want, "an inference call's inputs and greedy tokens"));
+      ASSIGN_OR_RETURN(void* p, device.AllocatePinned(want, "an inference call's inputs, greedy tokens and logits"));
       memory.reset(p);
       bytes = want;
       return absl::OkStatus();
