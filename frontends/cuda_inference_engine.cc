@@ -13,6 +13,7 @@
 #include "frontends/gpu_compile.h"
 #include "frontends/llama.h"
 #include "ir/status_macros.h"
+#include "ir/thread_pool.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/tensor_bytes.h"
 
@@ -145,13 +146,17 @@ class CudaInferenceEngine : public InferenceEngine {
       call.logits.resize(rows.size() * vocab);
       if (dtype == DType::kF32) {
         std::memcpy(call.logits.data(), raw, logits_bytes);
-      } else {
-        for (size_t i = 0; i < call.logits.size(); ++i) {
-          uint16_t bits;
-          std::memcpy(&bits, raw + 2 * i, 2);
-          const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-          std::memcpy(&call.logits[i], &wide, 4);
-        }
+      } else {  // widened on every core: a million logits at batch 32 are ~0.5 ms on one
+        float* wide_logits = call.logits.data();
+        ThreadPool::Shared(0).ParallelFor(static_cast<int64_t>(call.logits.size()), int64_t{1} << 16,
+                                          [&](int64_t begin, int64_t end) {
+                                            for (int64_t i = begin; i < end; ++i) {
+                                              uint16_t bits;
+                                              std::memcpy(&bits, raw + 2 * i, 2);
+                                              const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+                                              std::memcpy(wide_logits + i, &wide, 4);
+                                            }
+                                          });
       }
     }
     KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.done, stream), what);
