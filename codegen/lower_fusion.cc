@@ -529,11 +529,14 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
       }
       ASSIGN_OR_RETURN(const int64_t layer, out.attrs().GetInt("layer"));
       const int64_t heads = pool.dims[2], block_size = pool.dims[3], head_dim = pool.dims[4], blocks = pool.dims[1];
+      // The pool's element index in 64 bits (a pool may pass 2^31 elements), from the slot
+      // unsigned once it is known to be in the pool.
       store = absl::StrFormat(
           "      const Index row = i / %d, h = i / %d %% %d, d = i %% %d;\n"
           "      const long long slot = in%d[row];\n"
           "      if (slot < 0 || slot >= %dLL) continue;  // padding, or outside the pool\n"
-          "      out%d[(((%dLL + slot / %d) * %d + h) * %d + slot %% %d) * %d + d] = %s;\n",
+          "      const unsigned long long s = slot;\n"
+          "      out%d[(((%dULL + s / %d) * %d + h) * %d + s %% %d) * %d + d] = %s;\n",
           heads * head_dim, head_dim, heads, head_dim, slots_input, blocks * block_size, r, layer * blocks,
           block_size, heads, block_size, block_size, head_dim, element);
       // The pool copy, a kernel of its own ahead of the rows' kernel.
@@ -575,10 +578,26 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   std::string source = FusionSourceOpening(several ? "cache_write fusion (several results)" : "cache_write fusion",
                                            group, *outputs[0], dtypes);
   const std::array<uint32_t, 3> grid = GridFor(end, threads, options.target);
+  // Every index the kernel computes in Index is below the grid's reach or some value's element
+  // count (the pools' are computed apart, in 64 bits), and none is negative (a section's `t -
+  // start` and a concatenate's `c - offset` follow their guards): unsigned, and 32-bit where
+  // those counts allow, so that a division or remainder by a power of two is one shift or
+  // mask. In signed 64 bits each element's dozens of them made the kernel instruction-bound
+  // (ncu, llama-M's 8 x 512 @fresh_prefill on an H100: 246 us, 93% of the SMs' issue, 17% of
+  // DRAM's bandwidth; bench/RESULTS.md, session 34).
+  std::set<const Node*> pools;
+  for (const Node* out : outputs) {
+    if (out->opcode() == Opcode::kKvCacheWrite) pools.insert(out->operand(0));
+  }
+  int64_t bound = end + 2 * int64_t{threads} * grid[0];
+  for (const Node* m : group.members) bound = std::max(bound, m->type().num_elements());
+  for (const Node* p : params) {
+    if (!pools.contains(p)) bound = std::max(bound, p->type().num_elements());
+  }
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
-                        "  typedef long long Index;\n"
+                        "  typedef %s Index;\n"
                         "  constexpr Index kCount = %d;\n"
                         "  const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
                         "  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;\n"
@@ -586,7 +605,8 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
                         "%s\n"
                         "  }\n"
                         "}\n",
-                        threads, name, params_text, end, sections);
+                        threads, name, params_text,
+                        bound < (int64_t{1} << 32) ? "unsigned" : "unsigned long long", end, sections);
   lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
   return lowered;
 }

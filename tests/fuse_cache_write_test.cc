@@ -91,6 +91,10 @@ TEST(FuseCacheWrite, LowersToThePoolsInPlaceUpdate) {
     EXPECT_EQ(lowered->copy_kernel_results, std::vector<int>{0});
     EXPECT_EQ(lowered->in_place_operand, *n->body()->outputs()[0]->operand(0)->attrs().GetInt("index"));
     EXPECT_TRUE(absl::EndsWith(lowered->kernels[0].name, "_copy"));
+    // The rows' indices in unsigned 32 bits (a division by a power of two one shift; the
+    // pool's own index in 64 bits from the slot).
+    EXPECT_TRUE(absl::StrContains(lowered->kernels[1].source, "typedef unsigned Index;")) << lowered->kernels[1].source;
+    EXPECT_TRUE(absl::StrContains(lowered->kernels[1].source, "const unsigned long long s = slot;"));
     for (const KernelSpec& k : lowered->kernels) {
       absl::StatusOr<CompiledKernel> compiled = CompileKernel(k, NvrtcOptions{});
       ASSERT_TRUE(compiled.ok()) << compiled.status() << "\n" << k.source;
