@@ -372,15 +372,15 @@ absl::Status CudaExecutable::Capture() {
 }
 
 absl::Status CudaExecutable::Prepare() {
-  if (!options_.cuda_graph || options_.check_each_step || graph_exec_ != nullptr) return absl::OkStatus();
+  if (!ReplaysGraph() || graph_exec_ != nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(device_->MakeCurrent());
   return Capture();
 }
 
 absl::Status CudaExecutable::Enqueue() {
   RETURN_IF_ERROR(device_->MakeCurrent());
-  if (options_.cuda_graph && !options_.check_each_step && graph_exec_ == nullptr) RETURN_IF_ERROR(Capture());
-  if (options_.cuda_graph && !options_.check_each_step) {
+  RETURN_IF_ERROR(Prepare());  // the graph, at the first call of one not prepared at load
+  if (ReplaysGraph()) {
     // The message is built only on an error: a decode call is ~1 ms, and this runs every call.
     KILN_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph_exec_, device_->stream()),
                               absl::StrCat("running @", function_->name()));
@@ -425,7 +425,7 @@ StepTiming CudaExecutable::DescribeStep(const Step& step) const {
 absl::StatusOr<std::vector<StepTiming>> CudaExecutable::Profile() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   profile_fallback_.clear();
-  if (options_.cuda_graph && !options_.check_each_step) {
+  if (ReplaysGraph()) {
     bool ran = false;
     absl::StatusOr<std::vector<StepTiming>> traced = ProfileInGraph(&ran);
     // Falling back runs the step again: only when the traced run did not happen (a second

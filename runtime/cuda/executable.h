@@ -146,6 +146,8 @@ class CudaExecutable {
   // Records every step into graph_exec_; an error names the step that broke the capture.
   absl::Status Capture();
   absl::Status EnqueueAll(bool check_each_step) const;
+  // Whether a call replays the captured graph (else it enqueues step by step).
+  bool ReplaysGraph() const { return options_.cuda_graph && !options_.check_each_step; }
   // *ran: whether the graph was launched (a failure after that must not run the step again).
   absl::StatusOr<std::vector<StepTiming>> ProfileInGraph(bool* ran);
   absl::StatusOr<std::vector<StepTiming>> ProfileOneByOne();
