@@ -221,7 +221,7 @@ absl::StatusOr<TokenId> Sampler::Sample(absl::Span<const float> logits, const Sa
 }
 
 std::vector<absl::StatusOr<TokenId>> SampleRows(absl::Span<const SampleRequest> rows, int threads) {
-  std::vector<absl::StatusOr<TokenId>> tokens(rows.size(), absl::UnknownError("not sampled"));
+  std::vector<absl::StatusOr<TokenId>> tokens(rows.size());  // each set by its chunk below
   ThreadPool::Shared(threads).ParallelFor(static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
     thread_local Sampler sampler;  // each thread's candidates, kept from call to call
     for (int64_t i = begin; i < end; ++i) tokens[i] = sampler.Sample(rows[i].logits, rows[i].params, rows[i].draw);
