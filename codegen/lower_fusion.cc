@@ -396,6 +396,24 @@ class GroupEmitter {
   int next_var_ = 0;
 };
 
+// The type a group's kernel indexes in: unsigned, and 32-bit while `bound` (how far the
+// kernel's own loops reach) and every member's and input's element count (but `apart`'s, which
+// the kernel indexes in 64 bits itself) stay below 2^32. Every index a group's emitter computes
+// is an element's linear index into one of those values, and none is negative: a slice's,
+// broadcast's or transpose's map only divides, takes remainders and adds; a concatenate's `c -
+// offset` follows its guard. Unsigned, a division or remainder by a power of two is one shift
+// or mask, and by another constant one multiply-high; in signed 64 bits each element's dozens
+// of them made fused kernels instruction-bound (ncu, llama-M's 8 x 512 @fresh_prefill cache
+// writes on an H100: 246 us, 93% of the SMs' issue, 17% of DRAM's bandwidth; bench/RESULTS.md,
+// session 34).
+const char* GroupIndexType(const KernelGroup& group, int64_t bound, const std::set<const Node*>& apart = {}) {
+  for (const Node* m : group.members) bound = std::max(bound, m->type().num_elements());
+  for (const Node* in : group.inputs) {
+    if (!apart.contains(in)) bound = std::max(bound, in->type().num_elements());
+  }
+  return bound < (int64_t{1} << 32) ? "unsigned" : "unsigned long long";
+}
+
 // A GroupInput: a pointer-like functor computing element i of `value` from the group's inputs
 // (inK), as a loop kernel computes it: `in + d` moves it, `in[j]` reads element base + j.
 struct GroupInputSource {
@@ -417,7 +435,7 @@ absl::StatusOr<GroupInputSource> GroupInputFor(const KernelGroup& group, const N
   source.definition = absl::StrCat(
       "// ", what, ", computed element by element from the group's inputs.\n"
       "struct GroupInput {\n"
-      "  typedef long long Index;\n",
+      "  typedef ", GroupIndexType(group, value.type().num_elements()), " Index;\n",
       fields,
       "  Index base;\n"
       "  __device__ __forceinline__ GroupInput operator+(Index d) const {\n"
@@ -578,22 +596,13 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
   std::string source = FusionSourceOpening(several ? "cache_write fusion (several results)" : "cache_write fusion",
                                            group, *outputs[0], dtypes);
   const std::array<uint32_t, 3> grid = GridFor(end, threads, options.target);
-  // Every index the kernel computes in Index is below the grid's reach or some value's element
-  // count (the pools' are computed apart, in 64 bits), and none is negative (a section's `t -
-  // start` and a concatenate's `c - offset` follow their guards): unsigned, and 32-bit where
-  // those counts allow, so that a division or remainder by a power of two is one shift or
-  // mask. In signed 64 bits each element's dozens of them made the kernel instruction-bound
-  // (ncu, llama-M's 8 x 512 @fresh_prefill on an H100: 246 us, 93% of the SMs' issue, 17% of
-  // DRAM's bandwidth; bench/RESULTS.md, session 34).
+  // The pools' element indices are computed apart, in 64 bits (a section's `t - start`
+  // follows its guard, so it is never negative either).
   std::set<const Node*> pools;
   for (const Node* out : outputs) {
     if (out->opcode() == Opcode::kKvCacheWrite) pools.insert(out->operand(0));
   }
-  int64_t bound = end + 2 * int64_t{threads} * grid[0];
-  for (const Node* m : group.members) bound = std::max(bound, m->type().num_elements());
-  for (const Node* p : params) {
-    if (!pools.contains(p)) bound = std::max(bound, p->type().num_elements());
-  }
+  const char* index_type = GroupIndexType(group, end + 2 * int64_t{threads} * grid[0], pools);
   absl::StrAppendFormat(&source,
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n"
                         "  using namespace kiln;\n"
@@ -605,8 +614,7 @@ absl::StatusOr<LoweredNode> LowerCacheWriteFusion(const Node& fusion, const Code
                         "%s\n"
                         "  }\n"
                         "}\n",
-                        threads, name, params_text,
-                        bound < (int64_t{1} << 32) ? "unsigned" : "unsigned long long", end, sections);
+                        threads, name, params_text, index_type, end, sections);
   lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
   return lowered;
 }
@@ -719,7 +727,7 @@ absl::StatusOr<LoweredNode> LowerFusion(const Node& fusion, const CodegenOptions
                         "%s%s"
                         "  }\n"
                         "}\n",
-                        threads, name, params, IndexTypeFor(count + 2 * stride + width), count, width, aligned,
+                        threads, name, params, GroupIndexType(group, count + 2 * stride + width), count, width, aligned,
                         lane_indices, loads, vector_emitter.code(), stores, scalar_emitter.code(), scalar_stores);
   lowered.kernels.push_back(MakeKernel(name, std::move(source), grid, {static_cast<uint32_t>(threads), 1, 1}));
   return lowered;
