@@ -57,5 +57,7 @@ absl::StatusOr<LoweredNode> LowerAttentionDelta(const Node& node, const CodegenO
 // the rows) and paged_attention (a warp per query and head).
 absl::StatusOr<LoweredNode> LowerKvCacheWrite(const Node& node, const CodegenOptions& options);
 absl::StatusOr<LoweredNode> LowerPagedAttention(const Node& node, const CodegenOptions& options);
+// sample_tokens: kernels/sampling.cuh, a block per row.
+absl::StatusOr<LoweredNode> LowerSampleTokens(const Node& node, const CodegenOptions& options);
 
 }  // namespace kiln::codegen::composite

@@ -77,6 +77,8 @@ absl::StatusOr<LoweredNode> LowerCompositeNode(const Node& node, const CodegenOp
       return composite::LowerKvCacheWrite(node, options);
     case Opcode::kPagedAttention:
       return composite::LowerPagedAttention(node, options);
+    case Opcode::kSampleTokens:
+      return composite::LowerSampleTokens(node, options);
     default:
       break;
   }

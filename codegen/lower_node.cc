@@ -99,6 +99,7 @@ Lowering LoweringOf(Opcode op) {
     case Opcode::kAttentionGrad:
     case Opcode::kKvCacheWrite:
     case Opcode::kPagedAttention:
+    case Opcode::kSampleTokens:
       return Lowering::kComposite;
     case Opcode::kGetResult:
       return Lowering::kResult;

@@ -82,18 +82,21 @@ class CudaInferenceEngine : public InferenceEngine {
                                                        out->type().ToString()));
       }
     }
-    if (feed_rows > 0 && (feed_rows > last_greedy_rows_ || feed_rows > inputs.tokens.type().num_elements())) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": feeding ", feed_rows, " greedy tokens of a call that had ",
-                                                     last_greedy_rows_, " into ",
+    if (feed_rows > 0 && (feed_rows > last_tokens_rows_ || feed_rows > inputs.tokens.type().num_elements())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": feeding ", feed_rows, " tokens of a call that had ",
+                                                     last_tokens_rows_, " into ",
                                                      inputs.tokens.type().num_elements(), " token rows"));
     }
     // The inputs are staged in page-locked memory of the call's own (the copies read it
-    // when the stream reaches them, after Start has returned), then the greedy rows land
-    // there: the host waits for nothing before Finish.
-    const HostTensor* per_row[] = {&inputs.tokens, &inputs.positions, &inputs.slots, &inputs.block_tables};
-    std::string staged[4];
+    // when the stream reaches them, after Start has returned), then the rows' next tokens
+    // land there: the host waits for nothing before Finish.
+    const HostTensor* per_row[] = {&inputs.tokens,       &inputs.positions, &inputs.slots,
+                                   &inputs.block_tables, &inputs.sampling,  &inputs.draws};
+    constexpr int kPerRow = 6;
+    static_assert(kInferenceSamplingParameter == 4 && kInferenceDrawsParameter == 5, "per_row is parameters 0-5");
+    std::string staged[kPerRow];
     int64_t bytes = static_cast<int64_t>(rows.size() * sizeof(int32_t));
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kPerRow; ++i) {
       const Node* p = f.parameters()[i];
       if (per_row[i]->type() != p->type()) {
         return absl::InvalidArgumentError(absl::StrCat(what, " parameter %", p->name(), " is ",
@@ -102,14 +105,14 @@ class CudaInferenceEngine : public InferenceEngine {
       staged[i] = EncodeTensorBytes(*per_row[i]);
       bytes += static_cast<int64_t>(staged[i].size());
     }
-    // The logits (a call that wants them) land after the greedy rows, in the same page-locked
+    // The logits (a call that wants them) land after the token rows, in the same page-locked
     // memory: a copy at the link's speed, into memory nothing has to zero first.
     const int64_t logits_element = DTypeBytes(out->type().dtype);
     const int64_t logits_bytes = with_logits ? static_cast<int64_t>(rows.size()) * config_.vocab_size * logits_element : 0;
     Staging& staging = staging_[next_staging_];
     RETURN_IF_ERROR(staging.Reserve(*device_, bytes + logits_bytes, timed_));
     char* host = static_cast<char*>(staging.memory.get());
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kPerRow; ++i) {
       std::memcpy(host, staged[i].data(), staged[i].size());
       ASSIGN_OR_RETURN(void* dst, exe.InputAddress(i));
       KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, host, staged[i].size(), cudaMemcpyHostToDevice, stream),
@@ -118,17 +121,17 @@ class CudaInferenceEngine : public InferenceEngine {
     }
     if (feed_rows > 0) {
       ASSIGN_OR_RETURN(void* tokens, exe.InputAddress(0));
-      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(tokens, last_greedy_, feed_rows * sizeof(int32_t),
+      KILN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(tokens, last_tokens_, feed_rows * sizeof(int32_t),
                                                 cudaMemcpyDeviceToDevice, stream),
-                                absl::StrCat("feeding the last call's greedy tokens to ", what));
+                                absl::StrCat("feeding the last call's tokens to ", what));
     }
     if (timed_) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.start, stream), what);
     RETURN_IF_ERROR(exe.Enqueue());
     if (timed_) KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.end, stream), what);
-    ASSIGN_OR_RETURN(const void* greedy, exe.OutputAddress(kInferenceGreedyOutput));
-    RETURN_IF_ERROR(EnqueueRowCopies(greedy, sizeof(int32_t), rows, host, what));
-    last_greedy_ = greedy;
-    last_greedy_rows_ = num_rows;
+    ASSIGN_OR_RETURN(const void* next_tokens, exe.OutputAddress(kInferenceTokenOutput));
+    RETURN_IF_ERROR(EnqueueRowCopies(next_tokens, sizeof(int32_t), rows, host, what));
+    last_tokens_ = next_tokens;
+    last_tokens_rows_ = num_rows;
     Call call{.staging = next_staging_, .num_rows = static_cast<int64_t>(rows.size()), .function = &f};
     if (with_logits) {
       // The logits as the pipeline left them: f32, or bf16 where the LM head's GEMM writes
@@ -140,7 +143,7 @@ class CudaInferenceEngine : public InferenceEngine {
       }
       const int64_t vocab = config_.vocab_size;
       ASSIGN_OR_RETURN(const void* logits, exe.OutputAddress(0));
-      char* raw = host + rows.size() * sizeof(int32_t);  // after the greedy rows
+      char* raw = host + rows.size() * sizeof(int32_t);  // after the token rows
       RETURN_IF_ERROR(EnqueueRowCopies(logits, vocab * logits_element, rows, raw, what));
       KILN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), absl::StrCat("reading the logits of ", what));
       call.logits.resize(rows.size() * vocab);
@@ -160,7 +163,7 @@ class CudaInferenceEngine : public InferenceEngine {
       }
     }
     KILN_RETURN_IF_CUDA_ERROR(cudaEventRecord(staging.done, stream), what);
-    staging.greedy = reinterpret_cast<const int32_t*>(host);
+    staging.tokens = reinterpret_cast<const int32_t*>(host);
     next_staging_ = (next_staging_ + 1) % kMaxCallsInFlight;
     in_flight_.push_back(std::move(call));
     return absl::OkStatus();
@@ -176,7 +179,7 @@ class CudaInferenceEngine : public InferenceEngine {
         absl::StrCat("running @", call.function->name(), " (an asynchronous error of some step; --no-cuda-graph with "
                      "CudaExecutableOptions::check_each_step names it)"));
     Rows picked;
-    picked.greedy.assign(staging.greedy, staging.greedy + call.num_rows);
+    picked.tokens.assign(staging.tokens, staging.tokens + call.num_rows);
     picked.logits = std::move(call.logits);
     if (timed_) {
       float ms = 0;
@@ -288,13 +291,13 @@ class CudaInferenceEngine : public InferenceEngine {
   std::vector<DeviceMemory> memory_;  // the pools and the weights
   absl::flat_hash_map<const Function*, std::unique_ptr<CudaExecutable>> executables_;
 
-  // Page-locked memory for one call in flight: its staged inputs, then its greedy rows (and
+  // Page-locked memory for one call in flight: its staged inputs, then its token rows (and
   // logits, for a call that wants them); an event when both copies are done, and two around
   // the run when calls are timed.
   struct Staging {
     PinnedMemory memory;
     int64_t bytes = 0;
-    const int32_t* greedy = nullptr;
+    const int32_t* tokens = nullptr;
     cudaEvent_t done = nullptr, start = nullptr, end = nullptr;
 
     absl::Status Reserve(CudaDevice& device, int64_t want, bool timed) {
@@ -307,7 +310,7 @@ class CudaInferenceEngine : public InferenceEngine {
       }
       if (want <= bytes) return absl::OkStatus();
       memory.reset();
-      ASSIGN_OR_RETURN(void* p, device.AllocatePinned(want, "an inference call's inputs, greedy tokens and logits"));
+      ASSIGN_OR_RETURN(void* p, device.AllocatePinned(want, "an inference call's inputs, next tokens and logits"));
       memory.reset(p);
       bytes = want;
       return absl::OkStatus();
@@ -328,10 +331,10 @@ class CudaInferenceEngine : public InferenceEngine {
   Staging staging_[kMaxCallsInFlight];
   int next_staging_ = 0;
   std::deque<Call> in_flight_;
-  // The greedy output of the last call started (until the next one of its executable), for
+  // The token output of the last call started (until the next one of its executable), for
   // Start's feed_rows.
-  const void* last_greedy_ = nullptr;
-  int64_t last_greedy_rows_ = 0;
+  const void* last_tokens_ = nullptr;
+  int64_t last_tokens_rows_ = 0;
 };
 
 }  // namespace

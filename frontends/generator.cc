@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontends/inference_engine.h"
 #include "frontends/llama.h"
+#include "ir/token_sampling.h"
 #include "ir/status_macros.h"
 #ifdef KILN_WITH_CUDA
 #include "codegen/capabilities.h"
@@ -30,6 +31,11 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 HostTensor I32(std::vector<int64_t> dims, const std::vector<int32_t>& values) {
   std::vector<double> v(values.begin(), values.end());
   return HostTensor::FromValues(TensorType{DType::kI32, std::move(dims)}, std::move(v));
+}
+
+HostTensor F32(std::vector<int64_t> dims, const std::vector<float>& values) {
+  std::vector<double> v(values.begin(), values.end());
+  return HostTensor::FromValues(TensorType{DType::kF32, std::move(dims)}, std::move(v));
 }
 
 }  // namespace
@@ -197,40 +203,20 @@ absl::StatusOr<const Function*> Generator::FunctionFor(const InferenceShape& sha
   return it->second->functions()[0].get();
 }
 
-bool Generator::NeedsLogits(const inference::SamplingParams& sampling) const {
-  return options_.on_logits != nullptr || !inference::IsGreedy(sampling);
-}
-
-absl::StatusOr<std::vector<TokenId>> Generator::SampleRows(const InferenceEngine::Rows& picked,
-                                                           absl::Span<const RowToSample> rows) {
+absl::StatusOr<std::vector<TokenId>> Generator::ReadTokens(const InferenceEngine::Rows& picked,
+                                                           absl::Span<const RowToRead> rows) {
   const int64_t vocab = config_.vocab_size;
   std::vector<TokenId> tokens(rows.size());
-  if (picked.logits.empty()) {  // greedy requests: the function's own picks
-    for (size_t i = 0; i < rows.size(); ++i) {
-      tokens[i] = picked.greedy[rows[i].row];
-      if (tokens[i] < 0 || tokens[i] >= vocab) {
-        return absl::InternalError(absl::StrCat("request ", rows[i].request, ": the logits at position ",
-                                                rows[i].position, " hold no largest value (NaN): no greedy token"));
-      }
-    }
-    return tokens;
-  }
-  std::vector<inference::SampleRequest> requests;
-  requests.reserve(rows.size());
-  for (const RowToSample& r : rows) {
-    const absl::Span<const float> logits = absl::MakeConstSpan(picked.logits).subspan(r.row * vocab, vocab);
-    if (options_.on_logits) options_.on_logits(r.request, r.position, logits);
-    requests.push_back({logits, *r.sampling, r.draw});
-  }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<absl::StatusOr<TokenId>> drawn = inference::SampleRows(requests, options_.sampling_threads);
-  stats_.sample_seconds += Seconds(start);
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (!drawn[i].ok()) {
-      return absl::Status(drawn[i].status().code(),
-                          absl::StrCat("request ", rows[i].request, ": ", drawn[i].status().message()));
+    if (options_.on_logits) {
+      options_.on_logits(rows[i].request, rows[i].position,
+                         absl::MakeConstSpan(picked.logits).subspan(rows[i].row * vocab, vocab));
     }
-    tokens[i] = *drawn[i];
+    tokens[i] = picked.tokens[rows[i].row];
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", rows[i].request, ": no token can be drawn from the logits at position ",
+                                                     rows[i].position, ": they hold a NaN or +inf, or are all -inf"));
+    }
   }
   return tokens;
 }
@@ -248,7 +234,19 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
     // Padding (a row's tokens past its prompt): position -1 and slot -1, written nowhere.
     std::vector<int32_t> tokens(b * t, 0), positions(b * t, -1), slots(b * t, -1), table(b * m, -1);
     std::vector<int64_t> rows;  // the logits' rows: one a prompt, its last token's
-    bool with_logits = false;
+    // Each prompt's sampling operands (padding rows greedy).
+    std::vector<float> sampling;
+    std::vector<int32_t> draws;
+    for (int64_t r = 0; r < b; ++r) {
+      const TokenSamplingOperands o =
+          r < static_cast<int64_t>(call.prefills.size())
+              ? ToOperands(inference::ToTokenSampling(step.prefills[call.prefills[r]].sampling,
+                                                      step.prefills[call.prefills[r]].draw))
+              : ToOperands(TokenSampling{.temperature = 0});
+      sampling.insert(sampling.end(), o.sampling, o.sampling + 3);
+      draws.insert(draws.end(), o.draws, o.draws + 3);
+    }
+    const bool with_logits = options_.on_logits != nullptr;
     for (int64_t r = 0; r < static_cast<int64_t>(call.prefills.size()); ++r) {
       const PrefillWork& p = step.prefills[call.prefills[r]];
       const int64_t context = static_cast<int64_t>(p.tokens.size());
@@ -263,23 +261,22 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
         slots[r * t + i] = static_cast<int32_t>(p.block_table[pos / bs] * bs + pos % bs);
       }
       rows.push_back(r);
-      with_logits |= NeedsLogits(p.sampling);
       stats_.prefill_tokens += fresh;
       stats_.cached_tokens += p.num_cached_tokens;
     }
     const bool profiled = stats_.prefill_calls == options_.profile_prefill_call;
     ASSIGN_OR_RETURN(InferenceEngine::Rows picked,
                      engine_->Run(*f, {I32({b, t}, tokens), I32({b, t}, positions), I32({b, t}, slots),
-                                       I32({b, m}, table)},
+                                       I32({b, m}, table), F32({b, 1, 3}, sampling), I32({b, 1, 3}, draws)},
                                   rows, with_logits, profiled ? &prefill_profile_ : nullptr));
     if (profiled) prefill_profile_shape_ = call.shape;
-    std::vector<RowToSample> to_sample;
+    std::vector<RowToRead> to_read;
     for (size_t r = 0; r < call.prefills.size(); ++r) {
       const PrefillWork& p = step.prefills[call.prefills[r]];
-      to_sample.push_back({r, p.request, static_cast<int64_t>(p.tokens.size()) - 1, &p.sampling, p.draw});
+      to_read.push_back({r, p.request, static_cast<int64_t>(p.tokens.size()) - 1});
     }
-    ASSIGN_OR_RETURN(std::vector<TokenId> next, SampleRows(picked, to_sample));
-    for (size_t r = 0; r < call.prefills.size(); ++r) sampled[call.prefills[r]] = {to_sample[r].request, next[r]};
+    ASSIGN_OR_RETURN(std::vector<TokenId> next, ReadTokens(picked, to_read));
+    for (size_t r = 0; r < call.prefills.size(); ++r) sampled[call.prefills[r]] = {to_read[r].request, next[r]};
     ++stats_.prefill_calls;
     if (call.shape.phase == InferencePhase::kFreshPrefill) ++stats_.fresh_prefill_calls;
     stats_.prefill_seconds += Seconds(run_start);
@@ -289,19 +286,24 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunPrefills(const inference
 
 namespace {
 
-// A decode batch as @decode's four per-row inputs. Padding rows attend to nothing: position
+// A decode batch as @decode's six per-row inputs. Padding rows attend to nothing: position
 // -1 (context length 0).
 InferenceEngine::Inputs DecodeInputs(const inference::DecodeBatch& batch) {
   const int64_t bucket = batch.bucket;
   std::vector<int32_t> positions(bucket);
   for (int64_t i = 0; i < bucket; ++i) positions[i] = batch.context_lengths[i] - 1;
-  return {I32({bucket, 1}, batch.tokens), I32({bucket, 1}, positions), I32({bucket, 1}, batch.slots),
-          I32({bucket, batch.max_blocks_per_sequence}, batch.block_tables)};
+  return {I32({bucket, 1}, batch.tokens),
+          I32({bucket, 1}, positions),
+          I32({bucket, 1}, batch.slots),
+          I32({bucket, batch.max_blocks_per_sequence}, batch.block_tables),
+          F32({bucket, 1, 3}, batch.sampling),
+          I32({bucket, 1, 3}, batch.draws)};
 }
 
 bool SameDecodeInputs(const inference::DecodeBatch& a, const inference::DecodeBatch& b) {
   return a.bucket == b.bucket && a.max_blocks_per_sequence == b.max_blocks_per_sequence && a.tokens == b.tokens &&
-         a.context_lengths == b.context_lengths && a.slots == b.slots && a.block_tables == b.block_tables;
+         a.context_lengths == b.context_lengths && a.slots == b.slots && a.block_tables == b.block_tables &&
+         a.sampling == b.sampling && a.draws == b.draws;
 }
 
 }  // namespace
@@ -336,6 +338,7 @@ std::optional<inference::DecodeBatch> Generator::LookaheadBatch(const inference:
   inference::DecodeBatch next = batch;
   size_t taken = 0;
   for (size_t i = 0; i < step.decodes.size(); ++i) {
+    ++next.draws[3 * i + 2];  // the request's next draw
     const int64_t position = next.context_lengths[i]++;  // the next token's
     if (position % bs == 0) {
       const BlockId block = fresh[taken++];
@@ -364,8 +367,7 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   const bool profiled = stats_.decode_steps == options_.profile_decode_call;
   std::vector<int64_t> rows(step.decodes.size());
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-  bool with_logits = false;
-  for (const DecodeWork& d : step.decodes) with_logits |= NeedsLogits(d.sampling);
+  const bool with_logits = options_.on_logits != nullptr;
   // The call started ahead is this step's when it computed exactly these inputs.
   const bool ahead = lookahead_.has_value() && SameDecodeInputs(lookahead_->batch, batch);
   if (ahead) {
@@ -381,8 +383,8 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
   } else {
     if (!ahead) RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(batch), rows, with_logits));
     if (std::optional<inference::DecodeBatch> next = LookaheadBatch(step, batch, with_logits); next.has_value()) {
-      // The next step of the same requests, one position on; its tokens are this step's
-      // greedy tokens, fed on the device.
+      // The next step of the same requests, one position on; its tokens are this step's,
+      // fed on the device.
       RETURN_IF_ERROR(engine_->Start(*f, DecodeInputs(*next), rows, /*with_logits=*/false,
                                      /*feed_rows=*/static_cast<int64_t>(rows.size())));
       lookahead_ = Lookahead{bucket, *std::move(next)};
@@ -390,15 +392,12 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
     }
     ASSIGN_OR_RETURN(picked, engine_->Finish());
     if (lookahead_.has_value()) {
-      for (size_t i = 0; i < rows.size(); ++i) lookahead_->batch.tokens[i] = picked.greedy[i];
+      for (size_t i = 0; i < rows.size(); ++i) lookahead_->batch.tokens[i] = picked.tokens[i];
     }
   }
-  std::vector<RowToSample> to_sample;
-  for (size_t i = 0; i < step.decodes.size(); ++i) {
-    const DecodeWork& d = step.decodes[i];
-    to_sample.push_back({i, d.request, d.position, &d.sampling, d.draw});
-  }
-  ASSIGN_OR_RETURN(std::vector<TokenId> tokens, SampleRows(picked, to_sample));
+  std::vector<RowToRead> to_read;
+  for (size_t i = 0; i < step.decodes.size(); ++i) to_read.push_back({i, step.decodes[i].request, step.decodes[i].position});
+  ASSIGN_OR_RETURN(std::vector<TokenId> tokens, ReadTokens(picked, to_read));
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < step.decodes.size(); ++i) sampled.push_back({step.decodes[i].request, tokens[i]});
   stats_.decode_tokens += static_cast<int64_t>(step.decodes.size());

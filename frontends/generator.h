@@ -80,12 +80,12 @@ struct GeneratorOptions {
   // A GPU's decode calls timed with CUDA events (GenerationStats::decode_call_gpu_seconds;
   // frontends/cuda_inference_engine.h says what that costs).
   bool time_decode_calls = false;
-  // Decode lookahead: when every request of a decode step is greedy and will decode again
-  // next step (no waiting request has room to be admitted, none reaches max_new_tokens, and
-  // a request whose next token opens a block will find a free block that holds nothing
-  // cached), the next step's call is started before this one's tokens are read back, fed this
-  // step's greedy tokens on the device
-  // (InferenceEngine::Start's feed_rows). The host's scheduling, sampling and bookkeeping
+  // Decode lookahead: when every request of a decode step will decode again next step (no
+  // waiting request has room to be admitted, none reaches max_new_tokens, and a request whose
+  // next token opens a block will find a free block that holds nothing cached) and no logits
+  // are wanted (on_logits), the next step's call is started before this one's tokens are read
+  // back, fed this step's tokens on the device (InferenceEngine::Start's feed_rows), each
+  // request's draw index one on. The host's scheduling, sampling and bookkeeping
   // then overlap the GPU's next step. The next step uses that call only when its inputs are
   // exactly what the lookahead assumed; otherwise (a request sampled EOS, a Fork, an Abort or
   // a preemption came between the steps) the call is dropped, its one write per request
@@ -94,11 +94,9 @@ struct GeneratorOptions {
   // as it is started (nothing overlaps, and a dropped call is wasted work), where tests turn
   // it on.
   std::optional<bool> decode_lookahead;
-  // Threads that draw a step's sampled tokens from their logits (inference::SampleRows), the
-  // rows spread over them; 0: the machine's cores. The tokens are the same at any count.
-  int sampling_threads = 0;
-  // For tests: called with the logits of every sampled token, before sampling: the request,
-  // the position of the token whose next-token logits these are, and the logits.
+  // For tests: called with the logits of every token drawn (the functions draw them,
+  // sample_tokens; this brings the logits off the device too): the request, the position of
+  // the token whose next-token logits these are, and the logits.
   std::function<void(inference::RequestId, int64_t position, absl::Span<const float> logits)> on_logits;
 };
 
@@ -123,7 +121,6 @@ struct GenerationStats {
   // Of each call, the GPU's part (InferenceEngine::Rows::gpu_seconds); 0 for a profiled call,
   // on the CPU, and without GeneratorOptions::time_decode_calls.
   std::vector<double> decode_call_gpu_seconds;
-  double sample_seconds = 0;   // of prefill and decode seconds: picking the tokens on the host
   double compile_seconds = 0;
   int64_t steps = 0;
   int64_t functions_compiled = 0;
@@ -177,22 +174,18 @@ class Generator {
   Generator(const ModelConfig& config, const GeneratorOptions& options);
 
   absl::StatusOr<const Function*> FunctionFor(const InferenceShape& shape);
-  // Whether a request's token needs its logits on the host: not for a greedy one (the
-  // function's greedy output), unless on_logits wants them.
-  bool NeedsLogits(const inference::SamplingParams& sampling) const;
-  // A call's picked row to turn into a token: the row, its request, the position of the token
-  // whose next-token logits it holds, and the request's sampling and draw index.
-  struct RowToSample {
+  // A call's row to read a token from: the row, its request, and the position of the token
+  // whose next-token logits it holds.
+  struct RowToRead {
     size_t row;
     inference::RequestId request;
     int64_t position;
-    const inference::SamplingParams* sampling;
-    int64_t draw;
   };
-  // Each row's token: its greedy token (the function's pick), or the sampler's draw from its
-  // logits, the rows drawn on GeneratorOptions::sampling_threads threads.
-  absl::StatusOr<std::vector<inference::TokenId>> SampleRows(const InferenceEngine::Rows& picked,
-                                                             absl::Span<const RowToSample> rows);
+  // Each row's token as the function drew it (its sample_tokens output), the logits handed to
+  // on_logits first; InvalidArgument naming the request where none could be drawn (NaN or
+  // +inf logits, or all -inf).
+  absl::StatusOr<std::vector<inference::TokenId>> ReadTokens(const InferenceEngine::Rows& picked,
+                                                             absl::Span<const RowToRead> rows);
   absl::StatusOr<std::vector<inference::SampledToken>> RunPrefills(const inference::ScheduledStep& step);
   absl::StatusOr<std::vector<inference::SampledToken>> RunDecodes(const inference::ScheduledStep& step);
   // The inputs of the step after `step` (packed as `batch`) as the lookahead assumes them, or

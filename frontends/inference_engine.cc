@@ -10,8 +10,9 @@
 namespace kiln {
 namespace {
 
-// The reference backend: the pools and weights are host tensors passed as parameters 4 and
-// up, and the pools are taken back from the outputs donated to them.
+// The reference backend: the pools and weights are host tensors passed as parameters
+// kInferenceKPoolParameter and up, and the pools are taken back from the outputs donated to
+// them.
 class ReferenceInferenceEngine : public InferenceEngine {
  public:
   ReferenceInferenceEngine(const ModelConfig& config, const PagedKvLayout& layout, std::vector<HostTensor> args)
@@ -28,13 +29,13 @@ class ReferenceInferenceEngine : public InferenceEngine {
     }
     if (feed_rows > 0) {
       std::vector<double>& tokens = inputs.tokens.mutable_values();
-      if (feed_rows > static_cast<int64_t>(last_greedy_.size()) || feed_rows > static_cast<int64_t>(tokens.size())) {
+      if (feed_rows > static_cast<int64_t>(last_tokens_.size()) || feed_rows > static_cast<int64_t>(tokens.size())) {
         return absl::InvalidArgumentError(absl::StrCat("@", f.name(), ": feeding ", feed_rows,
-                                                       " greedy tokens of a call that had ", last_greedy_.size(),
+                                                       " tokens of a call that had ", last_tokens_.size(),
                                                        " into ", tokens.size(), " token rows"));
       }
       for (int64_t i = 0; i < feed_rows; ++i) {
-        const double t = last_greedy_[i];
+        const double t = last_tokens_[i];
         tokens[i] = t >= 0 && t < static_cast<double>(config_.vocab_size) ? t : 0.0;
       }
     }
@@ -42,19 +43,21 @@ class ReferenceInferenceEngine : public InferenceEngine {
     args_[1] = std::move(inputs.positions);
     args_[2] = std::move(inputs.slots);
     args_[3] = std::move(inputs.block_tables);
+    args_[kInferenceSamplingParameter] = std::move(inputs.sampling);
+    args_[kInferenceDrawsParameter] = std::move(inputs.draws);
     ASSIGN_OR_RETURN(std::vector<HostTensor> outputs, EvaluateFunction(f, args_));
     args_[kInferenceKPoolParameter] = std::move(outputs[1]);
     args_[kInferenceVPoolParameter] = std::move(outputs[2]);
     const int64_t vocab = config_.vocab_size;
     const std::vector<double>& logits = outputs[0].values();
-    last_greedy_ = outputs[kInferenceGreedyOutput].values();
+    last_tokens_ = outputs[kInferenceTokenOutput].values();
     Rows picked;
     for (int64_t row : rows) {
-      if (row < 0 || row >= static_cast<int64_t>(last_greedy_.size())) {
+      if (row < 0 || row >= static_cast<int64_t>(last_tokens_.size())) {
         return absl::InvalidArgumentError(absl::StrCat("logits row ", row, " of @", f.name(), "'s ",
                                                        outputs[0].type().ToString()));
       }
-      picked.greedy.push_back(static_cast<int32_t>(last_greedy_[row]));
+      picked.tokens.push_back(static_cast<int32_t>(last_tokens_[row]));
       if (with_logits) picked.logits.insert(picked.logits.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
     }
     finished_.push_back(std::move(picked));
@@ -98,9 +101,10 @@ class ReferenceInferenceEngine : public InferenceEngine {
  private:
   ModelConfig config_;
   PagedKvLayout layout_;
-  // tokens, positions, slots, block_tables, k_pool, v_pool, weights...: the weights stay.
+  // tokens, positions, slots, block_tables, sampling, draws, k_pool, v_pool, weights...: the
+  // weights stay.
   std::vector<HostTensor> args_;
-  std::vector<double> last_greedy_;  // every row's greedy token of the last call started
+  std::vector<double> last_tokens_;  // every row's next token of the last call started
   std::deque<Rows> finished_;        // computed at Start, handed back by Finish
 };
 

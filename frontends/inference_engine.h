@@ -22,9 +22,9 @@ namespace kiln {
 
 class InferenceEngine {
  public:
-  // A call's per-row inputs: parameters 0-3 of both functions (frontends/llama_inference.h).
+  // A call's per-row inputs: parameters 0-5 of every function (frontends/llama_inference.h).
   struct Inputs {
-    HostTensor tokens, positions, slots, block_tables;
+    HostTensor tokens, positions, slots, block_tables, sampling, draws;
   };
 
   virtual ~InferenceEngine() = default;
@@ -32,10 +32,11 @@ class InferenceEngine {
   // Makes `f` (@prefill or @decode from BuildLlamaInferenceModule, through its pipelines;
   // it outlives the engine) ready to run: nothing on the CPU, the compile and load on a GPU.
   virtual absl::Status Load(const Function& f) = 0;
-  // What a call hands back for its `rows` (indices into [B * T]), row after row: the greedy
-  // token of each (output kInferenceGreedyOutput), and, when asked for, their logits.
+  // What a call hands back for its `rows` (indices into [B * T]), row after row: the next
+  // token of each as the function drew it (output kInferenceTokenOutput; -1 where none could
+  // be drawn), and, when asked for, their logits.
   struct Rows {
-    std::vector<int32_t> greedy;  // one per row
+    std::vector<int32_t> tokens;  // one per row
     std::vector<float> logits;    // rows x V, or empty
     // A GPU's time for the run, from its start on the stream to its end (the inputs' copies
     // included, the host's work around it not), when the engine times calls (CUDA events,
@@ -50,12 +51,12 @@ class InferenceEngine {
   // `with_logits` (a batch of 32 rows of 32,000 is 2 MB, and picking on the host took 1.6 ms
   // of a 4.8 ms llama-M step), and then waits for them here.
   //
-  // With feed_rows > 0, rows [0, feed_rows) of inputs.tokens are replaced by the greedy
-  // tokens of rows [0, feed_rows) of the call started just before this one, on the device:
-  // the next decode step starts before the host has read this one's tokens (the Generator's
-  // decode lookahead). A greedy "token" outside the vocabulary (a row of NaN logits) is fed
-  // as is on a GPU (its embedding row reads as zeros) and as 0 on the CPU; the host refuses
-  // that token when it reads it, so a call fed with it is never used.
+  // With feed_rows > 0, rows [0, feed_rows) of inputs.tokens are replaced by the next tokens
+  // of rows [0, feed_rows) of the call started just before this one, on the device: the next
+  // decode step starts before the host has read this one's tokens (the Generator's decode
+  // lookahead). A "token" of -1 (a row of NaN logits) is fed as is on a GPU (its embedding
+  // row reads as zeros) and as 0 on the CPU; the host refuses that token when it reads it, so
+  // a call fed with it is never used.
   static constexpr int kMaxCallsInFlight = 2;
   virtual absl::Status Start(const Function& f, Inputs inputs, absl::Span<const int64_t> rows, bool with_logits,
                              int64_t feed_rows = 0) = 0;

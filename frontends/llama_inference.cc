@@ -32,22 +32,6 @@ absl::Status CheckLayout(const PagedKvLayout& layout, int64_t batch, int64_t tok
   return absl::OkStatus();
 }
 
-// The first index of each row's largest logit, as the sampler's greedy pick (ties to the
-// lowest id): [B, T, V] -> i32 [B, T]. Indices are exact in f32 (V < 2^24); the first of
-// the maxima is the largest of V - 1 - index over the positions equal to the row's max.
-Tensor GreedyTokens(Graph& g, Tensor logits) {
-  const std::vector<int64_t> dims = logits.type().dims;
-  const int64_t vocab = dims.back(), last = static_cast<int64_t>(dims.size()) - 1;
-  const TensorType values{DType::kF32, dims};
-  Tensor x = Convert(logits, DType::kF32);
-  std::vector<int64_t> row_dims(last);
-  for (int64_t i = 0; i < last; ++i) row_dims[i] = i;
-  Tensor at_max = Compare(x, Broadcast(ReduceMax(x, {last}), row_dims, dims), "eq");
-  Tensor from_end = Add(Mul(g.Iota(values, last), -1.0), static_cast<double>(vocab - 1));
-  Tensor best = ReduceMax(Select(at_max, from_end, g.Constant(-1.0, values)), {last});
-  return Convert(Add(Mul(best, -1.0), static_cast<double>(vocab - 1)), DType::kI32);
-}
-
 // Each row's last token: hidden [B,T,D] -> [B,1,D], row b's token at its largest position
 // (positions rise along a row, padding is -1 after them). A select of that row and zeros,
 // summed over T: exactly the row (x + 0 is x), one pass over the hidden state. A row of
@@ -178,6 +162,8 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
   kv.positions = g.Parameter("positions", per_token);
   kv.slots = g.Parameter("slots", per_token);
   kv.block_tables = g.Parameter("block_tables", TensorType{DType::kI32, {batch, layout.max_blocks_per_sequence}});
+  Tensor sampling = g.Parameter("sampling", TensorType{DType::kF32, {batch, 1, 3}});
+  Tensor draws = g.Parameter("draws", TensorType{DType::kI32, {batch, 1, 3}});
   const TensorType pool = KvPoolType(config, layout, precision);
   kv.k_pool = g.Parameter("k_pool", pool);
   kv.v_pool = g.Parameter("v_pool", pool);
@@ -195,8 +181,8 @@ absl::StatusOr<std::unique_ptr<Module>> BuildLlamaInferenceModule(const ModelCon
         return PagedSelfAttention(x, w, attention_shape, gemm_dtype, layer, kv);
       },
       ProjectionLayout::kJoined, seq > 1 ? last_tokens : HeadRows());
-  Tensor greedy = InScope(g, "greedy", [&] { return GreedyTokens(g, logits); });
-  RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool, greedy},
+  Tensor next_tokens = InScope(g, "sampling", [&] { return SampleTokens(logits, sampling, draws); });
+  RETURN_IF_ERROR(g.Finish({logits, kv.k_pool, kv.v_pool, next_tokens},
                            {-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
   RETURN_IF_ERROR(VerifyModule(*module));
   return module;

@@ -14,6 +14,8 @@
 // All are one function shape, built at (B, T), (B, T) and (B, 1):
 //
 //   parameters  tokens i32[B,T], positions i32[B,T], slots i32[B,T], block_tables i32[B,M],
+//               sampling f32[B,1,3] and draws i32[B,1,3] (each sequence's sampling
+//               parameters and (seed, draw), as ir/token_sampling.h's TokenSamplingOperands),
 //               k_pool, v_pool [L, NB, KV, BS, Dh] (f32, or bf16 under the bf16 policy),
 //               then the weights of LlamaInferenceWeights: @forward's (LlamaWeights), in
 //               its order, but with each layer's q, k and v joined into one [(H+2KV)*Dh, D]
@@ -27,9 +29,11 @@
 //   outputs     logits [B,1,V] of each sequence's last token, the one at its largest position
 //               (f32; bf16 under the bf16 policy, as @forward's LM head writes them: the
 //               prefills' final norm and LM head compute that row alone, the only one
-//               sampled), k_pool', v_pool' (donated: output_aliases {-1, 4, 5, -1}), and the
-//               greedy token of every sequence, i32 [B,1] (the first of the largest logits),
-//               so that a greedy request needs no logits off the device
+//               sampled), k_pool', v_pool' (donated: output_aliases {-1, 6, 7, -1}), and the
+//               next token of every sequence, i32 [B,1]: sample_tokens of the logits with the
+//               sequence's parameters (greedy, temperature, top-k, top-p), so that no request
+//               needs its logits off the device, and a decode step can start on the last
+//               one's tokens before the host has read them
 //
 // Sequence lengths, positions and block tables are data, so a function's shapes depend only
 // on (B, T) and the pool: one compile (and, on a GPU, one captured graph) per bucket. A
@@ -98,11 +102,14 @@ absl::StatusOr<std::vector<HostTensor>> InferenceWeightsFromModel(const ModelCon
                                                                   std::vector<HostTensor> model_weights,
                                                                   Precision precision);
 
-// The parameter index of the first weight, and of the pools, in both functions.
-inline constexpr int kInferenceKPoolParameter = 4;
-inline constexpr int kInferenceVPoolParameter = 5;
-inline constexpr int kInferenceFirstWeightParameter = 6;
-inline constexpr int kInferenceGreedyOutput = 3;
+// The parameter index of the sampling operands, the pools and the first weight, in every
+// function; the output index of the next tokens.
+inline constexpr int kInferenceSamplingParameter = 4;
+inline constexpr int kInferenceDrawsParameter = 5;
+inline constexpr int kInferenceKPoolParameter = 6;
+inline constexpr int kInferenceVPoolParameter = 7;
+inline constexpr int kInferenceFirstWeightParameter = 8;
+inline constexpr int kInferenceTokenOutput = 3;
 
 enum class InferencePhase { kPrefill, kDecode, kFreshPrefill };
 

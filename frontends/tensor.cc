@@ -275,6 +275,12 @@ Tensor PagedAttention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table
   });
 }
 
+Tensor SampleTokens(Tensor logits, Tensor sampling, Tensor draws, Loc loc) {
+  return Emit("sample_tokens", {logits, sampling, draws}, loc, [&](Builder& b) {
+    return b.Op(Opcode::kSampleTokens, {logits.node(), sampling.node(), draws.node()}, AttrMap{}, nullptr, "", loc);
+  });
+}
+
 Tensor CrossEntropy(Tensor logits, Tensor labels, int64_t classes, Loc loc) {
   return Emit("cross_entropy", {logits, labels}, loc,
               [&](Builder& b) { return b.CrossEntropy(logits.node(), labels.node(), classes, loc); });

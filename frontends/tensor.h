@@ -204,5 +204,8 @@ Tensor KvCacheWrite(Tensor pool, Tensor rows, Tensor slots, int64_t layer, Loc l
 // read through block_tables [B, M] -> f32 [B, T, H, D].
 Tensor PagedAttention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor positions, int64_t layer,
                       double scale, Loc loc = Loc::current());
+// Each row's next token (ir/op_table.h's sample_tokens): logits [..., V], sampling f32 [..., 3]
+// (temperature, top_k, top_p), draws i32 [..., 3] (seed low, seed high, draw index) -> i32 [...].
+Tensor SampleTokens(Tensor logits, Tensor sampling, Tensor draws, Loc loc = Loc::current());
 
 }  // namespace kiln

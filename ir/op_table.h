@@ -296,6 +296,14 @@
 //                          reference reports it). Prefill (T tokens of one sequence, their K/V
 //                          written first) and decode (one token per sequence) both use it. Not
 //                          differentiable.
+//   sample_tokens(logits, sampling, draws)  the next token of each row: logits float [..., V],
+//                          sampling f32 [..., 3] (temperature, top_k, top_p), draws i32 [..., 3]
+//                          (the seed's low and high 32 bits, the draw index) -> i32 [...]. Each
+//                          row's token is ir/token_sampling.h's SampleToken of its logits (in
+//                          f32) and parameters: greedy at temperature 0 or top_k 1, else drawn
+//                          with the row's (seed, draw) after top-k and top-p; -1 for a row with no
+//                          token (a NaN or +inf logit, every logit -inf, parameters out of range,
+//                          a top_k that is not a whole number). Not differentiable.
 #pragma once
 
 #include "absl/strings/string_view.h"
@@ -381,6 +389,7 @@ enum class ResultRule { kInferred, kDeclared };
   X(kAttentionGrad, "attention_grad", 6, kComposite, kInferred, 3, "scale")                                               \
   X(kKvCacheWrite, "kv_cache_write", 3, kIndexing, kInferred, 1, "layer")                                                 \
   X(kPagedAttention, "paged_attention", 5, kComposite, kInferred, 1, "layer,scale,out_dtype")                                \
+  X(kSampleTokens, "sample_tokens", 3, kComposite, kInferred, 1, "")                                                      \
   X(kGetResult, "get_result", 1, kResult, kInferred, 1, "index")                                                          \
   X(kFusion, "fusion", kVariadic, kFusion, kDeclared, kVariableResults, "kind")
 

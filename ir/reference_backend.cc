@@ -112,6 +112,7 @@ Semantics KernelFor(Opcode op) {
     case Opcode::kAttentionGrad: return EvalAttentionGrad;
     case Opcode::kKvCacheWrite: return EvalKvCacheWrite;
     case Opcode::kPagedAttention: return EvalPagedAttention;
+    case Opcode::kSampleTokens: return EvalSampleTokens;
     case Opcode::kGetResult: return Semantics::PicksResult();
     case Opcode::kFusion: return EvalFusion;
   }

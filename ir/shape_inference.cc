@@ -812,6 +812,26 @@ absl::StatusOr<TensorType> InferOneResult(Opcode op, absl::Span<const TensorType
       return InferKvCacheWrite(xs, attrs);
     case Opcode::kPagedAttention:
       return InferPagedAttention(xs, attrs);
+    case Opcode::kSampleTokens: {
+      // logits float [..., V], sampling f32 [..., 3], draws i32 [..., 3] -> i32 [...]
+      const TensorType& logits = xs[0];
+      if (!IsFloat(logits.dtype) || IsFp8(logits.dtype) || logits.rank() < 1 || logits.dims.back() < 1) {
+        return Invalid(absl::StrCat("sample_tokens logits ", logits.ToString(),
+                                    " must be f32, bf16 or f16 [..., V] with V >= 1"));
+      }
+      std::vector<int64_t> rows(logits.dims.begin(), logits.dims.end() - 1), per_row = rows;
+      per_row.push_back(3);
+      if (xs[1] != TensorType{DType::kF32, per_row}) {
+        return Invalid(absl::StrCat("sample_tokens sampling ", xs[1].ToString(), " must be ",
+                                    TensorType{DType::kF32, per_row}.ToString(), ": temperature, top_k, top_p a row"));
+      }
+      if (xs[2] != TensorType{DType::kI32, per_row}) {
+        return Invalid(absl::StrCat("sample_tokens draws ", xs[2].ToString(), " must be ",
+                                    TensorType{DType::kI32, per_row}.ToString(),
+                                    ": the seed's low and high 32 bits and the draw index a row"));
+      }
+      return TensorType{DType::kI32, rows};
+    }
     case Opcode::kAdamWUpdate:
     case Opcode::kFp8Quantize:
     case Opcode::kAddRmsNorm:

@@ -877,6 +877,8 @@ constexpr std::array kVjpRows = {
     // not differentiable.
     VjpRow{Opcode::kKvCacheWrite, NoCotangents, kNode},
     VjpRow{Opcode::kPagedAttention, NoCotangents, kNode},
+    // A token id is not a differentiable function of the logits.
+    VjpRow{Opcode::kSampleTokens, NoCotangents, kNode},
     // A get_result's cotangent goes to its multi-result node's rule (passes/autodiff.cc).
     VjpRow{Opcode::kGetResult, NoCotangents, kNode},
     VjpRow{Opcode::kFusion, FusionVjp, kNode},

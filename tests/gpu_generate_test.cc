@@ -10,6 +10,7 @@
 
 #include "frontends/generator.h"
 #include "frontends/weight_init.h"
+#include "runtime/inference/sampler.h"
 #include "tests/testing/gpu.h"
 
 namespace kiln {
@@ -35,7 +36,19 @@ std::vector<TokenId> Prompt(int64_t n, int64_t salt) {
 // Five greedy requests on llama-tiny with blocks of 4: 2 shares 1's 8-token prefix (two
 // full blocks, cached once 1 is prefilled), 3 repeats 1's prompt exactly (its last token is
 // recomputed), and 4 and 5 join after two and five steps, while others run or have left.
-Generation Generate(CudaDevice* device, Precision precision, bool log_logits = true) {
+// With `sampled`, requests 1 to 5 sample (temperature, top-k, top-p, both, a low temperature)
+// instead.
+const std::map<RequestId, inference::SamplingParams>& SampledKinds() {
+  static const auto* kinds = new std::map<RequestId, inference::SamplingParams>{
+      {1, {.temperature = 1.0, .seed = 11}},
+      {2, {.temperature = 0.8, .top_k = 10, .seed = 12}},
+      {3, {.temperature = 1.3, .top_p = 0.7, .seed = 13}},
+      {4, {.temperature = 0.9, .top_k = 40, .top_p = 0.9, .seed = 0xfedcba9876543210ULL}},
+      {5, {.temperature = 0.3, .seed = 15}}};
+  return *kinds;
+}
+
+Generation Generate(CudaDevice* device, Precision precision, bool log_logits = true, bool sampled = false) {
   const ModelConfig config = *PresetConfig("llama-tiny");
   Generation g;
   GeneratorOptions options{.precision = precision, .block_size = 4, .max_running = 4, .max_context = 64};
@@ -48,15 +61,17 @@ Generation Generate(CudaDevice* device, Precision precision, bool log_logits = t
   auto gen = Generator::Create(config, InitLlamaWeights(config, 21), options);
   EXPECT_TRUE(gen.ok()) << gen.status();
   if (!gen.ok()) return g;
-  const inference::SamplingParams greedy{.temperature = 0};
+  auto sampling = [&](RequestId r) {
+    return sampled ? SampledKinds().at(r) : inference::SamplingParams{.temperature = 0};
+  };
   std::vector<TokenId> second = Prompt(8, 1);
   for (TokenId t : {3, 1, 4}) second.push_back(t);
   std::map<int64_t, std::vector<inference::GenerationRequest>> submit_at = {
-      {0, {{.id = 1, .prompt = Prompt(8, 1), .max_new_tokens = 6, .sampling = greedy}}},
-      {1, {{.id = 2, .prompt = second, .max_new_tokens = 9, .sampling = greedy},
-           {.id = 3, .prompt = Prompt(8, 1), .max_new_tokens = 5, .sampling = greedy}}},
-      {2, {{.id = 4, .prompt = Prompt(13, 4), .max_new_tokens = 12, .sampling = greedy}}},
-      {5, {{.id = 5, .prompt = Prompt(3, 5), .max_new_tokens = 7, .sampling = greedy}}},
+      {0, {{.id = 1, .prompt = Prompt(8, 1), .max_new_tokens = 6, .sampling = sampling(1)}}},
+      {1, {{.id = 2, .prompt = second, .max_new_tokens = 9, .sampling = sampling(2)},
+           {.id = 3, .prompt = Prompt(8, 1), .max_new_tokens = 5, .sampling = sampling(3)}}},
+      {2, {{.id = 4, .prompt = Prompt(13, 4), .max_new_tokens = 12, .sampling = sampling(4)}}},
+      {5, {{.id = 5, .prompt = Prompt(3, 5), .max_new_tokens = 7, .sampling = sampling(5)}}},
   };
   for (int64_t step = 0; step < 200; ++step) {
     if (auto it = submit_at.find(step); it != submit_at.end()) {
@@ -137,14 +152,38 @@ TEST(GpuGenerate, MatchesTheReferenceBackendBf16) {
   ExpectSameGeneration(gpu, cpu, 2e-2, /*same_tokens=*/false);
 }
 
-// Without on_logits the greedy tokens are picked on the device (the decode function's greedy
-// output) and only B tokens come back: the same tokens as the host's sampler on the CPU.
-TEST(GpuGenerate, GreedyPickedOnTheDeviceMatchesTheReference) {
+// Without on_logits only B tokens come back: the functions draw them on the device
+// (sample_tokens), greedy and sampled alike, the same tokens as on the CPU.
+TEST(GpuGenerate, TokensDrawnOnTheDeviceMatchTheReference) {
   KILN_REQUIRE_GPU();
-  const Generation gpu = Generate(testing::TestDevice(), Precision::kFp32, /*log_logits=*/false);
-  const Generation cpu = Generate(nullptr, Precision::kFp32);
-  EXPECT_EQ(gpu.outputs, cpu.outputs);
-  EXPECT_EQ(gpu.stats.sample_seconds, 0.0) << "no logits were sampled on the host";
+  for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled" : "greedy");
+    const Generation gpu = Generate(testing::TestDevice(), Precision::kFp32, /*log_logits=*/false, sampled);
+    const Generation cpu = Generate(nullptr, Precision::kFp32, /*log_logits=*/false, sampled);
+    ASSERT_EQ(cpu.outputs.size(), 5u);
+    EXPECT_EQ(gpu.outputs, cpu.outputs);
+  }
+}
+
+// Each token the device drew is the host's Sampler's draw from the logits it drew it from
+// (downloaded by on_logits), with the request's parameters and draw index: bf16, where the
+// logits' many ties exercise the cuts' order by id.
+TEST(GpuGenerate, EachDeviceDrawIsTheSamplersDraw) {
+  KILN_REQUIRE_GPU();
+  const Generation gpu = Generate(testing::TestDevice(), Precision::kBf16, /*log_logits=*/true, /*sampled=*/true);
+  ASSERT_EQ(gpu.outputs.size(), 5u);
+  const std::map<RequestId, int64_t> prompt_length = {{1, 8}, {2, 11}, {3, 8}, {4, 13}, {5, 3}};
+  inference::Sampler sampler;
+  int64_t checked = 0;
+  for (const auto& [key, logits] : gpu.logits) {
+    const auto [request, position] = key;
+    const int64_t draw = position + 1 - prompt_length.at(request);
+    absl::StatusOr<TokenId> want = sampler.Sample(logits, SampledKinds().at(request), draw);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(gpu.outputs.at(request).at(draw), *want) << "request " << request << " draw " << draw;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6 + 9 + 5 + 12 + 7);
 }
 
 // Sixteen requests decoded together (the decode bucket of 16: cuBLASLt's few-row GEMMs and the

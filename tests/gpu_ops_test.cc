@@ -13,11 +13,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -572,6 +574,32 @@ std::vector<OpCase> OpCases() {
   // block), 131 and 256 (a full table), and a padding row. The kernel splits each row's
   // blocks 8 ways at run time, so these rows leave splits empty, take one block, or an odd
   // last one.
+  // sample_tokens over 16 rows of each parameter kind: greedy; temperatures 0.6, 1 and 1.7
+  // alone; top-k 1, 5, 50 and 1000; top-p 0.1, 0.5, 0.95; both; a temperature so small that
+  // 1 / it is inf; a seed with its high half set; and a row of parameters out of range (-1).
+  // bf16 logits over llama-M's vocabulary (bf16 rounding makes many ties, which the cuts break
+  // by id), f32 over GPT-2's odd 50257, and a vocabulary of 7 (fewer tokens than threads).
+  for (const auto& [dtype, vocab, spread] : std::vector<std::tuple<DType, int64_t, double>>{
+           {DType::kBF16, 32000, 4}, {DType::kF32, 50257, 8}, {DType::kF32, 7, 2}}) {
+    cases.push_back({absl::StrCat("sample_tokens_", DTypeName(dtype), "_v", vocab), kExact,
+                     [dtype, vocab](Builder& b) -> absl::Status {
+                       std::vector<Node*> p = Params(b, {{dtype, {2, 8, vocab}}});
+                       const std::vector<std::array<double, 3>> rows = {
+                           {0, 0, 1},     {0.6, 0, 1},  {1, 0, 1},    {1.7, 0, 1},   {1, 1, 1},      {1, 5, 1},
+                           {0.8, 50, 1},  {1, 1000, 1}, {1, 0, 0.1},  {1, 0, 0.5},   {1.3, 0, 0.95}, {0.9, 40, 0.8},
+                           {1e-40, 0, 1}, {1, 0, 1},    {1, 3, 0.99}, {1, -2, 1}};
+                       std::vector<double> sampling, draws;
+                       for (size_t r = 0; r < rows.size(); ++r) {
+                         sampling.insert(sampling.end(), rows[r].begin(), rows[r].end());
+                         draws.insert(draws.end(), {static_cast<double>(r * 977 + 1), r == 13 ? -123456.0 : 0.0,
+                                                    static_cast<double>(r * 3)});
+                       }
+                       ASSIGN_OR_RETURN(Node * sampling_node, b.ConstantValues(sampling, {DType::kF32, {2, 8, 3}}));
+                       ASSIGN_OR_RETURN(Node * draws_node, b.ConstantValues(draws, {DType::kI32, {2, 8, 3}}));
+                       return Ret(b, b.Op(Opcode::kSampleTokens, {p[0], sampling_node, draws_node}, AttrMap{}));
+                     },
+                     {{-spread, spread}}});
+  }
   cases.push_back({"paged_attention_decode_d128_gqa2_ragged", Tolerance{2e-3, 2e-2}, [](Builder& b) -> absl::Status {
                      const DType bf16 = DType::kBF16;
                      std::vector<Node*> p = Params(b, {{bf16, {1, 64, 4, 16, 128}}, {bf16, {1, 64, 4, 16, 128}},

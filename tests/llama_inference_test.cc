@@ -160,7 +160,7 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_EQ(f->output_aliases(),
               (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
     // One row of logits a sequence: a prefill's last token's.
-    EXPECT_EQ(f->outputs()[kInferenceGreedyOutput]->type().ToString(),
+    EXPECT_EQ(f->outputs()[kInferenceTokenOutput]->type().ToString(),
               phase == InferencePhase::kPrefill ? "i32[1,1]" : "i32[4,1]");
     EXPECT_EQ(f->outputs()[0]->type().dims,
               (std::vector<int64_t>{phase == InferencePhase::kPrefill ? 1 : 4, 1, 256}));
@@ -194,7 +194,7 @@ TEST(LlamaInference, FunctionsTakeTheForwardsWeightsInItsOrder) {
     EXPECT_EQ(ops[Opcode::kPagedAttention], config.n_layers);
     EXPECT_EQ(f->output_aliases(),
               (std::vector<int64_t>{-1, kInferenceKPoolParameter, kInferenceVPoolParameter, -1}));
-    EXPECT_EQ(f->outputs()[kInferenceGreedyOutput]->type().ToString(),
+    EXPECT_EQ(f->outputs()[kInferenceTokenOutput]->type().ToString(),
               phase == InferencePhase::kPrefill ? "i32[1,1]" : "i32[4,1]");
   }
 }
@@ -345,33 +345,63 @@ TEST(LlamaInference, DecodeCallTimesSummarizeTheCalls) {
   EXPECT_DOUBLE_EQ(SummarizeDecodeCalls(stats).gpu_median_ms, 2.0);
 }
 
-// A greedy request takes the function's greedy output (no logits leave the engine); with
-// on_logits set the host's sampler picks from the logits instead: the same tokens, ties
-// included (both take the first of the largest).
-TEST(LlamaInference, TheFunctionsGreedyPickIsTheSamplers) {
+// The functions draw every token themselves (sample_tokens), and what they draw is what the
+// host's Sampler draws from the same logits with the same parameters and draw index: each
+// request's sampling operands reach its row, through prefills, decode steps and padding.
+TEST(LlamaInference, TheFunctionsDrawWhatTheSamplerDraws) {
   const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 13);
-  auto run = [&](LogitsLog* log) {
-    auto gen = Generator::Create(Tiny(), weights, Options(Precision::kBf16, 4, log));
-    EXPECT_TRUE(gen.ok());
-    EXPECT_TRUE((*gen)->Submit({.id = 0, .prompt = Prompt(7, 2), .max_new_tokens = 12, .sampling = kGreedy}).ok());
-    EXPECT_TRUE((*gen)->Submit({.id = 1, .prompt = Prompt(3, 9), .max_new_tokens = 9, .sampling = kGreedy}).ok());
-    auto done = (*gen)->Run();
-    EXPECT_TRUE(done.ok()) << done.status();
-    std::map<RequestId, std::vector<TokenId>> out;
-    for (const FinishedRequest& f : *done) out[f.id] = f.output;
-    EXPECT_EQ((*gen)->stats().sample_seconds > 0, log != nullptr) << "the host sampled only with on_logits";
-    return out;
+  const std::vector<SamplingParams> kinds = {kGreedy,
+                                             {.temperature = 0.7, .seed = 1},
+                                             {.temperature = 1.0, .top_k = 5, .seed = 2},
+                                             {.temperature = 1.2, .top_p = 0.8, .seed = 3},
+                                             {.temperature = 0.9, .top_k = 40, .top_p = 0.9, .seed = 0xfedcba9876543210ULL},
+                                             {.temperature = 2.0, .top_p = 0.5, .seed = 6}};
+  struct Drawn {
+    RequestId request;
+    int64_t position;
+    std::vector<float> logits;
   };
-  LogitsLog log;
-  EXPECT_EQ(run(nullptr), run(&log));
-  EXPECT_EQ(log.size(), 12u + 9u);
+  std::vector<Drawn> drawn;
+  GeneratorOptions options = Options(Precision::kBf16, 16, nullptr);
+  options.on_logits = [&](RequestId r, int64_t position, absl::Span<const float> logits) {
+    drawn.push_back({r, position, std::vector<float>(logits.begin(), logits.end())});
+  };
+  auto gen = Generator::Create(Tiny(), weights, options);
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  std::map<RequestId, int64_t> prompt_length;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const std::vector<TokenId> prompt = Prompt(5 + i, 7 + i);
+    prompt_length[i] = static_cast<int64_t>(prompt.size());
+    ASSERT_TRUE((*gen)->Submit({.id = static_cast<RequestId>(i), .prompt = prompt, .max_new_tokens = 12,
+                                .sampling = kinds[i]}).ok());
+  }
+  auto done = (*gen)->Run();
+  ASSERT_TRUE(done.ok()) << done.status();
+  std::map<RequestId, std::vector<TokenId>> outputs;
+  for (const FinishedRequest& f : *done) outputs[f.id] = f.output;
+  ASSERT_EQ(outputs.size(), kinds.size());
+  ASSERT_EQ(drawn.size(), kinds.size() * 12);
+  inference::Sampler sampler;
+  int sampled_differently_from_greedy = 0;
+  for (const Drawn& d : drawn) {
+    // The token whose next-token logits these are is at `position`: the output's draw index
+    // is position + 1 - the prompt's length.
+    const int64_t draw = d.position + 1 - prompt_length[d.request];
+    const SamplingParams& params = kinds[d.request];
+    absl::StatusOr<TokenId> want = sampler.Sample(d.logits, params, draw);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(outputs[d.request][draw], *want) << "request " << d.request << ", draw " << draw;
+    absl::StatusOr<TokenId> greedy = sampler.Sample(d.logits, kGreedy, draw);
+    sampled_differently_from_greedy += *greedy != *want;
+  }
+  EXPECT_GT(sampled_differently_from_greedy, 10) << "the sampled requests drew more than their argmax";
 }
 
 // Decode lookahead (GeneratorOptions::decode_lookahead) starts the next decode step fed with
-// this step's greedy tokens before the host has read them; the next step uses it only when
-// its inputs came out as assumed. Whatever happens between the steps (a request samples EOS,
-// another joins and prefills, one ends at max_new_tokens, a sampled request has no greedy
-// token to feed), the tokens are those of the generator without it, step for step.
+// this step's tokens before the host has read them; the next step uses it only when its
+// inputs came out as assumed. Whatever happens between the steps (a request samples EOS,
+// another joins and prefills, one ends at max_new_tokens), the tokens are those of the
+// generator without it, step for step, sampled requests' too.
 TEST(LlamaInference, DecodeLookaheadChangesNoTokens) {
   const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 14);
   struct Outcome {
@@ -433,14 +463,15 @@ TEST(LlamaInference, DecodeLookaheadChangesNoTokens) {
     dropped += b.stats.lookahead_started - b.stats.lookahead_used;
   }
   EXPECT_GT(dropped, 0) << "an EOS fell on a step started ahead";
-  // A sampled request takes its logits through the host: no lookahead while it decodes.
+  // A sampled request is drawn on the device too (its next draw index known ahead): the
+  // lookahead runs while it decodes, and it draws what it draws without one.
   const Outcome sampled_plain = run(false, std::nullopt, true), sampled = run(true, std::nullopt, true);
   EXPECT_EQ(sampled.outputs, sampled_plain.outputs);
-  EXPECT_LT(sampled.stats.lookahead_started, ahead.stats.lookahead_started);
+  EXPECT_GE(sampled.stats.lookahead_used, sampled.stats.decode_steps - 6);
 }
 
 // An engine holds at most kMaxCallsInFlight started calls; Finish hands them back oldest
-// first; Run wants none in flight; feed_rows cannot take more greedy tokens than the last call
+// first; Run wants none in flight; feed_rows cannot take more tokens than the last call
 // had. Misuse is a clear error that leaves the engine usable.
 TEST(LlamaInference, EngineCallsInFlightAreBoundedAndOrdered) {
   const ModelConfig config = Tiny();
@@ -458,8 +489,12 @@ TEST(LlamaInference, EngineCallsInFlightAreBoundedAndOrdered) {
   // Two sequences at positions 0 and 1 of blocks 0 and 1 (position 0 of sequence 1 unwritten:
   // attention reads only slot 5, its own).
   auto inputs = [&](double first_token) {
-    return InferenceEngine::Inputs{i32({2, 1}, {first_token, 7}), i32({2, 1}, {0, 0}), i32({2, 1}, {0, 4}),
-                                   i32({2, 4}, {0, -1, -1, -1, 1, -1, -1, -1})};
+    return InferenceEngine::Inputs{i32({2, 1}, {first_token, 7}),
+                                   i32({2, 1}, {0, 0}),
+                                   i32({2, 1}, {0, 4}),
+                                   i32({2, 4}, {0, -1, -1, -1, 1, -1, -1, -1}),
+                                   HostTensor::FromValues({DType::kF32, {2, 1, 3}}, {0, 0, 1, 0, 0, 1}),
+                                   i32({2, 1, 3}, {0, 0, 0, 0, 0, 0})};
   };
   const std::vector<int64_t> rows = {0, 1};
   ASSERT_TRUE((*engine)->Start(decode, inputs(3), rows, false).ok());
@@ -473,13 +508,13 @@ TEST(LlamaInference, EngineCallsInFlightAreBoundedAndOrdered) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ((*engine)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
   // The second call's row 1 saw the same token and context as the first's.
-  EXPECT_EQ(first->greedy[1], second->greedy[1]);
-  // Fed: row 0 of the next call takes the last call's greedy token of row 0 instead of 5.
+  EXPECT_EQ(first->tokens[1], second->tokens[1]);
+  // Fed: row 0 of the next call takes the last call's token of row 0 instead of 5.
   ASSERT_TRUE((*engine)->Start(decode, inputs(5), rows, false, /*feed_rows=*/1).ok());
   auto fed = (*engine)->Finish();
-  auto direct = (*engine)->Run(decode, inputs(second->greedy[0]), rows, false);
+  auto direct = (*engine)->Run(decode, inputs(second->tokens[0]), rows, false);
   ASSERT_TRUE(fed.ok() && direct.ok());
-  EXPECT_EQ(fed->greedy, direct->greedy);
+  EXPECT_EQ(fed->tokens, direct->tokens);
   absl::Status too_many = (*engine)->Start(decode, inputs(3), rows, false, /*feed_rows=*/3);
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
   EXPECT_EQ((*engine)->calls_in_flight(), 0);
@@ -498,37 +533,6 @@ TEST(LlamaInference, SamplingIsDeterministicPerSeed) {
   };
   EXPECT_EQ(run(42), run(42));
   EXPECT_NE(run(42), run(43));
-}
-
-// A step's sampled rows are drawn on several threads (GeneratorOptions::sampling_threads): six
-// requests of every kind of sampling, decoded together, draw the same tokens on 1 and 4.
-TEST(LlamaInference, SampledTokensAreTheSameOnAnyNumberOfThreads) {
-  const std::vector<HostTensor> weights = InitLlamaWeights(Tiny(), 13);
-  const std::vector<SamplingParams> kinds = {{.temperature = 0.7, .seed = 1},
-                                             {.temperature = 1.0, .top_k = 5, .seed = 2},
-                                             {.temperature = 1.2, .top_p = 0.8, .seed = 3},
-                                             {.temperature = 0.9, .top_k = 40, .top_p = 0.9, .seed = 4},
-                                             {.temperature = 0},
-                                             {.temperature = 2.0, .top_p = 0.5, .seed = 6}};
-  auto run = [&](int threads) {
-    GeneratorOptions options = Options(Precision::kBf16, 16, nullptr);
-    options.sampling_threads = threads;
-    auto gen = Generator::Create(Tiny(), weights, options);
-    EXPECT_TRUE(gen.ok()) << gen.status();
-    for (size_t i = 0; i < kinds.size(); ++i) {
-      EXPECT_TRUE((*gen)
-                      ->Submit({.id = static_cast<RequestId>(i), .prompt = Prompt(5 + i, 7 + i), .max_new_tokens = 12,
-                                .sampling = kinds[i]})
-                      .ok());
-    }
-    auto done = (*gen)->Run();
-    EXPECT_TRUE(done.ok()) << done.status();
-    std::map<RequestId, std::vector<TokenId>> outputs;
-    for (const auto& r : *done) outputs[r.id] = r.output;
-    EXPECT_EQ(outputs.size(), kinds.size());
-    return outputs;
-  };
-  EXPECT_EQ(run(1), run(4));
 }
 
 // Bad requests are refused at Submit with a message naming the request and the problem, and

@@ -397,13 +397,12 @@ absl::Status RunGenerate(const ParsedArgs& args) {
   const GenerationStats& s = generator->stats();
   std::fprintf(stderr,
                "kiln generate: prefill %lld tokens in %.3f s (%s, %lld from the prefix cache), decode %lld tokens in "
-               "%.3f s (%s; %lld decode steps, %.3f ms each), %lld steps; sampling took %.3f s of those; compiling %lld "
-               "functions took %.3f s\n",
+               "%.3f s (%s; %lld decode steps, %.3f ms each), %lld steps; compiling %lld functions took %.3f s\n",
                static_cast<long long>(s.prefill_tokens), s.prefill_seconds, Rate(s.prefill_tokens, s.prefill_seconds).c_str(),
                static_cast<long long>(s.cached_tokens), static_cast<long long>(s.decode_tokens), s.decode_seconds,
                Rate(s.decode_tokens, s.decode_seconds).c_str(), static_cast<long long>(s.decode_steps),
                s.decode_steps > 0 ? 1e3 * s.decode_seconds / static_cast<double>(s.decode_steps) : 0.0,
-               static_cast<long long>(s.steps), s.sample_seconds,
+               static_cast<long long>(s.steps),
                static_cast<long long>(s.functions_compiled), s.compile_seconds);
   if (s.prefill_calls > 0) {
     std::fprintf(stderr, "kiln generate: prefill calls: %lld (%lld of @fresh_prefill)\n",

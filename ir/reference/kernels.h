@@ -91,6 +91,7 @@ absl::StatusOr<std::vector<HostTensor>> EvalAttentionGrad(const Node& node, Oper
 // paged_kv_ops.cc
 absl::StatusOr<HostTensor> EvalKvCacheWrite(const Node& node, Operands xs, const EvalContext& ctx);
 absl::StatusOr<HostTensor> EvalPagedAttention(const Node& node, Operands xs, const EvalContext& ctx);
+absl::StatusOr<HostTensor> EvalSampleTokens(const Node& node, Operands xs, const EvalContext& ctx);
 
 // --- Shared helpers (tensor_layout.cc) ---
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "ir/token_sampling.h"
 #include "runtime/inference/inference_types.h"
 
 namespace kiln::inference {
@@ -28,39 +29,32 @@ struct SamplingParams {
 inline bool IsGreedy(const SamplingParams& params) { return params.temperature == 0 || params.top_k == 1; }
 
 // InvalidArgument, naming the field and its value, for a temperature that is negative or
-// not finite, a negative top_k, or a top_p outside (0, 1] (NaN included).
+// not a finite f32, a negative top_k, or a top_p outside (0, 1] (NaN included) or 0 in f32.
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 // The uniform number in [0, 1) of draw `draw` of a request seeded with `seed`.
 double UniformForDraw(uint64_t seed, int64_t draw);
 
-// Every path is linear in the vocabulary (a decode batch of 32 over 32000 tokens is a million
-// logits a step, against a GPU step of about 1.5 ms): top-k by a bounded heap (or nth_element
-// for a large k), top-p by the mass of buckets of the logits' range, sorting only the tokens of
-// the bucket where the nucleus ends, never the vocabulary. The weights are f32 exp of (logit -
-// max) / temperature, summed in f64. The token drawn is the first whose running sum of
-// weights, over the kept tokens in the order the selection leaves them, passes u times their
-// total: each kept token with probability weight / total.
+// Draws with SampleToken (ir/token_sampling.h, the sample_tokens op's meaning: a GPU's decode
+// step draws the same tokens), adding what a caller needs to hear: which parameter or logit
+// is wrong. Linear in the vocabulary (a decode batch of 32 over 32000 tokens is a million
+// logits a step, against a GPU step of about 1.5 ms).
 class Sampler {
  public:
   // The next token given `logits` (one per vocabulary entry). `draw` numbers the request's
   // draws (its output position), which makes the choice reproducible. Which tokens top-k and
   // top-p keep is decided in the order "larger logit, then lower token id", so ties at a
-  // cut go to the lowest ids (and a top_k of 1 is greedy). InvalidArgument for bad params,
-  // empty logits, a NaN or +inf logit, logits that are all -inf, or a negative draw.
+  // cut go to the lowest ids (and a top_k of 1 is greedy). The temperature and top_p are
+  // used at f32 precision, as the op holds them. InvalidArgument for bad params, empty
+  // logits, a NaN or +inf logit, logits that are all -inf, or a negative draw.
   absl::StatusOr<TokenId> Sample(absl::Span<const float> logits, const SamplingParams& params, int64_t draw);
 
-  struct Candidate {
-    float logit;
-    TokenId token;
-    float weight;  // exp((logit - max) / temperature), unnormalized
-  };
-
  private:
-  std::vector<Candidate> candidates_;  // reused between calls: no allocation per token
-  std::vector<float> weights_;         // the same, for temperature alone (every token kept)
-  std::vector<double> bucket_mass_;    // top-p's selection's (sampler.cc)
+  TokenSamplingScratch scratch_;  // reused between calls: no allocation per token
 };
+
+// The parameters as the sample_tokens op takes them (f32 temperature and top_p).
+TokenSampling ToTokenSampling(const SamplingParams& params, int64_t draw);
 
 // A row of a batch to sample: its logits, its request's parameters, the draw's index.
 struct SampleRequest {

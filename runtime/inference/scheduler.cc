@@ -287,6 +287,11 @@ absl::StatusOr<DecodeBatch> PackDecodeBatch(absl::Span<const DecodeWork> decodes
   batch.context_lengths.assign(bucket, 0);
   batch.slots.assign(bucket, -1);
   batch.block_tables.assign(bucket * max_blocks_per_sequence, -1);
+  const TokenSamplingOperands padding = ToOperands(TokenSampling{.temperature = 0});
+  for (int64_t row = 0; row < bucket; ++row) {
+    batch.sampling.insert(batch.sampling.end(), padding.sampling, padding.sampling + 3);
+    batch.draws.insert(batch.draws.end(), padding.draws, padding.draws + 3);
+  }
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   for (size_t row = 0; row < decodes.size(); ++row) {
     const DecodeWork& d = decodes[row];
@@ -309,6 +314,9 @@ absl::StatusOr<DecodeBatch> PackDecodeBatch(absl::Span<const DecodeWork> decodes
     batch.context_lengths[row] = static_cast<int32_t>(d.position + 1);
     batch.slots[row] = static_cast<int32_t>(slot);
     std::copy(d.block_table.begin(), d.block_table.end(), batch.block_tables.begin() + row * max_blocks_per_sequence);
+    const TokenSamplingOperands operands = ToOperands(ToTokenSampling(d.sampling, d.draw));
+    std::copy(operands.sampling, operands.sampling + 3, batch.sampling.begin() + 3 * row);
+    std::copy(operands.draws, operands.draws + 3, batch.draws.begin() + 3 * row);
   }
   return batch;
 }

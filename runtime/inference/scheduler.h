@@ -185,6 +185,10 @@ struct DecodeBatch {
   std::vector<int32_t> context_lengths;  // [bucket]: position + 1; 0 for padding
   std::vector<int32_t> slots;            // [bucket]: block * block_size + offset of the new K/V; -1 for padding
   std::vector<int32_t> block_tables;     // [bucket, max_blocks_per_sequence], -1 past a table's end
+  // [bucket, 3] each: the rows' sampling operands (ir/token_sampling.h's TokenSamplingOperands;
+  // padding rows greedy).
+  std::vector<float> sampling;
+  std::vector<int32_t> draws;
 };
 
 // InvalidArgument when there are more decodes than `bucket`, a table is longer than

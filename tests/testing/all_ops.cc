@@ -260,6 +260,16 @@ std::unique_ptr<Module> BuildAllOpsModule() {
   }
   pb.set_scope("");
   if (!pb.Return(paged_outputs).ok()) std::abort();
+
+  // sample_tokens, as the inference functions end: 2 x 3 rows of 50 bf16 logits, the rows
+  // greedy, temperature alone, top-k, top-p and both, and one of parameters out of range.
+  Builder tb(m->AddFunction("sampling"));
+  Node* logits = Must(tb.Parameter("logits", {DType::kBF16, {2, 3, 50}}));
+  Node* sampling = Must(tb.ConstantValues({0, 0, 1, 0.8, 0, 1, 1.2, 5, 1, 1, 0, 0.5, 0.7, 10, 0.9, -1, 0, 1},
+                                          {f32, {2, 3, 3}}));
+  Node* draws = Must(tb.ConstantValues({1, 0, 0, 2, 0, 3, -7, 9, 4, 5, 1, 0, 6, 0, 1, 8, 0, 2}, {DType::kI32, {2, 3, 3}}));
+  Node* tokens = Must(tb.Op(Opcode::kSampleTokens, {logits, sampling, draws}, AttrMap{}));
+  if (!tb.Return({tokens}).ok()) std::abort();
   return m;
 }
 
