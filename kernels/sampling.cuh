@@ -185,12 +185,12 @@ __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // 1. The largest logit, its first index, and NaN or +inf anywhere.
-  float best = -INFINITY;
+  float best = -CUDART_INF_F;
   int best_id = kVocab;
   int bad = 0;
   for (int i = threadIdx.x; i < kVocab; i += kThreads) {
     const float v = ToFloat(x[i]);
-    bad |= !(v < INFINITY);
+    bad |= !(v < CUDART_INF_F);
     if (v > best || (v == best && i < best_id)) best = v, best_id = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -204,7 +204,7 @@ __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits
     s.warp_int[warp] = best_id | (bad ? (1 << 31) : 0);
   }
   __syncthreads();
-  float max = -INFINITY;
+  float max = -CUDART_INF_F;
   int first_max = kVocab;
   bad = 0;
   for (int w = 0; w < Shared<kThreads>::kWarps; ++w) {
@@ -213,7 +213,7 @@ __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits
     bad |= s.warp_int[w] < 0;
     if (v > max || (v == max && id < first_max)) max = v, first_max = id;
   }
-  if (!valid || bad || max == -INFINITY) {
+  if (!valid || bad || max == -CUDART_INF_F) {
     if (threadIdx.x == 0) out[row] = -1;
     return;
   }

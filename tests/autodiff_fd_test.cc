@@ -380,6 +380,18 @@ std::vector<FdCase> AllCases() {
          ASSIGN_OR_RETURN(Node * above, b.Compare(o, floor, "gt"));
          return b.Select(above, p[3], p[4]);
        }},
+      {"sample_tokens_feeding_compare",
+       {{F32({2, 5})}, {F32({2})}, {F32({2})}},
+       [](Builder& b, P p) -> absl::StatusOr<Node*> {
+         // A token id carries no gradient either: a use whose result does not depend on it
+         // (every row has a token, never -1), one row greedy and one sampled.
+         ASSIGN_OR_RETURN(Node * sampling, b.ConstantValues({0, 0, 1, 0.8, 3, 0.9}, F32({2, 3})));
+         ASSIGN_OR_RETURN(Node * draws, b.ConstantValues({7, 0, 0, 8, 0, 1}, I32({2, 3})));
+         ASSIGN_OR_RETURN(Node * tokens, b.Op(Opcode::kSampleTokens, {p[0], sampling, draws}, AttrMap{}));
+         ASSIGN_OR_RETURN(Node * zero, b.ConstantValues({0, 0}, I32({2})));
+         ASSIGN_OR_RETURN(Node * drawn, b.Compare(tokens, zero, "ge"));
+         return b.Select(drawn, p[1], p[2]);
+       }},
   };
 }
 
