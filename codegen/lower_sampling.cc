@@ -14,6 +14,7 @@ namespace {
 // logits read a dozen times (the radix selects' passes), so a row wants many threads; 1024
 // would leave the block-wide scans more warps to fold.
 constexpr int kSamplingThreads = 512;
+constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
 
 }  // namespace
 
@@ -22,6 +23,10 @@ absl::StatusOr<LoweredNode> LowerSampleTokens(const Node& node, const CodegenOpt
   const TensorType& logits = node.operand(0)->type();
   const Rows rows = RowsOf(logits);
   RETURN_IF_ERROR(CheckRowLength(node, rows.length));
+  if (rows.length >= kMaxSamplingVocab) {  // kernels/sampling.cuh's kMaxVocab
+    return absl::InvalidArgumentError(absl::StrCat(Where(node), ": a vocabulary of ", rows.length,
+                                                   " tokens; the sampling kernel takes fewer than ", kMaxSamplingVocab));
+  }
   if (rows.count == 0) return Kernels({});
   RETURN_IF_ERROR(CheckGrid(node, rows.count));
   Wrapper w;

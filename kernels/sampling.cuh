@@ -24,6 +24,9 @@ namespace kiln::kernels {
 namespace sampling {
 
 constexpr int kMassBits = 40;
+constexpr int kChunkBits = 11;
+constexpr int kMassChunks = 4;  // 44 bits
+constexpr int kMaxVocab = 1 << 21;
 
 __device__ __forceinline__ unsigned long long Mix(unsigned long long x) {  // splitmix64's finalizer
   x ^= x >> 30;
@@ -65,7 +68,11 @@ struct Shared {
   unsigned long long warp_u64[kWarps];
   float warp_float[kWarps];
   int warp_int[kWarps];
-  unsigned long long histogram[256];
+  // A radix pass's bins: a count, or a mass (below 2^41) in kMassChunks chunks of
+  // kChunkBits, each summed as a 32-bit integer (the natively atomic width: a 64-bit add on
+  // shared memory is a compare-and-swap loop, which the thousands of logits of one bin
+  // serialize), at most V * 2^11 < 2^32 per chunk for a vocabulary below kMaxVocab.
+  unsigned histogram[kMassChunks][256];
   unsigned long long broadcast_u64[2];
   int broadcast_int[2];
 };
@@ -105,24 +112,66 @@ __device__ unsigned long long BlockExclusiveScan(unsigned long long v, unsigned 
   return before + inclusive - v;
 }
 
+// Adds `value` (a count, or a mass below 2^44) to bin `digit` (256: none) of the histogram,
+// once per group of the warp's lanes that share a digit: the group's lowest lane adds the
+// group's sum (every lane of the warp calls it, none exited).
+template <bool kMass, int kThreads>
+__device__ __forceinline__ void AddToBin(unsigned digit, unsigned long long value, Shared<kThreads>& s) {
+  const unsigned peers = __match_any_sync(0xffffffffu, digit);
+  const bool leader = (threadIdx.x % 32) == static_cast<unsigned>(__ffs(peers) - 1);
+  if (!kMass) {
+    if (leader && digit < 256) atomicAdd(&s.histogram[0][digit], static_cast<unsigned>(__popc(peers)));
+    return;
+  }
+  for (int chunk = 0; chunk < kMassChunks; ++chunk) {
+    const unsigned part = static_cast<unsigned>(value >> (kChunkBits * chunk)) & ((1u << kChunkBits) - 1);
+    const unsigned sum = __reduce_add_sync(peers, part);
+    if (leader && digit < 256 && sum != 0) atomicAdd(&s.histogram[chunk][digit], sum);
+  }
+}
+
+template <int kThreads>
+__device__ __forceinline__ unsigned long long Bin(int d, const Shared<kThreads>& s) {
+  unsigned long long bin = 0;
+  for (int chunk = 0; chunk < kMassChunks; ++chunk) {
+    bin += static_cast<unsigned long long>(s.histogram[chunk][d]) << (kChunkBits * chunk);
+  }
+  return bin;
+}
+
 // Of the radix select's 256 bins (histogram, largest digit last), the digit where the running
 // sum from the top first reaches `want`; `want` becomes what remains of it within that digit.
-// One thread scans; the answer is broadcast.
+// The first warp finds it: each lane sums 8 bins (lane 0 the top 8), a scan over the lanes,
+// and the lane where the sum reaches `want` walks its bins. The answer is broadcast.
 template <int kThreads>
 __device__ unsigned PickDigit(unsigned long long& want, Shared<kThreads>& s) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long above = 0;
-    int digit = 0;
-    for (int d = 255; d >= 0; --d) {
-      if (above + s.histogram[d] >= want) {
-        digit = d;
-        break;
-      }
-      above += s.histogram[d];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    unsigned long long bins[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += bins[j] = Bin(255 - 8 * lane - j, s);
+    unsigned long long inclusive = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long up = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += up;
     }
-    s.broadcast_int[0] = digit;
-    s.broadcast_u64[0] = want - above;
+    // Some lane reaches it: the bins hold every candidate of the prefix, which reach want.
+    const unsigned reached = __ballot_sync(0xffffffffu, inclusive >= want);
+    if (lane == __ffs(reached) - 1) {
+      unsigned long long above = inclusive - sum;
+      int digit = 255 - 8 * lane - 7;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (above + bins[j] >= want) {
+          digit = 255 - 8 * lane - j;
+          break;
+        }
+        above += bins[j];
+      }
+      s.broadcast_int[0] = digit;
+      s.broadcast_u64[0] = want - above;
+    }
   }
   __syncthreads();
   want = s.broadcast_u64[0];
@@ -133,7 +182,7 @@ __device__ unsigned PickDigit(unsigned long long& want, Shared<kThreads>& s) {
 
 template <int kThreads>
 __device__ void ClearHistogram(Shared<kThreads>& s) {
-  for (int d = threadIdx.x; d < 256; d += kThreads) s.histogram[d] = 0;
+  for (int d = threadIdx.x; d < kMassChunks * 256; d += kThreads) s.histogram[d / 256][d % 256] = 0;
   __syncthreads();
 }
 
@@ -170,6 +219,8 @@ template <typename T, int kVocab, int kThreads>
 __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits, const float* __restrict__ sampling,
                              const int* __restrict__ draws) {
   using namespace sampling;
+  static_assert(kVocab < kMaxVocab, "a vocabulary's masses must fit the histogram's chunks");
+  static_assert(kThreads % 32 == 0, "whole warps");
   __shared__ Shared<kThreads> s;
   const long long row = blockIdx.x;
   const T* x = logits + row * kVocab;
@@ -233,9 +284,10 @@ __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits
     unsigned prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
       ClearHistogram(s);
-      for (int i = threadIdx.x; i < kVocab; i += kThreads) {
-        const unsigned key = OrderKey(ToFloat(x[i]));
-        if ((key & mask) == prefix) atomicAdd(&s.histogram[(key >> shift) & 255u], 1ULL);
+      for (int base = 0; base < kVocab; base += kThreads) {  // whole warps: AddToBin
+        const int i = base + threadIdx.x;
+        const unsigned key = i < kVocab ? OrderKey(ToFloat(x[i])) : 0u;
+        AddToBin<false>(i < kVocab && (key & mask) == prefix ? (key >> shift) & 255u : 256u, 1, s);
       }
       prefix |= PickDigit(want, s) << shift;
       mask |= 255u << shift;
@@ -257,12 +309,12 @@ __device__ void SampleTokens(int* __restrict__ out, const T* __restrict__ logits
     unsigned prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
       ClearHistogram(s);
-      for (int i = threadIdx.x; i < kVocab; i += kThreads) {
-        const float v = ToFloat(x[i]);
+      for (int base = 0; base < kVocab; base += kThreads) {  // whole warps: AddToBin
+        const int i = base + threadIdx.x;
+        const float v = i < kVocab ? ToFloat(x[i]) : 0.f;
         const unsigned key = OrderKey(v);
-        if ((key & mask) == prefix && AtOrBefore(key, i, cut_key, cut_id)) {
-          atomicAdd(&s.histogram[(key >> shift) & 255u], Mass(v, max, scale));
-        }
+        const bool in = i < kVocab && (key & mask) == prefix && AtOrBefore(key, i, cut_key, cut_id);
+        AddToBin<true>(in ? (key >> shift) & 255u : 256u, in ? Mass(v, max, scale) : 0, s);
       }
       prefix |= PickDigit(want, s) << shift;
       mask |= 255u << shift;
