@@ -10,10 +10,10 @@
 namespace kiln::codegen::composite {
 namespace {
 
-// A block per row: a decode batch is tens of rows, each a vocabulary of tens of thousands of
-// logits read a dozen times (the radix selects' passes), so a row wants many threads; 1024
-// would leave the block-wide scans more warps to fold.
-constexpr int kSamplingThreads = 512;
+// A block per row, as many threads as a block takes: a decode batch is tens of rows (tens of
+// the GPU's SMs busy), each a vocabulary of tens of thousands of logits read a dozen times
+// (the radix selects' passes).
+constexpr int kSamplingThreads = 1024;
 constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
 
 }  // namespace

@@ -112,21 +112,29 @@ __device__ unsigned long long BlockExclusiveScan(unsigned long long v, unsigned 
   return before + inclusive - v;
 }
 
-// Adds `value` (a count, or a mass below 2^44) to bin `digit` (256: none) of the histogram,
-// once per group of the warp's lanes that share a digit: the group's lowest lane adds the
-// group's sum (every lane of the warp calls it, none exited).
+// Adds `value` (a count, or a mass below 2^44) to bin `digit` (256: none) of the histogram
+// (every lane of the warp calls it, none exited). A count: once per group of lanes sharing a
+// digit, by the group's lowest lane. A mass: summed over the warp first where every lane
+// shares the digit (a radix select's first passes, where most logits share their high
+// bits), else each lane adds its own: a reduction over a group of some lanes (redux.sync
+// with a partial mask) runs once per group, as slow as the atomics it would save.
 template <bool kMass, int kThreads>
 __device__ __forceinline__ void AddToBin(unsigned digit, unsigned long long value, Shared<kThreads>& s) {
   const unsigned peers = __match_any_sync(0xffffffffu, digit);
-  const bool leader = (threadIdx.x % 32) == static_cast<unsigned>(__ffs(peers) - 1);
   if (!kMass) {
+    const bool leader = (threadIdx.x % 32) == static_cast<unsigned>(__ffs(peers) - 1);
     if (leader && digit < 256) atomicAdd(&s.histogram[0][digit], static_cast<unsigned>(__popc(peers)));
     return;
   }
+  if (digit >= 256 && peers == 0xffffffffu) return;  // no lane adds
   for (int chunk = 0; chunk < kMassChunks; ++chunk) {
     const unsigned part = static_cast<unsigned>(value >> (kChunkBits * chunk)) & ((1u << kChunkBits) - 1);
-    const unsigned sum = __reduce_add_sync(peers, part);
-    if (leader && digit < 256 && sum != 0) atomicAdd(&s.histogram[chunk][digit], sum);
+    if (peers == 0xffffffffu) {
+      const unsigned sum = __reduce_add_sync(0xffffffffu, part);
+      if (threadIdx.x % 32 == 0 && sum != 0) atomicAdd(&s.histogram[chunk][digit], sum);
+    } else if (digit < 256 && part != 0) {
+      atomicAdd(&s.histogram[chunk][digit], part);
+    }
   }
 }
 
