@@ -4,19 +4,12 @@
 #include <cmath>
 #include <limits>
 
+#include "ir/mix_bits.h"
+
 namespace kiln {
 namespace {
 
 using Candidate = TokenSamplingScratch::Candidate;
-
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 // Most likely first; equal logits by token id, so that the order is total and a top-k of 1
 // keeps what greedy picks.
@@ -133,7 +126,7 @@ TokenSampling FromOperands(const float sampling[3], const int32_t draws[3]) {
 }
 
 uint64_t UniformBitsForDraw(uint64_t seed, int64_t draw) {
-  return Mix(Mix(seed) ^ Mix(static_cast<uint64_t>(draw) + 0x9e3779b97f4a7c15ULL)) >> 11;
+  return MixBits(MixBits(seed) ^ MixBits(static_cast<uint64_t>(draw) + 0x9e3779b97f4a7c15ULL)) >> 11;
 }
 
 bool ValidTokenSampling(const TokenSampling& params) {

@@ -28,7 +28,7 @@ constexpr int kChunkBits = 11;
 constexpr int kMassChunks = 4;  // 44 bits
 constexpr int kMaxVocab = 1 << 21;
 
-__device__ __forceinline__ unsigned long long Mix(unsigned long long x) {  // splitmix64's finalizer
+__device__ __forceinline__ unsigned long long Mix(unsigned long long x) {  // ir/mix_bits.h, in device code
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;

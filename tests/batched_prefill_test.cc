@@ -157,8 +157,13 @@ std::vector<std::unique_ptr<Module>> ExpectFreshPrefillIsPrefill(const ModelConf
     positions[t + i] = static_cast<double>(i);
     slots[t + i] = table[m + i / bs] * bs + i % bs;
   }
-  std::vector<HostTensor> args = {i32({2, t}, tokens), i32({2, t}, positions), i32({2, t}, slots),
-                                  i32({2, m}, table)};
+  // Both rows greedy (temperature 0), seed and draw 0.
+  std::vector<HostTensor> args = {i32({2, t}, tokens),
+                                  i32({2, t}, positions),
+                                  i32({2, t}, slots),
+                                  i32({2, m}, table),
+                                  HostTensor::FromValues({DType::kF32, {2, 1, 3}}, {0, 0, 1, 0, 0, 1}),
+                                  i32({2, 1, 3}, {0, 0, 0, 0, 0, 0})};
   const TensorType pool = KvPoolType(config, layout, precision);
   args.push_back(HostTensor(pool));
   args.push_back(HostTensor(pool));

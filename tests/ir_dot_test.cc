@@ -161,8 +161,9 @@ TEST(Dot, HidesSingleUseConstantsOnlyWhenAsked) {
     return leaves;
   };
   EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = true}), 0);
-  // @main's two constants and one iota, @paged_kv's slots, tables and positions twice.
-  EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = false}), 3 + 6);
+  // @main's two constants and one iota, @paged_kv's slots, tables and positions twice,
+  // @sampling's sampling and draws.
+  EXPECT_EQ(count_leaves(DotOptions{.hide_small_constants = false}), 3 + 6 + 2);
 }
 
 // Names outside the verifier's alphabet still make valid DOT: the writer escapes.

@@ -3,18 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "ir/mix_bits.h"
 
 namespace kiln::inference {
 namespace {
-
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 // An arbitrary nonzero start, so that the root is not the key of an all-zero block.
 constexpr uint64_t kRootKey = 0x6b696c6e2d6b7631ULL;  // "kiln-kv1"
@@ -22,9 +14,9 @@ constexpr uint64_t kRootKey = 0x6b696c6e2d6b7631ULL;  // "kiln-kv1"
 }  // namespace
 
 uint64_t DefaultBlockHash(uint64_t parent_key, absl::Span<const TokenId> tokens) {
-  uint64_t h = Mix(parent_key + 0x9e3779b97f4a7c15ULL);
-  for (TokenId t : tokens) h = Mix(h ^ static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL;
-  return Mix(h ^ tokens.size());
+  uint64_t h = MixBits(parent_key + 0x9e3779b97f4a7c15ULL);
+  for (TokenId t : tokens) h = MixBits(h ^ static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL;
+  return MixBits(h ^ tokens.size());
 }
 
 PrefixCache::PrefixCache(int64_t num_blocks, int64_t block_size, BlockHashFn hash)

@@ -69,6 +69,7 @@ class GraphGenerator {
   absl::StatusOr<Node*> AttentionStep();
   absl::StatusOr<Node*> PagedKvStep();
   absl::StatusOr<Node*> Fp8Step();
+  absl::StatusOr<Node*> SampleTokensStep();
   absl::StatusOr<Node*> IotaStep();
   absl::StatusOr<Node*> DuplicateStep();
   absl::StatusOr<Node*> IdentityArithmeticStep();
@@ -78,6 +79,7 @@ class GraphGenerator {
   Builder b_;
   std::vector<Node*> pool_;  // f32 values
   Node* ids_ = nullptr;      // i32[n], indexes rows of any pool value
+  Node* x0_ = nullptr;       // the first parameter, f32[a, c]
   Node* labels_ = nullptr;   // i32[rows], class labels for rank-2 logits of `rows` rows
   Node* rope_x_ = nullptr;   // f32[1,T,2,4]
   Node* positions_ = nullptr;  // i32[T]
@@ -467,6 +469,24 @@ absl::StatusOr<Node*> GraphGenerator::PagedKvStep() {
                AttrMap{{"layer", int64_t{0}}, {"scale", 0.25 * static_cast<double>(1 + Uniform(4))}});
 }
 
+// A token of each row of the parameter x0 (a parameter: no pass changes its values, so the
+// draws cannot flip on a rounding), greedy or sampled, added to x0 as f32.
+absl::StatusOr<Node*> GraphGenerator::SampleTokensStep() {
+  const int64_t rows = x0_->type().dims[0];
+  std::vector<double> sampling, draws;
+  for (int64_t r = 0; r < rows; ++r) {
+    sampling.insert(sampling.end(), {0.5 * static_cast<double>(Uniform(3)), static_cast<double>(Uniform(3)),
+                                     Coin() ? 1.0 : 0.5});
+    draws.insert(draws.end(), {static_cast<double>(Uniform(1000)), 0, static_cast<double>(Uniform(50))});
+  }
+  ASSIGN_OR_RETURN(Node * sampling_node, b_.ConstantValues(sampling, {kF32, {rows, 3}}));
+  ASSIGN_OR_RETURN(Node * draws_node, b_.ConstantValues(draws, {DType::kI32, {rows, 3}}));
+  ASSIGN_OR_RETURN(Node * tokens, b_.Op(Opcode::kSampleTokens, {x0_, sampling_node, draws_node}, AttrMap{}));
+  ASSIGN_OR_RETURN(Node * as_float, b_.Convert(tokens, kF32));
+  ASSIGN_OR_RETURN(Node * wide, b_.Broadcast(as_float, {0}, x0_->type().dims));
+  return b_.Add(x0_, wide);
+}
+
 absl::StatusOr<Node*> GraphGenerator::IotaStep() {
   Node* x = Pick([](const Node* n) { return n->type().rank() >= 1; });
   ASSIGN_OR_RETURN(Node * io, b_.Iota({DType::kI32, x->type().dims}, Uniform(x->type().rank())));
@@ -537,6 +557,7 @@ absl::StatusOr<Node*> GraphGenerator::ConstantSubgraphStep() {
 absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
   const int64_t a = SmallDim(), c = SmallDim(), d = SmallDim(), t = SmallDim();
   ASSIGN_OR_RETURN(Node * x0, b_.Parameter("x0", {kF32, {a, c}}));
+  x0_ = x0;
   ASSIGN_OR_RETURN(Node * x1, b_.Parameter("x1", {kF32, {a, c}}));
   ASSIGN_OR_RETURN(Node * x2, b_.Parameter("x2", {kF32, {a, c, d}}));
   ASSIGN_OR_RETURN(ids_, b_.Parameter("ids", {DType::kI32, {SmallDim()}}));
@@ -555,7 +576,7 @@ absl::Status GraphGenerator::Build(const RandomGraphOptions& options) {
       &GraphGenerator::RopeStep,         &GraphGenerator::IotaStep,         &GraphGenerator::DuplicateStep,
       &GraphGenerator::DuplicateStep,    &GraphGenerator::IdentityArithmeticStep,
       &GraphGenerator::ConstantSubgraphStep, &GraphGenerator::AdamWStep,      &GraphGenerator::AttentionStep, &GraphGenerator::PagedKvStep,
-      &GraphGenerator::Fp8Step,
+      &GraphGenerator::Fp8Step,          &GraphGenerator::SampleTokensStep,
   };
   constexpr int kNumSteps = sizeof(kSteps) / sizeof(kSteps[0]);
   for (int i = 0; i < options.num_steps; ++i) {
