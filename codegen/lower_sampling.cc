@@ -25,7 +25,8 @@ absl::StatusOr<LoweredNode> LowerSampleTokens(const Node& node, const CodegenOpt
   RETURN_IF_ERROR(CheckRowLength(node, rows.length));
   if (rows.length >= kMaxSamplingVocab) {  // kernels/sampling.cuh's kMaxVocab
     return absl::InvalidArgumentError(absl::StrCat(Where(node), ": a vocabulary of ", rows.length,
-                                                   " tokens; the sampling kernel takes fewer than ", kMaxSamplingVocab));
+                                                   " tokens; the sampling kernel takes fewer than ",
+                                                   kMaxSamplingVocab));
   }
   if (rows.count == 0) return Kernels({});
   RETURN_IF_ERROR(CheckGrid(node, rows.count));

@@ -214,7 +214,8 @@ absl::StatusOr<std::vector<TokenId>> Generator::ReadTokens(const InferenceEngine
     }
     tokens[i] = picked.tokens[rows[i].row];
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", rows[i].request, ": no token can be drawn from the logits at position ",
+      return absl::InvalidArgumentError(absl::StrCat("request ", rows[i].request,
+                                                     ": no token can be drawn from the logits at position ",
                                                      rows[i].position, ": they hold a NaN or +inf, or are all -inf"));
     }
   }
@@ -396,7 +397,9 @@ absl::StatusOr<std::vector<SampledToken>> Generator::RunDecodes(const inference:
     }
   }
   std::vector<RowToRead> to_read;
-  for (size_t i = 0; i < step.decodes.size(); ++i) to_read.push_back({i, step.decodes[i].request, step.decodes[i].position});
+  for (size_t i = 0; i < step.decodes.size(); ++i) {
+    to_read.push_back({i, step.decodes[i].request, step.decodes[i].position});
+  }
   ASSIGN_OR_RETURN(std::vector<TokenId> tokens, ReadTokens(picked, to_read));
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < step.decodes.size(); ++i) sampled.push_back({step.decodes[i].request, tokens[i]});

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "ir/status_macros.h"
-#include "ir/thread_pool.h"
 
 namespace kiln::inference {
 namespace {
@@ -60,15 +59,6 @@ absl::StatusOr<TokenId> Sampler::Sample(absl::Span<const float> logits, const Sa
   if (token >= 0) return token;
   RETURN_IF_ERROR(CheckLogits(logits));  // which logit
   return absl::InternalError("sampling: no token drawn from valid logits and parameters");
-}
-
-std::vector<absl::StatusOr<TokenId>> SampleRows(absl::Span<const SampleRequest> rows, int threads) {
-  std::vector<absl::StatusOr<TokenId>> tokens(rows.size());  // each set by its chunk below
-  ThreadPool::Shared(threads).ParallelFor(static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
-    thread_local Sampler sampler;  // each thread's candidates, kept from call to call
-    for (int64_t i = begin; i < end; ++i) tokens[i] = sampler.Sample(rows[i].logits, rows[i].params, rows[i].draw);
-  });
-  return tokens;
 }
 
 }  // namespace kiln::inference

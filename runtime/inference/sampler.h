@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,9 +23,6 @@ struct SamplingParams {
   double top_p = 1.0;        // (0, 1]; keep the fewest most likely tokens whose mass reaches top_p
   uint64_t seed = 0;
 };
-
-// Greedy: the first of the largest logits, no draw (temperature 0, or top_k 1).
-inline bool IsGreedy(const SamplingParams& params) { return params.temperature == 0 || params.top_k == 1; }
 
 // InvalidArgument, naming the field and its value, for a temperature that is negative or
 // not a finite f32, a negative top_k, or a top_p outside (0, 1] (NaN included) or 0 in f32.
@@ -55,18 +51,5 @@ class Sampler {
 
 // The parameters as the sample_tokens op takes them (f32 temperature and top_p).
 TokenSampling ToTokenSampling(const SamplingParams& params, int64_t draw);
-
-// A row of a batch to sample: its logits, its request's parameters, the draw's index.
-struct SampleRequest {
-  absl::Span<const float> logits;
-  SamplingParams params;
-  int64_t draw = 0;
-};
-
-// Each row's token as Sampler::Sample draws it (the same tokens at any thread count, in any
-// order), the rows spread over ThreadPool::Shared(threads) (0: the machine's cores), each
-// thread with a sampler of its own: a decode step of 32 sampled requests over 32000 tokens is
-// a million weights to compute, milliseconds on one core against a GPU step of about 1.5.
-std::vector<absl::StatusOr<TokenId>> SampleRows(absl::Span<const SampleRequest> rows, int threads = 0);
 
 }  // namespace kiln::inference
