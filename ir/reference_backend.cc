@@ -214,6 +214,11 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
   // a multi-result node's, moved out by its get_result), as AfterNodeHook promises
   // (ir/reference_backend.h).
   std::vector<std::vector<HostTensor>> values(num_nodes);
+  // A parameter's value is its argument, read where it lies: an inference call's arguments
+  // are mostly its weights and KV pools, which a copy per call made most of the CPU
+  // backend's decode step. Copied as any other value where the function returns it or the
+  // after-node hook wants it.
+  std::vector<const HostTensor*> argument_of(num_nodes, nullptr);
   std::vector<const HostTensor*> operands;
   for (int64_t i = 0; i < num_nodes; ++i) {
     if (!live[i]) continue;
@@ -230,12 +235,24 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
     if (!semantics.defined()) {
       return absl::UnimplementedError(absl::StrCat(NodeLabel(f, node), ": no reference semantics"));
     }
+    if (node.opcode() == Opcode::kParameter && !is_output[i] && !options.after_node) {
+      absl::StatusOr<int64_t> index = node.attrs().GetInt("index");
+      if (!index.ok() || *index < 0 || *index >= static_cast<int64_t>(args.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(NodeLabel(f, node), ": no argument for its index (",
+                                                       args.size(), " given)"));
+      }
+      argument_of[i] = &args[*index];
+      continue;
+    }
     if (semantics.picks_result) {
       std::vector<HostTensor>& from = values[position[node.operand(0)]];
       values[i].push_back(std::move(from[node.result_index()]));
     } else {
       operands.clear();
-      for (const Node* operand : node.operands()) operands.push_back(&values[position[operand]][0]);
+      for (const Node* operand : node.operands()) {
+        const int64_t p = position[operand];
+        operands.push_back(argument_of[p] != nullptr ? argument_of[p] : &values[p][0]);
+      }
       absl::StatusOr<std::vector<HostTensor>> result;
       if (semantics.multi != nullptr) {
         result = semantics.multi(node, operands, ctx);
