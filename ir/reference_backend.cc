@@ -35,19 +35,21 @@ struct Semantics {
 };
 
 // A fusion computes its body: the same ops, so the same values as before fuse-loops made it.
+absl::StatusOr<std::vector<HostTensor>> Evaluate(const Function& f, absl::Span<const HostTensor* const> args,
+                                                 const ReferenceOptions& options);
+
+// A fusion's body, on its operands where they lie (a cache-write fusion's operands hold the
+// KV pools).
 absl::StatusOr<std::vector<HostTensor>> EvalFusion(const Node& node, reference::Operands xs,
                                                    const reference::EvalContext& ctx) {
-  std::vector<HostTensor> args;
-  args.reserve(xs.size());
-  for (const HostTensor* x : xs) args.push_back(*x);
   // The hook sees the values of the function being evaluated, not a fusion's internals: the
   // fusion node's own results reach it in the caller's loop.
   if (ctx.options.after_node) {
     ReferenceOptions body_options = ctx.options;
     body_options.after_node = nullptr;
-    return EvaluateFunction(*node.body(), args, body_options);
+    return Evaluate(*node.body(), xs, body_options);
   }
-  return EvaluateFunction(*node.body(), args, ctx.options);
+  return Evaluate(*node.body(), xs, ctx.options);
 }
 
 // The one dispatch switch: no default, so -Wswitch flags an op added to the table without
@@ -149,7 +151,7 @@ absl::Status RunAfterNodeHook(const Function& f, const Node& node, std::vector<H
   return absl::OkStatus();
 }
 
-absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor> args) {
+absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor* const> args) {
   const std::vector<Node*> params = f.parameters();
   if (args.size() != params.size()) {
     std::vector<std::string> names;
@@ -159,22 +161,19 @@ absl::Status CheckArguments(const Function& f, absl::Span<const HostTensor> args
                                                    args.size()));
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    if (args[i].type() != params[i]->type() || args[i].num_elements() != params[i]->type().num_elements()) {
+    if (args[i]->type() != params[i]->type() || args[i]->num_elements() != params[i]->type().num_elements()) {
       return absl::InvalidArgumentError(absl::StrCat("argument ", i, " for parameter %", params[i]->name(),
                                                      " of function ", f.name(), " must be ",
                                                      params[i]->type().ToString(), ", got ",
-                                                     args[i].type().ToString()));
+                                                     args[i]->type().ToString()));
     }
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-bool ReferenceSupports(Opcode op) { return KernelFor(op).defined(); }
-
-absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl::Span<const HostTensor> args,
-                                                         const ReferenceOptions& options) {
+// EvaluateFunction on arguments given by address.
+absl::StatusOr<std::vector<HostTensor>> Evaluate(const Function& f, absl::Span<const HostTensor* const> args,
+                                                 const ReferenceOptions& options) {
   RETURN_IF_ERROR(CheckArguments(f, args));
   const auto& nodes = f.nodes();
   const int64_t num_nodes = static_cast<int64_t>(nodes.size());
@@ -241,7 +240,7 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
         return absl::InvalidArgumentError(absl::StrCat(NodeLabel(f, node), ": no argument for its index (",
                                                        args.size(), " given)"));
       }
-      argument_of[i] = &args[*index];
+      argument_of[i] = args[*index];
       continue;
     }
     if (semantics.picks_result) {
@@ -296,6 +295,18 @@ absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl
     results.push_back(used_again ? values[p][0] : std::move(values[p][0]));
   }
   return results;
+}
+
+}  // namespace
+
+bool ReferenceSupports(Opcode op) { return KernelFor(op).defined(); }
+
+absl::StatusOr<std::vector<HostTensor>> EvaluateFunction(const Function& f, absl::Span<const HostTensor> args,
+                                                         const ReferenceOptions& options) {
+  std::vector<const HostTensor*> addresses;
+  addresses.reserve(args.size());
+  for (const HostTensor& a : args) addresses.push_back(&a);
+  return Evaluate(f, addresses, options);
 }
 
 }  // namespace kiln

@@ -19,7 +19,7 @@ namespace kiln::reference {
 struct EvalContext {
   const ReferenceOptions& options;
   ThreadPool& pool;
-  absl::Span<const HostTensor> args;  // the function's arguments, checked against its parameters
+  absl::Span<const HostTensor* const> args;  // the function's arguments, checked against its parameters
 };
 
 using Operands = absl::Span<const HostTensor* const>;

@@ -11,7 +11,7 @@ absl::StatusOr<HostTensor> EvalParameter(const Node& node, Operands xs, const Ev
     return absl::InvalidArgumentError(
         absl::StrCat("parameter index ", index, " has no argument (", ctx.args.size(), " given)"));
   }
-  return ctx.args[index];
+  return *ctx.args[index];
 }
 
 absl::StatusOr<HostTensor> EvalConstant(const Node& node, Operands xs, const EvalContext& ctx) {
